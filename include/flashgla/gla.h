@@ -1,0 +1,76 @@
+// Gated linear attention (GLA): forward, backward and single-step decode.
+//
+// Per sequence and head, with log-space gate g_t (g_t = log α_t ≤ 0):
+//     S_t = diag(exp g_t) S_{t-1} + k_t^T v_t,   S_0 = initial_state or 0
+//     o_t = scale · q_t S_t
+// The gate is a per-key vector g [B,T,H,K] (GLA), a scalar per head and step
+// g [B,T,H] (simple GLA), or absent (plain linear attention).
+//
+// Layout is [B, T, H, D]; strides are honoured. Variable-length batches pack
+// N sequences into B = 1 and give their boundaries in cu_seqlens [N+1].
+// States are fp32 [N, H, K, V] (N = B without cu_seqlens). Outputs are
+// allocated by the caller; nothing here allocates device memory.
+#pragma once
+
+#include <optional>
+
+#include "flashgla/tensor.h"
+
+namespace flashgla {
+
+enum class GlaAlgorithm {
+  chunked,    // FlashLinearAttention: chunks of 64, secondary 16-wide sub-chunks
+  recurrent,  // token by token; on the CPU it accumulates in fp64 (the reference)
+};
+
+struct GlaForwardArgs {
+  TensorView q;              // [B,T,H,K] f64/f32/bf16/f16
+  TensorView k;              // [B,T,H,K] same dtype as q
+  TensorView v;              // [B,T,H,V] same dtype as q
+  TensorView g;              // optional: [B,T,H,K] or [B,T,H], any float dtype
+  TensorView initial_state;  // optional: [N,H,K,V] f32
+  TensorView cu_seqlens;     // optional: [N+1] i32/i64, 0 = c0 ≤ c1 ≤ … ≤ cN = T; needs B == 1
+  TensorView cu_seqlens_host;  // optional: a CPU copy of a CUDA cu_seqlens, so it can be checked
+                               // and planned for without reading device memory
+  std::optional<double> scale;  // default K^-1/2
+  GlaAlgorithm algorithm = GlaAlgorithm::chunked;
+  bool reverse = false;      // recurrent only: run each sequence from its last token to its first
+
+  TensorView o;              // out: [B,T,H,V], dtype of q
+  TensorView final_state;    // optional out: [N,H,K,V] f32
+
+  void* stream = nullptr;    // cudaStream_t for CUDA tensors (nullptr: the default stream)
+};
+
+struct GlaBackwardArgs {
+  TensorView q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host;  // as in the forward
+  std::optional<double> scale;
+  GlaAlgorithm algorithm = GlaAlgorithm::chunked;
+  bool reverse = false;
+  TensorView d_o;            // [B,T,H,V], dtype of q: gradient of o
+  TensorView d_final_state;  // optional: [N,H,K,V] f32, gradient of the final state (dht)
+
+  TensorView dq, dk, dv;     // out: shapes and dtype of q, k, v
+  TensorView dg;             // out, required iff g is given: shape of g, f32 or g's dtype
+  TensorView d_initial_state;  // optional out: [N,H,K,V] f32 (dh0); needs initial_state
+
+  void* stream = nullptr;
+};
+
+// One token per sequence; `state` is read and updated in place.
+struct GlaDecodeArgs {
+  TensorView q;              // [N,H,K]
+  TensorView k;              // [N,H,K], dtype of q
+  TensorView v;              // [N,H,V], dtype of q
+  TensorView g;              // optional: [N,H,K] or [N,H], any float dtype
+  TensorView state;          // in/out: [N,H,K,V] f32
+  std::optional<double> scale;
+  TensorView o;              // out: [N,H,V], dtype of q
+  void* stream = nullptr;
+};
+
+void gla_forward(const GlaForwardArgs& args);
+void gla_backward(const GlaBackwardArgs& args);
+void gla_decode(const GlaDecodeArgs& args);
+
+}  // namespace flashgla

@@ -1,0 +1,26 @@
+// What a backend implements. Arguments arrive checked: shapes, dtypes, devices,
+// strides and (on the CPU) cu_seqlens are valid, and `problem` holds the sizes.
+#pragma once
+
+#include "core/problem.h"
+#include "flashgla/attention.h"
+#include "flashgla/gla.h"
+
+namespace flashgla::cpu {
+void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem);
+void gla_backward(const GlaBackwardArgs& args, const GlaProblem& problem);
+void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem);  // batch = num_seqs, seq_len = 1
+void attention_forward(const AttentionForwardArgs& args, const AttentionProblem& problem);
+void attention_backward(const AttentionBackwardArgs& args, const AttentionProblem& problem);
+}  // namespace flashgla::cpu
+
+#ifdef FLASHGLA_WITH_CUDA
+namespace flashgla::cuda {
+int device_count();
+void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem);
+void gla_backward(const GlaBackwardArgs& args, const GlaProblem& problem);
+void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem);
+void attention_forward(const AttentionForwardArgs& args, const AttentionProblem& problem);
+void attention_backward(const AttentionBackwardArgs& args, const AttentionProblem& problem);
+}  // namespace flashgla::cuda
+#endif

@@ -1,0 +1,33 @@
+// The sizes of a call, resolved once by argument checking and handed to a backend.
+#pragma once
+
+#include <cstdint>
+
+namespace flashgla {
+
+enum class GateKind { none, scalar, vector };
+
+struct GlaProblem {
+  int64_t batch = 0;      // B (1 with cu_seqlens)
+  int64_t seq_len = 0;    // T (total tokens with cu_seqlens)
+  int64_t heads = 0;      // H
+  int64_t key_dim = 0;    // K
+  int64_t value_dim = 0;  // V
+  int64_t num_seqs = 0;   // N: B, or len(cu_seqlens) - 1
+  GateKind gate = GateKind::none;
+  double scale = 1.0;     // resolved (K^-1/2 unless given)
+  bool varlen = false;
+};
+
+struct AttentionProblem {
+  int64_t batch = 0;
+  int64_t q_len = 0, k_len = 0;         // Tq, Tk (totals with cu_seqlens)
+  int64_t q_heads = 0, kv_heads = 0;    // Hq, Hkv
+  int64_t head_dim = 0, value_dim = 0;  // D, Dv
+  int64_t num_seqs = 0;
+  double scale = 1.0;
+  bool causal = true;
+  bool varlen = false;
+};
+
+}  // namespace flashgla

@@ -1,0 +1,7 @@
+// PLACEHOLDER: replaced by the CUDA GLA backward kernels.
+#include "core/backend.h"
+#include "cuda/common.cuh"
+
+namespace flashgla::cuda {
+void gla_backward(const GlaBackwardArgs&, const GlaProblem&) { check::fail(ErrorKind::unsupported, "", "CUDA GLA backward: not implemented yet"); }
+}  // namespace flashgla::cuda
