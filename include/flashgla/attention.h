@@ -29,6 +29,8 @@ struct AttentionForwardArgs {
   TensorView o;    // out: [B,Tq,Hq,Dv], dtype of q
   TensorView lse;  // out: [B,Hq,Tq] f32, natural-log sum of exp(scale·q·k) per query
   void* stream = nullptr;
+  void* workspace = nullptr;  // as in GlaForwardArgs (flashgla/gla.h)
+  size_t workspace_bytes = 0;
 };
 
 struct AttentionBackwardArgs {
@@ -42,9 +44,13 @@ struct AttentionBackwardArgs {
 
   TensorView dq, dk, dv;  // out: shapes and dtype of q, k, v
   void* stream = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 void attention_forward(const AttentionForwardArgs& args);
 void attention_backward(const AttentionBackwardArgs& args);
+size_t attention_forward_workspace_bytes(const AttentionForwardArgs& args);  // checks args; 0 on the CPU
+size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& args);
 
 }  // namespace flashgla

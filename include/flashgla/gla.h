@@ -40,6 +40,11 @@ struct GlaForwardArgs {
   TensorView final_state;    // optional out: [N,H,K,V] f32
 
   void* stream = nullptr;    // cudaStream_t for CUDA tensors (nullptr: the default stream)
+  // Device scratch of at least gla_*_workspace_bytes(args) bytes. Left null, a
+  // CUDA backend that needs scratch takes it stream-ordered (cudaMallocAsync),
+  // which CUDA graphs can capture.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 struct GlaBackwardArgs {
@@ -52,9 +57,11 @@ struct GlaBackwardArgs {
 
   TensorView dq, dk, dv;     // out: shapes and dtype of q, k, v
   TensorView dg;             // out, required iff g is given: shape of g, f32 or g's dtype
-  TensorView d_initial_state;  // optional out: [N,H,K,V] f32 (dh0); needs initial_state
+  TensorView d_initial_state;  // optional out: [N,H,K,V] f32 (dh0), also without initial_state
 
   void* stream = nullptr;
+  void* workspace = nullptr;  // as in GlaForwardArgs
+  size_t workspace_bytes = 0;
 };
 
 // One token per sequence; `state` is read and updated in place.
@@ -70,7 +77,9 @@ struct GlaDecodeArgs {
 };
 
 void gla_forward(const GlaForwardArgs& args);
+size_t gla_forward_workspace_bytes(const GlaForwardArgs& args);  // checks args; 0 on the CPU
 void gla_backward(const GlaBackwardArgs& args);
+size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args);
 void gla_decode(const GlaDecodeArgs& args);
 
 }  // namespace flashgla

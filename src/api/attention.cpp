@@ -62,17 +62,15 @@ void check_out(const TensorView& t, const char* name, std::initializer_list<int6
   check::device(t, name, dev, "q");
 }
 
-}  // namespace
-
-void attention_forward(const AttentionForwardArgs& a) {
+AttentionProblem check_forward(const AttentionForwardArgs& a) {
   const AttentionProblem p =
       check_inputs(a.q, a.k, a.v, a.cu_seqlens_q, a.cu_seqlens_k, a.causal, a.scale, a.algorithm);
   check_out(a.o, "o", {p.batch, p.q_len, p.q_heads, p.value_dim}, "[B, Tq, Hq, Dv]", a.q.dtype, a.q.device, true);
   check_out(a.lse, "lse", {p.batch, p.q_heads, p.q_len}, "[B, Hq, Tq]", DType::f32, a.q.device, true);
-  FLASHGLA_DISPATCH(a.q.device, attention_forward, a, p);
+  return p;
 }
 
-void attention_backward(const AttentionBackwardArgs& a) {
+AttentionProblem check_backward(const AttentionBackwardArgs& a) {
   const AttentionProblem p =
       check_inputs(a.q, a.k, a.v, a.cu_seqlens_q, a.cu_seqlens_k, a.causal, a.scale, a.algorithm);
   const Device dev = a.q.device;
@@ -82,7 +80,33 @@ void attention_backward(const AttentionBackwardArgs& a) {
   check_out(a.dq, "dq", {p.batch, p.q_len, p.q_heads, p.head_dim}, "[B, Tq, Hq, D]", a.q.dtype, dev, true);
   check_out(a.dk, "dk", {p.batch, p.k_len, p.kv_heads, p.head_dim}, "[B, Tk, Hkv, D]", a.q.dtype, dev, true);
   check_out(a.dv, "dv", {p.batch, p.k_len, p.kv_heads, p.value_dim}, "[B, Tk, Hkv, Dv]", a.q.dtype, dev, true);
-  FLASHGLA_DISPATCH(dev, attention_backward, a, p);
+  return p;
+}
+
+}  // namespace
+
+void attention_forward(const AttentionForwardArgs& a) {
+  FLASHGLA_DISPATCH(a.q.device, attention_forward, a, check_forward(a));
+}
+
+void attention_backward(const AttentionBackwardArgs& a) {
+  FLASHGLA_DISPATCH(a.q.device, attention_backward, a, check_backward(a));
+}
+
+size_t attention_forward_workspace_bytes(const AttentionForwardArgs& a) {
+  [[maybe_unused]] const AttentionProblem p = check_forward(a);
+#ifdef FLASHGLA_WITH_CUDA
+  if (a.q.device.type == DeviceType::cuda) return cuda::attention_forward_workspace_bytes(a, p);
+#endif
+  return 0;
+}
+
+size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& a) {
+  [[maybe_unused]] const AttentionProblem p = check_backward(a);
+#ifdef FLASHGLA_WITH_CUDA
+  if (a.q.device.type == DeviceType::cuda) return cuda::attention_backward_workspace_bytes(a, p);
+#endif
+  return 0;
 }
 
 }  // namespace flashgla

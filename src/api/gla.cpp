@@ -86,17 +86,15 @@ void check_like(const TensorView& t, const char* name, const TensorView& like, c
   check::device(t, name, dev, "q");
 }
 
-}  // namespace
-
-void gla_forward(const GlaForwardArgs& a) {
+GlaProblem check_forward(const GlaForwardArgs& a) {
   const GlaProblem p = check_inputs(a.q, a.k, a.v, a.g, a.initial_state, a.cu_seqlens, a.cu_seqlens_host, a.scale,
                                     a.algorithm, a.reverse);
   check_like(a.o, "o", a.v, "[B, T, H, V]", a.q.dtype, a.q.device, true);
   check_state_output(a.final_state, "final_state", p, a.q.device);
-  FLASHGLA_DISPATCH(a.q.device, gla_forward, a, p);
+  return p;
 }
 
-void gla_backward(const GlaBackwardArgs& a) {
+GlaProblem check_backward(const GlaBackwardArgs& a) {
   const GlaProblem p = check_inputs(a.q, a.k, a.v, a.g, a.initial_state, a.cu_seqlens, a.cu_seqlens_host, a.scale,
                                     a.algorithm, a.reverse);
   const Device dev = a.q.device;
@@ -121,7 +119,29 @@ void gla_backward(const GlaBackwardArgs& a) {
     require(!a.dg.defined(), ErrorKind::value, "dg", "given without g: there is no gate to differentiate");
   }
   check_state_output(a.d_initial_state, "d_initial_state", p, dev);
-  FLASHGLA_DISPATCH(dev, gla_backward, a, p);
+  return p;
+}
+
+}  // namespace
+
+void gla_forward(const GlaForwardArgs& a) { FLASHGLA_DISPATCH(a.q.device, gla_forward, a, check_forward(a)); }
+
+void gla_backward(const GlaBackwardArgs& a) { FLASHGLA_DISPATCH(a.q.device, gla_backward, a, check_backward(a)); }
+
+size_t gla_forward_workspace_bytes(const GlaForwardArgs& a) {
+  [[maybe_unused]] const GlaProblem p = check_forward(a);
+#ifdef FLASHGLA_WITH_CUDA
+  if (a.q.device.type == DeviceType::cuda) return cuda::gla_forward_workspace_bytes(a, p);
+#endif
+  return 0;
+}
+
+size_t gla_backward_workspace_bytes(const GlaBackwardArgs& a) {
+  [[maybe_unused]] const GlaProblem p = check_backward(a);
+#ifdef FLASHGLA_WITH_CUDA
+  if (a.q.device.type == DeviceType::cuda) return cuda::gla_backward_workspace_bytes(a, p);
+#endif
+  return 0;
 }
 
 void gla_decode(const GlaDecodeArgs& a) {

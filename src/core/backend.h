@@ -22,5 +22,10 @@ void gla_backward(const GlaBackwardArgs& args, const GlaProblem& problem);
 void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem);
 void attention_forward(const AttentionForwardArgs& args, const AttentionProblem& problem);
 void attention_backward(const AttentionBackwardArgs& args, const AttentionProblem& problem);
+// Scratch each call needs (see GlaForwardArgs::workspace); 0 when none.
+size_t gla_forward_workspace_bytes(const GlaForwardArgs& args, const GlaProblem& problem);
+size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args, const GlaProblem& problem);
+size_t attention_forward_workspace_bytes(const AttentionForwardArgs& args, const AttentionProblem& problem);
+size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& args, const AttentionProblem& problem);
 }  // namespace flashgla::cuda
 #endif
