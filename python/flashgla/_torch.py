@@ -1,0 +1,62 @@
+"""From torch tensors to the arguments of flashgla._C.
+
+Only used inside the ops' implementations (never traced by torch.compile):
+tensors become (data_ptr, dtype, device_type, device_index, shape, strides)
+tuples, the CUDA stream is torch's current one, and scratch memory comes from
+torch's allocator, so the C++ side never allocates or synchronises.
+"""
+
+import contextlib
+
+import torch
+
+from . import _C
+
+_DTYPE_CODES = {
+    torch.float64: _C.DTYPES["float64"],
+    torch.float32: _C.DTYPES["float32"],
+    torch.bfloat16: _C.DTYPES["bfloat16"],
+    torch.float16: _C.DTYPES["float16"],
+    torch.int32: _C.DTYPES["int32"],
+    torch.int64: _C.DTYPES["int64"],
+}
+
+
+def view(t, name):
+    """The tuple flashgla._C reads a tensor from; None stays None."""
+    if t is None:
+        return None
+    code = _DTYPE_CODES.get(t.dtype)
+    if code is None:
+        raise TypeError(
+            f"flashgla: {name}: unsupported dtype {t.dtype} "
+            "(expected float64, float32, bfloat16 or float16; int32 or int64 for cu_seqlens)"
+        )
+    device = t.device
+    if device.type == "cpu":
+        return (t.data_ptr(), code, _C.DEVICE_CPU, 0, tuple(t.shape), t.stride())
+    if device.type == "cuda":
+        return (t.data_ptr(), code, _C.DEVICE_CUDA, device.index, tuple(t.shape), t.stride())
+    raise ValueError(f"flashgla: {name}: expected a CPU or CUDA tensor, got device {device}")
+
+
+def stream_of(device):
+    """The current CUDA stream's handle for a CUDA device, 0 on the CPU."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def workspace(device, num_bytes):
+    """Scratch from torch's allocator (stream-ordered, capturable): (tensor, pointer)."""
+    if num_bytes == 0:
+        return None, 0
+    buffer = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    return buffer, buffer.data_ptr()
+
+
+def on_device(device):
+    """Makes `device` current for the call, so kernels launch where the tensors are."""
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()

@@ -1,0 +1,94 @@
+"""Softmax attention (FlashAttention) as a PyTorch op: flashgla::flash_attention
+with its fake implementation and autograd formula (flashgla::flash_attention_backward)."""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C
+from ._torch import on_device, stream_of, view, workspace
+
+__all__ = ["flash_attention"]
+
+_TILED = _C.AttentionAlgorithm.tiled
+
+
+def _forward_outputs(q, v):
+    o = torch.empty((*q.shape[:3], v.shape[-1]) if q.dim() == 4 else v.shape, dtype=q.dtype, device=q.device)
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (0,)
+    return o, torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+
+
+def _call(function, query, device, args):
+    """Runs an attention entry point on `device`, with scratch sized by its `query` function."""
+    if device.type == "cpu":
+        function(*args)
+        return
+    with on_device(device):
+        buffer, pointer = workspace(device, query(*args))
+        function(*args, stream_of(device), pointer, 0 if buffer is None else buffer.numel())
+
+
+@torch.library.custom_op("flashgla::flash_attention", mutates_args=())
+def _flash_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], causal: bool,
+                     scale: Optional[float]) -> Tuple[Tensor, Tensor]:
+    o, lse = _forward_outputs(q, v)
+    cu = view(cu_seqlens, "cu_seqlens")
+    args = (view(q, "q"), view(k, "k"), view(v, "v"), cu, cu, causal, scale, _TILED, view(o, "o"), view(lse, "lse"))
+    _call(_C.attention_forward, _C.attention_forward_workspace_bytes, q.device, args)
+    return o, lse
+
+
+@_flash_attention.register_fake
+def _(q, k, v, cu_seqlens, causal, scale):
+    return _forward_outputs(q, v)
+
+
+@torch.library.custom_op("flashgla::flash_attention_backward", mutates_args=())
+def _flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], o: Tensor, lse: Tensor,
+                              do: Tensor, causal: bool, scale: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
+    dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    cu = view(cu_seqlens, "cu_seqlens")
+    args = (view(q, "q"), view(k, "k"), view(v, "v"), cu, cu, causal, scale, _TILED, view(o, "o"), view(lse, "lse"),
+            view(do, "d_o"), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"))
+    _call(_C.attention_backward, _C.attention_backward_workspace_bytes, q.device, args)
+    return dq, dk, dv
+
+
+@_flash_attention_backward.register_fake
+def _(q, k, v, cu_seqlens, o, lse, do, causal, scale):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=q.dtype, device=q.device),
+            torch.empty(v.shape, dtype=q.dtype, device=q.device))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens, causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, cu_seqlens, o, lse)
+    ctx.causal, ctx.scale = causal, scale
+
+
+def _gradients(ctx, do, dlse):
+    # lse is an output only so that the backward can use it; its gradient is ignored.
+    q, k, v, cu_seqlens, o, lse = ctx.saved_tensors
+    dq, dk, dv = _flash_attention_backward(q, k, v, cu_seqlens, o, lse, do, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None
+
+
+_flash_attention.register_autograd(_gradients, setup_context=_setup_context)
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: Optional[float] = None,
+                    cu_seqlens: Optional[Tensor] = None) -> Tensor:
+    """Softmax attention, o = softmax(scale q k^T + mask) v, computed tile by tile.
+
+    q [B,Tq,Hq,D], k [B,Tk,Hkv,D], v [B,Tk,Hkv,Dv] (fp32/bf16/fp16/fp64; Hkv divides Hq: grouped KV heads).
+    causal masks key j > i + Tk - Tq (bottom-right aligned, as FlashAttention >= 2.1); scale defaults to
+    D^-1/2. cu_seqlens [N+1] (int32/int64, B == 1) packs N sequences and is used for q and k alike.
+    Returns o [B,Tq,Hq,Dv] in the dtype of q.
+    """
+    o, _ = _flash_attention(q, k, v, cu_seqlens, bool(causal), None if scale is None else float(scale))
+    return o
