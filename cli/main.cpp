@@ -1,4 +1,38 @@
-// PLACEHOLDER: replaced by the flashgla command.
+// The flashgla command: `flashgla check` and `flashgla bench` (see --help).
 #include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
 #include "flashgla/flashgla.h"
-int main() { std::printf("flashgla %s\n", flashgla::version()); return 0; }
+
+int main(int argc, char** argv) {
+  using namespace flashgla::cli;
+  try {
+    const CommandLine line = parse_command_line(std::vector<std::string>(argv + 1, argv + argc));
+    if (line.version) {
+      std::printf("flashgla %s (CUDA: %s, %d device(s) visible)\n", flashgla::version(),
+#ifdef FLASHGLA_WITH_CUDA
+                  "built in",
+#else
+                  "not built",
+#endif
+                  flashgla::cuda_device_count());
+      return 0;
+    }
+    if (line.help) {
+      std::fputs(help_text(line.command).c_str(), stdout);
+      return 0;
+    }
+    return line.command == Command::check ? run_check(line.options) : run_bench(line.options);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "flashgla: %s\n", e.what());
+    return 2;
+  } catch (const flashgla::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());  // reads "flashgla: ..."
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashgla: error: %s\n", e.what());
+    return 1;
+  }
+}
