@@ -26,7 +26,7 @@ void tensor(const TensorView& t, const std::string& name, int ndim, const char* 
                 std::to_string(t.stride[d]) + ")");
   }
   require(t.data != nullptr || t.numel() == 0, ErrorKind::value, name, "data pointer is null");
-  if (!is_output) return;
+  if (!is_output || t.numel() == 0) return;  // nothing to write: no overlap possible
   // Non-overlap: ordered by stride, each dimension must step past the whole
   // extent of the finer ones.
   std::vector<int> order;
