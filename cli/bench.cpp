@@ -99,7 +99,7 @@ class Bench {
       const Call call = pass_call(s, pass);
       try {
         const double ms = median_ms(call);
-        std::printf("%-22s %-7s %11.3f %12.4g %10.2f\n", s.name.c_str(), pass_name(pass), ms, s.tokens / ms * 1e3,
+        std::printf("%-22s %-7s %11.4g %12.0f %10.2f\n", s.name.c_str(), pass_name(pass), ms, s.tokens / ms * 1e3,
                     factor * s.fwd_flops / ms * 1e-6);
       } catch (const std::exception& e) {
         error(s.name + " " + pass_name(pass), e.what());
@@ -190,14 +190,14 @@ void bench_decode(Bench& bench, const Options& o) {
   bench.run({"gla decode", flops, double(one.batch), [&] { gla_decode(args); }, nullptr});
 }
 
-void bench_attention(Bench& bench, const Options& o, AttentionAlgorithm algorithm) {
-  const std::string name = algorithm == AttentionAlgorithm::tiled ? "attention tiled" : "attention naive";
+void bench_attention(Bench& bench, const Options& o) {
+  const std::string name = "attention tiled";
   std::mt19937_64 rng = rng_for(o);
   const AttentionInputs in = make_attention_inputs(o.shape, o.dtype, rng).to(o.device, o.dtype);
   const AttentionOutputs out = make_attention_outputs(in);
   const AttentionGrads grads = make_attention_grads(in);
-  AttentionForwardArgs fwd = attention_forward_args(in, out, o.causal, algorithm);
-  AttentionBackwardArgs bwd = attention_backward_args(in, out, grads, o.causal, algorithm);
+  AttentionForwardArgs fwd = attention_forward_args(in, out, o.causal, AttentionAlgorithm::tiled);
+  AttentionBackwardArgs bwd = attention_backward_args(in, out, grads, o.causal, AttentionAlgorithm::tiled);
   Buffer fwd_workspace, bwd_workspace;
   try {
     fwd_workspace = attach_workspace(fwd);
@@ -226,10 +226,7 @@ int run_bench(const Options& o) {
   if (o.ops.chunked) bench_gla(bench, o, GlaAlgorithm::chunked);
   if (o.ops.recurrent) bench_gla(bench, o, GlaAlgorithm::recurrent);
   if (o.ops.decode) bench_decode(bench, o);
-  if (o.ops.attention) {
-    bench_attention(bench, o, AttentionAlgorithm::tiled);
-    if (o.device.type == DeviceType::cpu) bench_attention(bench, o, AttentionAlgorithm::naive);
-  }
+  if (o.ops.attention) bench_attention(bench, o);
   return bench.failures() == 0 ? 0 : 1;
 }
 

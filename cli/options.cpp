@@ -335,7 +335,7 @@ const char* kBenchIntro =
     "  gla recurrent fwd      4*N*K*V (the state's update and read, per token)\n"
     "  gla decode             4*S*H*K*V per step of S sequences\n"
     "  attention fwd          2*B*H*Tq*Tk*(D + Dv), halved when causal (with varlen,\n"
-    "                         the sum over sequences); tiled, and naive on the CPU\n"
+    "                         the sum over sequences)\n"
     "  any bwd                2.5 x its fwd (FlashAttention's convention); fwdbwd 3.5 x\n"
     "The attention backward is timed on the o and lse of one forward call.\n"
     "\n"
