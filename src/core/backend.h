@@ -29,3 +29,31 @@ size_t attention_forward_workspace_bytes(const AttentionForwardArgs& args, const
 size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& args, const AttentionProblem& problem);
 }  // namespace flashgla::cuda
 #endif
+
+// ---- Fused norm and gate steps of the GLA layer (flashgla/norm.h) -------------
+#include "flashgla/norm.h"
+
+namespace flashgla {
+// x viewed as rows × dim: dim is the last dimension, rows the product of the others.
+struct RowsProblem {
+  int64_t rows = 0;
+  int64_t dim = 0;
+};
+}  // namespace flashgla
+
+namespace flashgla::cpu {
+void rms_norm_forward(const RmsNormForwardArgs& args, const RowsProblem& problem);
+void rms_norm_backward(const RmsNormBackwardArgs& args, const RowsProblem& problem);
+void logsigmoid_gate_forward(const LogSigmoidGateForwardArgs& args);
+void logsigmoid_gate_backward(const LogSigmoidGateBackwardArgs& args);
+}  // namespace flashgla::cpu
+
+#ifdef FLASHGLA_WITH_CUDA
+namespace flashgla::cuda {
+void rms_norm_forward(const RmsNormForwardArgs& args, const RowsProblem& problem);
+void rms_norm_backward(const RmsNormBackwardArgs& args, const RowsProblem& problem);
+size_t rms_norm_backward_workspace_bytes(const RmsNormBackwardArgs& args, const RowsProblem& problem);
+void logsigmoid_gate_forward(const LogSigmoidGateForwardArgs& args);
+void logsigmoid_gate_backward(const LogSigmoidGateBackwardArgs& args);
+}  // namespace flashgla::cuda
+#endif
