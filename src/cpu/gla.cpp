@@ -1,9 +1,150 @@
-// PLACEHOLDER: replaced by the CPU GLA backend.
-#include "api/checks.h"
+// CPU GLA backend entry points: for each (sequence, head) pair, gather the
+// strided inputs into contiguous buffers of the accumulation type, run the
+// recurrent reference (fp64) or the chunked algorithm (fp32, or fp64 for f64
+// inputs), and scatter the results. Pairs are independent and run in parallel.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+
 #include "core/backend.h"
+#include "cpu/gla_kernels.h"
+#include "cpu/io.h"
+#include "cpu/parallel.h"
 
 namespace flashgla::cpu {
-void gla_forward(const GlaForwardArgs&, const GlaProblem&) { check::fail(ErrorKind::unsupported, "", "CPU GLA forward: not implemented yet"); }
-void gla_backward(const GlaBackwardArgs&, const GlaProblem&) { check::fail(ErrorKind::unsupported, "", "CPU GLA backward: not implemented yet"); }
-void gla_decode(const GlaDecodeArgs&, const GlaProblem&) { check::fail(ErrorKind::unsupported, "", "CPU GLA decode: not implemented yet"); }
+namespace {
+
+using gla::HeadInputs;
+
+// Below this much work (multiply-adds) threads cost more than they save.
+constexpr int64_t kParallelWork = int64_t(1) << 18;
+
+void for_each_head(int64_t count, int64_t work_per_item, const std::function<void(int64_t)>& fn) {
+  if (count * work_per_item < kParallelWork) {
+    for (int64_t i = 0; i < count; ++i) fn(i);
+  } else {
+    parallel_for(count, fn);
+  }
+}
+
+// Contiguous copies of one (sequence, head) pair's inputs; q is scaled.
+template <class T>
+struct HeadBuffers {
+  std::vector<T> q, k, v, g;
+  HeadInputs<T> inputs;
+
+  HeadBuffers(const TensorView& tq, const TensorView& tk, const TensorView& tv, const TensorView& tg,
+              const GlaProblem& p, const SeqRange& s, int64_t head)
+      : q(size_t(s.len * p.key_dim)),
+        k(size_t(s.len * p.key_dim)),
+        v(size_t(s.len * p.value_dim)),
+        g(size_t(s.len * p.key_dim)) {
+    gather_rows(tq, s, head, q.data());
+    for (T& x : q) x *= T(p.scale);
+    gather_rows(tk, s, head, k.data());
+    gather_rows(tv, s, head, v.data());
+    gather_gate(tg, p.gate, s, head, p.key_dim, g.data());
+    inputs = {s.len, p.key_dim, p.value_dim, q.data(), k.data(), v.data(), g.data()};
+  }
+};
+
+int64_t work_per_head(const GlaProblem& p) {
+  const int64_t tokens = p.seq_len * p.batch / std::max<int64_t>(1, p.num_seqs);
+  return std::max<int64_t>(1, tokens) * p.key_dim * p.value_dim;
+}
+
+// kernel(inputs, state, o): state holds h0 in and the final state out.
+template <class T, class Kernel>
+void forward_each_head(const GlaForwardArgs& a, const GlaProblem& p, Kernel kernel) {
+  const int64_t H = p.heads, K = p.key_dim, V = p.value_dim;
+  for_each_head(p.num_seqs * H, work_per_head(p), [&](int64_t item) {
+    const int64_t n = item / H, head = item % H;
+    const SeqRange s = sequence(p, a.cu_seqlens, n);
+    HeadBuffers<T> in(a.q, a.k, a.v, a.g, p, s, head);
+    std::vector<T> state(size_t(K * V)), o(size_t(s.len * V));
+    gather_state(a.initial_state, n, head, K, V, state.data());
+    kernel(in.inputs, state.data(), o.data());
+    scatter_rows(a.o, s, head, o.data());
+    scatter_state(a.final_state, n, head, K, V, state.data());
+  });
+}
+
+// kernel(inputs, h0, d_o, d_state, dq, dk, dv, dg): d_state holds dht in and dh0 out.
+template <class T, class Kernel>
+void backward_each_head(const GlaBackwardArgs& a, const GlaProblem& p, Kernel kernel) {
+  const int64_t H = p.heads, K = p.key_dim, V = p.value_dim;
+  for_each_head(p.num_seqs * H, 3 * work_per_head(p), [&](int64_t item) {
+    const int64_t n = item / H, head = item % H;
+    const SeqRange s = sequence(p, a.cu_seqlens, n);
+    HeadBuffers<T> in(a.q, a.k, a.v, a.g, p, s, head);
+    std::vector<T> h0(size_t(K * V)), d_state(size_t(K * V)), d_o(size_t(s.len * V));
+    gather_state(a.initial_state, n, head, K, V, h0.data());
+    gather_state(a.d_final_state, n, head, K, V, d_state.data());
+    gather_rows(a.d_o, s, head, d_o.data());
+    std::vector<T> dq(size_t(s.len * K)), dk(size_t(s.len * K)), dv(size_t(s.len * V)), dg(size_t(s.len * K));
+    kernel(in.inputs, h0.data(), d_o.data(), d_state.data(), dq.data(), dk.data(), dv.data(), dg.data());
+    for (T& x : dq) x *= T(p.scale);  // the kernels differentiate w.r.t. the scaled q
+    scatter_rows(a.dq, s, head, dq.data());
+    scatter_rows(a.dk, s, head, dk.data());
+    scatter_rows(a.dv, s, head, dv.data());
+    scatter_gate_grad(a.dg, p.gate, s, head, K, dg.data());
+    scatter_state(a.d_initial_state, n, head, K, V, d_state.data());
+  });
+}
+
+}  // namespace
+
+void gla_forward(const GlaForwardArgs& a, const GlaProblem& p) {
+  if (a.algorithm == GlaAlgorithm::recurrent) {
+    forward_each_head<double>(a, p, [&](const HeadInputs<double>& in, double* state, double* o) {
+      gla::recurrent_forward(in, a.reverse, state, o);
+    });
+  } else if (a.q.dtype == DType::f64) {
+    forward_each_head<double>(a, p, gla::chunked_forward<double>);
+  } else {
+    forward_each_head<float>(a, p, gla::chunked_forward<float>);
+  }
+}
+
+void gla_backward(const GlaBackwardArgs& a, const GlaProblem& p) {
+  if (a.algorithm == GlaAlgorithm::recurrent) {
+    backward_each_head<double>(a, p, [&](const HeadInputs<double>& in, auto... rest) {
+      gla::recurrent_backward(in, a.reverse, rest...);
+    });
+  } else if (a.q.dtype == DType::f64) {
+    backward_each_head<double>(a, p, gla::chunked_backward<double>);
+  } else {
+    backward_each_head<float>(a, p, gla::chunked_backward<float>);
+  }
+}
+
+// One recurrent step per (sequence, head), in fp64; the state is stored back in fp32.
+void gla_decode(const GlaDecodeArgs& a, const GlaProblem& p) {
+  const int64_t H = p.heads, K = p.key_dim, V = p.value_dim;
+  for_each_head(p.num_seqs * H, K * V, [&](int64_t item) {
+    const int64_t n = item / H, head = item % H;
+    auto at = [&](const TensorView& t, int64_t d) {  // element [n, head, d] of an [N, H, D] tensor
+      return n * t.stride[0] + head * t.stride[1] + d * t.stride[2];
+    };
+    std::vector<double> state(size_t(K * V)), value(static_cast<size_t>(V)), out(static_cast<size_t>(V), 0.0);
+    gather_state(a.state, n, head, K, V, state.data());
+    for (int64_t j = 0; j < V; ++j) value[size_t(j)] = load_element<double>(a.v, at(a.v, j));
+    for (int64_t i = 0; i < K; ++i) {
+      double gate = 0;
+      if (p.gate == GateKind::vector) gate = load_element<double>(a.g, at(a.g, i));
+      if (p.gate == GateKind::scalar) gate = load_element<double>(a.g, n * a.g.stride[0] + head * a.g.stride[1]);
+      const double decay = std::exp(gate), key = load_element<double>(a.k, at(a.k, i));
+      const double query = p.scale * load_element<double>(a.q, at(a.q, i));
+      for (int64_t j = 0; j < V; ++j) {
+        double& s = state[size_t(i * V + j)];
+        s = decay * s + key * value[size_t(j)];
+        out[size_t(j)] += query * s;
+      }
+    }
+    scatter_state(a.state, n, head, K, V, state.data());
+    for (int64_t j = 0; j < V; ++j) store_element(a.o, at(a.o, j), out[size_t(j)]);
+  });
+}
+
 }  // namespace flashgla::cpu
