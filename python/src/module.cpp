@@ -172,6 +172,10 @@ auto without_gil(Fn&& fn) {
 
 }  // namespace
 
+// For the other binding files of the module (norm_bindings.cpp).
+flashgla::TensorView tensor_view_from_python(nb::handle spec, const char* name) { return view_of(spec, name); }
+void bind_norm(nb::module_& m);
+
 NB_MODULE(_C, m) {
   m.doc() = "flashgla's C++ API; use the PyTorch ops in the flashgla package rather than these functions.";
 
@@ -339,4 +343,6 @@ NB_MODULE(_C, m) {
       },
       "q"_a, "k"_a, "v"_a, "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "causal"_a, "scale"_a.none(),
       "algorithm"_a, "o"_a, "lse"_a, "d_o"_a, "dq"_a, "dk"_a, "dv"_a);
+
+  bind_norm(m);  // gated RMSNorm and log-sigmoid gate (norm_bindings.cpp)
 }
