@@ -4,6 +4,7 @@
 // and backward, over shapes, masks, grouped KV heads, varlen, strides and dtypes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -331,7 +332,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttentionTiled, ::testing::ValuesIn(tiled_cases(
 
 // ---- queries that see no key -------------------------------------------------------
 
-TEST(AttentionTiled, QueriesWithoutKeysGetZeroOutputMinusInfLseAndZeroGradient) {
+TEST(AttentionMasking, QueriesWithoutKeysGetZeroOutputMinusInfLseAndZeroGradient) {
   // Causal with Tq = 10 > Tk = 4: queries 0..5 see no key.
   const Shape s = Shape().lens(10, 4).heads(2, 1).dims(8, 8);
   const Inputs in = make_inputs(s, DType::f32, 3);
@@ -350,7 +351,8 @@ TEST(AttentionTiled, QueriesWithoutKeysGetZeroOutputMinusInfLseAndZeroGradient) 
         }
       }
   // Keys are still seen by the later queries: their gradients are not zero.
-  EXPECT_GT(rel_rms_error(g.dk.values(), std::vector<double>(size_t(g.dk.numel()), 0.0)), 0.0);
+  const std::vector<double> dk = g.dk.values();
+  EXPECT_TRUE(std::any_of(dk.begin(), dk.end(), [](double x) { return x != 0; }));
 }
 
 }  // namespace

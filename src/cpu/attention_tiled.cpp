@@ -27,6 +27,22 @@ void axpy(Acc alpha, const Acc* x, Acc* y, int64_t n) {
   for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
 }
 
+// Keys are kept transposed ([dim][key], leading dimension ld) so that a
+// query's scores against them are a sum of axpys, which the compiler
+// vectorises; a dot product per key would need reassociation to vectorise.
+template <class Acc>
+void transpose(const Acc* rows, int64_t count, int64_t dim, int64_t ld, Acc* out) {
+  for (int64_t c = 0; c < count; ++c)
+    for (int64_t d = 0; d < dim; ++d) out[d * ld + c] = rows[c * dim + d];
+}
+
+// out[c] = Σ_d x[d] · keys_t[d * ld + c] for c < count: x · key c, unscaled.
+template <class Acc>
+void scores_against(const Acc* x, const Acc* keys_t, int64_t ld, int64_t dim, int64_t count, Acc* out) {
+  std::fill(out, out + count, Acc(0));
+  for (int64_t d = 0; d < dim; ++d) axpy(x[d], keys_t + d * ld, out, count);
+}
+
 // Rows [begin, begin + len) of a sequence's token range.
 SeqRange sub_range(const SeqRange& s, int64_t begin, int64_t len) { return {s.batch, s.begin + begin, len}; }
 
@@ -47,7 +63,7 @@ void forward_tile(const AttentionForwardArgs& args, const AttentionProblem& p, c
   const int64_t D = p.head_dim, Dv = p.value_dim, rows = tile.rows;
   const AttentionSeq& s = tile.seq;
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
-  std::vector<Acc> q(rows * D), k(kKeyTile * D), v(kKeyTile * Dv), scores(kKeyTile);
+  std::vector<Acc> q(rows * D), k(kKeyTile * D), k_t(D * kKeyTile), v(kKeyTile * Dv), scores(kKeyTile);
   std::vector<Acc> row_max(rows, kNegInf), row_sum(rows, Acc(0)), acc(rows * Dv, Acc(0));
   gather_rows(args.q, sub_range(s.q, tile.i0, rows), tile.head, q.data());
 
@@ -58,12 +74,14 @@ void forward_tile(const AttentionForwardArgs& args, const AttentionProblem& p, c
     const int64_t cols = std::min(kKeyTile, keys_seen - j0);
     gather_rows(args.k, sub_range(s.k, j0, cols), kv_head, k.data());
     gather_rows(args.v, sub_range(s.k, j0, cols), kv_head, v.data());
+    transpose(k.data(), cols, D, kKeyTile, k_t.data());
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t visible = visible_in_tile(p, s, tile.i0 + r, j0, cols);
       if (visible == 0) continue;
+      scores_against(&q[r * D], k_t.data(), kKeyTile, D, visible, scores.data());
       Acc tile_max = kNegInf;
       for (int64_t c = 0; c < visible; ++c) {
-        scores[c] = Acc(p.scale) * dot(&q[r * D], &k[c * D], D);
+        scores[c] *= Acc(p.scale);
         tile_max = std::max(tile_max, scores[c]);
       }
       // A larger max shrinks everything summed so far by exp(old − new); on a
@@ -101,10 +119,13 @@ void backward_kv_head(const AttentionBackwardArgs& args, const AttentionProblem&
                       int64_t kv_head) {
   const int64_t D = p.head_dim, Dv = p.value_dim, Tq = s.q.len, Tk = s.k.len;
   const int64_t group = p.q_heads / p.kv_heads;
-  std::vector<Acc> k(Tk * D), v(Tk * Dv), dk(Tk * D, Acc(0)), dv(Tk * Dv, Acc(0));
+  std::vector<Acc> k(Tk * D), v(Tk * Dv), k_t(D * Tk), v_t(Dv * Tk), dk(Tk * D, Acc(0)), dv(Tk * Dv, Acc(0));
   gather_rows(args.k, s.k, kv_head, k.data());
   gather_rows(args.v, s.k, kv_head, v.data());
+  transpose(k.data(), Tk, D, Tk, k_t.data());
+  transpose(v.data(), Tk, Dv, Tk, v_t.data());
   std::vector<Acc> q(Tq * D), d_o(Tq * Dv), o(Tq * Dv), dq(Tq * D), lse(Tq), row_dot(Tq);
+  std::vector<Acc> scores(kKeyTile), dprobs(kKeyTile);
   for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
     gather_rows(args.q, s.q, h, q.data());
     gather_rows(args.d_o, s.q, h, d_o.data());
@@ -120,11 +141,13 @@ void backward_kv_head(const AttentionBackwardArgs& args, const AttentionProblem&
       const int64_t cols = std::min(kKeyTile, Tk - j0);
       for (int64_t i = 0; i < Tq; ++i) {
         const int64_t visible = visible_in_tile(p, s, i, j0, cols);
-        if (visible == 0 || std::isinf(lse[i])) continue;  // a query that sees no key has no gradient
-        for (int64_t j = j0; j < j0 + visible; ++j) {
-          const Acc prob = std::exp(Acc(p.scale) * dot(&q[i * D], &k[j * D], D) - lse[i]);
-          const Acc dprob = dot(&d_o[i * Dv], &v[j * Dv], Dv);
-          const Acc dscore = Acc(p.scale) * prob * (dprob - row_dot[i]);
+        if (visible == 0) continue;  // a query that sees no key (lse = −inf) has no gradient
+        scores_against(&q[i * D], &k_t[j0], Tk, D, visible, scores.data());
+        scores_against(&d_o[i * Dv], &v_t[j0], Tk, Dv, visible, dprobs.data());
+        for (int64_t c = 0; c < visible; ++c) {
+          const int64_t j = j0 + c;
+          const Acc prob = std::exp(Acc(p.scale) * scores[c] - lse[i]);
+          const Acc dscore = Acc(p.scale) * prob * (dprobs[c] - row_dot[i]);
           axpy(prob, &d_o[i * Dv], &dv[j * Dv], Dv);
           axpy(dscore, &q[i * D], &dk[j * D], D);
           axpy(dscore, &k[j * D], &dq[i * D], D);
