@@ -1,10 +1,164 @@
-// PLACEHOLDER: replaced by the CUDA FlashAttention kernels.
+// CUDA softmax attention (FlashAttention): checks what this backend runs,
+// builds the kernels' parameters and dispatches on dtype and head dim. The
+// kernels are in attention_kernels.cuh, instantiated in attention_d*.cu.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
 #include "core/backend.h"
+#include "cuda/attention_params.cuh"
 #include "cuda/common.cuh"
 
 namespace flashgla::cuda {
-void attention_forward(const AttentionForwardArgs&, const AttentionProblem&) { check::fail(ErrorKind::unsupported, "", "CUDA attention: not implemented yet"); }
-void attention_backward(const AttentionBackwardArgs&, const AttentionProblem&) { check::fail(ErrorKind::unsupported, "", "CUDA attention: not implemented yet"); }
-size_t attention_forward_workspace_bytes(const AttentionForwardArgs&, const AttentionProblem&) { return 0; }
-size_t attention_backward_workspace_bytes(const AttentionBackwardArgs&, const AttentionProblem&) { return 0; }
+namespace {
+
+using attn::AttentionParams;
+using attn::Strided;
+
+void check_supported(const TensorView& q, const AttentionProblem& p) {
+  if (q.dtype != DType::bf16 && q.dtype != DType::f16)
+    check::fail(ErrorKind::unsupported, "q",
+                std::string("CUDA attention runs bfloat16 and float16, got ") + dtype_name(q.dtype) +
+                    "; for float32/float64 use the CPU backend (tensors on the CPU)");
+  if (p.value_dim != p.head_dim)
+    check::fail(ErrorKind::unsupported, "v",
+                "CUDA attention needs Dv == D, got D = " + std::to_string(p.head_dim) +
+                    " and Dv = " + std::to_string(p.value_dim) + "; the CPU backend runs any head dims");
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
+    check::fail(ErrorKind::unsupported, "q",
+                "CUDA attention runs head dims 64, 128 and 256, got D = " + std::to_string(p.head_dim) +
+                    "; the CPU backend runs any head dim");
+}
+
+// Whether a [B, T, H, D] view moves in `bytes`-wide pieces along D: unit
+// stride along D, and the pointer and every other stride (of a dimension
+// longer than 1) multiples of that width.
+bool moves_in(const TensorView& t, int64_t bytes) {
+  const int64_t elems = bytes / int64_t(dtype_size(t.dtype));
+  if (t.stride[3] != 1 && t.shape[3] > 1) return false;
+  if (reinterpret_cast<uintptr_t>(t.data) % uintptr_t(bytes) != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if (t.shape[d] > 1 && t.stride[d] % elems != 0) return false;
+  return true;
+}
+
+Strided strided(const TensorView& t) {
+  Strided s;
+  s.data = t.data;
+  s.batch = t.stride[0], s.token = t.stride[1], s.head = t.stride[2], s.dim = t.stride[3];
+  s.vec16 = moves_in(t, 16);
+  s.vec4 = moves_in(t, 4);
+  return s;
+}
+
+AttentionParams make_params(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                            const TensorView& lse, const TensorView& cu_q, const TensorView& cu_k,
+                            const AttentionProblem& problem) {
+  AttentionParams p;
+  p.q = strided(q), p.k = strided(k), p.v = strided(v), p.o = strided(o);
+  p.lse = static_cast<float*>(lse.data);
+  p.lse_batch = lse.stride[0], p.lse_head = lse.stride[1], p.lse_token = lse.stride[2];
+  p.varlen = problem.varlen;
+  if (p.varlen) {
+    p.cu_q = cu_q.data, p.cu_q_stride = cu_q.stride[0], p.cu_q_64 = cu_q.dtype == DType::i64;
+    p.cu_k = cu_k.data, p.cu_k_stride = cu_k.stride[0], p.cu_k_64 = cu_k.dtype == DType::i64;
+  }
+  p.batch = problem.batch, p.q_len = problem.q_len, p.k_len = problem.k_len;
+  p.q_heads = problem.q_heads, p.kv_heads = problem.kv_heads, p.group = problem.q_heads / problem.kv_heads;
+  p.num_seqs = problem.num_seqs;
+  p.causal = problem.causal;
+  p.scale = float(problem.scale);
+  p.scale_log2 = float(problem.scale * 1.4426950408889634);
+  return p;
+}
+
+// Calls fn(T{}, std::integral_constant<int, D>{}) for the dtype and head dim.
+template <class Fn>
+void dispatch(DType dtype, int64_t head_dim, Fn&& fn) {
+  auto by_dim = [&](auto type) {
+    if (head_dim == 64) fn(type, std::integral_constant<int, 64>{});
+    else if (head_dim == 128) fn(type, std::integral_constant<int, 128>{});
+    else fn(type, std::integral_constant<int, 256>{});
+  };
+  if (dtype == DType::bf16) by_dim(__nv_bfloat16{});
+  else by_dim(__half{});
+}
+
+// Backward scratch, each piece 256-byte aligned: dq_accum [B, Hq, Tq, D] and
+// lse_log2, dsum [B, Hq, Tq], all fp32.
+struct BackwardScratch {
+  size_t rows = 0, dq_bytes = 0, row_bytes = 0;
+  explicit BackwardScratch(const AttentionProblem& p) {
+    rows = size_t(p.batch * p.q_heads * p.q_len);
+    dq_bytes = align(rows * size_t(p.head_dim) * sizeof(float));
+    row_bytes = align(rows * sizeof(float));
+  }
+  size_t total() const { return dq_bytes + 2 * row_bytes; }
+  static size_t align(size_t n) { return (n + 255) / 256 * 256; }
+};
+
+}  // namespace
+
+void attention_forward(const AttentionForwardArgs& args, const AttentionProblem& problem) {
+  check_supported(args.q, problem);
+  DeviceGuard guard(args.q.device.index);
+  const AttentionParams p =
+      make_params(args.q, args.k, args.v, args.o, args.lse, args.cu_seqlens_q, args.cu_seqlens_k, problem);
+  const auto stream = static_cast<cudaStream_t>(args.stream);
+  dispatch(args.q.dtype, problem.head_dim,
+           [&](auto type, auto dim) { attn::run_attention_forward<decltype(type), decltype(dim)::value>(p, stream); });
+}
+
+void attention_backward(const AttentionBackwardArgs& args, const AttentionProblem& problem) {
+  check_supported(args.q, problem);
+  DeviceGuard guard(args.q.device.index);
+  AttentionParams p =
+      make_params(args.q, args.k, args.v, args.o, args.lse, args.cu_seqlens_q, args.cu_seqlens_k, problem);
+  p.d_o = strided(args.d_o), p.dq = strided(args.dq), p.dk = strided(args.dk), p.dv = strided(args.dv);
+  const auto stream = static_cast<cudaStream_t>(args.stream);
+
+  const BackwardScratch scratch(problem);
+  void* workspace = args.workspace;
+  bool owned = false;
+  if (workspace == nullptr) {
+    if (scratch.total() > 0) {
+      check_cuda(cudaMallocAsync(&workspace, scratch.total(), stream), "cudaMallocAsync (attention backward workspace)");
+      owned = true;
+    }
+  } else if (args.workspace_bytes < scratch.total()) {
+    check::fail(ErrorKind::value, "workspace",
+                "needs " + std::to_string(scratch.total()) + " bytes (attention_backward_workspace_bytes), got " +
+                    std::to_string(args.workspace_bytes));
+  }
+  char* base = static_cast<char*>(workspace);
+  p.dq_accum = reinterpret_cast<float*>(base);
+  p.lse_log2 = reinterpret_cast<float*>(base + scratch.dq_bytes);
+  p.dsum = reinterpret_cast<float*>(base + scratch.dq_bytes + scratch.row_bytes);
+  try {
+    if (scratch.dq_bytes > 0)
+      check_cuda(cudaMemsetAsync(p.dq_accum, 0, scratch.dq_bytes, stream), "cudaMemsetAsync (dq accumulator)");
+    dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
+      attn::run_attention_backward<decltype(type), decltype(dim)::value>(p, stream);
+    });
+  } catch (...) {
+    if (owned) cudaFreeAsync(workspace, stream);
+    throw;
+  }
+  if (owned) check_cuda(cudaFreeAsync(workspace, stream), "cudaFreeAsync (attention backward workspace)");
+}
+
+size_t attention_forward_workspace_bytes(const AttentionForwardArgs& args, const AttentionProblem& problem) {
+  check_supported(args.q, problem);
+  return 0;
+}
+
+size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& args, const AttentionProblem& problem) {
+  check_supported(args.q, problem);
+  return BackwardScratch(problem).total();
+}
+
 }  // namespace flashgla::cuda
