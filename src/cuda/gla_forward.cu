@@ -1,9 +1,224 @@
-// PLACEHOLDER: replaced by the CUDA GLA forward, recurrent and decode kernels.
+// CUDA GLA forward (chunked and recurrent) and decode: turns checked arguments
+// into kernel parameters, plans the sequence split of the chunked kernel and
+// its workspace, and launches on args.stream on the tensors' device.
+#include <cstdlib>
+#include <string>
+
 #include "core/backend.h"
 #include "cuda/common.cuh"
+#include "cuda/gla_fwd.cuh"
 
 namespace flashgla::cuda {
-void gla_forward(const GlaForwardArgs&, const GlaProblem&) { check::fail(ErrorKind::unsupported, "", "CUDA GLA forward: not implemented yet"); }
-void gla_decode(const GlaDecodeArgs&, const GlaProblem&) { check::fail(ErrorKind::unsupported, "", "CUDA GLA decode: not implemented yet"); }
-size_t gla_forward_workspace_bytes(const GlaForwardArgs&, const GlaProblem&) { return 0; }
+namespace {
+
+using gla::Elem;
+using gla::Gate;
+using gla::View;
+
+Elem elem_of(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return Elem::f32;
+    case DType::bf16: return Elem::bf16;
+    case DType::f16: return Elem::f16;
+    case DType::f64: return Elem::f64;
+    default: check::fail(ErrorKind::type, "", "not a floating dtype");
+  }
+}
+
+View view_of(const TensorView& t) {
+  View v;
+  if (!t.defined()) return v;
+  v.data = t.data;
+  v.dtype = elem_of(t.dtype);
+  const int last = t.ndim - 1;
+  for (int d = 0; d < t.ndim; ++d) v.stride[d] = t.stride[d];
+  const int64_t esize = gla::elem_size(v.dtype);
+  const auto address = reinterpret_cast<uintptr_t>(t.data);
+  const bool unit = t.shape[last] <= 1 || t.stride[last] == 1;
+  bool rows16 = unit && address % 16 == 0, pairs = unit && address % (2 * esize) == 0;
+  for (int d = 0; d < last; ++d) {
+    if (t.shape[d] <= 1) continue;
+    rows16 = rows16 && t.stride[d] * esize % 16 == 0;
+    pairs = pairs && t.stride[d] % 2 == 0;
+  }
+  v.rows16 = rows16;
+  v.pairs = pairs;
+  if (unit) v.stride[last] = 1;  // the kernels' fast paths assume it
+  return v;
+}
+
+Gate gate_of(GateKind kind) {
+  return kind == GateKind::vector ? Gate::vector : kind == GateKind::scalar ? Gate::scalar : Gate::none;
+}
+
+void require_compute_dtype(const TensorView& q) {
+  check::require(q.dtype == DType::f32 || q.dtype == DType::bf16 || q.dtype == DType::f16, ErrorKind::unsupported,
+                 "q", std::string("the CUDA backend takes float32, bfloat16 or float16 inputs, got ") +
+                          dtype_name(q.dtype) + " (use the CPU backend for float64)");
+}
+
+gla::Sequences sequences_of(const TensorView& cu_seqlens, int64_t total_len) {
+  gla::Sequences s;
+  s.total_len = total_len;
+  if (!cu_seqlens.defined()) return s;
+  s.cu_seqlens = cu_seqlens.data;
+  s.stride = cu_seqlens.stride[0];
+  s.i64 = cu_seqlens.dtype == DType::i64;
+  return s;
+}
+
+int multiprocessors() {
+  int device = 0, count = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return count;
+}
+
+// The chunked kernel's parameters and plan (sequence split, workspace size).
+struct ChunkPlan {
+  gla::ChunkParams params;
+  int num_seqs = 0;
+  size_t workspace_bytes = 0;
+};
+
+int64_t longest_sequence(const GlaForwardArgs& a, const GlaProblem& p) {
+  if (!p.varlen) return p.seq_len;
+  const TensorView& host = a.cu_seqlens_host.defined() ? a.cu_seqlens_host : a.cu_seqlens;
+  if (host.device.type != DeviceType::cpu) return -1;  // unknown without reading device memory
+  auto at = [&](int64_t i) {
+    const int64_t offset = i * host.stride[0];
+    return host.dtype == DType::i64 ? static_cast<const int64_t*>(host.data)[offset]
+                                    : int64_t(static_cast<const int32_t*>(host.data)[offset]);
+  };
+  int64_t longest = 0;
+  for (int64_t n = 0; n < p.num_seqs; ++n) longest = std::max(longest, at(n + 1) - at(n));
+  return longest;
+}
+
+ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
+  ChunkPlan plan;
+  gla::ChunkParams& c = plan.params;
+  c.q = view_of(a.q), c.k = view_of(a.k), c.v = view_of(a.v), c.g = view_of(a.g), c.o = view_of(a.o);
+  c.h0 = view_of(a.initial_state), c.ht = view_of(a.final_state);
+  c.seqs = sequences_of(a.cu_seqlens, p.seq_len);
+  c.heads = int(p.heads), c.key_dim = int(p.key_dim), c.value_dim = int(p.value_dim);
+  c.num_slices = int((p.key_dim + gla::kSlice - 1) / gla::kSlice);
+  c.gate = gate_of(p.gate);
+  c.scale = float(p.scale);
+  c.smem = gla::chunk_layout(c.q.dtype, c.g.dtype, c.gate, c.key_dim);
+  plan.num_seqs = int(p.num_seqs);
+
+  int max_smem = 0, device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "cudaDeviceGetAttribute");
+  check::require(c.smem.bytes <= max_smem, ErrorKind::unsupported, "q",
+                 "K = " + std::to_string(p.key_dim) + " needs " + std::to_string(c.smem.bytes) +
+                     " bytes of shared memory in the CUDA chunked kernel, more than this device's " +
+                     std::to_string(max_smem) + " (K ≤ 512 fits on sm_80 and sm_90)");
+
+  // Split long sequences when (sequences × heads × value tiles) leaves SMs idle.
+  // Without the lengths of a varlen batch on the host there is nothing to plan with: no split.
+  const int64_t longest = longest_sequence(a, p);
+  const int64_t max_chunks = longest < 0 ? (p.seq_len + gla::kChunk - 1) / gla::kChunk
+                                         : (longest + gla::kChunk - 1) / gla::kChunk;
+  const int64_t tile = gla::value_tile(c.q.dtype);
+  const int64_t tiles = p.num_seqs * p.heads * ((p.value_dim + tile - 1) / tile);
+  int64_t splits = 1;
+  if (longest > 0 && tiles > 0) {
+    constexpr int64_t kMinChunksPerSplit = 4;
+    const int64_t slots = int64_t(multiprocessors()) * gla::chunk_blocks_per_sm(c.q.dtype, c.smem);
+    splits = std::max<int64_t>(1, std::min(slots / tiles, max_chunks / kMinChunksPerSplit));
+    // FLASHGLA_GLA_SPLITS=<n> overrides the choice (for tuning and tests of the split path).
+    if (const char* forced = std::getenv("FLASHGLA_GLA_SPLITS")) splits = std::max<int64_t>(1, std::atoll(forced));
+    splits = std::min<int64_t>(splits, std::max<int64_t>(1, max_chunks));
+  }
+  c.chunks_per_split = std::max<int64_t>(1, (max_chunks + splits - 1) / splits);
+  c.num_splits = int((std::max<int64_t>(1, max_chunks) + c.chunks_per_split - 1) / c.chunks_per_split);
+  if (c.num_splits > 1)
+    plan.workspace_bytes =
+        size_t(p.num_seqs * p.heads * (c.num_splits - 1)) * size_t(p.key_dim) * size_t(p.value_dim + 1) * sizeof(float);
+  return plan;
+}
+
+// Device memory for the split states: the caller's workspace, or a stream-ordered allocation.
+class Workspace {
+ public:
+  Workspace(const GlaForwardArgs& a, size_t bytes, cudaStream_t stream) : stream_(stream) {
+    if (bytes == 0) return;
+    if (a.workspace) {
+      check::require(a.workspace_bytes >= bytes, ErrorKind::value, "workspace",
+                     "needs " + std::to_string(bytes) + " bytes (gla_forward_workspace_bytes), got " +
+                         std::to_string(a.workspace_bytes));
+      data_ = a.workspace;
+    } else {
+      check_cuda(cudaMallocAsync(&data_, bytes, stream), "cudaMallocAsync (GLA forward workspace)");
+      owned_ = true;
+    }
+  }
+  ~Workspace() {
+    if (owned_) cudaFreeAsync(data_, stream_);
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  float* floats() const { return static_cast<float*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  bool owned_ = false;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+size_t gla_forward_workspace_bytes(const GlaForwardArgs& args, const GlaProblem& problem) {
+  if (args.algorithm != GlaAlgorithm::chunked || args.q.dtype == DType::f64) return 0;
+  DeviceGuard guard(args.q.device.index);
+  return plan_chunked(args, problem).workspace_bytes;
+}
+
+void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
+  require_compute_dtype(args.q);
+  DeviceGuard guard(args.q.device.index);
+  const auto stream = static_cast<cudaStream_t>(args.stream);
+
+  if (args.algorithm == GlaAlgorithm::recurrent) {
+    gla::RecurrentParams r;
+    r.q = view_of(args.q), r.k = view_of(args.k), r.v = view_of(args.v), r.g = view_of(args.g);
+    r.o = view_of(args.o), r.h0 = view_of(args.initial_state), r.ht = view_of(args.final_state);
+    r.seqs = sequences_of(args.cu_seqlens, problem.seq_len);
+    r.heads = int(problem.heads), r.key_dim = int(problem.key_dim), r.value_dim = int(problem.value_dim);
+    r.gate = gate_of(problem.gate);
+    r.scale = float(problem.scale);
+    r.reverse = args.reverse;
+    gla::launch_recurrent_forward(r, int(problem.num_seqs), stream);
+    return;
+  }
+
+  ChunkPlan plan = plan_chunked(args, problem);
+  gla::ChunkParams& c = plan.params;
+  Workspace workspace(args, plan.workspace_bytes, stream);
+  if (c.num_splits > 1) {
+    c.split_states = workspace.floats();
+    c.split_decay = c.split_states + size_t(problem.num_seqs * problem.heads * (c.num_splits - 1)) *
+                                         size_t(problem.key_dim) * size_t(problem.value_dim);
+    c.states_only = true;
+    gla::launch_chunk_forward(c, plan.num_seqs, stream);
+    c.states_only = false;
+  }
+  gla::launch_chunk_forward(c, plan.num_seqs, stream);
+}
+
+void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem) {
+  require_compute_dtype(args.q);
+  DeviceGuard guard(args.q.device.index);
+  gla::DecodeParams d;
+  d.q = view_of(args.q), d.k = view_of(args.k), d.v = view_of(args.v), d.g = view_of(args.g);
+  d.o = view_of(args.o), d.state = view_of(args.state);
+  d.heads = int(problem.heads), d.key_dim = int(problem.key_dim), d.value_dim = int(problem.value_dim);
+  d.gate = gate_of(problem.gate);
+  d.scale = float(problem.scale);
+  gla::launch_decode(d, int(problem.num_seqs), static_cast<cudaStream_t>(args.stream));
+}
+
 }  // namespace flashgla::cuda

@@ -1,0 +1,148 @@
+"""CUDA GLA forward, recurrent and decode timings against their references.
+
+Run on a CUDA machine with flashgla importable (`pip install .`, or
+PYTHONPATH=<cmake build dir with -DFLASHGLA_PYTHON=ON>/python):
+
+    python bench/bench_gla_fwd.py [--splits 1,2,4] [--out results.md]
+
+Every line times both sides in this process, on this card, on the same
+inputs (bf16, g = logsigmoid(randn)), as the median of triton's do_bench
+(CUDA-graph replays for the microsecond-scale decode):
+  * chunk_gla forward vs F.scaled_dot_product_attention causal (flash backend)
+    at the ANCHORS.md shapes (K = 256, V = 512 has no SDPA: FlashAttention
+    needs equal head dims; its line reports the time and the byte floor);
+  * fused_recurrent_gla forward (the line shows the absolute target);
+  * decode on fp32 states vs a device-to-device copy of the same bytes
+    (read + write), i.e. the fraction of copy bandwidth reached.
+--splits times the chunked kernel with FLASHGLA_GLA_SPLITS forced to each
+value as well (the split of long sequences; 0 = the built-in choice).
+"""
+
+import argparse
+import datetime
+import os
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+import flashgla
+
+ANCHORS = [  # B, T, H, K, V, target (ratio to SDPA, or absolute ms where SDPA does not apply)
+    (8, 4096, 16, 128, 128, "<= 0.35x SDPA"),
+    (8, 2048, 16, 64, 64, "<= 0.6x SDPA"),
+    (4, 4096, 4, 256, 512, "<= 0.25 ms"),
+    (2, 16384, 16, 128, 128, "<= 0.6 ms"),
+]
+
+
+def median_ms(fn, graph=False):
+    if graph:
+        return triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def gla_inputs(B, T, H, K, V, dtype=torch.bfloat16):
+    q = torch.randn(B, T, H, K, device="cuda", dtype=dtype)
+    k = torch.randn(B, T, H, K, device="cuda", dtype=dtype)
+    v = torch.randn(B, T, H, V, device="cuda", dtype=dtype)
+    g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda", dtype=torch.float32)).to(dtype)
+    return q, k, v, g
+
+
+def sdpa_ms(B, T, H, K, V):
+    if K != V or K > 256:
+        return None
+    q, k, v = (torch.randn(B, H, T, K, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def byte_floor_ms(B, T, H, K, V, bandwidth):
+    n = B * T * H
+    return (2 * n * (3 * K + V) + 2 * n * V) / bandwidth * 1e3
+
+
+def copy_bandwidth():
+    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() * 4 / (ms * 1e-3), ms
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--splits", default="0", help="comma-separated FLASHGLA_GLA_SPLITS values (0 = default)")
+    parser.add_argument("--out", default=None, help="also append the table to this markdown file")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    card = torch.cuda.get_device_name()
+    date = datetime.date.today().isoformat()
+    bandwidth, _ = copy_bandwidth()
+    rows = []
+
+    for B, T, H, K, V, target in ANCHORS:
+        q, k, v, g = gla_inputs(B, T, H, K, V)
+        reference = sdpa_ms(B, T, H, K, V)
+        for splits in args.splits.split(","):
+            if splits.strip() == "0":
+                os.environ.pop("FLASHGLA_GLA_SPLITS", None)
+            else:
+                os.environ["FLASHGLA_GLA_SPLITS"] = splits.strip()
+            ours = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
+            label = "" if splits.strip() == "0" else f" splits={splits.strip()}"
+            if reference is not None:
+                rows.append((f"chunk_gla fwd B{B} T{T} H{H} K{K} V{V}{label}", ours, reference, "SDPA flash causal",
+                             f"{ours / reference:.2f}x", target))
+            else:
+                floor = byte_floor_ms(B, T, H, K, V, bandwidth)
+                rows.append((f"chunk_gla fwd B{B} T{T} H{H} K{K} V{V}{label}", ours, floor, "byte floor",
+                             f"{ours / floor:.2f}x", target))
+        os.environ.pop("FLASHGLA_GLA_SPLITS", None)
+        del q, k, v, g
+
+    q, k, v, g = gla_inputs(8, 2048, 16, 64, 64)
+    ours = median_ms(lambda: flashgla.fused_recurrent_gla(q, k, v, g))
+    rows.append(("fused_recurrent_gla fwd B8 T2048 H16 K64 V64", ours, None, "-", "-", "<= 1.2 ms"))
+    q, k, v, g = gla_inputs(8, 4096, 16, 128, 128)
+    ours = median_ms(lambda: flashgla.chunk_gla(q, k, v, g.float()))
+    rows.append(("chunk_gla fwd B8 T4096 H16 K128 V128 (fp32 gate)", ours, None, "-", "-", "-"))
+    q, k, v, _ = gla_inputs(8, 4096, 16, 128, 128, torch.float32)
+    g = F.logsigmoid(torch.randn(8, 4096, 16, 128, device="cuda"))
+    ours = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
+    rows.append(("chunk_gla fwd fp32 B8 T4096 H16 K128 V128", ours, None, "-", "-", "-"))
+    gs = F.logsigmoid(torch.randn(8, 4096, 16, device="cuda")).to(torch.bfloat16)
+    qb, kb, vb, _ = gla_inputs(8, 4096, 16, 128, 128)
+    ours = median_ms(lambda: flashgla.chunk_simple_gla(qb, kb, vb, gs))
+    rows.append(("chunk_simple_gla fwd B8 T4096 H16 K128 V128", ours, None, "-", "-", "-"))
+    del q, k, v, g, qb, kb, vb
+
+    for N, H, K, V in ((64, 16, 128, 128), (256, 16, 128, 128), (64, 4, 256, 512)):
+        q = torch.randn(N, H, K, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(N, H, K, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(N, H, V, device="cuda", dtype=torch.bfloat16)
+        g = F.logsigmoid(torch.randn(N, H, K, device="cuda")).to(torch.bfloat16)
+        state = torch.randn(N, H, K, V, device="cuda")
+        ours = median_ms(lambda: flashgla.gla_decode_step(q, k, v, g, state), graph=True)
+        copy_dst = torch.empty_like(state)
+        copy = median_ms(lambda: copy_dst.copy_(state), graph=True)
+        achieved = 2 * state.numel() * 4 / (ours * 1e-3) / 1e12
+        rows.append((f"decode N{N} H{H} K{K} V{V} ({achieved:.2f} TB/s)", ours, copy, "copy of the state",
+                     f"{copy / ours:.0%} of copy bw", ">= 70%"))
+
+    header = f"{date}, {card}, copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)"
+    lines = [header, "", "| shape | ours ms | reference ms | reference | ratio | target |", "|---|---|---|---|---|---|"]
+    for name, ours, ref, ref_name, ratio, target in rows:
+        ref_text = "-" if ref is None else f"{ref:.4f}"
+        lines.append(f"| {name} | {ours:.4f} | {ref_text} | {ref_name} | {ratio} | {target} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(text + "\n\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+// The CUDA GLA forward, recurrent and decode kernels: their parameter structs
+// and launchers. gla_forward.cu checks, plans and fills these; one .cu file per
+// kernel (gla_fwd_chunk.cu, gla_fwd_recurrent.cu, gla_fwd_decode.cu) defines it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace flashgla::cuda::gla {
+
+// Element types a kernel can read. q, k, v (and o) share one of f32/bf16/f16;
+// the gate may be any of the four.
+enum class Elem : int8_t { f32, bf16, f16, f64 };
+
+__host__ __device__ inline int elem_size(Elem e) { return e == Elem::f64 ? 8 : e == Elem::f32 ? 4 : 2; }
+
+// A strided view with up to four dimensions, as the kernels see it.
+struct View {
+  void* data = nullptr;        // null: absent
+  int64_t stride[4] = {0, 0, 0, 0};
+  Elem dtype = Elem::f32;
+  bool rows16 = false;         // innermost stride 1 and every row start 16-byte aligned (cp.async path)
+  bool pairs = false;          // innermost stride 1 and even offsets: two neighbours form one aligned word
+};
+
+// Sequence boundaries: cu_seqlens on the device (null: fixed-length batch).
+struct Sequences {
+  const void* cu_seqlens = nullptr;
+  int64_t stride = 1;
+  bool i64 = false;
+  int64_t total_len = 0;       // T: every boundary is clamped to [0, T]
+};
+
+enum class Gate : int8_t { none, scalar, vector };
+
+// ---- chunked forward -----------------------------------------------------------
+inline constexpr int kChunk = 64;        // C: tokens per chunk
+inline constexpr int kSlice = 32;        // key columns processed per step (K is looped in slices)
+// Value columns per CTA: 64 for bf16/fp16; 32 for fp32, whose larger tiles
+// would not leave room for the state of K = 512 in shared memory.
+__host__ __device__ constexpr int value_tile(Elem input) { return input == Elem::f32 ? 32 : 64; }
+inline constexpr int kChunkThreads = 256;
+
+// Byte offsets of the chunk kernel's shared-memory regions (see gla_fwd_chunk.cu).
+struct ChunkLayout {
+  int state = 0, raw[2] = {0, 0}, raw_v = 0, alpha = 0, qg = 0, qoff = 0, koff = 0, kdt = 0, vt = 0;
+  int totals = 0, decay = 0, split_decay = 0, scalar_alpha = 0;
+  int bytes = 0;
+  int state_pitch = 0;  // floats per row of the transposed state S^T[v][k]
+};
+
+struct ChunkParams {
+  View q, k, v, g, o;           // [B,T,H,*]; g [B,T,H] for a scalar gate
+  View h0, ht;                  // [N,H,K,V] f32
+  Sequences seqs;
+  int heads = 0, key_dim = 0, value_dim = 0, num_slices = 0;
+  Gate gate = Gate::none;
+  float scale = 1.f;
+  // Sequence split (see gla_fwd_chunk.cu): split s of a sequence covers chunks
+  // [s * chunks_per_split, (s + 1) * chunks_per_split).
+  int num_splits = 1;
+  int64_t chunks_per_split = 1;
+  float* split_states = nullptr;  // [N][H][num_splits-1][K][V]: each split's state from a zero start
+  float* split_decay = nullptr;   // [N][H][num_splits-1][K]: each split's total decay exp(sum g)
+  bool states_only = false;       // the first pass: write split_states/split_decay, no output
+  ChunkLayout smem;
+};
+
+// Host helpers implemented in gla_fwd_chunk.cu.
+ChunkLayout chunk_layout(Elem input, Elem gate, Gate gate_kind, int key_dim);
+int chunk_blocks_per_sm(Elem input, const ChunkLayout& layout);
+void launch_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
+
+// ---- recurrent forward ---------------------------------------------------------
+struct RecurrentParams {
+  View q, k, v, g, o, h0, ht;
+  Sequences seqs;
+  int heads = 0, key_dim = 0, value_dim = 0;
+  Gate gate = Gate::none;
+  float scale = 1.f;
+  bool reverse = false;
+  // Launch shape (chosen by the launcher).
+  int key_groups = 1;   // threads sharing one value column, 16 keys each (a power of two ≤ 32)
+  int columns = 1;      // value columns per CTA
+  int steps = 1;        // tokens staged in shared memory at a time
+  int key_pad = 16;     // 16 * key_groups
+};
+
+void launch_recurrent_forward(RecurrentParams p, int num_seqs, cudaStream_t stream);
+
+// ---- decode --------------------------------------------------------------------
+struct DecodeParams {
+  View q, k, v, g, o;   // [N,H,*]; g [N,H] for a scalar gate
+  View state;           // [N,H,K,V] f32, updated in place
+  int heads = 0, key_dim = 0, value_dim = 0;
+  Gate gate = Gate::none;
+  float scale = 1.f;
+};
+
+void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream);
+
+}  // namespace flashgla::cuda::gla

@@ -1,0 +1,516 @@
+// CUDA GLA forward (chunked and recurrent) and decode against the CPU fp64
+// recurrent reference on the same rounded inputs: o and the final state, every
+// T of the grid, head dims 16..512 with K ≠ V, the three gate kinds, gates near
+// 0 and near −20 per step, h0 / final state on and off, fp32/bf16/fp16 (and
+// other gate dtypes), varlen with an empty and a length-1 sequence, strided
+// tensors, the sequence-split path, caller workspace and streams, a long
+// sequence, a tensor of more than 2^31 elements, and decode vs recurrent.
+// Outputs are poisoned (NaN) before every call. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "flashgla/flashgla.h"
+#include "gla_test_util.h"
+
+#ifdef FLASHGLA_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace flashgla::testing::gla_test {
+namespace {
+
+constexpr GlaAlgorithm kChunked = GlaAlgorithm::chunked;
+constexpr GlaAlgorithm kRecurrent = GlaAlgorithm::recurrent;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!flashgla::cuda_available()) GTEST_SKIP() << "no GPU"
+
+Device gpu() { return Device{DeviceType::cuda, 0}; }
+
+double tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : 5e-3; }
+
+std::string describe(const Case& c) {
+  std::string s = std::string(dtype_name(c.dtype)) + " B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" +
+                  std::to_string(c.H) + " K" + std::to_string(c.K) + " V" + std::to_string(c.V);
+  s += c.gate == Gate::none ? " no-gate" : c.gate == Gate::scalar ? " scalar-gate" : " vector-gate";
+  s += c.gate_values == GateValues::typical ? "" : c.gate_values == GateValues::near_zero ? " near-0" : " near-20";
+  s += std::string(" g:") + dtype_name(c.gate_dtype);
+  s += c.h0 ? " h0" : "";
+  s += c.final_state ? " ht" : "";
+  s += c.row_padding ? " strided+" + std::to_string(c.row_padding) : "";
+  s += c.cu_seqlens.empty() ? "" : " varlen";
+  return s;
+}
+
+Buffer on(const Buffer& b, Device device, int64_t padding) { return b.defined() ? b.to(device, padding) : Buffer(); }
+
+Inputs to_device(const Case& c, const Inputs& in, Device device) {
+  Inputs out;
+  out.q = on(in.q, device, c.row_padding), out.k = on(in.k, device, c.row_padding);
+  out.v = on(in.v, device, c.row_padding), out.g = on(in.g, device, c.row_padding);
+  out.h0 = on(in.h0, device, c.row_padding);
+  out.cu_seqlens = on(in.cu_seqlens, device, 0);
+  return out;
+}
+
+Buffer poisoned_on(Device device, DType dtype, std::vector<int64_t> shape, int64_t padding) {
+  Buffer b(dtype, std::move(shape), device, padding);
+  b.poison();
+  return b;
+}
+
+struct Call {
+  GlaAlgorithm algorithm = kChunked;
+  bool reverse = false;
+  void* stream = nullptr;
+  bool caller_workspace = false;
+  const Buffer* cu_seqlens_host = nullptr;
+};
+
+// One forward call on the inputs' device; `c`'s dtype names the output dtype (f64 for the reference).
+Outputs forward(const Case& c, const Inputs& in, const Call& call) {
+  const Device device = in.q.device();
+  Buffer o = poisoned_on(device, c.dtype, {c.B, c.T, c.H, c.V}, c.row_padding);
+  Buffer ht;
+  if (c.final_state) ht = poisoned_on(device, DType::f32, {c.num_seqs(), c.H, c.K, c.V}, c.row_padding);
+  GlaForwardArgs a;
+  a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view();
+  a.initial_state = in.h0.view(), a.cu_seqlens = in.cu_seqlens.view();
+  if (call.cu_seqlens_host) a.cu_seqlens_host = call.cu_seqlens_host->view();
+  a.algorithm = call.algorithm, a.reverse = call.reverse;
+  a.o = o.view(), a.final_state = ht.view();
+  a.stream = call.stream;
+  Buffer workspace;
+  if (call.caller_workspace) {
+    const size_t bytes = gla_forward_workspace_bytes(a);
+    if (bytes > 0) {
+      workspace = Buffer(DType::f32, {int64_t((bytes + 3) / 4)}, device);
+      a.workspace = workspace.view().data;
+      a.workspace_bytes = bytes;
+    }
+  }
+  gla_forward(a);
+  synchronize(device);
+  return {o.values(), ht.values()};
+}
+
+// The fp64 recurrent reference on the CPU, same values.
+Outputs reference(const Case& c, const Inputs& in, bool reverse) {
+  Case r = f64_case(c);
+  r.row_padding = 0;
+  Call call;
+  call.algorithm = kRecurrent;
+  call.reverse = reverse;
+  return forward(r, as_f64(in), call);
+}
+
+void expect_outputs_close(const Outputs& out, const Outputs& ref, double tol) {
+  expect_close("o", out.o, ref.o, tol);
+  expect_close("final state", out.ht, ref.ht, tol);
+}
+
+void check_against_reference(const Case& c, Call call) {
+  SCOPED_TRACE(describe(c) + (call.algorithm == kChunked ? " chunked" : " recurrent") +
+               (call.reverse ? " reverse" : "") + (call.caller_workspace ? " caller-workspace" : ""));
+  const Inputs in = make_inputs(c);
+  const Outputs ref = reference(c, in, call.reverse);
+  const Outputs out = forward(c, to_device(c, in, gpu()), call);
+  expect_outputs_close(out, ref, tolerance(c.dtype));
+}
+
+// Every T and head-dim pair of the grid, rotating dtype, gate kind, gate range,
+// gate dtype, h0 / final state and strides through the cases.
+std::vector<Case> grid() {
+  struct Dims {
+    int64_t K, V;
+  };
+  const std::vector<int64_t> lengths = {1, 15, 63, 64, 65, 200, 1000};
+  const std::vector<Dims> dims = {{16, 16}, {32, 64}, {64, 32}, {64, 64}, {100, 100}, {128, 128}, {48, 200}};
+  const DType dtypes[] = {DType::f32, DType::bf16, DType::f16};
+  std::vector<Case> cases;
+  int i = 0;
+  for (int64_t T : lengths)
+    for (const Dims& d : dims) {
+      Case c;
+      c.B = T <= 200 ? 2 : 1, c.T = T, c.H = 2, c.K = d.K, c.V = d.V;
+      c.dtype = dtypes[i % 3];
+      c.gate = Gate(i / 3 % 3);
+      c.gate_values = GateValues(i / 9 % 3);
+      c.gate_dtype = i % 4 == 3 ? DType::f32 : c.dtype;
+      c.h0 = i % 4 != 1, c.final_state = i % 4 != 2;
+      c.row_padding = i % 5 == 0 ? 3 : 0;
+      c.seed = 100 + i;
+      cases.push_back(c);
+      ++i;
+    }
+  return cases;
+}
+
+TEST(CudaGlaForward, ChunkedMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (const Case& c : grid()) check_against_reference(c, Call{});
+}
+
+TEST(CudaGlaForward, RecurrentMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (const Case& c : grid()) {
+    Call call;
+    call.algorithm = kRecurrent;
+    call.reverse = i++ % 2 == 1;
+    check_against_reference(c, call);
+  }
+}
+
+// Every dtype on the same problems: gate kinds × gate ranges at two lengths.
+TEST(CudaGlaForward, EveryDtypeGateKindAndRange) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (Gate gate : {Gate::none, Gate::scalar, Gate::vector})
+      for (GateValues values : {GateValues::typical, GateValues::near_zero, GateValues::very_negative}) {
+        if (gate == Gate::none && values != GateValues::typical) continue;
+        Case c;
+        c.B = 2, c.T = i % 2 ? 300 : 130, c.H = 2, c.K = 64, c.V = 64, c.dtype = dtype, c.gate = gate;
+        c.gate_values = values, c.seed = 300 + i++;
+        check_against_reference(c, Call{});
+      }
+}
+
+TEST(CudaGlaForward, LargeHeadDims) {
+  SKIP_WITHOUT_GPU();
+  struct Dims {
+    int64_t K, V;
+  };
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (const Dims& d : {Dims{256, 512}, Dims{256, 256}, Dims{512, 64}, Dims{512, 512}, Dims{20, 512}}) {
+      Case c;
+      c.B = 1, c.T = i % 2 ? 200 : 65, c.H = 2, c.K = d.K, c.V = d.V, c.dtype = dtype;
+      c.gate = i % 3 == 2 ? Gate::scalar : Gate::vector;
+      c.seed = 400 + i++;
+      check_against_reference(c, Call{});
+      Call call;
+      call.algorithm = kRecurrent, call.reverse = i % 2;
+      check_against_reference(c, call);
+    }
+}
+
+// Gates of another dtype than q, k, v.
+TEST(CudaGlaForward, GateDtypes) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (DType gate_dtype : {DType::f64, DType::f32, DType::bf16, DType::f16})
+      for (Gate gate : {Gate::vector, Gate::scalar}) {
+        Case c;
+        c.B = 1, c.T = 100, c.H = 2, c.K = 40, c.V = 72, c.dtype = dtype, c.gate = gate, c.gate_dtype = gate_dtype;
+        c.seed = 500 + i++;
+        check_against_reference(c, Call{});
+        Call call;
+        call.algorithm = kRecurrent;
+        check_against_reference(c, call);
+      }
+}
+
+// Lengths 0, 1, 63, 65, 200 packed into one row.
+Case varlen_case(DType dtype, Gate gate, uint64_t seed) {
+  Case c;
+  c.cu_seqlens = {0, 0, 1, 64, 129, 329};
+  c.B = 1, c.T = 329, c.H = 2, c.K = 64, c.V = 48, c.dtype = dtype, c.gate = gate, c.seed = seed;
+  return c;
+}
+
+TEST(CudaGlaForward, VarlenMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (Gate gate : {Gate::vector, Gate::scalar, Gate::none})
+      for (GlaAlgorithm algorithm : {kChunked, kRecurrent}) {
+        const Case c = varlen_case(dtype, gate, 600 + i);
+        const Buffer host = make_inputs(c).cu_seqlens;  // the same boundaries, on the CPU
+        Call call;
+        call.algorithm = algorithm;
+        call.reverse = algorithm == kRecurrent && i % 2;
+        call.cu_seqlens_host = i % 2 ? &host : nullptr;  // with the host copy the chunked kernel may split
+        check_against_reference(c, call);
+        ++i;
+      }
+}
+
+TEST(CudaGlaForward, VarlenManyShortSequencesAndEmptyBatch) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.B = 1, c.H = 3, c.K = 32, c.V = 32, c.dtype = DType::bf16, c.seed = 650;
+  c.cu_seqlens = {0};
+  for (int n = 0; n < 40; ++n) c.cu_seqlens.push_back(c.cu_seqlens.back() + (n * 37) % 90);
+  c.T = c.cu_seqlens.back();
+  check_against_reference(c, Call{});
+  Call recurrent;
+  recurrent.algorithm = kRecurrent;
+  check_against_reference(c, recurrent);
+
+  Case empty;  // T = 0: o is empty, the final state is h0
+  empty.B = 2, empty.T = 0, empty.dtype = DType::f32, empty.seed = 651;
+  check_against_reference(empty, Call{});
+  check_against_reference(empty, recurrent);
+}
+
+// Padding 3 breaks the 16-byte alignment of rows (element-wise loads); padding
+// 8 keeps it (cp.async on strided tensors).
+TEST(CudaGlaForward, StridedInputs) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t padding : {3, 8}) {
+      Case c;
+      c.B = 2, c.T = 130, c.H = 3, c.K = 64, c.V = 96, c.dtype = dtype, c.row_padding = padding, c.seed = 700 + i;
+      check_against_reference(c, Call{});
+      Call call;
+      call.algorithm = kRecurrent, call.reverse = i++ % 2;
+      check_against_reference(c, call);
+    }
+}
+
+// One sequence, one head: the chunked kernel splits the sequence (states pass,
+// scan, output pass); forced split counts cover uneven pieces.
+TEST(CudaGlaForward, SequenceSplit) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (const char* forced : {"", "3", "7"}) {
+      if (*forced) setenv("FLASHGLA_GLA_SPLITS", forced, 1);
+      Case c;
+      c.B = 1, c.T = 1000 + 37 * i, c.H = 1, c.K = 96, c.V = 80, c.dtype = dtype, c.seed = 800 + i;
+      c.gate = Gate(i % 3);
+      Call call;
+      call.caller_workspace = i % 2;
+      check_against_reference(c, call);
+      unsetenv("FLASHGLA_GLA_SPLITS");
+      ++i;
+    }
+}
+
+TEST(CudaGlaForward, LongSequence) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (GlaAlgorithm algorithm : {kChunked, kRecurrent})
+    for (GateValues values : {GateValues::typical, GateValues::very_negative}) {
+      Case c;
+      c.B = 1, c.T = 65536, c.H = 2, c.K = 64, c.V = 64, c.dtype = DType::bf16, c.gate_values = values;
+      c.seed = 900 + i++;
+      Call call;
+      call.algorithm = algorithm;
+      check_against_reference(c, call);
+    }
+}
+
+#ifdef FLASHGLA_WITH_CUDA
+TEST(CudaGlaForward, CallerWorkspaceAndStream) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  int i = 0;
+  for (GlaAlgorithm algorithm : {kChunked, kRecurrent}) {
+    Case c;
+    c.B = 1, c.T = 2000, c.H = 2, c.K = 48, c.V = 40, c.dtype = DType::bf16, c.seed = 1000 + i++;
+    Call call;
+    call.algorithm = algorithm, call.stream = stream, call.caller_workspace = true;
+    check_against_reference(c, call);
+  }
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+// B·T·H·K above 2^31 elements (64-bit offsets). The inputs are constants set
+// with cudaMemset (q = k = v = c, g = −d), so o has a closed form:
+// o_t = scale · K · c · c² (1 − a^{t+1}) / (1 − a) with a = exp(−d) in every
+// column. o starts as NaN; the last tokens and heads are checked.
+TEST(CudaGlaForward, MoreThan2To31Elements) {
+  SKIP_WITHOUT_GPU();
+  const int64_t T = (int64_t(1) << 21) + 64, H = 16, K = 64, V = 64;
+  const size_t bytes = size_t(T * H * K) * 2;  // bf16
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  if (free_bytes < 3 * bytes + (size_t(1) << 30)) GTEST_SKIP() << "needs " << 3 * bytes / 1e9 << " GB of GPU memory";
+  void* q = nullptr;
+  void* g = nullptr;
+  void* o = nullptr;
+  ASSERT_EQ(cudaMalloc(&q, bytes), cudaSuccess);  // q, k and v share one buffer (read only)
+  ASSERT_EQ(cudaMalloc(&g, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&o, bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemset(q, 0x3c, bytes), cudaSuccess);  // bf16 0x3c3c = 0.011474609375
+  ASSERT_EQ(cudaMemset(g, 0xbc, bytes), cudaSuccess);  // bf16 0xbcbc = −0.02294921875
+  const double c = 0.011474609375, d = 0.02294921875, a = std::exp(-d), scale = 1.0 / 8;
+  for (GlaAlgorithm algorithm : {kChunked, kRecurrent}) {
+    SCOPED_TRACE(algorithm == kChunked ? "chunked" : "recurrent");
+    ASSERT_EQ(cudaMemset(o, 0xff, bytes), cudaSuccess);  // NaN
+    GlaForwardArgs args;
+    args.q = TensorView::contiguous(q, DType::bf16, {1, T, H, K}, gpu());
+    args.k = args.q, args.v = args.q;
+    args.g = TensorView::contiguous(g, DType::bf16, {1, T, H, K}, gpu());
+    args.o = TensorView::contiguous(o, DType::bf16, {1, T, H, V}, gpu());
+    args.algorithm = algorithm;
+    ASSERT_NO_THROW(gla_forward(args));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int64_t t : {T - 1, T - 2, T - 65, T / 2 + 3}) {
+      const double expected = scale * K * c * c * c * (1 - std::pow(a, double(t + 1))) / (1 - a);
+      for (int64_t h : {H - 1, int64_t(0)}) {
+        uint16_t raw[V];
+        ASSERT_EQ(cudaMemcpy(raw, static_cast<char*>(o) + ((t * H + h) * V) * 2, sizeof raw, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        for (int64_t j : {int64_t(0), V - 1}) {
+          const uint32_t bits = uint32_t(raw[j]) << 16;
+          float value;
+          std::memcpy(&value, &bits, 4);
+          EXPECT_NEAR(value, expected, 2e-2 * expected) << "t=" << t << " h=" << h << " column " << j;
+        }
+      }
+    }
+  }
+  cudaFree(q), cudaFree(g), cudaFree(o);
+}
+#endif
+
+TEST(CudaGlaForward, TooSmallWorkspaceAndFloat64AreErrors) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.B = 1, c.H = 1, c.T = 2000, c.dtype = DType::bf16, c.seed = 1100;
+  const Inputs in = to_device(c, make_inputs(c), gpu());
+  Buffer o(c.dtype, {c.B, c.T, c.H, c.V}, gpu());
+  GlaForwardArgs a;
+  a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view(), a.o = o.view();
+  const size_t bytes = gla_forward_workspace_bytes(a);
+  ASSERT_GT(bytes, 0u);  // one head cannot fill the GPU: the sequence is split
+  Buffer small(DType::f32, {int64_t(bytes / 8)}, gpu());
+  a.workspace = small.view().data, a.workspace_bytes = bytes / 2;
+  EXPECT_THROW(gla_forward(a), Error);
+
+  Case f64 = f64_case(c);
+  const Inputs in64 = to_device(f64, as_f64(make_inputs(c)), gpu());
+  Buffer o64(DType::f64, {c.B, c.T, c.H, c.V}, gpu());
+  GlaForwardArgs b;
+  b.q = in64.q.view(), b.k = in64.k.view(), b.v = in64.v.view(), b.o = o64.view();
+  EXPECT_THROW(gla_forward(b), Error);
+}
+
+// ---- decode -----------------------------------------------------------------------
+
+struct DecodeCase {
+  int64_t N = 3, H = 2, K = 64, V = 64;
+  DType dtype = DType::bf16;
+  Gate gate = Gate::vector;
+  int64_t padding = 0;
+  uint64_t seed = 1;
+};
+
+// One decode step on `device`: returns o and the updated state.
+Outputs decode(const DecodeCase& d, const Buffer& q, const Buffer& k, const Buffer& v, const Buffer& g,
+               const Buffer& state0, Device device, DType out_dtype) {
+  const int64_t padding = device.type == DeviceType::cpu ? 0 : d.padding;
+  Buffer state = state0.to(device, padding);
+  Buffer o = poisoned_on(device, out_dtype, {d.N, d.H, d.V}, padding);
+  const Buffer qd = q.cast(out_dtype).to(device, padding), kd = k.cast(out_dtype).to(device, padding);
+  const Buffer vd = v.cast(out_dtype).to(device, padding);
+  const Buffer gd = g.defined() ? g.cast(out_dtype == DType::f64 ? DType::f64 : g.dtype()).to(device, padding) : Buffer();
+  GlaDecodeArgs a;
+  a.q = qd.view(), a.k = kd.view(), a.v = vd.view(), a.g = gd.view(), a.state = state.view(), a.o = o.view();
+  gla_decode(a);
+  synchronize(device);
+  return {o.values(), state.values()};
+}
+
+TEST(CudaGlaDecode, MatchesCpuDecodeAndRecurrent) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (Gate gate : {Gate::vector, Gate::scalar, Gate::none}) {
+      DecodeCase d;
+      d.dtype = dtype, d.gate = gate, d.seed = 1200 + i;
+      d.K = i % 2 ? 128 : 100, d.V = i % 2 ? 128 : 36, d.N = 3 + i % 3, d.padding = i % 3 == 0 ? 4 : 0;
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " K" + std::to_string(d.K) + " V" + std::to_string(d.V) +
+                   (gate == Gate::none ? " no-gate" : gate == Gate::scalar ? " scalar-gate" : " vector-gate") +
+                   (d.padding ? " strided" : ""));
+      ++i;
+      std::mt19937_64 rng(d.seed);
+      Buffer q(dtype, {d.N, d.H, d.K}), k(dtype, {d.N, d.H, d.K}), v(dtype, {d.N, d.H, d.V});
+      q.fill_normal(rng), k.fill_normal(rng), v.fill_normal(rng);
+      Buffer g;
+      if (gate != Gate::none) {
+        g = gate == Gate::vector ? Buffer(dtype, {d.N, d.H, d.K}) : Buffer(dtype, {d.N, d.H});
+        std::vector<double> values(size_t(g.numel()));
+        std::normal_distribution<double> normal;
+        for (double& x : values) x = logsigmoid(normal(rng));
+        g.set_values(values);
+      }
+      Buffer state(DType::f32, {d.N, d.H, d.K, d.V});
+      state.fill_normal(rng);
+
+      const Outputs ref = decode(d, q, k, v, g, state, Device{}, DType::f64);
+      const Outputs out = decode(d, q, k, v, g, state, gpu(), dtype);
+      expect_close("o", out.o, ref.o, tolerance(dtype));
+      expect_close("state", out.ht, ref.ht, 1e-5);
+
+      // The same step through the recurrent kernel (T = 1, h0 = state).
+      Case c;
+      c.B = d.N, c.T = 1, c.H = d.H, c.K = d.K, c.V = d.V, c.dtype = dtype, c.gate_dtype = dtype;
+      c.gate = gate;
+      Inputs in;
+      auto with_token_dim = [](const Buffer& b, std::vector<int64_t> shape) {
+        if (!b.defined()) return Buffer();
+        Buffer out(b.dtype(), shape);
+        out.set_values(b.values());
+        return out;
+      };
+      in.q = with_token_dim(q, {d.N, 1, d.H, d.K}), in.k = with_token_dim(k, {d.N, 1, d.H, d.K});
+      in.v = with_token_dim(v, {d.N, 1, d.H, d.V});
+      in.g = gate == Gate::vector ? with_token_dim(g, {d.N, 1, d.H, d.K})
+                                  : gate == Gate::scalar ? with_token_dim(g, {d.N, 1, d.H}) : Buffer();
+      in.h0 = state;
+      Call recurrent;
+      recurrent.algorithm = kRecurrent;
+      const Outputs step = forward(c, to_device(c, in, gpu()), recurrent);
+      expect_close("o vs recurrent", out.o, step.o, tolerance(dtype));
+      expect_close("state vs recurrent", out.ht, step.ht, 1e-6);
+    }
+}
+
+// ---- small cases of every path, for compute-sanitizer (memcheck, racecheck) ----
+
+// cu_seqlens on the device is not checked on the host: bad values are clamped
+// to [0, T] and never send an access out of bounds.
+TEST(CudaGlaForward, SanitizerBadCuSeqlensStayInBounds) {
+  SKIP_WITHOUT_GPU();
+  for (GlaAlgorithm algorithm : {kChunked, kRecurrent}) {
+    Case c = varlen_case(DType::bf16, Gate::vector, 1300);
+    Inputs in = to_device(c, make_inputs(c), gpu());
+    Buffer bad(DType::i64, {6});
+    bad.set_values({0, 500, 3, -7, 100000, 329});
+    in.cu_seqlens = bad.to(gpu());
+    Call call;
+    call.algorithm = algorithm;
+    EXPECT_NO_THROW(forward(c, in, call));
+  }
+}
+
+TEST(CudaGlaForward, SanitizerSmallCases) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (GlaAlgorithm algorithm : {kChunked, kRecurrent}) {
+      Case c;
+      c.B = 1, c.T = 150, c.H = 1, c.K = 80, c.V = 72, c.dtype = dtype, c.row_padding = i % 2 ? 8 : 3;
+      c.gate = Gate(i % 3), c.seed = 1400 + i++;
+      Call call;
+      call.algorithm = algorithm;
+      check_against_reference(c, call);
+      check_against_reference(varlen_case(dtype, Gate::scalar, 1410 + i), call);
+    }
+}
+
+}  // namespace
+}  // namespace flashgla::testing::gla_test
