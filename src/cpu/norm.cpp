@@ -1,7 +1,7 @@
 // CPU gated RMSNorm and log-sigmoid gate, forward and backward.
 //
 // Rows (all dimensions but the last) are spread over threads in blocks whose
-// count depends on the number of rows only, so dweight, summed per block and
+// count depends on the input's size only, so dweight, summed per block and
 // then over blocks in order, is the same whatever the thread count.
 #include <algorithm>
 #include <cmath>
@@ -62,12 +62,15 @@ void store_row(const TensorView& t, int64_t row, const Acc* src) {
   }
 }
 
-// Rows [begin, end) of block `block` when `rows` rows are cut into blocks.
+// Rows [begin, end) of block `block` when `rows` rows of `dim` elements are cut
+// into blocks of about kElementsPerBlock elements (small inputs stay on one
+// thread: starting threads would cost more than the work).
 struct RowBlocks {
   int64_t count = 0, size = 0, rows = 0;
-  explicit RowBlocks(int64_t rows_) : rows(rows_) {
-    constexpr int64_t kMaxBlocks = 256, kMinRowsPerBlock = 16;
-    count = std::min(kMaxBlocks, std::max<int64_t>(1, (rows + kMinRowsPerBlock - 1) / kMinRowsPerBlock));
+  RowBlocks(int64_t rows_, int64_t dim) : rows(rows_) {
+    constexpr int64_t kMaxBlocks = 256, kElementsPerBlock = 1 << 15;
+    const int64_t by_size = (rows * std::max<int64_t>(dim, 1) + kElementsPerBlock - 1) / kElementsPerBlock;
+    count = std::clamp<int64_t>(std::min(by_size, rows), 1, kMaxBlocks);
     size = (rows + count - 1) / count;
   }
   int64_t begin(int64_t block) const { return std::min(rows, block * size); }
@@ -109,7 +112,7 @@ template <class Acc>
 void norm_forward(const RmsNormForwardArgs& a, const RowsProblem& p) {
   const int64_t D = p.dim;
   const std::vector<Acc> w = dense_weight<Acc>(a.weight, D);
-  const RowBlocks blocks(p.rows);
+  const RowBlocks blocks(p.rows, D);
   parallel_for(blocks.count, [&](int64_t block) {
     std::vector<Acc> x(D), r(D), y(D);
     for (int64_t row = blocks.begin(block); row < blocks.end(block); ++row) {
@@ -130,7 +133,7 @@ void norm_backward(const RmsNormBackwardArgs& a, const RowsProblem& p) {
   const int64_t D = p.dim;
   const bool gated = a.gate.defined(), want_dweight = a.dweight.defined();
   const std::vector<Acc> w = dense_weight<Acc>(a.weight, D);
-  const RowBlocks blocks(p.rows);
+  const RowBlocks blocks(p.rows, D);
   std::vector<Acc> dweight_partials(want_dweight ? blocks.count * D : 0, Acc(0));
   parallel_for(blocks.count, [&](int64_t block) {
     std::vector<Acc> x(D), r(D), dy(D), dx(D), dr(D), dnormed(D);
@@ -179,7 +182,7 @@ struct RowScratch {
 template <class Acc, class Fn>
 void for_each_row(const TensorView& x, Fn fn) {
   const int64_t dim = x.shape[x.ndim - 1];
-  const RowBlocks blocks(dim == 0 ? 0 : x.numel() / dim);
+  const RowBlocks blocks(dim == 0 ? 0 : x.numel() / dim, dim);
   parallel_for(blocks.count, [&](int64_t block) {
     RowScratch<Acc> scratch(dim);
     for (int64_t row = blocks.begin(block); row < blocks.end(block); ++row) fn(scratch, row);

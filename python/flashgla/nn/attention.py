@@ -1,0 +1,145 @@
+"""Softmax attention layer (LLaMA style: rotary positions, grouped KV heads, no biases), for hybrid
+GLA models and the Transformer++ baseline. The attention itself is flashgla.flash_attention, or
+torch's scaled_dot_product_attention with backend="sdpa" (the baseline of bench/bench_model.py)."""
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention import flash_attention
+from .padding import check_mask, has_padding, pack, packing, positions_in_sequence, unpack
+
+__all__ = ["Attention", "KVCache", "RotaryEmbedding"]
+
+_BACKENDS = ("flashgla", "sdpa")
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE) on [.., T, H, D] tensors, rotating the two halves of D."""
+
+    def __init__(self, dim: int, theta: float = 10000.0):
+        super().__init__()
+        if dim % 2:
+            raise ValueError(f"rotary embedding needs an even head dimension, got {dim}")
+        self.register_buffer("inv_freq", theta ** (-torch.arange(0, dim, 2, dtype=torch.float32) / dim),
+                             persistent=False)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x [B, T, H, D]; positions [B, T] or [T] (int)."""
+        angles = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [.., T, D/2]
+        if angles.dim() == 2:
+            angles = angles.unsqueeze(0)
+        cos, sin = angles.cos().unsqueeze(2), angles.sin().unsqueeze(2)      # [B, T, 1, D/2]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+@dataclass
+class KVCache:
+    """Keys and values of the tokens seen so far, [B, capacity, Hkv, D], the first `length` valid."""
+
+    k: Tensor
+    v: Tensor
+    length: int = 0
+
+    def append(self, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+        """Adds [B, T, Hkv, D] and returns all valid keys and values (views)."""
+        needed = self.length + k.shape[1]
+        if needed > self.k.shape[1]:  # grow geometrically, so appending one token at a time stays cheap
+            capacity = max(needed, 2 * self.k.shape[1])
+            grow = (0, 0, 0, 0, 0, capacity - self.k.shape[1])
+            self.k, self.v = F.pad(self.k, grow), F.pad(self.v, grow)
+        self.k[:, self.length:needed] = k
+        self.v[:, self.length:needed] = v
+        self.length = needed
+        return self.k[:, :needed], self.v[:, :needed]
+
+    @staticmethod
+    def empty(batch: int, num_kv_heads: int, head_dim: int, capacity: int, dtype, device) -> "KVCache":
+        shape = (batch, capacity, num_kv_heads, head_dim)
+        return KVCache(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
+
+
+class Attention(nn.Module):
+    """Causal multi-head softmax attention with RoPE. Input and output [B, T, hidden_size]."""
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: Optional[int] = None,
+                 rope_theta: float = 10000.0, backend: str = "flashgla", layer_idx: Optional[int] = None):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads < 1 or num_kv_heads < 1 or hidden_size % num_heads:
+            raise ValueError(f"attention: hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"attention: num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
+        if backend not in _BACKENDS:
+            raise ValueError(f"attention backend must be one of {_BACKENDS}, got {backend!r}")
+        self.hidden_size, self.num_heads, self.num_kv_heads = hidden_size, num_heads, num_kv_heads
+        self.head_dim = hidden_size // num_heads
+        self.backend, self.layer_idx = backend, layer_idx
+        self.q_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.rotary = RotaryEmbedding(self.head_dim, rope_theta)
+
+    def forward(self, hidden_states: Tensor, attention_mask: Optional[Tensor] = None,
+                cu_seqlens: Optional[Tensor] = None, state: Optional[KVCache] = None,
+                use_cache: bool = False) -> Tuple[Tensor, Optional[KVCache]]:
+        """As GatedLinearAttention.forward; the state is a KVCache (not with padding or cu_seqlens)."""
+        if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden_states: expected [B, T, {self.hidden_size}], got {list(hidden_states.shape)}")
+        if attention_mask is not None:
+            if cu_seqlens is not None:
+                raise ValueError("give either attention_mask or cu_seqlens, not both")
+            check_mask(attention_mask, hidden_states.shape[0], hidden_states.shape[1])
+        if has_padding(attention_mask):
+            p = packing(attention_mask)
+            out, new_state = self._forward(pack(hidden_states, p), p.cu_seqlens, state, use_cache)
+            return unpack(out, p), new_state
+        return self._forward(hidden_states, cu_seqlens, state, use_cache)
+
+    def _forward(self, x: Tensor, cu_seqlens: Optional[Tensor], cache: Optional[KVCache],
+                 use_cache: bool) -> Tuple[Tensor, Optional[KVCache]]:
+        batch, seq_len, _ = x.shape
+        if cu_seqlens is not None and (cache is not None or use_cache):
+            raise NotImplementedError("attention: a KV cache with packed or padded sequences is not supported; "
+                                      "generate such sequences one at a time")
+        q = self.q_proj(x).view(batch, seq_len, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, seq_len, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, seq_len, self.num_kv_heads, self.head_dim)
+        offset = 0 if cache is None else cache.length
+        if cu_seqlens is None:
+            positions = torch.arange(offset, offset + seq_len, device=x.device)
+        else:
+            positions = positions_in_sequence(cu_seqlens, seq_len)
+        q, k = self.rotary(q, positions), self.rotary(k, positions)
+        if use_cache:
+            if cache is None:
+                cache = KVCache.empty(batch, self.num_kv_heads, self.head_dim, seq_len, k.dtype, k.device)
+            k, v = cache.append(k, v)
+        elif cache is not None:
+            k, v = torch.cat([cache.k[:, :cache.length], k], 1), torch.cat([cache.v[:, :cache.length], v], 1)
+        if self.backend == "flashgla":
+            # Causal masking is aligned to the last key, so queries after a cache see all of it.
+            o = flash_attention(q, k, v, causal=True, cu_seqlens=cu_seqlens)
+        else:
+            if cu_seqlens is not None:
+                raise NotImplementedError("attention backend 'sdpa' takes no packed or padded sequences")
+            o = self._sdpa(q, k, v)
+        return self.o_proj(o.reshape(batch, seq_len, self.hidden_size)), (cache if use_cache else None)
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if q.shape[2] == k.shape[2]:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads)
+        elif q.shape[2] == 1:  # one new token after a cache: it sees every key
+            o = F.scaled_dot_product_attention(q, k, v, enable_gqa=self.num_kv_heads != self.num_heads)
+        else:  # several new tokens after a cache: causal, aligned to the last key
+            offset = k.shape[2] - q.shape[2]
+            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(offset)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                               enable_gqa=self.num_kv_heads != self.num_heads)
+        return o.transpose(1, 2)

@@ -1,0 +1,187 @@
+"""The gated linear attention (GLA) layer of Yang et al., "Gated Linear Attention Transformers with
+Hardware-Efficient Training" (2024), §4.4, with the options of flash-linear-attention's layer.
+
+Per head h, with x_t the input:
+    q_t = x_t W_q,  k_t = x_t W_k,  v_t = x_t W_v             (optionally through a short convolution)
+    g_t = max(logsigmoid(x_t W_1 W_2 + b) / normalizer, clamp_min)   (log forget gate, low rank)
+    S_t = diag(exp g_t) S_{t-1} + k_t^T v_t,   o_t = q_t S_t / sqrt(d_k)
+    y_t = [rmsnorm(o_t^h) * w * swish(x_t W_r^h)]_h W_o               (normalized per head)
+
+The recurrence, the gate and the gated normalization run in flashgla's C++/CUDA kernels; the
+projections are ordinary torch layers.
+"""
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..gla import chunk_gla, fused_recurrent_gla, gla_decode_step
+from ..ops_norm import logsigmoid_gate
+from .conv import ShortConvolution
+from .norm import GatedRMSNorm, RMSNorm
+from .padding import check_mask, has_padding, pack, packing, unpack
+
+__all__ = ["GatedLinearAttention", "GLAState"]
+
+_MODES = ("chunk", "fused_recurrent")
+_GATE_FNS = ("swish", "silu", "sigmoid")
+
+
+@dataclass
+class GLAState:
+    """What a GLA layer carries from one call to the next in generation (updated in place by decoding)."""
+
+    recurrent: Tensor                                   # [N, H, K, V] fp32
+    conv: Optional[Tuple[Tensor, Tensor, Tensor]] = None  # last conv_size-1 inputs of q, k, v: [N, W-1, C]
+
+
+def _whole(value: float, what: str) -> int:
+    if value != int(value):
+        raise ValueError(f"{what} = {value} must be a whole number")
+    return int(value)
+
+
+class GatedLinearAttention(nn.Module):
+    """Multi-head GLA layer. Input and output [B, T, hidden_size].
+
+    Args:
+        hidden_size: model width.
+        num_heads: GLA heads; num_kv_heads (default num_heads) must divide it (grouped k, v and gate).
+        expand_k, expand_v: key and value widths over hidden_size (0.5 and 1.0 in the paper).
+        gate_low_rank_dim: rank of the gate projection W_1 W_2.
+        gate_logit_normalizer: the gate is logsigmoid(.) / normalizer (16 in the paper).
+        clamp_min: optional lower bound of the log gate (a value ≤ 0).
+        use_output_gate, gate_fn: the output gate r = act(x W_r) ("swish" or "sigmoid") of the norm.
+        norm_eps: epsilon of the per-head RMSNorm.
+        use_short_conv, conv_size: causal depthwise convolution with SiLU on q, k, v.
+        mode: "chunk" (chunked, for training and prefill) or "fused_recurrent" (token by token).
+    """
+
+    def __init__(self, hidden_size: int = 1024, num_heads: int = 4, num_kv_heads: Optional[int] = None,
+                 expand_k: float = 0.5, expand_v: float = 1.0, gate_low_rank_dim: int = 16,
+                 gate_logit_normalizer: float = 16.0, clamp_min: Optional[float] = None,
+                 use_output_gate: bool = True, gate_fn: str = "swish", norm_eps: float = 1e-5,
+                 use_short_conv: bool = False, conv_size: int = 4, mode: str = "chunk",
+                 layer_idx: Optional[int] = None):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if hidden_size < 1 or num_heads < 1 or num_kv_heads < 1:
+            raise ValueError(f"hidden_size ({hidden_size}), num_heads ({num_heads}) and num_kv_heads "
+                             f"({num_kv_heads}) must be at least 1")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
+        key_dim = _whole(hidden_size * expand_k, f"hidden_size * expand_k ({hidden_size} * {expand_k})")
+        value_dim = _whole(hidden_size * expand_v, f"hidden_size * expand_v ({hidden_size} * {expand_v})")
+        for name, dim in (("key", key_dim), ("value", value_dim)):
+            if dim < num_heads or dim % num_heads:
+                raise ValueError(f"the {name} width hidden_size * expand_{name[0]} = {dim} (hidden_size "
+                                 f"{hidden_size}) is not divisible into num_heads = {num_heads} heads")
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        if gate_fn not in _GATE_FNS:
+            raise ValueError(f"gate_fn must be one of {_GATE_FNS}, got {gate_fn!r}")
+        if gate_low_rank_dim < 1:
+            raise ValueError(f"gate_low_rank_dim must be at least 1, got {gate_low_rank_dim}")
+        if not gate_logit_normalizer > 0:
+            raise ValueError(f"gate_logit_normalizer must be > 0, got {gate_logit_normalizer}")
+        if clamp_min is not None and clamp_min > 0:
+            raise ValueError(f"clamp_min bounds a log gate (≤ 0) from below and must be ≤ 0, got {clamp_min}")
+        if not norm_eps > 0:
+            raise ValueError(f"norm_eps must be > 0, got {norm_eps}")
+        if use_short_conv and conv_size < 1:
+            raise ValueError(f"conv_size must be at least 1, got {conv_size}")
+
+        self.hidden_size, self.num_heads, self.num_kv_heads = hidden_size, num_heads, num_kv_heads
+        self.num_kv_groups = num_heads // num_kv_heads
+        self.key_dim, self.value_dim = key_dim, value_dim
+        self.head_k_dim, self.head_v_dim = key_dim // num_heads, value_dim // num_heads
+        self.gate_logit_normalizer, self.clamp_min = float(gate_logit_normalizer), clamp_min
+        self.use_output_gate, self.use_short_conv, self.mode = use_output_gate, use_short_conv, mode
+        self.layer_idx = layer_idx
+
+        kv_key_dim, kv_value_dim = num_kv_heads * self.head_k_dim, num_kv_heads * self.head_v_dim
+        self.q_proj = nn.Linear(hidden_size, key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, kv_key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, kv_value_dim, bias=False)
+        if use_short_conv:
+            self.q_conv = ShortConvolution(key_dim, conv_size)
+            self.k_conv = ShortConvolution(kv_key_dim, conv_size)
+            self.v_conv = ShortConvolution(kv_value_dim, conv_size)
+        self.gk_proj = nn.Sequential(nn.Linear(hidden_size, gate_low_rank_dim, bias=False),
+                                     nn.Linear(gate_low_rank_dim, kv_key_dim, bias=True))
+        if use_output_gate:
+            self.g_proj = nn.Linear(hidden_size, value_dim, bias=False)
+            self.g_norm = GatedRMSNorm(self.head_v_dim, eps=norm_eps, activation=gate_fn)
+        else:
+            self.g_norm = RMSNorm(self.head_v_dim, eps=norm_eps)
+        self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
+
+    def forward(self, hidden_states: Tensor, attention_mask: Optional[Tensor] = None,
+                cu_seqlens: Optional[Tensor] = None, state: Optional[GLAState] = None,
+                use_cache: bool = False) -> Tuple[Tensor, Optional[GLAState]]:
+        """hidden_states [B, T, hidden_size]; attention_mask [B, T] (1: token, 0: padding) or cu_seqlens
+        [N+1] with B == 1 (packed sequences); state: the previous call's (one sequence per batch row, or
+        per packed sequence). Returns the output [B, T, hidden_size] (zeros at padding) and, with
+        use_cache, the state after the last token of each sequence."""
+        if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden_states: expected [B, T, {self.hidden_size}], got {list(hidden_states.shape)}")
+        if attention_mask is not None:
+            if cu_seqlens is not None:
+                raise ValueError("give either attention_mask or cu_seqlens, not both")
+            check_mask(attention_mask, hidden_states.shape[0], hidden_states.shape[1])
+        if cu_seqlens is not None and hidden_states.shape[0] != 1:
+            raise ValueError(f"cu_seqlens packs all sequences into B == 1, got B = {hidden_states.shape[0]}")
+        if has_padding(attention_mask):
+            p = packing(attention_mask)
+            out, new_state = self._forward(pack(hidden_states, p), p.cu_seqlens, state, use_cache)
+            return unpack(out, p), new_state
+        return self._forward(hidden_states, cu_seqlens, state, use_cache)
+
+    def _forward(self, x: Tensor, cu_seqlens: Optional[Tensor], state: Optional[GLAState],
+                 use_cache: bool) -> Tuple[Tensor, Optional[GLAState]]:
+        batch, seq_len, _ = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        conv_state = None
+        if self.use_short_conv:
+            caches = state.conv if state is not None and state.conv is not None else (None, None, None)
+            q, q_cache = self.q_conv(q, caches[0], cu_seqlens, use_cache)
+            k, k_cache = self.k_conv(k, caches[1], cu_seqlens, use_cache)
+            v, v_cache = self.v_conv(v, caches[2], cu_seqlens, use_cache)
+            conv_state = (q_cache, k_cache, v_cache)
+        # 16-bit activations get an fp32 gate: its cumulative sums decide the decay over the whole sequence.
+        gate_logits = self.gk_proj(x)
+        g = logsigmoid_gate(gate_logits, self.gate_logit_normalizer, self.clamp_min,
+                            float32_output=gate_logits.dtype in (torch.bfloat16, torch.float16))
+
+        q = q.view(batch, seq_len, self.num_heads, self.head_k_dim)
+        k = k.view(batch, seq_len, self.num_kv_heads, self.head_k_dim)
+        v = v.view(batch, seq_len, self.num_kv_heads, self.head_v_dim)
+        g = g.view(batch, seq_len, self.num_kv_heads, self.head_k_dim)
+        if self.num_kv_groups > 1:  # query head h reads k/v/gate head h // groups
+            k, v, g = (t.repeat_interleave(self.num_kv_groups, dim=2) for t in (k, v, g))
+
+        initial = None if state is None else state.recurrent
+        if initial is not None and seq_len == 1 and cu_seqlens is None and not self._needs_grad(q, k, v, g, initial):
+            # One token per sequence: the decode kernel updates the state in place.
+            final = initial if use_cache else initial.clone()
+            o = gla_decode_step(q, k, v, g, final)
+        else:
+            op = chunk_gla if self.mode == "chunk" else fused_recurrent_gla
+            o, final = op(q, k, v, g, initial_state=initial, output_final_state=use_cache, cu_seqlens=cu_seqlens)
+
+        if self.use_output_gate:
+            o = self.g_norm(o, self.g_proj(x).view(batch, seq_len, self.num_heads, self.head_v_dim))
+        else:
+            o = self.g_norm(o)
+        out = self.o_proj(o.reshape(batch, seq_len, self.value_dim))
+        return out, (GLAState(final, conv_state) if use_cache else None)
+
+    @staticmethod
+    def _needs_grad(*tensors: Tensor) -> bool:
+        return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"head_k_dim={self.head_k_dim}, head_v_dim={self.head_v_dim}, mode={self.mode!r}")
