@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <utility>
@@ -50,6 +51,17 @@ struct Shape {
     return s;
   }
 };
+
+// Names a failing parameter in GoogleTest's output.
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "B=" << s.batch << " Tq=" << s.q_len << " Tk=" << s.k_len << " Hq=" << s.q_heads << " Hkv=" << s.kv_heads
+      << " D=" << s.head_dim << " Dv=" << s.value_dim << (s.causal ? " causal" : " full");
+  if (!s.seqlens_q.empty()) {
+    *os << " varlen q/k:";
+    for (size_t n = 0; n < s.seqlens_q.size(); ++n) *os << " " << s.seqlens_q[n] << "/" << s.seqlens_k[n];
+  }
+  if (s.row_padding > 0) *os << " padding=" << s.row_padding;
+}
 
 // Sequence boundaries as an i64 tensor read with stride 2 (a strided view
 // over [0, x, b1, x, b2, ...]) when `strided`, else as a contiguous i32 tensor.
@@ -162,7 +174,7 @@ double lse_error(const Buffer& out, const Buffer& ref) {
 // ---- the reference against the definition ---------------------------------------
 
 // o_i = Σ_j softmax_j(scale·q_i·k_j) v_j over the keys query i sees, written out
-// for one query from the logical (row-major) values.
+// query by query from the logical (row-major) values.
 TEST(AttentionNaive, ForwardMatchesTheDefinition) {
   const Shape s = Shape().heads(4, 2).dims(8, 5).varlen({4, 0, 6, 3, 2}, {7, 3, 2, 0, 2});
   const Inputs in = make_inputs(s, DType::f64, 11);
