@@ -325,6 +325,9 @@ std::vector<Case> tiled_cases() {
     add(mask + "Strided", base.lens(77, 150).padded(3));
     add(mask + "VarlenStrided",
         base.heads(4, 1).padded(5).varlen({1, 0, 100, 64}, {1, 3, 64, 129}));
+    // No queries; no keys (every output row 0, every lse −inf).
+    add(mask + "Tq0", base.lens(0, 5));
+    add(mask + "Tk0", base.lens(5, 0));
     // Sharp softmax: the running max changes by a lot between key tiles.
     add(mask + "Scale1", base.lens(150, 150).dims(64, 64).with_scale(1.0), DType::f32, 4);
   }
