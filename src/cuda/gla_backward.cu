@@ -1,8 +1,171 @@
-// PLACEHOLDER: replaced by the CUDA GLA backward kernels.
+// CUDA GLA backward: checks what this backend supports, plans the scratch and
+// launches the kernels of gla_bwd_states.cu + gla_bwd_chunk.cu (chunked) or
+// gla_bwd_recurrent.cu (recurrent). See gla_bwd.cuh for the algorithm.
 #include "core/backend.h"
 #include "cuda/common.cuh"
+#include "cuda/gla_bwd.cuh"
 
 namespace flashgla::cuda {
-void gla_backward(const GlaBackwardArgs&, const GlaProblem&) { check::fail(ErrorKind::unsupported, "", "CUDA GLA backward: not implemented yet"); }
-size_t gla_backward_workspace_bytes(const GlaBackwardArgs&, const GlaProblem&) { return 0; }
+namespace {
+
+using gla_bwd::Compute;
+using gla_bwd::Params;
+
+constexpr size_t kAlign = 256;
+size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+Compute compute_type(const GlaBackwardArgs& a) {
+  switch (a.q.dtype) {
+    case DType::f32: return Compute::f32;
+    case DType::bf16:
+    case DType::f16: return Compute::bf16;
+    default:
+      check::fail(ErrorKind::unsupported, "q",
+                  std::string("the CUDA GLA backward takes float32, bfloat16 or float16, got ") +
+                      dtype_name(a.q.dtype));
+  }
+}
+
+int64_t num_slots(const GlaProblem& pr) {
+  const int64_t C = gla_bwd::kChunk;
+  return pr.varlen ? pr.seq_len / C + pr.num_seqs + 1 : pr.batch * ((pr.seq_len + C - 1) / C);
+}
+
+// Scratch sizes, in the order they are laid out.
+struct Plan {
+  size_t states = 0, dstates = 0;                  // chunked
+  size_t dq_acc = 0, dk_acc = 0, dg_terms = 0, dg_final = 0;  // recurrent
+  size_t total() const {
+    return aligned(states) + aligned(dstates) + aligned(dq_acc) + aligned(dk_acc) + aligned(dg_terms) +
+           aligned(dg_final);
+  }
+};
+
+Plan plan(const GlaBackwardArgs& a, const GlaProblem& pr) {
+  Plan plan;
+  if (a.algorithm == GlaAlgorithm::chunked) {
+    const int64_t tiles = ((pr.key_dim + gla_bwd::kTile - 1) / gla_bwd::kTile) *
+                          ((pr.value_dim + gla_bwd::kTile - 1) / gla_bwd::kTile);
+    const size_t elem = compute_type(a) == Compute::f32 ? 4 : 2;
+    plan.states = plan.dstates = size_t(num_slots(pr) * pr.heads * tiles) * gla_bwd::kTileElems * elem;
+  } else {
+    plan.dq_acc = plan.dk_acc = plan.dg_terms = size_t(pr.batch * pr.seq_len * pr.heads * pr.key_dim) * sizeof(float);
+    plan.dg_final = size_t(pr.num_seqs * pr.heads * pr.key_dim) * sizeof(float);
+  }
+  return plan;
+}
+
+gla_bwd::Tensor tensor(const TensorView& t) {
+  gla_bwd::Tensor out;
+  if (!t.defined()) return out;
+  out.data = t.data;
+  out.dtype = t.dtype;
+  for (int d = 0; d < t.ndim; ++d) out.stride[d] = t.stride[d];
+  return out;
+}
+
+void check_supported(const GlaBackwardArgs& a, const GlaProblem& pr) {
+  compute_type(a);
+  check::require(pr.heads <= 65535, ErrorKind::unsupported, "q", "the CUDA GLA backward takes at most 65535 heads");
+  check::require(pr.num_seqs * pr.heads < (int64_t(1) << 31), ErrorKind::unsupported, "q",
+                 "too many sequences x heads for one launch");
+  if (a.algorithm == GlaAlgorithm::recurrent)
+    check::require(pr.key_dim <= gla_bwd::kRecurrentMaxThreads, ErrorKind::unsupported, "q",
+                   "the CUDA recurrent GLA backward takes K <= 512, got K = " + std::to_string(pr.key_dim));
+}
+
+// Stream-ordered scratch when the caller gives none (capturable by CUDA graphs).
+class Scratch {
+ public:
+  Scratch(const GlaBackwardArgs& a, size_t bytes, cudaStream_t stream) : stream_(stream) {
+    if (bytes == 0) return;
+    if (a.workspace) {
+      check::require(a.workspace_bytes >= bytes, ErrorKind::value, "workspace",
+                     "needs " + std::to_string(bytes) + " bytes (gla_backward_workspace_bytes), got " +
+                         std::to_string(a.workspace_bytes));
+      check::require(reinterpret_cast<uintptr_t>(a.workspace) % kAlign == 0, ErrorKind::value, "workspace",
+                     "must be " + std::to_string(kAlign) + "-byte aligned");
+      data_ = a.workspace;
+    } else {
+      check_cuda(cudaMallocAsync(&data_, bytes, stream), "cudaMallocAsync (GLA backward workspace)");
+      owned_ = true;
+    }
+  }
+  ~Scratch() {
+    if (owned_) cudaFreeAsync(data_, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  char* data() const { return static_cast<char*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  bool owned_ = false;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+size_t gla_backward_workspace_bytes(const GlaBackwardArgs& a, const GlaProblem& pr) {
+  check_supported(a, pr);
+  return plan(a, pr).total();
+}
+
+void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
+  check_supported(a, pr);
+  DeviceGuard guard(a.q.device.index);
+  const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+  if (pr.num_seqs == 0) return;
+
+  Params p;
+  p.q = tensor(a.q), p.k = tensor(a.k), p.v = tensor(a.v), p.g = tensor(a.g), p.d_o = tensor(a.d_o);
+  p.h0 = tensor(a.initial_state), p.dht = tensor(a.d_final_state);
+  p.dq = tensor(a.dq), p.dk = tensor(a.dk), p.dv = tensor(a.dv), p.dg = tensor(a.dg);
+  p.dh0 = tensor(a.d_initial_state);
+  p.gate = pr.gate;
+  if (pr.varlen) {
+    p.cu_seqlens = a.cu_seqlens.data;
+    p.cu_seqlens_i64 = a.cu_seqlens.dtype == DType::i64;
+    p.cu_seqlens_stride = a.cu_seqlens.stride[0];
+  }
+  p.batch = pr.batch, p.seq_len = pr.seq_len, p.num_seqs = pr.num_seqs;
+  p.heads = int(pr.heads), p.key_dim = int(pr.key_dim), p.value_dim = int(pr.value_dim);
+  p.key_tiles = int((pr.key_dim + gla_bwd::kTile - 1) / gla_bwd::kTile);
+  p.value_tiles = int((pr.value_dim + gla_bwd::kTile - 1) / gla_bwd::kTile);
+  p.scale = float(pr.scale);
+  p.reverse = a.reverse;
+  p.chunks_per_seq = (pr.seq_len + gla_bwd::kChunk - 1) / gla_bwd::kChunk;
+  p.num_slots = num_slots(pr);
+
+  const Plan sizes = plan(a, pr);
+  Scratch scratch(a, sizes.total(), stream);
+  char* cursor = scratch.data();
+  auto take = [&](size_t bytes) {
+    char* at = cursor;
+    cursor += aligned(bytes);
+    return at;
+  };
+
+  if (a.algorithm == GlaAlgorithm::chunked) {
+    const Compute c = compute_type(a);
+    int device_smem = 0;
+    check_cuda(cudaDeviceGetAttribute(&device_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, a.q.device.index),
+               "cudaDeviceGetAttribute");
+    check::require(size_t(device_smem) >= gla_bwd::chunk_smem_bytes(c), ErrorKind::unsupported, "q",
+                   "this GPU has too little shared memory per block for the chunked GLA backward in " +
+                       std::string(dtype_name(a.q.dtype)));
+    p.states = take(sizes.states);
+    p.dstates = take(sizes.dstates);
+    gla_bwd::launch_state_scan(p, c, stream);  // also writes dh0
+    if (p.num_slots > 0 && pr.seq_len > 0) gla_bwd::launch_chunk(p, c, stream);
+  } else {
+    p.dq_acc = reinterpret_cast<float*>(take(sizes.dq_acc));
+    p.dk_acc = reinterpret_cast<float*>(take(sizes.dk_acc));
+    p.dg_terms = reinterpret_cast<float*>(take(sizes.dg_terms));
+    p.dg_final = reinterpret_cast<float*>(take(sizes.dg_final));
+    check_cuda(cudaMemsetAsync(scratch.data(), 0, sizes.total(), stream), "cudaMemsetAsync (GLA backward scratch)");
+    gla_bwd::launch_recurrent(p, stream);
+  }
+}
+
 }  // namespace flashgla::cuda

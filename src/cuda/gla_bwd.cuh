@@ -1,0 +1,88 @@
+// The CUDA GLA backward: the parameter block every backward kernel reads and
+// the launchers of the kernels. gla_backward.cu checks, plans and fills these;
+// gla_bwd_states.cu, gla_bwd_chunk.cu and gla_bwd_recurrent.cu define them.
+//
+// Chunked backward (chunks of C = 64 tokens, 16-token sub-chunks), per head:
+//   1. gla_bwd_states.cu: two sequential scans over the chunks of a sequence,
+//      one block per 64x64 tile of the state: the forward state S before each
+//      chunk, and the backward state dS (gradient of the state after each
+//      chunk, seeded by dht). Both are written to scratch, O(T/C K V) per head.
+//      The backward scan also yields dh0 (dS before the first chunk).
+//   2. gla_bwd_chunk.cu: one block per (chunk, head) computes dA, the
+//      intra-chunk A (recomputed), dv, dq, dk and dg of that chunk.
+// Recurrent backward: one pass forward (states, dq), one pass backward (dS,
+// dk, dv); dg from the closed form without a stored state (see gla_bwd_recurrent.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/problem.h"
+#include "flashgla/tensor.h"
+
+namespace flashgla::cuda::gla_bwd {
+
+inline constexpr int kChunk = 64;  // C: tokens per chunk
+inline constexpr int kSub = 16;    // tokens per secondary sub-chunk
+inline constexpr int kTile = 64;   // key / value columns per tile
+inline constexpr int kTileElems = kTile * kTile;
+
+inline constexpr int kStateThreads = 128;  // gla_bwd_states.cu: 4 warps, 16 state rows each
+inline constexpr int kChunkThreads = 256;  // gla_bwd_chunk.cu: 8 warps, two per sub-chunk
+inline constexpr int kRecurrentCols = 32;  // gla_bwd_recurrent.cu: state columns per block
+inline constexpr int kRecurrentBatch = 8;  // tokens staged in shared memory at a time
+inline constexpr int kRecurrentMaxThreads = 512;  // one thread per key row: K <= 512
+
+// A strided tensor as the kernels see it; data == nullptr: absent.
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int64_t stride[4] = {0, 0, 0, 0};
+};
+
+struct Params {
+  Tensor q, k, v, g, d_o;  // [B,T,H,K|V]; g [B,T,H,K] or [B,T,H]
+  Tensor h0, dht;          // f32 [N,H,K,V]
+  Tensor dq, dk, dv, dg;   // outputs; dg absent without a gate
+  Tensor dh0;              // f32 [N,H,K,V]
+  GateKind gate = GateKind::none;
+
+  const void* cu_seqlens = nullptr;  // device, i32 or i64; nullptr: fixed length
+  bool cu_seqlens_i64 = false;
+  int64_t cu_seqlens_stride = 1;
+
+  int64_t batch = 0;    // B
+  int64_t seq_len = 0;  // T (tokens per batch row)
+  int64_t num_seqs = 0; // N
+  int heads = 0, key_dim = 0, value_dim = 0;
+  int key_tiles = 0, value_tiles = 0;  // ceil(K / 64), ceil(V / 64)
+  float scale = 1.f;
+  bool reverse = false;  // recurrent only
+
+  // Chunked: chunk slot of chunk c of sequence n (see sequence() in
+  // gla_bwd_device.cuh); the scratch states hold one 64x64 tile per
+  // (slot, head, key tile, value tile), of the compute type.
+  int64_t chunks_per_seq = 0;  // fixed length: ceil(T / 64)
+  int64_t num_slots = 0;
+  void* states = nullptr;   // S before each chunk
+  void* dstates = nullptr;  // dS after each chunk
+
+  // Recurrent: fp32 accumulators [B*T, H, K] (zeroed) and the dht term [N, H, K].
+  float* dq_acc = nullptr;
+  float* dk_acc = nullptr;
+  float* dg_terms = nullptr;  // per token: q⊙dq' − k⊙dk' (dg is their reverse cumsum)
+  float* dg_final = nullptr;  // per sequence: rowsum(S_T ⊙ dht)
+};
+
+// Compute types: fp32 inputs run in fp32 (SIMT products, fp64 gate cumsums);
+// bf16 and fp16 inputs run with bf16 tensor-core operands and fp32 accumulation.
+enum class Compute { f32, bf16 };
+
+size_t state_scan_smem_bytes(Compute c);
+size_t chunk_smem_bytes(Compute c);
+void launch_state_scan(const Params& p, Compute c, cudaStream_t stream);
+void launch_chunk(const Params& p, Compute c, cudaStream_t stream);
+void launch_recurrent(const Params& p, cudaStream_t stream);
+
+}  // namespace flashgla::cuda::gla_bwd

@@ -1,0 +1,459 @@
+// Step 2 of the chunked GLA backward: everything of one chunk of 64 tokens.
+//
+// One block per (chunk, head); 8 warps, warp w serves sub-chunk s = w / 2 (16
+// tokens) and half hc = w % 2 of the 64 columns of a tile. With Γ the
+// chunk-local gate cumsum, γ its last row, S the state before the chunk and dS
+// the gradient of the state after it (both from gla_bwd_states.cu):
+//
+//   dA = scale (dO V^T) ⊙ M                                  (phase A, over value tiles)
+//   A  = scale Σ_k q_ik k_jk exp(Γ_ik − Γ_jk), j <= i        (phase A, over key tiles)
+//   dv = A^T dO + (K ⊙ exp(γ − Γ)) dS                        (phase B)
+//   dq = scale (dO S^T) ⊙ exp Γ + Σ_j dA_ij k_j exp(Γ_i − Γ_j)          (phase C)
+//   dk = (V dS^T) ⊙ exp(γ − Γ) + Σ_i dA_ij q_i exp(Γ_i − Γ_j)
+//
+// The sums over token pairs use secondary 16-token sub-chunks: a pair of
+// different sub-chunks goes through a (tensor-core) product of operands scaled
+// against a reference row between the two (the first row of the later
+// sub-chunk for A and dq, the last row of the earlier one for dk), so every
+// exponent is <= 0; a pair inside one sub-chunk is summed element by element
+// in fp32 with its own exponent.
+//
+// dg, chunk-local (seed 002, step 7), written so that nothing cancels: the
+// diagonal terms i = j contribute equally to q ⊙ dq and k ⊙ dk and are left
+// out, and the state term's Σ_r k_r ⊙ dk_r^{(S)} is split at t. For row t:
+//   dg_t = Σ_{s>=t} (q_s ⊙ dq'_s − k_s ⊙ dk^{(A)'}_s) + Σ_{s<t} k_s ⊙ dk^{(S)}_s
+//          + exp(γ) ⊙ rowsum(S ⊙ dS)
+// with ' = without the diagonal term, dk^{(A)} the intra-chunk part of dk and
+// dk^{(S)} the part through dS. Every term then carries the decay of the gates
+// it differentiates, so gates of −20 per step give tiny, accurate dg.
+#include "cuda/common.cuh"
+#include "cuda/gla_bwd_device.cuh"
+
+namespace flashgla::cuda::gla_bwd {
+namespace {
+
+constexpr int kSubs = kChunk / kSub;  // 4 sub-chunks per chunk
+
+// Operand stages (rows of 64 columns) for the products between sub-chunks.
+// For dq and A, sub-chunk I >= 1 takes keys of all earlier rows j < 16 I,
+// k_j exp(Γ_{16I} − Γ_j): I's rows start at key_stage_row(I).
+__host__ __device__ constexpr int key_stage_row(int I) { return kSub * I * (I - 1) / 2; }
+// For dk, sub-chunk J <= 2 takes queries of all later rows i >= 16 (J + 1),
+// q_i exp(Γ_i − Γ_{16J+15}): J's rows start at query_stage_row(J).
+__host__ __device__ constexpr int query_stage_row(int J) { return kSub * J * (2 * kSubs - 1 - J) / 2; }
+constexpr int kStageRows = key_stage_row(kSubs);  // 96
+static_assert(query_stage_row(kSubs - 1) == kStageRows, "both stages hold every earlier/later pair");
+
+// Shared memory. R is a work area whose layout changes with the phase.
+template <class T, class GT>
+struct ChunkSmem {
+  static constexpr bool kFloat = std::is_same_v<T, float>;
+  static constexpr size_t tile = size_t(kTile) * kLd<T> * sizeof(T);
+  static constexpr size_t tile_f = size_t(kTile) * kLdF * sizeof(float);
+  static constexpr size_t q = 0;                              // q tile of the current key tile
+  static constexpr size_t k = q + tile;                       // k tile
+  static constexpr size_t dA = k + tile;                      // dA, compute type (mma operand)
+  static constexpr size_t dA_f = dA + (kFloat ? 0 : tile);    // dA, fp32 (the same array for fp32)
+  static constexpr size_t gates = dA_f + tile_f;              // Γ of the current key tile
+  static constexpr size_t u = gates + size_t(kTile) * kLdF * sizeof(GT);
+  // u: A (phases A, B), then dq, dk^{(S)}, dk^{(A)} in fp32 (phase C).
+  static constexpr size_t u_bytes = 3 * tile_f > tile ? 3 * tile_f : tile;
+  static constexpr size_t r = u + u_bytes;
+  static constexpr size_t r_rows = 4 * kTile;                 // >= 2 kStageRows, 3 tiles in phase B
+  static constexpr size_t totals = r + r_rows * kLd<T> * sizeof(T);  // dg: per sub-chunk sums, 2 x [4][64]
+  static constexpr size_t state_term = totals + 2 * kSubs * kTile * sizeof(float);  // [64]
+  static constexpr size_t row_sums = state_term + kTile * sizeof(float);           // [64], scalar gate
+  static constexpr size_t bytes = row_sums + kTile * sizeof(float);
+};
+
+// The rows of the diagonal block whose A entries warp half hc computes: an
+// interleaving that gives both halves 68 of the 136 pairs j <= i.
+__device__ __forceinline__ int diagonal_row(int hc, int m) {
+  return 4 * (m >> 1) + (hc == 0 ? ((m & 1) ? 3 : 0) : ((m & 1) ? 2 : 1));
+}
+
+template <class T, class GT>
+__global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const Params p) {
+  using Smem = ChunkSmem<T, GT>;
+  constexpr int LD = kLd<T>;
+  constexpr int LDF = kLdF;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem + Smem::q);
+  T* sK = reinterpret_cast<T*>(smem + Smem::k);
+  T* sdA = reinterpret_cast<T*>(smem + Smem::dA);
+  float* sdAf = reinterpret_cast<float*>(smem + Smem::dA_f);
+  GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
+  T* sA = reinterpret_cast<T*>(smem + Smem::u);
+  float* sDQ = reinterpret_cast<float*>(smem + Smem::u);
+  float* sDKS = sDQ + kTile * LDF;
+  float* sDKA = sDKS + kTile * LDF;
+  T* R = reinterpret_cast<T*>(smem + Smem::r);
+  float* sTotA = reinterpret_cast<float*>(smem + Smem::totals);
+  float* sTotB = sTotA + kSubs * kTile;
+  float* sStateTerm = reinterpret_cast<float*>(smem + Smem::state_term);
+  float* sRowSums = reinterpret_cast<float*>(smem + Smem::row_sums);
+
+  Seq seq;
+  int64_t chunk;
+  if (!locate_chunk(p, blockIdx.x, seq, chunk)) return;
+  const int h = blockIdx.y;
+  const int64_t b = seq.batch, t0 = seq.begin + chunk * kChunk, slot = seq.slot0 + chunk;
+  const int rows = int(seq.len - chunk * kChunk < kChunk ? seq.len - chunk * kChunk : kChunk);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int s = warp / 2, hc = warp % 2;  // sub-chunk, column half
+  const int K = p.key_dim, V = p.value_dim;
+  const float scale = p.scale;
+  const GT* gamma = sG + (kChunk - 1) * LDF;  // γ: the last row of Γ
+
+  // ---- phase A: dA --------------------------------------------------------------
+  // Warp (s, hc) computes the 16x16 blocks (s, J) for J = hc, hc + 2 with J <= s.
+  {
+    float acc[2][2][4];
+    zero(acc[0]);
+    zero(acc[1]);
+    T* sDO = R;
+    T* sV = R + kTile * LD;
+    for (int vt = 0; vt < p.value_tiles; ++vt) {
+      load_tile<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+      load_tile<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+      __syncthreads();
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int J = hc + 2 * jj;
+        if (J <= s) warp_gemm<2, false, true>(acc[jj], sDO + kSub * s * LD, LD, sV + kSub * J * LD, LD, kTile);
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      const int J = hc + 2 * jj;
+      if (J > s) continue;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = kSub * s + acc_row(e), j = kSub * J + acc_col(nt, e);
+          const float x = j <= i ? scale * acc[jj][nt][e] : 0.f;
+          sdAf[i * LDF + j] = x;
+          if constexpr (!Smem::kFloat) sdA[i * LD + j] = from_float<T>(x);
+        }
+    }
+  }
+
+  // ---- phase A: A ---------------------------------------------------------------
+  // Off-diagonal blocks (s, J), J = hc, hc + 2 < s, on the products; the
+  // diagonal block element by element, rows diagonal_row(hc, 0..7).
+  {
+    float acc[2][2][4];
+    zero(acc[0]);
+    zero(acc[1]);
+    float diag[8];
+#pragma unroll
+    for (int m = 0; m < 8; ++m) diag[m] = 0.f;
+    T* sKStage = R;                       // key_stage rows
+    T* sQHat = R + kStageRows * LD;       // row i >= 16: q_i exp(Γ_i − Γ_{16 s(i)})
+    for (int kt = 0; kt < p.key_tiles; ++kt) {
+      load_tile<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+      load_tile<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+      load_gate_cumsum<GT, kChunkThreads>(sG, p, b, t0, rows, h, kt * kTile);
+      for (int f = threadIdx.x; f < kStageRows * kTile; f += kChunkThreads) {
+        const int row = f / kTile, col = f % kTile;
+        const int I = row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3);
+        const int j = row - key_stage_row(I);
+        const float x = to_float(sK[j * LD + col]) * exp2_of(sG[kSub * I * LDF + col] - sG[j * LDF + col]);
+        sKStage[row * LD + col] = from_float<T>(x);
+      }
+      for (int f = threadIdx.x; f < (kChunk - kSub) * kTile; f += kChunkThreads) {
+        const int i = kSub + f / kTile, col = f % kTile;
+        const int ref = (i / kSub) * kSub;
+        const float x = to_float(sQ[i * LD + col]) * exp2_of(sG[i * LDF + col] - sG[ref * LDF + col]);
+        sQHat[i * LD + col] = from_float<T>(x);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int J = hc + 2 * jj;
+        if (J < s)
+          warp_gemm<2, false, true>(acc[jj], sQHat + kSub * s * LD, LD,
+                                    sKStage + (key_stage_row(s) + kSub * J) * LD, LD, kTile);
+      }
+      // Diagonal block: lanes over columns (two each), then a sum over the warp.
+      {
+        float k_reg[2][kSub];
+        GT g_reg[2][kSub];
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int j = 0; j < kSub; ++j) {
+            k_reg[half][j] = to_float(sK[(kSub * s + j) * LD + lane + 32 * half]);
+            g_reg[half][j] = sG[(kSub * s + j) * LDF + lane + 32 * half];
+          }
+#pragma unroll
+        for (int m = 0; m < 8; ++m) {
+          const int i = diagonal_row(hc, m);
+          float part[kSub];
+#pragma unroll
+          for (int j = 0; j < kSub; ++j) part[j] = 0.f;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const float qi = to_float(sQ[(kSub * s + i) * LD + lane + 32 * half]);
+            const GT gi = sG[(kSub * s + i) * LDF + lane + 32 * half];
+#pragma unroll
+            for (int j = 0; j < kSub; ++j)
+              if (j <= i) part[j] += qi * k_reg[half][j] * exp2_of(gi - g_reg[half][j]);
+          }
+          diag[m] += transpose_reduce<kSub>(part);
+        }
+      }
+      __syncthreads();
+    }
+    // A (scaled) into sA: off-diagonal blocks, the diagonal block (zero above the diagonal).
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      const int J = hc + 2 * jj;
+      if (J >= s) continue;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = kSub * s + acc_row(e), j = kSub * J + acc_col(nt, e);
+          sA[i * LD + j] = from_float<T>(scale * acc[jj][nt][e]);
+        }
+    }
+    const int j = transpose_reduce_index<kSub>();
+    if ((lane & 1) == 0) {
+#pragma unroll
+      for (int m = 0; m < 8; ++m) {
+        const int i = diagonal_row(hc, m);
+        sA[(kSub * s + i) * LD + kSub * s + j] = from_float<T>(j <= i ? scale * diag[m] : 0.f);
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- phase B: dv ----------------------------------------------------------------
+  // Warp (s, hc): rows of sub-chunk s, value columns 32 hc.. of each value tile.
+  {
+    T* sDO = R;
+    T* sKHat = R + kTile * LD;  // k ⊙ exp(γ − Γ)
+    T* sDS = R + 2 * kTile * LD;
+    for (int vt = 0; vt < p.value_tiles; ++vt) {
+      load_tile<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+      __syncthreads();
+      float acc[4][4];
+      zero(acc);
+      // A^T dO: rows j of sub-chunk s take rows i >= 16 s (A is zero above the diagonal).
+      warp_gemm<4, true, false>(acc, sA + kSub * s * LD + kSub * s, LD, sDO + kSub * s * LD + 32 * hc, LD,
+                                kChunk - kSub * s);
+      for (int kt = 0; kt < p.key_tiles; ++kt) {
+        load_gate_cumsum<GT, kChunkThreads>(sG, p, b, t0, rows, h, kt * kTile);
+        load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, [&](int r, int col, float x) {
+          return x * exp2_of(gamma[col] - sG[r * LDF + col]);
+        });
+        copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
+        __syncthreads();
+        warp_gemm<4, false, false>(acc, sKHat + kSub * s * LD, LD, sDS + 32 * hc, LD, kTile);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = kSub * s + acc_row(e), col = vt * kTile + 32 * hc + acc_col(nt, e);
+          if (i < rows && col < V) store_as(p.dv.data, offset4(p.dv, b, t0 + i, h, col), p.dv.dtype, acc[nt][e]);
+        }
+      __syncthreads();
+    }
+  }
+
+  // ---- phase C: dq, dk, dg, one key tile at a time ------------------------------------
+  if (threadIdx.x < kTile) sRowSums[threadIdx.x] = 0.f;
+  for (int kt = 0; kt < p.key_tiles; ++kt) {
+    const int col = 32 * hc + lane;  // this lane's column in the element-wise steps
+    load_tile<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+    load_tile<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+    load_gate_cumsum<GT, kChunkThreads>(sG, p, b, t0, rows, h, kt * kTile);
+
+    // Through the states: dq ∝ dO S^T, dk^{(S)} ∝ V dS^T, and rowsum(S ⊙ dS).
+    {
+      T* sDO = R;
+      T* sV = R + kTile * LD;
+      T* sS = R + 2 * kTile * LD;
+      T* sDS = R + 3 * kTile * LD;
+      float acc_q[4][4], acc_k[4][4];
+      zero(acc_q);
+      zero(acc_k);
+      float state_term = 0.f;
+      for (int vt = 0; vt < p.value_tiles; ++vt) {
+        load_tile<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+        load_tile<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+        copy_tile_in<T, kChunkThreads>(sS, static_cast<const T*>(p.states) + state_tile_index(p, slot, h, kt, vt));
+        copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
+        __syncthreads();
+        warp_gemm<4, false, true>(acc_q, sDO + kSub * s * LD, LD, sS + 32 * hc * LD, LD, kTile);
+        warp_gemm<4, false, true>(acc_k, sV + kSub * s * LD, LD, sDS + 32 * hc * LD, LD, kTile);
+        {  // four threads per key row, 16 value columns each
+          const int key = threadIdx.x / 4, part = threadIdx.x % 4;
+#pragma unroll
+          for (int c = 0; c < 16; ++c)
+            state_term += to_float(sS[key * LD + 16 * part + c]) * to_float(sDS[key * LD + 16 * part + c]);
+        }
+        __syncthreads();
+      }
+      state_term += __shfl_xor_sync(0xffffffffu, state_term, 1);
+      state_term += __shfl_xor_sync(0xffffffffu, state_term, 2);
+      if (threadIdx.x % 4 == 0) sStateTerm[threadIdx.x / 4] = state_term;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
+          sDQ[i * LDF + c] = scale * acc_q[nt][e] * exp2_of(sG[i * LDF + c]);
+          sDKS[i * LDF + c] = acc_k[nt][e] * exp2_of(gamma[c] - sG[i * LDF + c]);
+        }
+    }
+
+    // Between sub-chunks: dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}), dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J).
+    {
+      T* sKStage = R;
+      T* sQStage = R + kStageRows * LD;
+      for (int f = threadIdx.x; f < kStageRows * kTile; f += kChunkThreads) {
+        const int row = f / kTile, c = f % kTile;
+        const int I = row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3);
+        const int j = row - key_stage_row(I);
+        sKStage[row * LD + c] =
+            from_float<T>(to_float(sK[j * LD + c]) * exp2_of(sG[kSub * I * LDF + c] - sG[j * LDF + c]));
+        const int J = row < query_stage_row(1) ? 0 : (row < query_stage_row(2) ? 1 : 2);
+        const int i = kSub * (J + 1) + row - query_stage_row(J), ref = kSub * J + kSub - 1;
+        sQStage[row * LD + c] =
+            from_float<T>(to_float(sQ[i * LD + c]) * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]));
+      }
+      __syncthreads();
+      float acc[4][4];
+      if (s > 0) {
+        zero(acc);
+        warp_gemm<4, false, false>(acc, sdA + kSub * s * LD, LD, sKStage + key_stage_row(s) * LD + 32 * hc, LD,
+                                   kSub * s);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
+            sDQ[i * LDF + c] += acc[nt][e] * exp2_of(sG[i * LDF + c] - sG[kSub * s * LDF + c]);
+          }
+      }
+      zero(acc);
+      if (s < kSubs - 1)
+        warp_gemm<4, true, false>(acc, sdA + kSub * (s + 1) * LD + kSub * s, LD,
+                                  sQStage + query_stage_row(s) * LD + 32 * hc, LD, kChunk - kSub * (s + 1));
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
+          sDKA[j * LDF + c] = acc[nt][e] * exp2_of(sG[(kSub * s + kSub - 1) * LDF + c] - sG[j * LDF + c]);
+        }
+      __syncwarp();
+    }
+
+    // Inside the sub-chunk, element by element (lanes over columns), then the
+    // outputs and this sub-chunk's part of dg.
+    float a_suffix[kSub], b_prefix[kSub];
+    {
+      float k_reg[kSub], q_reg[kSub], dq_d[kSub], dk_d[kSub];
+      GT g_reg[kSub];
+#pragma unroll
+      for (int i = 0; i < kSub; ++i) {
+        k_reg[i] = to_float(sK[(kSub * s + i) * LD + col]);
+        q_reg[i] = to_float(sQ[(kSub * s + i) * LD + col]);
+        g_reg[i] = sG[(kSub * s + i) * LDF + col];
+        dq_d[i] = dk_d[i] = 0.f;
+      }
+#pragma unroll
+      for (int i = 1; i < kSub; ++i)
+#pragma unroll
+        for (int j = 0; j < i; ++j) {
+          const float w = sdAf[(kSub * s + i) * LDF + kSub * s + j] * exp2_of(g_reg[i] - g_reg[j]);
+          dq_d[i] += w * k_reg[j];
+          dk_d[j] += w * q_reg[i];
+        }
+      const int key = kt * kTile + col;
+      float a_term[kSub], b_term[kSub];
+#pragma unroll
+      for (int i = 0; i < kSub; ++i) {
+        const int row = kSub * s + i;
+        const float dA_ii = sdAf[row * LDF + row];
+        const float dq_x = sDQ[row * LDF + col] + dq_d[i];   // dq without the diagonal term
+        const float dka_x = sDKA[row * LDF + col] + dk_d[i];  // dk^{(A)} without it
+        const float dks = sDKS[row * LDF + col];
+        a_term[i] = q_reg[i] * dq_x - k_reg[i] * dka_x;
+        b_term[i] = k_reg[i] * dks;
+        if (row < rows && key < K) {
+          store_as(p.dq.data, offset4(p.dq, b, t0 + row, h, key), p.dq.dtype, dq_x + dA_ii * k_reg[i]);
+          store_as(p.dk.data, offset4(p.dk, b, t0 + row, h, key), p.dk.dtype, dka_x + dks + dA_ii * q_reg[i]);
+        }
+      }
+      float run = 0.f;
+#pragma unroll
+      for (int i = kSub - 1; i >= 0; --i) {
+        run += a_term[i];
+        a_suffix[i] = run;
+      }
+      sTotA[s * kTile + col] = run;
+      run = 0.f;
+#pragma unroll
+      for (int i = 0; i < kSub; ++i) {
+        b_prefix[i] = run;
+        run += b_term[i];
+      }
+      sTotB[s * kTile + col] = run;
+    }
+    __syncthreads();
+
+    if (p.gate != GateKind::none) {
+      float carry = exp2_of(gamma[col]) * sStateTerm[col];
+      for (int t = s + 1; t < kSubs; ++t) carry += sTotA[t * kTile + col];
+      for (int t = 0; t < s; ++t) carry += sTotB[t * kTile + col];
+      const int key = kt * kTile + col;
+#pragma unroll
+      for (int i = 0; i < kSub; ++i) {
+        const int row = kSub * s + i;
+        const float dg = a_suffix[i] + b_prefix[i] + carry;
+        if (p.gate == GateKind::vector) {
+          if (row < rows && key < K) store_as(p.dg.data, offset4(p.dg, b, t0 + row, h, key), p.dg.dtype, dg);
+        } else {
+          float sum = key < K ? dg : 0.f;
+#pragma unroll
+          for (int offset = 16; offset >= 1; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+          if (lane == 0) atomicAdd(&sRowSums[row], sum);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  if (p.gate == GateKind::scalar && threadIdx.x < rows)
+    store_as(p.dg.data, offset4(p.dg, b, t0 + threadIdx.x, h, 0), p.dg.dtype, sRowSums[threadIdx.x]);
+}
+
+template <class T, class GT>
+void launch(const Params& p, cudaStream_t stream) {
+  const size_t smem = ChunkSmem<T, GT>::bytes;
+  check_cuda(cudaFuncSetAttribute(chunk_kernel<T, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+             "cudaFuncSetAttribute (GLA backward chunk kernel)");
+  const dim3 grid(unsigned(p.num_slots), unsigned(p.heads));
+  chunk_kernel<T, GT><<<grid, kChunkThreads, smem, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA backward chunk kernel launch");
+}
+
+}  // namespace
+
+size_t chunk_smem_bytes(Compute c) {
+  return c == Compute::f32 ? ChunkSmem<float, double>::bytes : ChunkSmem<bf16, float>::bytes;
+}
+
+void launch_chunk(const Params& p, Compute c, cudaStream_t stream) {
+  if (c == Compute::f32) launch<float, double>(p, stream);
+  else launch<bf16, float>(p, stream);
+}
+
+}  // namespace flashgla::cuda::gla_bwd

@@ -1,0 +1,367 @@
+// Device helpers of the GLA backward kernels: element conversion, sequence
+// boundaries, tile copies into shared memory, the chunk-local gate cumsum, and
+// warp-level products with the mma.sync accumulator layout (tensor cores for
+// bf16, plain fp32 FMAs for fp32 so that fp32 inputs keep fp32 accuracy).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/gla_bwd.cuh"
+
+namespace flashgla::cuda::gla_bwd {
+
+using bf16 = __nv_bfloat16;
+
+// ---- elements ------------------------------------------------------------------
+template <class R>
+__device__ __forceinline__ R load_as(const void* base, int64_t i, DType dtype) {
+  switch (dtype) {
+    case DType::f64: return R(static_cast<const double*>(base)[i]);
+    case DType::f32: return R(static_cast<const float*>(base)[i]);
+    case DType::bf16: return R(__bfloat162float(static_cast<const bf16*>(base)[i]));
+    case DType::f16: return R(__half2float(static_cast<const __half*>(base)[i]));
+    default: return R(0);
+  }
+}
+
+__device__ __forceinline__ void store_as(void* base, int64_t i, DType dtype, float x) {
+  switch (dtype) {
+    case DType::f64: static_cast<double*>(base)[i] = x; break;
+    case DType::f32: static_cast<float*>(base)[i] = x; break;
+    case DType::bf16: static_cast<bf16*>(base)[i] = __float2bfloat16_rn(x); break;
+    case DType::f16: static_cast<__half*>(base)[i] = __float2half_rn(x); break;
+    default: break;
+  }
+}
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else return __float2bfloat16_rn(x);
+}
+
+// exp2 of a difference of gate cumsums (log2 units); fp64 cumsums keep the
+// difference exact before it is rounded to fp32.
+__device__ __forceinline__ float exp2_of(float x) { return exp2f(x); }
+__device__ __forceinline__ float exp2_of(double x) { return exp2f(float(x)); }
+
+__device__ __forceinline__ int64_t offset4(const Tensor& t, int64_t b, int64_t s, int64_t h, int64_t d) {
+  return b * t.stride[0] + s * t.stride[1] + h * t.stride[2] + d * t.stride[3];
+}
+
+// ---- sequences -----------------------------------------------------------------
+struct Seq {
+  int64_t batch;  // row of the batch dimension
+  int64_t begin;  // first token in that row
+  int64_t len;
+  int64_t slot0;  // chunk slot of the sequence's first chunk
+};
+
+__device__ __forceinline__ int64_t cu_value(const Params& p, int64_t i) {
+  const int64_t off = i * p.cu_seqlens_stride;
+  int64_t x = p.cu_seqlens_i64 ? static_cast<const int64_t*>(p.cu_seqlens)[off]
+                               : int64_t(static_cast<const int32_t*>(p.cu_seqlens)[off]);
+  return x < 0 ? 0 : (x > p.seq_len ? p.seq_len : x);
+}
+
+// Sequence n, clamped to [0, T] so that a bad cu_seqlens never sends an access
+// out of bounds. Chunk slots: with cu_seqlens, sequence n's chunks start at
+// floor(begin / C) + n, which keeps the sequences' slots disjoint and below
+// floor(T / C) + N + 1 without a prefix sum over the lengths.
+__device__ __forceinline__ Seq sequence(const Params& p, int64_t n) {
+  if (!p.cu_seqlens) return {n, 0, p.seq_len, n * p.chunks_per_seq};
+  const int64_t begin = cu_value(p, n);
+  int64_t end = cu_value(p, n + 1);
+  if (end < begin) end = begin;
+  return {0, begin, end - begin, begin / kChunk + n};
+}
+
+__device__ __forceinline__ int64_t num_chunks(int64_t len) { return (len + kChunk - 1) / kChunk; }
+
+// The sequence and chunk of a chunk slot; false for an unused slot.
+__device__ __forceinline__ bool locate_chunk(const Params& p, int64_t slot, Seq& seq, int64_t& chunk) {
+  if (!p.cu_seqlens) {
+    seq = sequence(p, slot / p.chunks_per_seq);
+    chunk = slot % p.chunks_per_seq;
+    return true;
+  }
+  int64_t lo = 0, hi = p.num_seqs - 1;  // the last sequence whose first slot is <= slot
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (cu_value(p, mid) / kChunk + mid <= slot) lo = mid;
+    else hi = mid - 1;
+  }
+  seq = sequence(p, lo);
+  chunk = slot - seq.slot0;
+  return chunk >= 0 && chunk < num_chunks(seq.len);
+}
+
+// ---- shared-memory tiles ---------------------------------------------------------
+// Row strides (elements) of 64-wide tiles: 16 bytes of padding per row keep
+// ldmatrix and column walks free of bank conflicts.
+template <class T>
+inline constexpr int kLd = sizeof(T) == 2 ? kTile + 8 : kTile + 4;
+inline constexpr int kLdF = kTile + 4;  // fp32 and fp64 work tiles
+
+struct Identity {
+  __device__ float operator()(int, int, float x) const { return x; }
+};
+
+// 16-bit floats held in the low bits of a word, widened to fp32.
+template <class In>
+__device__ __forceinline__ float widen(uint32_t bits) {
+  if constexpr (std::is_same_v<In, bf16>) return __uint_as_float(bits << 16);
+  else return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+
+// Two floats rounded to bf16, packed into one word (lo in the low half).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  return uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+}
+
+// s[r][c] = f(r, c, x[b, t0 + r, h, c0 + c]) for r < rows, c0 + c < D; zero
+// (f must keep zero at zero) elsewhere. 16-byte loads where the layout allows:
+// fp32 tiles from f32 inputs, bf16 tiles from bf16 or fp16 inputs.
+template <class T, class In, int kThreads, class F>
+__device__ __forceinline__ void load_tile_typed(T* s, const In* src, int64_t row_stride, int64_t col_stride, int rows,
+                                                int cols, F f) {
+  static_assert(sizeof(T) == sizeof(In), "fp32 <- f32, bf16 <- bf16 / fp16");
+  constexpr int kVec = 16 / sizeof(In);
+  constexpr int kPerRow = kTile / kVec;
+  const bool vector = col_stride == 1 && cols == kTile && row_stride % kVec == 0 &&
+                      (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+  if (vector) {
+    for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
+      const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
+      T* dst = s + r * kLd<T> + c;
+      if constexpr (sizeof(In) == 4) {
+        float4 x = r < rows ? *reinterpret_cast<const float4*>(src + r * row_stride + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        x.x = f(r, c, x.x), x.y = f(r, c + 1, x.y), x.z = f(r, c + 2, x.z), x.w = f(r, c + 3, x.w);
+        *reinterpret_cast<float4*>(dst) = x;
+      } else {
+        const uint4 raw = r < rows ? *reinterpret_cast<const uint4*>(src + r * row_stride + c) : make_uint4(0, 0, 0, 0);
+        uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          w[i] = pack_bf16(f(r, c + 2 * i, widen<In>(w[i] & 0xffffu)), f(r, c + 2 * i + 1, widen<In>(w[i] >> 16)));
+        *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < kTileElems; idx += kThreads) {
+      const int r = idx / kTile, c = idx % kTile;
+      const float x = (r < rows && c < cols) ? to_float(src[r * row_stride + c * col_stride]) : 0.f;
+      s[r * kLd<T> + c] = from_float<T>(f(r, c, x));
+    }
+  }
+}
+
+// A 64x64 tile of a [B,T,H,D] tensor: tokens t0.. (rows valid), columns c0..
+// fp32 tiles read f32 inputs; bf16 tiles read bf16 or fp16 inputs.
+template <class T, int kThreads, class F = Identity>
+__device__ __forceinline__ void load_tile(T* s, const Tensor& x, int64_t b, int64_t t0, int rows, int64_t h, int c0,
+                                          int D, F f = F()) {
+  const int cols = D - c0 < kTile ? D - c0 : kTile;
+  const int64_t base = offset4(x, b, t0, h, c0);
+  if constexpr (std::is_same_v<T, float>) {
+    load_tile_typed<T, float, kThreads>(s, static_cast<const float*>(x.data) + base, x.stride[1], x.stride[3], rows,
+                                        cols, f);
+  } else if (x.dtype == DType::bf16) {
+    load_tile_typed<T, bf16, kThreads>(s, static_cast<const bf16*>(x.data) + base, x.stride[1], x.stride[3], rows,
+                                       cols, f);
+  } else {
+    load_tile_typed<T, __half, kThreads>(s, static_cast<const __half*>(x.data) + base, x.stride[1], x.stride[3], rows,
+                                         cols, f);
+  }
+}
+
+// Scratch state tiles: contiguous 64x64 in global memory <-> padded rows in shared memory.
+template <class T, int kThreads>
+__device__ __forceinline__ void copy_tile_in(T* s, const T* g) {
+  constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
+  for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
+    const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
+    *reinterpret_cast<uint4*>(s + r * kLd<T> + c) = *reinterpret_cast<const uint4*>(g + r * kTile + c);
+  }
+}
+
+template <class T, int kThreads>
+__device__ __forceinline__ void copy_tile_out(T* g, const T* s) {
+  constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
+  for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
+    const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
+    *reinterpret_cast<uint4*>(g + r * kTile + c) = *reinterpret_cast<const uint4*>(s + r * kLd<T> + c);
+  }
+}
+
+__device__ __forceinline__ int64_t state_tile_index(const Params& p, int64_t slot, int64_t h, int kt, int vt) {
+  return (((slot * p.heads + h) * p.key_tiles + kt) * p.value_tiles + vt) * int64_t(kTileElems);
+}
+
+// sG[r][c] = Γ, the chunk-local cumsum of the gate over rows 0..r, in log2
+// units, for key columns c0..c0+63 of tokens t0..t0+rows-1. Rows past `rows`
+// and columns past K hold a zero gate, so Γ stays flat there and γ (the chunk's
+// total) is always row 63. Starts and ends with a barrier of the whole block.
+template <class GT, int kThreads>
+__device__ __forceinline__ void load_gate_cumsum(GT* sG, const Params& p, int64_t b, int64_t t0, int rows, int64_t h,
+                                                 int c0) {
+  static_assert(kThreads >= 128, "two threads per column");
+  const int cols = p.key_dim - c0 < kTile ? p.key_dim - c0 : kTile;
+  __syncthreads();  // earlier readers of sG are done
+  for (int idx = threadIdx.x; idx < kTileElems; idx += kThreads) {
+    const int r = idx / kTile, c = idx % kTile;
+    GT x = GT(0);
+    if (p.gate != GateKind::none && r < rows && c < cols) {
+      const int64_t d = p.gate == GateKind::vector ? c0 + c : 0;
+      x = load_as<GT>(p.g.data, offset4(p.g, b, t0 + r, h, d), p.g.dtype) * GT(1.4426950408889634);
+    }
+    sG[r * kLdF + c] = x;
+  }
+  __syncthreads();
+  const int col = threadIdx.x % kTile, half = threadIdx.x / kTile;  // half 0: rows 0-31, half 1: rows 32-63
+  if (threadIdx.x < 2 * kTile) {
+    GT* column = sG + half * 32 * kLdF + col;
+    GT run = GT(0);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      run += column[i * kLdF];
+      column[i * kLdF] = run;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x >= kTile && threadIdx.x < 2 * kTile) {
+    GT* column = sG + 32 * kLdF + col;
+    const GT carry = sG[31 * kLdF + col];
+#pragma unroll 8
+    for (int i = 0; i < 32; ++i) column[i * kLdF] += carry;
+  }
+  __syncthreads();
+}
+
+// ---- warp products -----------------------------------------------------------------
+// acc[NT][4] is a 16 x 8·NT tile in the mma.sync m16n8 accumulator layout:
+// acc[nt][e] is row (lane / 4) + 8 (e / 2), column 8 nt + 2 (lane % 4) + e % 2.
+__device__ __forceinline__ int acc_row(int e) { return (threadIdx.x & 31) / 4 + 8 * (e >> 1); }
+__device__ __forceinline__ int acc_col(int nt, int e) { return 8 * nt + 2 * (threadIdx.x & 3) + (e & 1); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// acc += A · B for A of 16 x kdim and B of kdim x 8·NT, both in shared memory.
+// A is stored row-major (a[m * lda + k]) or, with kATrans, as its transpose
+// (a[k * lda + m]); B is stored as b[n * ldb + k] (kBKMajor) or b[k * ldb + n].
+// kdim is a multiple of 16; pointers and strides keep 16-byte rows.
+template <int NT, bool kATrans, bool kBKMajor>
+__device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], const bf16* a, int lda, const bf16* b, int ldb,
+                                          int kdim) {
+  static_assert(NT % 2 == 0, "n tiles come in pairs");
+  const int lane = threadIdx.x & 31, quad = lane >> 3, r = lane & 7;
+  for (int k0 = 0; k0 < kdim; k0 += 16) {
+    uint32_t af[4];
+    if (kATrans) ldmatrix_x4_trans(af, a + (k0 + r + 8 * (quad >> 1)) * lda + 8 * (quad & 1));
+    else ldmatrix_x4(af, a + (r + 8 * (quad & 1)) * lda + k0 + 8 * (quad >> 1));
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t bfr[4];
+      if (kBKMajor) ldmatrix_x4(bfr, b + (16 * np + r + 8 * (quad >> 1)) * ldb + k0 + 8 * (quad & 1));
+      else ldmatrix_x4_trans(bfr, b + (k0 + r + 8 * (quad & 1)) * ldb + 16 * np + 8 * (quad >> 1));
+      mma_bf16(acc[2 * np], af, bfr[0], bfr[1]);
+      mma_bf16(acc[2 * np + 1], af, bfr[2], bfr[3]);
+    }
+  }
+}
+
+// The same product in fp32 FMAs, same accumulator layout.
+template <int NT, bool kATrans, bool kBKMajor>
+__device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], const float* a, int lda, const float* b, int ldb,
+                                          int kdim) {
+  const int lane = threadIdx.x & 31, row = lane >> 2, col = 2 * (lane & 3);
+  for (int k = 0; k < kdim; ++k) {
+    const float a0 = kATrans ? a[k * lda + row] : a[row * lda + k];
+    const float a1 = kATrans ? a[k * lda + row + 8] : a[(row + 8) * lda + k];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int n = 8 * nt + col;
+      const float b0 = kBKMajor ? b[n * ldb + k] : b[k * ldb + n];
+      const float b1 = kBKMajor ? b[(n + 1) * ldb + k] : b[k * ldb + n + 1];
+      acc[nt][0] = fmaf(a0, b0, acc[nt][0]);
+      acc[nt][1] = fmaf(a0, b1, acc[nt][1]);
+      acc[nt][2] = fmaf(a1, b0, acc[nt][2]);
+      acc[nt][3] = fmaf(a1, b1, acc[nt][3]);
+    }
+  }
+}
+
+template <int NT>
+__device__ __forceinline__ void zero(float (&acc)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+}
+
+// Sums each of v[0..N-1] over the 32 lanes of a warp in N - 1 shuffles (plus
+// one for N = 16), leaving one total per lane: each step swaps half of the
+// values with the lane across one lane bit, so the lane keeps the element
+// whose index is spelled by its own bits (see transpose_reduce_index).
+template <int kHalf, int N>
+__device__ __forceinline__ void transpose_reduce_step(float (&v)[N], int lane) {
+  constexpr int kOffset = kHalf * 32 / N;  // the lane bit across which this step swaps
+  const bool upper = lane & kOffset;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float send = upper ? v[i] : v[i + kHalf];
+    const float keep = upper ? v[i + kHalf] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
+  }
+  if constexpr (kHalf > 1) transpose_reduce_step<kHalf / 2>(v, lane);
+}
+
+template <int N>
+__device__ __forceinline__ float transpose_reduce(float (&v)[N]) {
+  static_assert(N == 16 || N == 32, "16 or 32 values");
+  const int lane = threadIdx.x & 31;
+  transpose_reduce_step<N / 2>(v, lane);
+  float total = v[0];
+  if (N == 16) total += __shfl_xor_sync(0xffffffffu, total, 1);
+  return total;
+}
+
+// The element whose total transpose_reduce<N> leaves in this lane.
+template <int N>
+__device__ __forceinline__ int transpose_reduce_index() {
+  const int lane = threadIdx.x & 31;
+  return N == 32 ? lane : lane >> 1;
+}
+
+}  // namespace flashgla::cuda::gla_bwd

@@ -1,0 +1,135 @@
+// Step 1 of the chunked GLA backward: the chunk-boundary states, recomputed.
+//
+// One block per (sequence, head, 64x64 tile of the K x V state) walks the
+// sequence's chunks in order and keeps its tile in registers (warp w owns key
+// rows 16w..16w+15). blockIdx.z picks the scan:
+//   z = 0, forward:  stores S before chunk c, then
+//                    S <- diag(exp γ) S + (K ⊙ exp(γ − Γ))^T V
+//   z = 1, backward: from dS = dht, stores dS after chunk c (last chunk first), then
+//                    dS <- diag(exp γ) dS + scale (Q ⊙ exp Γ)^T dO
+//                    and writes dh0 = dS before the first chunk.
+// Γ is the chunk-local gate cumsum and γ its last row: every exponent is <= 0.
+#include "cuda/common.cuh"
+#include "cuda/gla_bwd_device.cuh"
+
+namespace flashgla::cuda::gla_bwd {
+namespace {
+
+template <class T, class GT>
+struct StateScanSmem {
+  static constexpr size_t tile = size_t(kTile) * kLd<T> * sizeof(T);
+  static constexpr size_t x = 0;                 // x̂: scaled keys or queries, [token][key column]
+  static constexpr size_t y = x + tile;          // values or output gradients, [token][value column]
+  static constexpr size_t stage = y + tile;      // the state tile on its way to the scratch
+  static constexpr size_t gates = stage + tile;  // Γ, [token][key column]
+  static constexpr size_t bytes = gates + size_t(kTile) * kLdF * sizeof(GT);
+};
+
+template <class T, class GT>
+__global__ void __launch_bounds__(kStateThreads) state_scan_kernel(const Params p) {
+  using Smem = StateScanSmem<T, GT>;
+  constexpr int LD = kLd<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sX = reinterpret_cast<T*>(smem + Smem::x);
+  T* sY = reinterpret_cast<T*>(smem + Smem::y);
+  T* sStage = reinterpret_cast<T*>(smem + Smem::stage);
+  GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
+
+  const bool backward = blockIdx.z == 1;
+  const int64_t n = blockIdx.x / p.heads;
+  const int h = int(blockIdx.x % p.heads);
+  const int kt = int(blockIdx.y) / p.value_tiles, vt = int(blockIdx.y) % p.value_tiles;
+  const int warp = threadIdx.x / 32;
+  const Seq seq = sequence(p, n);
+  const int64_t chunks = num_chunks(seq.len);
+
+  // The state tile: accumulator rows are key rows 16 warp.., columns value columns.
+  float acc[8][4];
+  const Tensor& init = backward ? p.dht : p.h0;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = kt * kTile + 16 * warp + acc_row(e), value = vt * kTile + acc_col(nt, e);
+      acc[nt][e] = (init.data && key < p.key_dim && value < p.value_dim)
+                       ? static_cast<const float*>(init.data)[offset4(init, n, h, key, value)]
+                       : 0.f;
+    }
+
+  const Tensor& xs = backward ? p.q : p.k;
+  const Tensor& ys = backward ? p.d_o : p.v;
+  T* scratch = static_cast<T*>(backward ? p.dstates : p.states);
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int64_t c = backward ? chunks - 1 - i : i;
+    const int64_t t0 = seq.begin + c * kChunk;
+    const int rows = int(seq.len - c * kChunk < kChunk ? seq.len - c * kChunk : kChunk);
+
+    // The state at this chunk's boundary goes to the scratch (via shared memory,
+    // for whole-row stores).
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sStage[(16 * warp + acc_row(e)) * LD + acc_col(nt, e)] = from_float<T>(acc[nt][e]);
+    load_gate_cumsum<GT, kStateThreads>(sG, p, seq.batch, t0, rows, h, kt * kTile);  // barriers order sStage too
+    copy_tile_out<T, kStateThreads>(scratch + state_tile_index(p, seq.slot0 + c, h, kt, vt), sStage);
+
+    const float scale = p.scale;
+    if (backward) {  // scale q ⊙ exp Γ
+      load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim,
+                                  [&](int r, int col, float x) { return scale * x * exp2_of(sG[r * kLdF + col]); });
+    } else {  // k ⊙ exp(γ − Γ)
+      load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, [&](int r, int col, float x) {
+        return x * exp2_of(sG[(kChunk - 1) * kLdF + col] - sG[r * kLdF + col]);
+      });
+    }
+    load_tile<T, kStateThreads>(sY, ys, seq.batch, t0, rows, h, vt * kTile, p.value_dim);
+    __syncthreads();
+
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float decay = exp2_of(sG[(kChunk - 1) * kLdF + 16 * warp + acc_row(2 * half)]);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        acc[nt][2 * half] *= decay;
+        acc[nt][2 * half + 1] *= decay;
+      }
+    }
+    // acc += x̂^T y: the product's rows are x̂'s columns (key rows of the state).
+    warp_gemm<8, true, false>(acc, sX + 16 * warp, LD, sY, LD, kChunk);
+    __syncthreads();
+  }
+
+  if (backward && p.dh0.data) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kt * kTile + 16 * warp + acc_row(e), value = vt * kTile + acc_col(nt, e);
+        if (key < p.key_dim && value < p.value_dim)
+          static_cast<float*>(p.dh0.data)[offset4(p.dh0, n, h, key, value)] = acc[nt][e];
+      }
+  }
+}
+
+template <class T, class GT>
+void launch(const Params& p, cudaStream_t stream) {
+  const size_t smem = StateScanSmem<T, GT>::bytes;
+  check_cuda(cudaFuncSetAttribute(state_scan_kernel<T, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+             "cudaFuncSetAttribute (GLA backward state scan)");
+  const dim3 grid(unsigned(p.num_seqs * p.heads), unsigned(p.key_tiles * p.value_tiles), 2);
+  state_scan_kernel<T, GT><<<grid, kStateThreads, smem, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA backward state scan launch");
+}
+
+}  // namespace
+
+size_t state_scan_smem_bytes(Compute c) {
+  return c == Compute::f32 ? StateScanSmem<float, double>::bytes : StateScanSmem<bf16, float>::bytes;
+}
+
+void launch_state_scan(const Params& p, Compute c, cudaStream_t stream) {
+  if (c == Compute::f32) launch<float, double>(p, stream);
+  else launch<bf16, float>(p, stream);
+}
+
+}  // namespace flashgla::cuda::gla_bwd

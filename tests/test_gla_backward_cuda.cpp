@@ -1,0 +1,402 @@
+// CUDA GLA backward (chunked and recurrent) against the CPU fp64 recurrent
+// reference on the same rounded inputs: every gradient (dq, dk, dv, dg, dh0),
+// every gate kind and gate range, fp32/bf16/fp16, varlen with empty and
+// length-1 sequences, strided tensors, state gradients chained across calls,
+// long sequences with strongly decaying gates, caller workspace and streams.
+// Outputs are poisoned (NaN) before every call. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "flashgla/flashgla.h"
+#include "gla_test_util.h"
+
+#ifdef FLASHGLA_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace flashgla::testing::gla_test {
+namespace {
+
+constexpr GlaAlgorithm kChunked = GlaAlgorithm::chunked;
+constexpr GlaAlgorithm kRecurrent = GlaAlgorithm::recurrent;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!flashgla::cuda_available()) GTEST_SKIP() << "no GPU"
+
+Device gpu() { return Device{DeviceType::cuda, 0}; }
+
+double tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : 1e-2; }
+
+std::string describe(const Case& c) {
+  std::string s = std::string(dtype_name(c.dtype)) + " B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" +
+                  std::to_string(c.H) + " K" + std::to_string(c.K) + " V" + std::to_string(c.V);
+  s += c.gate == Gate::none ? " no-gate" : c.gate == Gate::scalar ? " scalar-gate" : " vector-gate";
+  s += c.gate_values == GateValues::typical ? "" : c.gate_values == GateValues::near_zero ? " near-0" : " near-20";
+  s += std::string(" g:") + dtype_name(c.gate_dtype) + " dg:" + dtype_name(c.dg_dtype);
+  s += c.h0 ? " h0" : "";
+  s += c.dht ? " dht" : "";
+  s += c.row_padding ? " strided" : "";
+  s += c.cu_seqlens.empty() ? "" : " varlen";
+  return s;
+}
+
+Buffer on(const Buffer& b, Device device, int64_t padding) { return b.defined() ? b.to(device, padding) : Buffer(); }
+
+Inputs to_device(const Case& c, const Inputs& in, Device device) {
+  Inputs out;
+  out.q = on(in.q, device, c.row_padding), out.k = on(in.k, device, c.row_padding);
+  out.v = on(in.v, device, c.row_padding), out.d_o = on(in.d_o, device, c.row_padding);
+  out.g = on(in.g, device, c.row_padding);
+  out.h0 = on(in.h0, device, c.row_padding), out.dht = on(in.dht, device, c.row_padding);
+  out.cu_seqlens = on(in.cu_seqlens, device, 0);
+  return out;
+}
+
+Buffer poisoned_on(Device device, DType dtype, std::vector<int64_t> shape, int64_t padding) {
+  Buffer b(dtype, std::move(shape), device, padding);
+  b.poison();
+  return b;
+}
+
+struct Call {
+  GlaAlgorithm algorithm = kChunked;
+  bool reverse = false;
+  void* stream = nullptr;
+  bool caller_workspace = false;
+};
+
+// One backward call on the inputs' device; dh0 is always asked for. `c`'s
+// dtype fields name the output dtypes (f64 for the reference).
+Grads backward(const Case& c, const Inputs& in, const Call& call) {
+  const Device device = in.q.device();
+  Buffer dq = poisoned_on(device, c.dtype, {c.B, c.T, c.H, c.K}, c.row_padding);
+  Buffer dk = poisoned_on(device, c.dtype, {c.B, c.T, c.H, c.K}, c.row_padding);
+  Buffer dv = poisoned_on(device, c.dtype, {c.B, c.T, c.H, c.V}, c.row_padding);
+  Buffer dg;
+  if (in.g.defined()) dg = poisoned_on(device, c.dg_dtype, in.g.shape(), c.row_padding);
+  Buffer dh0 = poisoned_on(device, DType::f32, {c.num_seqs(), c.H, c.K, c.V}, c.row_padding);
+  GlaBackwardArgs a;
+  a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view();
+  a.initial_state = in.h0.view(), a.cu_seqlens = in.cu_seqlens.view();
+  a.algorithm = call.algorithm, a.reverse = call.reverse;
+  a.d_o = in.d_o.view(), a.d_final_state = in.dht.view();
+  a.dq = dq.view(), a.dk = dk.view(), a.dv = dv.view(), a.dg = dg.view(), a.d_initial_state = dh0.view();
+  a.stream = call.stream;
+  Buffer workspace;
+  if (call.caller_workspace) {
+    const size_t bytes = gla_backward_workspace_bytes(a);
+    if (bytes > 0) {
+      workspace = Buffer(DType::f32, {int64_t((bytes + 3) / 4)}, device);
+      a.workspace = workspace.view().data;
+      a.workspace_bytes = bytes;
+    }
+  }
+  gla_backward(a);
+  synchronize(device);
+  return {dq.values(), dk.values(), dv.values(), dg.values(), dh0.values()};
+}
+
+// The fp64 recurrent reference on the CPU, same values.
+Grads reference(const Case& c, const Inputs& in, bool reverse) {
+  Case r = f64_case(c);
+  r.row_padding = 0;
+  Call call;
+  call.algorithm = kRecurrent;
+  call.reverse = reverse;
+  return backward(r, as_f64(in), call);
+}
+
+void expect_grads_close(const Grads& out, const Grads& ref, double tol) {
+  expect_close("dq", out.dq, ref.dq, tol);
+  expect_close("dk", out.dk, ref.dk, tol);
+  expect_close("dv", out.dv, ref.dv, tol);
+  expect_close("dg", out.dg, ref.dg, tol);
+  expect_close("dh0", out.dh0, ref.dh0, tol);
+}
+
+void check_against_reference(const Case& c, const Call& call) {
+  SCOPED_TRACE(describe(c) + (call.algorithm == kChunked ? " chunked" : " recurrent") +
+               (call.reverse ? " reverse" : ""));
+  const Inputs in = make_inputs(c);
+  const Grads ref = reference(c, in, call.reverse);
+  const Grads out = backward(c, to_device(c, in, gpu()), call);
+  expect_grads_close(out, ref, tolerance(c.dtype));
+}
+
+// A grid that visits every T, head-dim pair and dtype, rotating gate kind,
+// gate range, gate / dg dtypes, h0 / dht and strides through the cases.
+std::vector<Case> grid(bool large) {
+  struct Dims {
+    int64_t K, V;
+  };
+  const std::vector<int64_t> lengths = large ? std::vector<int64_t>{1, 15, 63, 64, 65, 200, 1000}
+                                             : std::vector<int64_t>{1, 15, 64, 65, 200};
+  const std::vector<Dims> dims = {{16, 16}, {32, 64}, {64, 32}, {100, 100}, {128, 128}, {64, 64}};
+  const DType dtypes[] = {DType::f32, DType::bf16, DType::f16};
+  std::vector<Case> cases;
+  int i = 0;
+  for (DType dtype : dtypes)
+    for (int64_t T : lengths)
+      for (const Dims& d : dims) {
+        Case c;
+        c.B = T <= 200 ? 2 : 1, c.T = T, c.H = 2, c.K = d.K, c.V = d.V;
+        c.dtype = dtype;
+        c.gate = Gate(i % 3);
+        c.gate_values = GateValues(i / 3 % 3);
+        c.gate_dtype = i % 2 ? dtype : DType::f32;
+        c.dg_dtype = i / 2 % 2 ? c.gate_dtype : DType::f32;
+        c.h0 = i % 4 != 1, c.dht = i % 4 != 2;
+        c.row_padding = i % 5 == 0 ? 3 : 0;
+        c.seed = 1000 + i;
+        cases.push_back(c);
+        ++i;
+      }
+  return cases;
+}
+
+TEST(CudaGlaBackward, ChunkedMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  for (const Case& c : grid(true)) check_against_reference(c, Call{});
+}
+
+TEST(CudaGlaBackward, ChunkedLargeHeadDims) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t T : {65, 200}) {
+      Case c;
+      c.B = 1, c.T = T, c.H = 2, c.K = 256, c.V = 512, c.dtype = dtype;
+      c.gate = i % 2 ? Gate::scalar : Gate::vector;
+      c.seed = 2000 + i++;
+      check_against_reference(c, Call{});
+    }
+}
+
+TEST(CudaGlaBackward, ChunkedHeadDimsUpTo512) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (int64_t K : {20, 48, 512}) {
+      Case c;
+      c.B = 1, c.T = 130, c.H = 1, c.K = K, c.V = K == 512 ? 40 : 512, c.dtype = dtype;
+      c.seed = 2100 + i++;
+      check_against_reference(c, Call{});
+    }
+}
+
+TEST(CudaGlaBackward, RecurrentMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (const Case& c : grid(false)) {
+    if (i++ % 2) continue;  // half the grid: the recurrent kernels have no sub-chunk paths to cover
+    Call call;
+    call.algorithm = kRecurrent;
+    call.reverse = i % 4 == 1;
+    check_against_reference(c, call);
+  }
+}
+
+TEST(CudaGlaBackward, RecurrentLargeHeadDims) {
+  SKIP_WITHOUT_GPU();
+  for (bool reverse : {false, true}) {
+    Case c;
+    c.B = 1, c.T = 65, c.H = 2, c.K = 256, c.V = 512, c.dtype = DType::bf16, c.seed = 2200 + reverse;
+    Call call;
+    call.algorithm = kRecurrent, call.reverse = reverse;
+    check_against_reference(c, call);
+  }
+}
+
+// Lengths 0, 1, 63, 65, 200 packed into one row.
+Case varlen_case(DType dtype, Gate gate, uint64_t seed) {
+  Case c;
+  c.cu_seqlens = {0, 0, 1, 64, 129, 329};
+  c.B = 1, c.T = 329, c.H = 2, c.K = 64, c.V = 48, c.dtype = dtype, c.gate = gate, c.seed = seed;
+  return c;
+}
+
+TEST(CudaGlaBackward, VarlenMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (Gate gate : {Gate::vector, Gate::scalar})
+      for (GlaAlgorithm algorithm : {kChunked, kRecurrent}) {
+        Call call;
+        call.algorithm = algorithm;
+        call.reverse = algorithm == kRecurrent && i % 2;
+        check_against_reference(varlen_case(dtype, gate, 3000 + i++), call);
+      }
+}
+
+TEST(CudaGlaBackward, StridedInputsWithAlignedRows) {
+  SKIP_WITHOUT_GPU();  // padding 8 keeps 16-byte rows: the vectorized loads on strided tensors
+  Case c;
+  c.B = 2, c.T = 130, c.H = 3, c.K = 64, c.V = 64, c.dtype = DType::bf16, c.row_padding = 8, c.seed = 3100;
+  check_against_reference(c, Call{});
+  c.dtype = DType::f32, c.seed = 3101;
+  check_against_reference(c, Call{});
+}
+
+// Cuts every [B, T, ...] input at token `cut` along T.
+std::pair<Inputs, Inputs> split(const Case& c, const Inputs& in, int64_t cut) {
+  auto part = [&](const Buffer& b, int64_t t0, int64_t t1) {
+    if (!b.defined()) return Buffer();
+    std::vector<int64_t> shape = b.shape();
+    const int64_t inner = b.numel() / (shape[0] * shape[1]);
+    const std::vector<double> all = b.values();
+    std::vector<double> values;
+    for (int64_t bi = 0; bi < shape[0]; ++bi)
+      values.insert(values.end(), all.begin() + (bi * shape[1] + t0) * inner, all.begin() + (bi * shape[1] + t1) * inner);
+    shape[1] = t1 - t0;
+    Buffer out(b.dtype(), shape);
+    out.set_values(values);
+    return out;
+  };
+  Inputs a, b;
+  a.q = part(in.q, 0, cut), a.k = part(in.k, 0, cut), a.v = part(in.v, 0, cut), a.d_o = part(in.d_o, 0, cut);
+  a.g = part(in.g, 0, cut);
+  b.q = part(in.q, cut, c.T), b.k = part(in.k, cut, c.T), b.v = part(in.v, cut, c.T), b.d_o = part(in.d_o, cut, c.T);
+  b.g = part(in.g, cut, c.T);
+  return {a, b};
+}
+
+// Gradients of one call over [A; B] equal those of a call over B (h0 = the
+// state after A) followed by a call over A (dht = B's dh0).
+TEST(CudaGlaBackward, StateGradientsChainAcrossCalls) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (int64_t cut : {128, 130}) {
+      Case c;
+      c.B = 2, c.T = 200, c.H = 2, c.K = 32, c.V = 48, c.dtype = dtype, c.seed = 4000 + i++;
+      SCOPED_TRACE(describe(c) + " cut at " + std::to_string(cut));
+      const Inputs in = make_inputs(c);
+      const Grads whole = backward(c, to_device(c, in, gpu()), Call{});
+
+      auto [first, second] = split(c, in, cut);
+      Case c1 = c, c2 = c;
+      c1.T = cut, c2.T = c.T - cut;
+      first.h0 = in.h0;
+      Case f = f64_case(c1);
+      f.final_state = true;
+      const Outputs after_first = run_forward(f, as_f64(first), kRecurrent);
+      second.h0 = Buffer(DType::f32, {c.B, c.H, c.K, c.V});
+      second.h0.set_values(after_first.ht);
+      second.dht = in.dht;
+      const Grads g2 = backward(c2, to_device(c2, second, gpu()), Call{});
+      first.dht = Buffer(DType::f32, {c.B, c.H, c.K, c.V});
+      first.dht.set_values(g2.dh0);
+      const Grads g1 = backward(c1, to_device(c1, first, gpu()), Call{});
+
+      // Concatenate along T per batch row.
+      auto join = [&](const std::vector<double>& x1, const std::vector<double>& x2, int64_t inner) {
+        std::vector<double> out;
+        for (int64_t bi = 0; bi < c.B; ++bi) {
+          out.insert(out.end(), x1.begin() + bi * c1.T * inner, x1.begin() + (bi + 1) * c1.T * inner);
+          out.insert(out.end(), x2.begin() + bi * c2.T * inner, x2.begin() + (bi + 1) * c2.T * inner);
+        }
+        return out;
+      };
+      const double tol = tolerance(dtype);
+      expect_close("dq", join(g1.dq, g2.dq, c.H * c.K), whole.dq, tol);
+      expect_close("dk", join(g1.dk, g2.dk, c.H * c.K), whole.dk, tol);
+      expect_close("dv", join(g1.dv, g2.dv, c.H * c.V), whole.dv, tol);
+      expect_close("dg", join(g1.dg, g2.dg, c.H * c.K), whole.dg, tol);
+      expect_close("dh0", g1.dh0, whole.dh0, tol);
+    }
+}
+
+TEST(CudaGlaBackward, LongSequenceVeryNegativeGatesStayFinite) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (GlaAlgorithm algorithm : {kChunked, kRecurrent}) {
+      if (dtype == DType::f32 && algorithm == kRecurrent) continue;
+      Case c;
+      c.B = 1, c.T = 65536, c.H = 2, c.K = 64, c.V = 64, c.dtype = dtype;
+      c.gate_values = GateValues::very_negative, c.seed = 5000;
+      SCOPED_TRACE(describe(c) + (algorithm == kChunked ? " chunked" : " recurrent"));
+      Call call;
+      call.algorithm = algorithm;
+      const Grads out = backward(c, to_device(c, make_inputs(c), gpu()), call);
+      EXPECT_TRUE(all_finite(out.dq));
+      EXPECT_TRUE(all_finite(out.dk));
+      EXPECT_TRUE(all_finite(out.dv));
+      EXPECT_TRUE(all_finite(out.dg));
+      EXPECT_TRUE(all_finite(out.dh0));
+    }
+}
+
+#ifdef FLASHGLA_WITH_CUDA
+TEST(CudaGlaBackward, CallerWorkspaceAndStream) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  int i = 0;
+  for (GlaAlgorithm algorithm : {kChunked, kRecurrent}) {
+    Case c;
+    c.B = 2, c.T = 100, c.H = 2, c.K = 48, c.V = 40, c.dtype = DType::bf16, c.seed = 6000 + i++;
+    SCOPED_TRACE(describe(c) + (algorithm == kChunked ? " chunked" : " recurrent"));
+    const Inputs in = make_inputs(c);
+    const Inputs on_gpu = to_device(c, in, gpu());
+    Call call;
+    call.algorithm = algorithm, call.stream = stream, call.caller_workspace = true;
+    expect_grads_close(backward(c, on_gpu, call), reference(c, in, false), tolerance(c.dtype));
+  }
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+#endif
+
+TEST(CudaGlaBackward, TooSmallWorkspaceIsAnError) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.T = 100, c.dtype = DType::bf16;
+  const Inputs in = to_device(c, make_inputs(c), gpu());
+  Buffer dq(c.dtype, {c.B, c.T, c.H, c.K}, gpu()), dk(c.dtype, {c.B, c.T, c.H, c.K}, gpu());
+  Buffer dv(c.dtype, {c.B, c.T, c.H, c.V}, gpu()), dg(DType::f32, in.g.shape(), gpu());
+  GlaBackwardArgs a;
+  a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view(), a.d_o = in.d_o.view();
+  a.dq = dq.view(), a.dk = dk.view(), a.dv = dv.view(), a.dg = dg.view();
+  const size_t bytes = gla_backward_workspace_bytes(a);
+  ASSERT_GT(bytes, 0u);
+  Buffer small(DType::f32, {int64_t(bytes / 8)}, gpu());
+  a.workspace = small.view().data, a.workspace_bytes = bytes / 2;
+  EXPECT_THROW(gla_backward(a), Error);
+}
+
+// cu_seqlens on the device is not checked on the host: bad values are clamped
+// to [0, T] and never send an access out of bounds (compute-sanitizer's
+// memcheck runs this one).
+TEST(CudaGlaBackward, SanitizerBadCuSeqlensStayInBounds) {
+  SKIP_WITHOUT_GPU();
+  for (GlaAlgorithm algorithm : {kChunked, kRecurrent}) {
+    Case c = varlen_case(DType::bf16, Gate::vector, 7000);
+    Inputs in = to_device(c, make_inputs(c), gpu());
+    Buffer bad(DType::i64, {6});
+    bad.set_values({0, 500, 3, -7, 100000, 329});
+    in.cu_seqlens = bad.to(gpu());
+    Call call;
+    call.algorithm = algorithm;
+    EXPECT_NO_THROW(backward(c, in, call));
+  }
+}
+
+// Small cases of every path, for compute-sanitizer (memcheck, racecheck).
+TEST(CudaGlaBackward, SanitizerSmallCases) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (GlaAlgorithm algorithm : {kChunked, kRecurrent}) {
+      Case c;
+      c.B = 1, c.T = 70, c.H = 1, c.K = 80, c.V = 72, c.dtype = dtype;
+      c.gate = Gate(i % 3), c.seed = 8000 + i++;
+      Call call;
+      call.algorithm = algorithm;
+      check_against_reference(c, call);
+      check_against_reference(varlen_case(dtype, Gate::scalar, 8100 + i), call);
+    }
+}
+
+}  // namespace
+}  // namespace flashgla::testing::gla_test
