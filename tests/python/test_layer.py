@@ -3,13 +3,23 @@ references of the paper's formulas, between the chunked and recurrent modes, pad
 batches, generation with the state cache, gradients, and bad configurations. Tiny sizes: CPU."""
 
 import pytest
-import torch
-import torch.nn.functional as F
 
-torch_required = pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
+import torch.nn.functional as F  # noqa: E402
 from flashgla.nn import GatedLinearAttention, ShortConvolution  # noqa: E402
 from flashgla.ops_norm import logsigmoid_gate, rms_norm, rms_norm_gated  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The matrices here are tiny: one torch thread is fastest, and stays fast on a busy machine
+    (waking a second thread for each small product can cost milliseconds)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
 

@@ -3,11 +3,20 @@ packed = separate sequences, gradients reach every parameter, a short CPU traini
 loss, save/load, sampling options and bad configurations. Tiny sizes: CPU."""
 
 import pytest
-import torch
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from flashgla.models import GLAConfig, GLAForCausalLM  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The matrices here are tiny: one torch thread is fastest, and stays fast on a busy machine
+    (waking a second thread for each small product can cost milliseconds)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def rel_error(out, ref):
