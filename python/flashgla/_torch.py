@@ -1,6 +1,6 @@
 """From torch tensors to the arguments of flashgla._C.
 
-Only used inside the ops' implementations (never traced by torch.compile):
+Mostly used inside the ops' implementations (never traced by torch.compile):
 tensors become (data_ptr, dtype, device_type, device_index, shape, strides)
 tuples, the CUDA stream is torch's current one, and scratch memory comes from
 torch's allocator, so the C++ side never allocates or synchronises.
@@ -38,6 +38,21 @@ def view(t, name):
     if device.type == "cuda":
         return (t.data_ptr(), code, _C.DEVICE_CUDA, device.index, tuple(t.shape), t.stride())
     raise ValueError(f"flashgla: {name}: expected a CPU or CUDA tensor, got device {device}")
+
+
+def require_tensors(**tensors):
+    """TypeError naming the first argument that is not a tensor (None stands for an optional one left out)."""
+    for name, t in tensors.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"flashgla: {name}: expected a torch.Tensor, got {type(t).__name__}")
+
+
+def require_same_device(q, **tensors):
+    """For the fake (meta) implementations, which the C++ checks never see: a tensor on
+    another device than q (e.g. a meta tensor among CPU tensors) is an error, as in C++."""
+    for name, t in tensors.items():
+        if t is not None and t.device != q.device:
+            raise ValueError(f"flashgla: {name}: expected device {q.device} (that of q), got {t.device}")
 
 
 def stream_of(device):

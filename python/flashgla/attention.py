@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from . import _C
-from ._torch import on_device, stream_of, view, workspace
+from ._torch import on_device, require_same_device, require_tensors, stream_of, view, workspace
 
 __all__ = ["flash_attention"]
 
@@ -42,6 +42,7 @@ def _flash_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tenso
 
 @_flash_attention.register_fake
 def _(q, k, v, cu_seqlens, causal, scale):
+    require_same_device(q, k=k, v=v, cu_seqlens=cu_seqlens)
     return _forward_outputs(q, v)
 
 
@@ -60,6 +61,7 @@ def _flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optio
 
 @_flash_attention_backward.register_fake
 def _(q, k, v, cu_seqlens, o, lse, do, causal, scale):
+    require_same_device(q, k=k, v=v, cu_seqlens=cu_seqlens, o=o, lse=lse, d_o=do)
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=q.dtype, device=q.device),
             torch.empty(v.shape, dtype=q.dtype, device=q.device))
 
@@ -90,5 +92,6 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale:
     D^-1/2. cu_seqlens [N+1] (int32/int64, B == 1) packs N sequences and is used for q and k alike.
     Returns o [B,Tq,Hq,Dv] in the dtype of q.
     """
+    require_tensors(q=q, k=k, v=v, cu_seqlens=cu_seqlens)
     o, _ = _flash_attention(q, k, v, cu_seqlens, bool(causal), None if scale is None else float(scale))
     return o

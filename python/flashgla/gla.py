@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from . import _C
-from ._torch import on_device, stream_of, view, workspace
+from ._torch import on_device, require_same_device, require_tensors, stream_of, view, workspace
 
 __all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "chunk_linear_attn", "gla_decode_step"]
 
@@ -110,10 +110,13 @@ def _define_gla_op(name, algorithm):
 
     @forward_op.register_fake
     def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state):
+        require_same_device(q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens)
         return _forward_outputs(q, v, cu_seqlens, output_final_state)
 
     @backward_op.register_fake
     def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse, need_dh0):
+        require_same_device(q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens, d_o=do,
+                            d_final_state=dht)
         return _backward_outputs(q, k, v, g, cu_seqlens, need_dh0)
 
     def setup_context(ctx, inputs, output):
@@ -160,6 +163,8 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float]
     cu_seqlens_host: optional CPU copy of a CUDA cu_seqlens, to have its values checked without a sync.
     Returns o [B,T,H,V] (dtype of q) and the final state [N,H,K,V] fp32 (None unless output_final_state).
     """
+    require_tensors(q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                    cu_seqlens_host=cu_seqlens_host)
     if g is None:
         raise ValueError("flashgla: g: chunk_gla needs a gate; use chunk_linear_attn for none")
     _gate_dims(g, 4, "g", "chunk_gla", "a per-key gate [B, T, H, K] (chunk_simple_gla takes [B, T, H])")
@@ -173,6 +178,8 @@ def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None
                      cu_seqlens: Optional[Tensor] = None, *,
                      cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """Chunked GLA with a scalar gate per head and step, g [B,T,H] (None: no gate). Else as chunk_gla."""
+    require_tensors(q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                    cu_seqlens_host=cu_seqlens_host)
     _gate_dims(g, 3, "g", "chunk_simple_gla", "a scalar gate [B, T, H] (chunk_gla takes [B, T, H, K])")
     o, final_state = _chunk_simple_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, _as_scale(scale),
                                        False, output_final_state)
@@ -184,6 +191,8 @@ def chunk_linear_attn(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = 
                       cu_seqlens: Optional[Tensor] = None, *,
                       cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """Chunked linear attention (no gate). Else as chunk_gla."""
+    require_tensors(q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                    cu_seqlens_host=cu_seqlens_host)
     o, final_state = _chunk_linear_attn(q, k, v, None, initial_state, cu_seqlens, cu_seqlens_host,
                                         _as_scale(scale), False, output_final_state)
     return o, final_state if output_final_state else None
@@ -195,6 +204,8 @@ def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = 
                         cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """Token-by-token GLA; gk [B,T,H,K] (or a scalar gate [B,T,H], or None). reverse runs each
     sequence from its last token to its first. On the CPU this is the fp64-accumulating reference."""
+    require_tensors(q=q, k=k, v=v, gk=gk, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                    cu_seqlens_host=cu_seqlens_host)
     o, final_state = _fused_recurrent_gla(q, k, v, gk, initial_state, cu_seqlens, cu_seqlens_host,
                                           _as_scale(scale), bool(reverse), output_final_state)
     return o, final_state if output_final_state else None
@@ -213,6 +224,7 @@ def _gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state
 
 @_gla_decode_step.register_fake
 def _(q, k, v, g, state, scale):
+    require_same_device(q, k=k, v=v, g=g, state=state)
     return torch.empty(v.shape, dtype=q.dtype, device=q.device)
 
 
@@ -231,6 +243,7 @@ def gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state:
     [N,1,H,K] (then g is [N,1,H,K] or [N,1,H]). state [N,H,K,V] fp32 is updated in place.
     Returns o [N,H,V] (or [N,1,H,V]) in the dtype of q. No gradient.
     """
+    require_tensors(q=q, k=k, v=v, g=g, state=state)
     with_token_dim = q.dim() == 4
     if with_token_dim:
         q, k, v = _drop_token_dim(q, "q"), _drop_token_dim(k, "k"), _drop_token_dim(v, "v")

@@ -198,6 +198,11 @@ NB_MODULE(_C, m) {
   m.def("version", &flashgla::version, "The C++ library's version.");
   m.def("cuda_available", &flashgla::cuda_available, "Built with CUDA and at least one device visible.");
   m.def("cuda_device_count", &flashgla::cuda_device_count);
+#ifdef FLASHGLA_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
 
   // Codes of the tensor tuples (see view_of).
   nb::dict dtypes;
