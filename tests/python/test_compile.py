@@ -1,0 +1,77 @@
+"""torch.compile (fullgraph: no graph break) and torch.library.opcheck of the
+custom ops (schema, fake kernels, autograd registration), on the CPU."""
+
+import pytest
+import torch
+
+import flashgla
+from testing_utils import TOLERANCE, assert_close, cu, gla_inputs, randn
+
+
+def loss_of_chunk_gla(q, k, v, g, h0, cu_seqlens):
+    o, ht = flashgla.chunk_gla(q, k, v, g, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)
+    return (o * o).sum() + (ht * ht).sum()
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+def test_compile_fullgraph_forward_backward(gen, varlen):
+    torch._dynamo.reset()
+    lengths = [20, 1, 67]
+    cu_seqlens = cu(lengths) if varlen else None
+    B, T = (1, sum(lengths)) if varlen else (2, 40)
+    q, k, v, g, h0 = gla_inputs(gen, B, T, 2, 16, 8, num_states=len(lengths) if varlen else B,
+                                dtype=torch.float32)
+    leaves = [x.requires_grad_() for x in (q, k, v, g, h0)]
+
+    compiled = torch.compile(loss_of_chunk_gla, fullgraph=True)
+    loss = compiled(*leaves, cu_seqlens)
+    grads = torch.autograd.grad(loss, leaves)
+
+    eager_loss = loss_of_chunk_gla(*leaves, cu_seqlens)
+    eager_grads = torch.autograd.grad(eager_loss, leaves)
+    assert_close(loss, eager_loss, TOLERANCE[torch.float32], "loss")
+    for name, grad, ref in zip(["dq", "dk", "dv", "dg", "dh0"], grads, eager_grads):
+        assert_close(grad, ref, TOLERANCE[torch.float32], name)
+
+
+def test_compile_fullgraph_attention_and_decode(gen):
+    torch._dynamo.reset()
+
+    def model(q, k, v, g, state):
+        o = flashgla.flash_attention(q, k, v)
+        step = flashgla.gla_decode_step(q[:, -1], k[:, -1], v[:, -1], g[:, -1], state)
+        return o, step
+
+    q, k, v, g, state = gla_inputs(gen, 2, 9, 2, 8, 8, dtype=torch.float32)
+    eager_state = state.clone()
+    o, step = torch.compile(model, fullgraph=True)(q, k, v, g, state)
+    o_ref, step_ref = model(q, k, v, g, eager_state)
+    assert_close(o, o_ref, TOLERANCE[torch.float32], "o")
+    assert_close(step, step_ref, TOLERANCE[torch.float32], "decode o")
+    assert_close(state, eager_state, TOLERANCE[torch.float32], "decode state (mutated in the graph)")
+
+
+def gla_op_args(gen, op, varlen):
+    gate = {"chunk_gla": "vector", "chunk_simple_gla": "scalar", "chunk_linear_attn": None,
+            "fused_recurrent_gla": "vector"}[op]
+    lengths = [3, 0, 5]
+    B, T = (1, sum(lengths)) if varlen else (2, 6)
+    q, k, v, g, h0 = gla_inputs(gen, B, T, 2, 4, 3, gate=gate, num_states=3 if varlen else B)
+    for x in (q, k, v, g, h0):
+        if x is not None:
+            x.requires_grad_()
+    return (q, k, v, g, h0, cu(lengths) if varlen else None, None, None, False, True)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+@pytest.mark.parametrize("op", ["chunk_gla", "chunk_simple_gla", "chunk_linear_attn", "fused_recurrent_gla"])
+def test_opcheck_gla(gen, op, varlen):
+    torch.library.opcheck(getattr(torch.ops.flashgla, op).default, gla_op_args(gen, op, varlen))
+
+
+def test_opcheck_attention_and_decode(gen):
+    q, k, v = (randn(gen, 1, 7, 2, 4).requires_grad_() for _ in range(3))
+    torch.library.opcheck(torch.ops.flashgla.flash_attention.default, (q, k, v, cu([3, 4]), True, None))
+    q, k, v, g, state = gla_inputs(gen, 3, 1, 2, 4, 5)
+    torch.library.opcheck(torch.ops.flashgla.gla_decode_step.default,
+                          (q[:, 0], k[:, 0], v[:, 0], g[:, 0], state.float(), 0.5))
