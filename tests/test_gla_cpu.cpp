@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <functional>
 
+#include "cpu/gla_kernels.h"
 #include "gla_test_util.h"
 
 namespace flashgla::testing::gla_test {
@@ -15,6 +16,33 @@ namespace {
 
 constexpr GlaAlgorithm kChunked = GlaAlgorithm::chunked;
 constexpr GlaAlgorithm kRecurrent = GlaAlgorithm::recurrent;
+
+// The chunked algorithm has a baseline build and, on CPUs with AVX2 + FMA, an
+// AVX2 build chosen at run time; FLASHGLA_CPU_ISA=baseline forces the former.
+// Sets the variable for its lifetime.
+class InstructionSet {
+ public:
+  explicit InstructionSet(const char* isa) {
+    if (const char* old = std::getenv(kVariable)) saved_ = old, had_ = true;
+    if (isa) ::setenv(kVariable, isa, 1);
+    else ::unsetenv(kVariable);
+  }
+  ~InstructionSet() {
+    if (had_) ::setenv(kVariable, saved_.c_str(), 1);
+    else ::unsetenv(kVariable);
+  }
+  // Every build this machine runs: "baseline", and "avx2" where supported.
+  static std::vector<const char*> available() {
+    InstructionSet automatic(nullptr);
+    if (std::string(cpu::gla::chunked_instruction_set()) == "avx2") return {"baseline", "avx2"};
+    return {"baseline"};
+  }
+
+ private:
+  static constexpr const char* kVariable = "FLASHGLA_CPU_ISA";
+  std::string saved_;
+  bool had_ = false;
+};
 
 // ---- the reference against finite differences -----------------------------------
 
@@ -147,6 +175,8 @@ Tolerance tolerance_for(DType dtype) {
   }
 }
 
+void check_chunked_outputs(const Case& c, const Inputs& in, const Outputs& ref, const Grads& ref_grads);
+
 void check_chunked_against_reference(const Case& c) {
   const Inputs in = make_inputs(c);
   // The reference runs in fp64 on the very same (rounded) input values.
@@ -157,6 +187,14 @@ void check_chunked_against_reference(const Case& c) {
   for (const auto* x : {&ref.o, &ref.ht, &ref_grads.dq, &ref_grads.dk, &ref_grads.dv, &ref_grads.dg, &ref_grads.dh0})
     ASSERT_TRUE(all_finite(*x)) << "the reference itself is not finite";
 
+  for (const char* isa : InstructionSet::available()) {
+    SCOPED_TRACE(isa);
+    InstructionSet use(isa);
+    check_chunked_outputs(c, in, ref, ref_grads);
+  }
+}
+
+void check_chunked_outputs(const Case& c, const Inputs& in, const Outputs& ref, const Grads& ref_grads) {
   const Outputs out = run_forward(c, in, kChunked);
   const Grads grads = run_backward(c, in, kChunked);
   const Tolerance tol = tolerance_for(c.dtype);

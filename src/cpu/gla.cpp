@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "cpu/gla_io.h"
 #include "cpu/gla_kernels.h"
 #include "cpu/io.h"
 #include "cpu/parallel.h"
@@ -15,7 +16,11 @@
 namespace flashgla::cpu {
 namespace {
 
+using gla::gather_head_gate;
+using gla::gather_head_rows;
 using gla::HeadInputs;
+using gla::scatter_head_gate_grad;
+using gla::scatter_head_rows;
 
 // Below this much work (multiply-adds) threads cost more than they save.
 constexpr int64_t kParallelWork = int64_t(1) << 18;
@@ -40,11 +45,11 @@ struct HeadBuffers {
         k(size_t(s.len * p.key_dim)),
         v(size_t(s.len * p.value_dim)),
         g(size_t(s.len * p.key_dim)) {
-    gather_rows(tq, s, head, q.data());
+    gather_head_rows(tq, s, head, q.data());
     for (T& x : q) x *= T(p.scale);
-    gather_rows(tk, s, head, k.data());
-    gather_rows(tv, s, head, v.data());
-    gather_gate(tg, p.gate, s, head, p.key_dim, g.data());
+    gather_head_rows(tk, s, head, k.data());
+    gather_head_rows(tv, s, head, v.data());
+    gather_head_gate(tg, p.gate, s, head, p.key_dim, g.data());
     inputs = {s.len, p.key_dim, p.value_dim, q.data(), k.data(), v.data(), g.data()};
   }
 };
@@ -65,7 +70,7 @@ void forward_each_head(const GlaForwardArgs& a, const GlaProblem& p, Kernel kern
     std::vector<T> state(size_t(K * V)), o(size_t(s.len * V));
     gather_state(a.initial_state, n, head, K, V, state.data());
     kernel(in.inputs, state.data(), o.data());
-    scatter_rows(a.o, s, head, o.data());
+    scatter_head_rows(a.o, s, head, o.data());
     scatter_state(a.final_state, n, head, K, V, state.data());
   });
 }
@@ -81,14 +86,14 @@ void backward_each_head(const GlaBackwardArgs& a, const GlaProblem& p, Kernel ke
     std::vector<T> h0(size_t(K * V)), d_state(size_t(K * V)), d_o(size_t(s.len * V));
     gather_state(a.initial_state, n, head, K, V, h0.data());
     gather_state(a.d_final_state, n, head, K, V, d_state.data());
-    gather_rows(a.d_o, s, head, d_o.data());
+    gather_head_rows(a.d_o, s, head, d_o.data());
     std::vector<T> dq(size_t(s.len * K)), dk(size_t(s.len * K)), dv(size_t(s.len * V)), dg(size_t(s.len * K));
     kernel(in.inputs, h0.data(), d_o.data(), d_state.data(), dq.data(), dk.data(), dv.data(), dg.data());
     for (T& x : dq) x *= T(p.scale);  // the kernels differentiate w.r.t. the scaled q
-    scatter_rows(a.dq, s, head, dq.data());
-    scatter_rows(a.dk, s, head, dk.data());
-    scatter_rows(a.dv, s, head, dv.data());
-    scatter_gate_grad(a.dg, p.gate, s, head, K, dg.data());
+    scatter_head_rows(a.dq, s, head, dq.data());
+    scatter_head_rows(a.dk, s, head, dk.data());
+    scatter_head_rows(a.dv, s, head, dv.data());
+    scatter_head_gate_grad(a.dg, p.gate, s, head, K, dg.data());
     scatter_state(a.d_initial_state, n, head, K, V, d_state.data());
   });
 }

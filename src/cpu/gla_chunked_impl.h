@@ -8,6 +8,12 @@
 // Every exponent is ≤ 0 (g ≤ 0, Γ non-increasing): the off-diagonal sub-blocks
 // of A go through a reference row of the cumsum, the diagonal ones use
 // exp(Γ_a − Γ_b) with b ≤ a directly. Cost per head: O(T·C·K + T·K·V).
+//
+// This header is compiled once per instruction set (gla_chunked.cpp for the
+// baseline, gla_chunked_avx2.cpp for AVX2 + FMA), so everything in it has
+// internal linkage: the two copies must never be merged by the linker.
+#pragma once
+
 #include <algorithm>
 #include <vector>
 
@@ -154,10 +160,8 @@ struct Chunk {
   }
 };
 
-}  // namespace
-
 template <class T>
-void chunked_forward(const HeadInputs<T>& in, T* state, T* o) {
+void chunked_forward_impl(const HeadInputs<T>& in, T* state, T* o) {
   const int64_t K = in.K, V = in.V;
   Chunk<T> c(in);
   for (int64_t begin = 0; begin < in.len; begin += kChunk) {
@@ -196,7 +200,8 @@ void chunked_forward(const HeadInputs<T>& in, T* state, T* o) {
 // Those terms are O(1) while dg is O(exp g): with gates at −20 per step the
 // literal form loses every digit of dg to cancellation.
 template <class T>
-void chunked_backward(const HeadInputs<T>& in, const T* h0, const T* d_o, T* d_state, T* dq, T* dk, T* dv, T* dg) {
+void chunked_backward_impl(const HeadInputs<T>& in, const T* h0, const T* d_o, T* d_state, T* dq, T* dk, T* dv,
+                           T* dg) {
   const int64_t K = in.K, V = in.V, KV = K * V;
   const int64_t num_chunks = (in.len + kChunk - 1) / kChunk;
   Chunk<T> c(in);
@@ -336,11 +341,5 @@ void chunked_backward(const HeadInputs<T>& in, const T* h0, const T* d_o, T* d_s
   }
 }
 
-template void chunked_forward<float>(const HeadInputs<float>&, float*, float*);
-template void chunked_forward<double>(const HeadInputs<double>&, double*, double*);
-template void chunked_backward<float>(const HeadInputs<float>&, const float*, const float*, float*, float*, float*,
-                                      float*, float*);
-template void chunked_backward<double>(const HeadInputs<double>&, const double*, const double*, double*, double*,
-                                       double*, double*, double*);
-
+}  // namespace
 }  // namespace flashgla::cpu::gla

@@ -32,6 +32,8 @@ void recurrent_backward(const HeadInputs<double>& in, bool reverse, const double
 
 // The chunked algorithm (chunks of 64 tokens, 16-wide sub-chunks), forward
 // only in time; same arguments as the recurrent versions. T is float or double.
+// Runs the AVX2 + FMA build when the CPU has it (and FLASHGLA_CPU_ISA is not
+// "baseline"), else the baseline build.
 template <class T>
 void chunked_forward(const HeadInputs<T>& in, T* state, T* o);
 
@@ -44,5 +46,20 @@ extern template void chunked_backward<float>(const HeadInputs<float>&, const flo
                                              float*, float*, float*);
 extern template void chunked_backward<double>(const HeadInputs<double>&, const double*, const double*, double*,
                                               double*, double*, double*, double*);
+
+// The instruction set chunked_forward/backward use now: "avx2" or "baseline".
+const char* chunked_instruction_set();
+
+// The AVX2 + FMA build (gla_chunked_avx2.cpp), where the compiler supports it.
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
+#define FLASHGLA_GLA_AVX2 1
+namespace avx2 {
+bool supported();  // by this CPU
+template <class T>
+void chunked_forward(const HeadInputs<T>& in, T* state, T* o);
+template <class T>
+void chunked_backward(const HeadInputs<T>& in, const T* h0, const T* d_o, T* d_state, T* dq, T* dk, T* dv, T* dg);
+}  // namespace avx2
+#endif
 
 }  // namespace flashgla::cpu::gla
