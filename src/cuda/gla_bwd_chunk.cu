@@ -44,23 +44,26 @@ __host__ __device__ constexpr int query_stage_row(int J) { return kSub * J * (2 
 constexpr int kStageRows = key_stage_row(kSubs);  // 96
 static_assert(query_stage_row(kSubs - 1) == kStageRows, "both stages hold every earlier/later pair");
 
-// Shared memory. R is a work area whose layout changes with the phase.
+// Shared memory. R is a work area whose layout changes with the phase:
+//   phase A: dO, V tiles (rows 0-127); then key stage (rows 0-95) and q̂ (96-159);
+//            A is written to rows 192-255 and kept through phase B;
+//   phase B: dO, k̂, dS tiles (rows 0-191);
+//   phase C: key and query stages (rows 0-191); then dO, V, S, dS tiles (0-255);
+//            then dq', dk^{(S)}, dk^{(A)'} in fp32 (three 64 x kLdF arrays).
 template <class T, class GT>
 struct ChunkSmem {
-  static constexpr bool kFloat = std::is_same_v<T, float>;
   static constexpr size_t tile = size_t(kTile) * kLd<T> * sizeof(T);
   static constexpr size_t tile_f = size_t(kTile) * kLdF * sizeof(float);
-  static constexpr size_t q = 0;                              // q tile of the current key tile
-  static constexpr size_t k = q + tile;                       // k tile
-  static constexpr size_t dA = k + tile;                      // dA, compute type (mma operand)
-  static constexpr size_t dA_f = dA + (kFloat ? 0 : tile);    // dA, fp32 (the same array for fp32)
-  static constexpr size_t gates = dA_f + tile_f;              // Γ of the current key tile
-  static constexpr size_t u = gates + size_t(kTile) * kLdF * sizeof(GT);
-  // u: A (phases A, B), then dq, dk^{(S)}, dk^{(A)} in fp32 (phase C).
-  static constexpr size_t u_bytes = 3 * tile_f > tile ? 3 * tile_f : tile;
-  static constexpr size_t r = u + u_bytes;
-  static constexpr size_t r_rows = 4 * kTile;                 // >= 2 kStageRows, 3 tiles in phase B
-  static constexpr size_t totals = r + r_rows * kLd<T> * sizeof(T);  // dg: per sub-chunk sums, 2 x [4][64]
+  static constexpr int kDiagLd = kSub + 1;
+  static constexpr int kRowA = 3 * kTile;                      // R row where A starts
+  static constexpr size_t q = 0;                               // q tile of the current key tile
+  static constexpr size_t k = q + tile;                        // k tile
+  static constexpr size_t dA = k + tile;                       // dA, compute type (mma operand)
+  static constexpr size_t dA_diag = dA + tile;                 // dA's diagonal blocks in fp32, [64][kDiagLd]
+  static constexpr size_t gates = dA_diag + size_t(kChunk) * kDiagLd * sizeof(float);  // Γ of the key tile
+  static constexpr size_t r = gates + size_t(kTile) * kLdF * sizeof(GT);
+  static constexpr size_t r_bytes = 4 * tile > 3 * tile_f ? 4 * tile : 3 * tile_f;
+  static constexpr size_t totals = r + r_bytes;                // dg: per sub-chunk sums, 2 x [4][64]
   static constexpr size_t state_term = totals + 2 * kSubs * kTile * sizeof(float);  // [64]
   static constexpr size_t row_sums = state_term + kTile * sizeof(float);           // [64], scalar gate
   static constexpr size_t bytes = row_sums + kTile * sizeof(float);
@@ -73,7 +76,7 @@ __device__ __forceinline__ int diagonal_row(int hc, int m) {
 }
 
 template <class T, class GT>
-__global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const Params p) {
+__global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p) {
   using Smem = ChunkSmem<T, GT>;
   constexpr int LD = kLd<T>;
   constexpr int LDF = kLdF;
@@ -81,13 +84,11 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const Params p) {
   T* sQ = reinterpret_cast<T*>(smem + Smem::q);
   T* sK = reinterpret_cast<T*>(smem + Smem::k);
   T* sdA = reinterpret_cast<T*>(smem + Smem::dA);
-  float* sdAf = reinterpret_cast<float*>(smem + Smem::dA_f);
+  float* sdAd = reinterpret_cast<float*>(smem + Smem::dA_diag);
+  constexpr int LDD = Smem::kDiagLd;
   GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
-  T* sA = reinterpret_cast<T*>(smem + Smem::u);
-  float* sDQ = reinterpret_cast<float*>(smem + Smem::u);
-  float* sDKS = sDQ + kTile * LDF;
-  float* sDKA = sDKS + kTile * LDF;
   T* R = reinterpret_cast<T*>(smem + Smem::r);
+  T* sA = R + Smem::kRowA * LD;
   float* sTotA = reinterpret_cast<float*>(smem + Smem::totals);
   float* sTotB = sTotA + kSubs * kTile;
   float* sStateTerm = reinterpret_cast<float*>(smem + Smem::state_term);
@@ -134,8 +135,8 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const Params p) {
         for (int e = 0; e < 4; ++e) {
           const int i = kSub * s + acc_row(e), j = kSub * J + acc_col(nt, e);
           const float x = j <= i ? scale * acc[jj][nt][e] : 0.f;
-          sdAf[i * LDF + j] = x;
-          if constexpr (!Smem::kFloat) sdA[i * LD + j] = from_float<T>(x);
+          sdA[i * LD + j] = from_float<T>(x);
+          if (J == s) sdAd[i * LDD + j - kSub * s] = x;
         }
     }
   }
@@ -177,31 +178,25 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const Params p) {
           warp_gemm<2, false, true>(acc[jj], sQHat + kSub * s * LD, LD,
                                     sKStage + (key_stage_row(s) + kSub * J) * LD, LD, kTile);
       }
-      // Diagonal block: lanes over columns (two each), then a sum over the warp.
-      {
-        float k_reg[2][kSub];
-        GT g_reg[2][kSub];
+      // Diagonal block: lanes over columns (two each, one at a time), then a sum over the warp.
+#pragma unroll 1
+      for (int half = 0; half < 2; ++half) {
+        const int c = lane + 32 * half;
+        float k_reg[kSub];
+        GT g_reg[kSub];
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-          for (int j = 0; j < kSub; ++j) {
-            k_reg[half][j] = to_float(sK[(kSub * s + j) * LD + lane + 32 * half]);
-            g_reg[half][j] = sG[(kSub * s + j) * LDF + lane + 32 * half];
-          }
+        for (int j = 0; j < kSub; ++j) {
+          k_reg[j] = to_float(sK[(kSub * s + j) * LD + c]);
+          g_reg[j] = sG[(kSub * s + j) * LDF + c];
+        }
 #pragma unroll
         for (int m = 0; m < 8; ++m) {
           const int i = diagonal_row(hc, m);
+          const float qi = to_float(sQ[(kSub * s + i) * LD + c]);
+          const GT gi = sG[(kSub * s + i) * LDF + c];
           float part[kSub];
 #pragma unroll
-          for (int j = 0; j < kSub; ++j) part[j] = 0.f;
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const float qi = to_float(sQ[(kSub * s + i) * LD + lane + 32 * half]);
-            const GT gi = sG[(kSub * s + i) * LDF + lane + 32 * half];
-#pragma unroll
-            for (int j = 0; j < kSub; ++j)
-              if (j <= i) part[j] += qi * k_reg[half][j] * exp2_of(gi - g_reg[half][j]);
-          }
+          for (int j = 0; j < kSub; ++j) part[j] = j <= i ? qi * k_reg[j] * exp2_of(gi - g_reg[j]) : 0.f;
           diag[m] += transpose_reduce<kSub>(part);
         }
       }
@@ -273,46 +268,11 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const Params p) {
     load_tile<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
     load_gate_cumsum<GT, kChunkThreads>(sG, p, b, t0, rows, h, kt * kTile);
 
-    // Through the states: dq ∝ dO S^T, dk^{(S)} ∝ V dS^T, and rowsum(S ⊙ dS).
-    {
-      T* sDO = R;
-      T* sV = R + kTile * LD;
-      T* sS = R + 2 * kTile * LD;
-      T* sDS = R + 3 * kTile * LD;
-      float acc_q[4][4], acc_k[4][4];
-      zero(acc_q);
-      zero(acc_k);
-      float state_term = 0.f;
-      for (int vt = 0; vt < p.value_tiles; ++vt) {
-        load_tile<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
-        load_tile<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
-        copy_tile_in<T, kChunkThreads>(sS, static_cast<const T*>(p.states) + state_tile_index(p, slot, h, kt, vt));
-        copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
-        __syncthreads();
-        warp_gemm<4, false, true>(acc_q, sDO + kSub * s * LD, LD, sS + 32 * hc * LD, LD, kTile);
-        warp_gemm<4, false, true>(acc_k, sV + kSub * s * LD, LD, sDS + 32 * hc * LD, LD, kTile);
-        {  // four threads per key row, 16 value columns each
-          const int key = threadIdx.x / 4, part = threadIdx.x % 4;
-#pragma unroll
-          for (int c = 0; c < 16; ++c)
-            state_term += to_float(sS[key * LD + 16 * part + c]) * to_float(sDS[key * LD + 16 * part + c]);
-        }
-        __syncthreads();
-      }
-      state_term += __shfl_xor_sync(0xffffffffu, state_term, 1);
-      state_term += __shfl_xor_sync(0xffffffffu, state_term, 2);
-      if (threadIdx.x % 4 == 0) sStateTerm[threadIdx.x / 4] = state_term;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
-          sDQ[i * LDF + c] = scale * acc_q[nt][e] * exp2_of(sG[i * LDF + c]);
-          sDKS[i * LDF + c] = acc_k[nt][e] * exp2_of(gamma[c] - sG[i * LDF + c]);
-        }
-    }
-
-    // Between sub-chunks: dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}), dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J).
+    // Between sub-chunks, on the products (accumulators kept until the epilogue):
+    //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J).
+    float acc_qa[4][4], acc_ka[4][4];
+    zero(acc_qa);
+    zero(acc_ka);
     {
       T* sKStage = R;
       T* sQStage = R + kStageRows * LD;
@@ -328,36 +288,66 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const Params p) {
             from_float<T>(to_float(sQ[i * LD + c]) * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]));
       }
       __syncthreads();
-      float acc[4][4];
-      if (s > 0) {
-        zero(acc);
-        warp_gemm<4, false, false>(acc, sdA + kSub * s * LD, LD, sKStage + key_stage_row(s) * LD + 32 * hc, LD,
+      if (s > 0)
+        warp_gemm<4, false, false>(acc_qa, sdA + kSub * s * LD, LD, sKStage + key_stage_row(s) * LD + 32 * hc, LD,
                                    kSub * s);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
-            sDQ[i * LDF + c] += acc[nt][e] * exp2_of(sG[i * LDF + c] - sG[kSub * s * LDF + c]);
-          }
-      }
-      zero(acc);
       if (s < kSubs - 1)
-        warp_gemm<4, true, false>(acc, sdA + kSub * (s + 1) * LD + kSub * s, LD,
+        warp_gemm<4, true, false>(acc_ka, sdA + kSub * (s + 1) * LD + kSub * s, LD,
                                   sQStage + query_stage_row(s) * LD + 32 * hc, LD, kChunk - kSub * (s + 1));
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
-          sDKA[j * LDF + c] = acc[nt][e] * exp2_of(sG[(kSub * s + kSub - 1) * LDF + c] - sG[j * LDF + c]);
-        }
-      __syncwarp();
     }
 
+    // Through the states: dq ∝ dO S^T, dk^{(S)} ∝ V dS^T, and rowsum(S ⊙ dS).
+    float acc_q[4][4], acc_k[4][4];
+    zero(acc_q);
+    zero(acc_k);
+    {
+      T* sDO = R;
+      T* sV = R + kTile * LD;
+      T* sS = R + 2 * kTile * LD;
+      T* sDS = R + 3 * kTile * LD;
+      float state_term = 0.f;
+      for (int vt = 0; vt < p.value_tiles; ++vt) {
+        __syncthreads();  // the stages (first tile) or the previous tiles are no longer read
+        load_tile<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+        load_tile<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+        copy_tile_in<T, kChunkThreads>(sS, static_cast<const T*>(p.states) + state_tile_index(p, slot, h, kt, vt));
+        copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
+        __syncthreads();
+        warp_gemm<4, false, true>(acc_q, sDO + kSub * s * LD, LD, sS + 32 * hc * LD, LD, kTile);
+        warp_gemm<4, false, true>(acc_k, sV + kSub * s * LD, LD, sDS + 32 * hc * LD, LD, kTile);
+        {  // four threads per key row, 16 value columns each
+          const int key = threadIdx.x / 4, part = threadIdx.x % 4;
+#pragma unroll
+          for (int c = 0; c < 16; ++c)
+            state_term += to_float(sS[key * LD + 16 * part + c]) * to_float(sDS[key * LD + 16 * part + c]);
+        }
+      }
+      state_term += __shfl_xor_sync(0xffffffffu, state_term, 1);
+      state_term += __shfl_xor_sync(0xffffffffu, state_term, 2);
+      if (threadIdx.x % 4 == 0) sStateTerm[threadIdx.x / 4] = state_term;
+    }
+    __syncthreads();  // R is free for the fp32 results
+
+    // Epilogue of the products, scaled, into fp32 arrays that the element-wise
+    // step reads with lanes over columns.
+    float* sDQ = reinterpret_cast<float*>(R);  // dq without the diagonal block
+    float* sDKS = sDQ + kTile * LDF;           // dk^{(S)}
+    float* sDKA = sDKS + kTile * LDF;          // dk^{(A)} without the diagonal block
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
+        const GT g = sG[i * LDF + c];
+        sDQ[i * LDF + c] = scale * acc_q[nt][e] * exp2_of(g) + acc_qa[nt][e] * exp2_of(g - sG[kSub * s * LDF + c]);
+        sDKS[i * LDF + c] = acc_k[nt][e] * exp2_of(gamma[c] - g);
+        sDKA[i * LDF + c] = acc_ka[nt][e] * exp2_of(sG[(kSub * s + kSub - 1) * LDF + c] - g);
+      }
+    __syncwarp();
+
     // Inside the sub-chunk, element by element (lanes over columns), then the
-    // outputs and this sub-chunk's part of dg.
-    float a_suffix[kSub], b_prefix[kSub];
+    // outputs and this sub-chunk's part of dg: within_sub[i] = Σ_{i'>=i} a + Σ_{i'<i} b.
+    float within_sub[kSub];
     {
       float k_reg[kSub], q_reg[kSub], dq_d[kSub], dk_d[kSub];
       GT g_reg[kSub];
@@ -372,40 +362,39 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const Params p) {
       for (int i = 1; i < kSub; ++i)
 #pragma unroll
         for (int j = 0; j < i; ++j) {
-          const float w = sdAf[(kSub * s + i) * LDF + kSub * s + j] * exp2_of(g_reg[i] - g_reg[j]);
+          const float w = sdAd[(kSub * s + i) * LDD + j] * exp2_of(g_reg[i] - g_reg[j]);
           dq_d[i] += w * k_reg[j];
           dk_d[j] += w * q_reg[i];
         }
       const int key = kt * kTile + col;
-      float a_term[kSub], b_term[kSub];
+      // a_i = q_i ⊙ dq'_i − k_i ⊙ dk^{(A)'}_i goes to dq_d[i], b_i = k_i ⊙ dk^{(S)}_i to dk_d[i].
 #pragma unroll
       for (int i = 0; i < kSub; ++i) {
         const int row = kSub * s + i;
-        const float dA_ii = sdAf[row * LDF + row];
+        const float dA_ii = sdAd[row * LDD + i];
         const float dq_x = sDQ[row * LDF + col] + dq_d[i];   // dq without the diagonal term
         const float dka_x = sDKA[row * LDF + col] + dk_d[i];  // dk^{(A)} without it
         const float dks = sDKS[row * LDF + col];
-        a_term[i] = q_reg[i] * dq_x - k_reg[i] * dka_x;
-        b_term[i] = k_reg[i] * dks;
         if (row < rows && key < K) {
           store_as(p.dq.data, offset4(p.dq, b, t0 + row, h, key), p.dq.dtype, dq_x + dA_ii * k_reg[i]);
           store_as(p.dk.data, offset4(p.dk, b, t0 + row, h, key), p.dk.dtype, dka_x + dks + dA_ii * q_reg[i]);
         }
+        dq_d[i] = q_reg[i] * dq_x - k_reg[i] * dka_x;
+        dk_d[i] = k_reg[i] * dks;
       }
-      float run = 0.f;
+      float suffix = 0.f, prefix = 0.f;
 #pragma unroll
       for (int i = kSub - 1; i >= 0; --i) {
-        run += a_term[i];
-        a_suffix[i] = run;
+        suffix += dq_d[i];
+        within_sub[i] = suffix;
       }
-      sTotA[s * kTile + col] = run;
-      run = 0.f;
 #pragma unroll
       for (int i = 0; i < kSub; ++i) {
-        b_prefix[i] = run;
-        run += b_term[i];
+        within_sub[i] += prefix;
+        prefix += dk_d[i];
       }
-      sTotB[s * kTile + col] = run;
+      sTotA[s * kTile + col] = suffix;
+      sTotB[s * kTile + col] = prefix;
     }
     __syncthreads();
 
@@ -417,7 +406,7 @@ __global__ void __launch_bounds__(kChunkThreads) chunk_kernel(const Params p) {
 #pragma unroll
       for (int i = 0; i < kSub; ++i) {
         const int row = kSub * s + i;
-        const float dg = a_suffix[i] + b_prefix[i] + carry;
+        const float dg = within_sub[i] + carry;
         if (p.gate == GateKind::vector) {
           if (row < rows && key < K) store_as(p.dg.data, offset4(p.dg, b, t0 + row, h, key), p.dg.dtype, dg);
         } else {
