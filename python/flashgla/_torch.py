@@ -32,12 +32,12 @@ def view(t, name):
             f"flashgla: {name}: unsupported dtype {t.dtype} "
             "(expected float64, float32, bfloat16 or float16; int32 or int64 for cu_seqlens)"
         )
-    device = t.device
-    if device.type == "cpu":
-        return (t.data_ptr(), code, _C.DEVICE_CPU, 0, tuple(t.shape), t.stride())
-    if device.type == "cuda":
-        return (t.data_ptr(), code, _C.DEVICE_CUDA, device.index, tuple(t.shape), t.stride())
-    raise ValueError(f"flashgla: {name}: expected a CPU or CUDA tensor, got device {device}")
+    # t.shape is a torch.Size, a tuple; data_ptr() includes the storage offset.
+    if t.is_cpu:
+        return (t.data_ptr(), code, _C.DEVICE_CPU, 0, t.shape, t.stride())
+    if t.is_cuda:
+        return (t.data_ptr(), code, _C.DEVICE_CUDA, t.get_device(), t.shape, t.stride())
+    raise ValueError(f"flashgla: {name}: expected a CPU or CUDA tensor, got device {t.device}")
 
 
 def require_tensors(**tensors):

@@ -1,0 +1,189 @@
+"""Times flashgla.chunk_gla (forward, forward+backward) against PyTorch's SDPA
+(flash backend, causal, same B, T, H, head dim) at the shapes of
+shared/ANCHORS.md, in one process on one GPU, with triton.testing.do_bench
+(median). Prints a table and appends its rows, with the date and the card's
+name, to bench/results.md. An op that raises NotImplementedError is reported
+as "n/i" rather than stopping the run.
+
+    python bench/bench_ops.py                 # the GPU benchmark
+    python bench/bench_ops.py --shapes 0,3    # some of the anchor shapes
+    python bench/bench_ops.py --overhead      # Python overhead of one call on CPU tensors
+
+"fraction of the fwd byte floor" is floor / ours: the time to read q, k, v, g
+and write o once (bf16) at this card's device-to-device copy bandwidth,
+measured here, over our forward time (1.0 would be at the floor).
+"""
+
+import argparse
+import datetime
+import os
+import statistics
+import timeit
+
+import torch
+import torch.nn.functional as F
+
+import flashgla
+
+ANCHOR_SHAPES = [  # B, T, H, K, V (shared/ANCHORS.md)
+    (8, 2048, 16, 64, 64),
+    (8, 4096, 16, 64, 64),
+    (32, 2048, 16, 64, 64),
+    (8, 4096, 16, 128, 128),
+    (4, 4096, 4, 256, 512),
+    (2, 16384, 16, 128, 128),
+]
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.md")
+
+
+def median_ms(function):
+    try:
+        from triton.testing import do_bench
+    except ImportError:  # no Triton: CUDA events, median of 100 after warm-up
+        for _ in range(10):
+            function()
+        times = []
+        for _ in range(100):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            function()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+    return do_bench(function, return_mode="median")
+
+
+def timed(function):
+    """Median ms, or None when the op is not implemented on this build or device."""
+    try:
+        function()
+        torch.cuda.synchronize()
+    except NotImplementedError as error:
+        print(f"  n/i: {error}")
+        return None
+    return median_ms(function)
+
+
+def copy_bandwidth():
+    """Device-to-device copy bandwidth in bytes/s (bytes read + written)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / (median_ms(lambda: dst.copy_(src)) * 1e-3)
+
+
+def bench_shape(B, T, H, K, V, bandwidth):
+    device, dtype = "cuda", torch.bfloat16
+    q = torch.randn(B, T, H, K, device=device, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, T, H, K, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, T, H, V, device=device, dtype=dtype, requires_grad=True)
+    g = F.logsigmoid(torch.randn(B, T, H, K, device=device)).to(dtype).requires_grad_()
+    do = torch.randn(B, T, H, V, device=device, dtype=dtype)
+
+    def ours_fwd():
+        return flashgla.chunk_gla(q, k, v, g)[0]
+
+    row = {"ours_fwd": timed(lambda: ours_fwd()),
+           "ours_fwdbwd": timed(lambda: torch.autograd.grad(ours_fwd(), (q, k, v, g), do))}
+
+    row["sdpa_fwd"] = row["sdpa_fwdbwd"] = None
+    if K == V:  # the flash backend needs one head dim for q, k and v
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))  # [B, H, T, D] views
+        dot = do.transpose(1, 2)
+
+        def sdpa_fwd():
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            row["sdpa_fwd"] = timed(sdpa_fwd)
+            row["sdpa_fwdbwd"] = timed(lambda: torch.autograd.grad(sdpa_fwd(), (qt, kt, vt), dot))
+
+    tokens = B * T * H
+    floor_bytes = 2 * tokens * (3 * K + V) + 2 * tokens * V
+    row["floor"] = floor_bytes / bandwidth * 1e3
+    return row
+
+
+def fmt(x, digits=3):
+    return "n/i" if x is None else f"{x:.{digits}f}"
+
+
+def ratio(a, b):
+    return "—" if a is None or b is None else f"{a / b:.2f}"
+
+
+def run_gpu(shapes):
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_ops: no GPU (use --overhead for the CPU overhead measurement)")
+    card = torch.cuda.get_device_name()
+    bandwidth = copy_bandwidth()
+    print(f"{card}; flashgla {flashgla.__version__}; torch {torch.__version__}; "
+          f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; bf16, g = logsigmoid(randn), median ms")
+    header = ("| shape B,T,H,K,V | ours fwd ms | SDPA fwd ms | fwd ratio | ours fwd+bwd ms | SDPA fwd+bwd ms "
+              "| fwd+bwd ratio | fwd floor ms | fraction of fwd floor |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for B, T, H, K, V in shapes:
+        print(f"B={B} T={T} H={H} K={K} V={V}")
+        r = bench_shape(B, T, H, K, V, bandwidth)
+        lines.append(f"| {B},{T},{H},{K},{V} | {fmt(r['ours_fwd'])} | {fmt(r['sdpa_fwd'])} "
+                     f"| {ratio(r['ours_fwd'], r['sdpa_fwd'])} | {fmt(r['ours_fwdbwd'])} | {fmt(r['sdpa_fwdbwd'])} "
+                     f"| {ratio(r['ours_fwdbwd'], r['sdpa_fwdbwd'])} | {fmt(r['floor'])} "
+                     f"| {ratio(r['floor'], r['ours_fwd'])} |")
+        torch.cuda.empty_cache()
+    print("\n".join(lines))
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    new_file = not os.path.exists(RESULTS)
+    with open(RESULTS, "a") as results:
+        if new_file:
+            results.write("# Benchmark results (bench/bench_ops.py appends here)\n")
+        results.write(f"\n## {stamp}, {card}, flashgla {flashgla.__version__}, torch {torch.__version__}, "
+                      f"copy {bandwidth / 1e12:.2f} TB/s\n\n" + "\n".join(lines) + "\n")
+    print(f"appended to {RESULTS}")
+
+
+def run_overhead(repeats):
+    """µs per call on a tiny CPU problem: the op as users call it, the custom op, and flashgla._C directly."""
+    from flashgla import _C
+    from flashgla._torch import view
+
+    torch.set_num_threads(1)
+    q, k, g = (torch.randn(1, 1, 1, 16) for _ in range(3))
+    v = torch.randn(1, 1, 1, 16)
+    o = torch.empty_like(v)
+    views = (view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), None, None, None, None,
+             _C.GlaAlgorithm.chunked, False, view(o, "o"), None)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    op = torch.ops.flashgla.chunk_gla.default
+    cases = {
+        "flashgla.chunk_gla (no grad)": lambda: flashgla.chunk_gla(q, k, v, g),
+        "torch.ops.flashgla.chunk_gla": lambda: op(q, k, v, g, None, None, None, None, False, False),
+        "flashgla.chunk_gla (inputs require grad)": lambda: flashgla.chunk_gla(*leaves),
+        "_C.gla_forward, views built per call": lambda: _C.gla_forward(
+            view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), None, None, None, None,
+            _C.GlaAlgorithm.chunked, False, view(o, "o"), None),
+        "_C.gla_forward, views prebuilt": lambda: _C.gla_forward(*views),
+    }
+    print(f"B=1 T=1 H=1 K=V=16 fp32 CPU, 1 torch thread; µs per call (best of 5 x {repeats})")
+    for name, function in cases.items():
+        function()
+        best = min(timeit.repeat(function, number=repeats, repeat=5)) / repeats
+        print(f"  {name:42s} {best * 1e6:8.2f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", help="comma-separated indices into the anchor shapes (default: all)")
+    parser.add_argument("--overhead", action="store_true", help="measure the per-call overhead on CPU tensors")
+    parser.add_argument("--repeats", type=int, default=20000, help="calls per timing in --overhead")
+    args = parser.parse_args()
+    if args.overhead:
+        run_overhead(args.repeats)
+        return
+    shapes = ANCHOR_SHAPES if not args.shapes else [ANCHOR_SHAPES[int(i)] for i in args.shapes.split(",")]
+    run_gpu(shapes)
+
+
+if __name__ == "__main__":
+    main()
