@@ -50,7 +50,7 @@ struct HeadBuffers {
     gather_head_rows(tk, s, head, k.data());
     gather_head_rows(tv, s, head, v.data());
     gather_head_gate(tg, p.gate, s, head, p.key_dim, g.data());
-    inputs = {s.len, p.key_dim, p.value_dim, q.data(), k.data(), v.data(), g.data()};
+    inputs = {s.len, p.key_dim, p.value_dim, q.data(), k.data(), v.data(), g.data(), p.gate};
   }
 };
 

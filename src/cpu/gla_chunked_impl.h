@@ -5,9 +5,10 @@
 // Per chunk, with Γ the within-chunk cumsum of g and γ its last row:
 //   O   = (Q ⊙ exp Γ) S_prev + (A ⊙ M) V,     A_ab = Σ_d Q_ad K_bd exp(Γ_ad − Γ_bd)
 //   S   = diag(exp γ) S_prev + (K ⊙ exp(γ − Γ))^T V
-// Every exponent is ≤ 0 (g ≤ 0, Γ non-increasing): the off-diagonal sub-blocks
-// of A go through a reference row of the cumsum, the diagonal ones use
-// exp(Γ_a − Γ_b) with b ≤ a directly. Cost per head: O(T·C·K + T·K·V).
+// Every exponent is ≤ 0 (g ≤ 0, Γ non-increasing), so nothing overflows: the
+// off-diagonal sub-blocks of A go through a reference row of the cumsum (seed
+// 002 step 3), the diagonal ones use exp(Γ_a − Γ_b) with b ≤ a directly.
+// Cost per head: O(T·C·K + T·K·V); the matrix products are matmul_acc calls.
 //
 // This header is compiled once per instruction set (gla_chunked.cpp for the
 // baseline, gla_chunked_avx2.cpp for AVX2 + FMA), so everything in it has
@@ -29,7 +30,7 @@ constexpr int64_t kSub = 16;
 // Buffers for one chunk, allocated once per (sequence, head).
 template <class T>
 struct Chunk {
-  Chunk(const HeadInputs<T>& in)
+  explicit Chunk(const HeadInputs<T>& in)
       : in(in),
         K(in.K),
         V(in.V),
@@ -63,6 +64,17 @@ struct Chunk {
   const T* gamma() const { return G.data() + (len - 1) * K; }          // γ
   const T* exp_gamma() const { return exp_G.data() + (len - 1) * K; }  // exp γ
 
+  // x = exp(x) for `rows` rows of K gate differences. Without a gate they are
+  // all 0; with a scalar gate each row holds one value K times.
+  void exp_rows(T* x, int64_t rows) const {
+    if (in.gate == GateKind::vector) return exp_array(x, x, rows * K);
+    for (int64_t r = 0; r < rows; ++r) {
+      T value = 1;
+      if (in.gate == GateKind::scalar) exp_array(x + r * K, &value, 1);
+      std::fill(x + r * K, x + (r + 1) * K, value);
+    }
+  }
+
   // Γ, exp Γ and exp(γ − Γ) for tokens [begin, begin + len).
   void prepare(int64_t chunk_begin, int64_t chunk_len) {
     begin = chunk_begin, len = chunk_len;
@@ -70,11 +82,12 @@ struct Chunk {
     for (int64_t d = 0; d < K; ++d) G[d] = g[d];
     for (int64_t r = 1; r < len; ++r)
       for (int64_t d = 0; d < K; ++d) G[r * K + d] = G[(r - 1) * K + d] + g[r * K + d];
-    exp_array(G.data(), exp_G.data(), len * K);
+    std::copy(G.begin(), G.begin() + len * K, exp_G.begin());
+    exp_rows(exp_G.data(), len);
     const T* last = gamma();
     for (int64_t r = 0; r < len; ++r)
       for (int64_t d = 0; d < K; ++d) exp_to_end[r * K + d] = last[d] - G[r * K + d];
-    exp_array(exp_to_end.data(), exp_to_end.data(), len * K);
+    exp_rows(exp_to_end.data(), len);
   }
 
   // Sub-chunk i holds rows [i * kSub, min((i + 1) * kSub, len)).
@@ -90,10 +103,10 @@ struct Chunk {
     const T* ref = G.data() + a0 * K;
     for (int64_t a = a0; a < a1; ++a)
       for (int64_t d = 0; d < K; ++d) q_ref[(a - a0) * K + d] = G[a * K + d] - ref[d];
-    exp_array(q_ref.data(), q_ref.data(), (a1 - a0) * K);
+    exp_rows(q_ref.data(), a1 - a0);
     for (int64_t b = 0; b < a0; ++b)
       for (int64_t d = 0; d < K; ++d) k_ref[b * K + d] = ref[d] - G[b * K + d];
-    exp_array(k_ref.data(), k_ref.data(), a0 * K);
+    exp_rows(k_ref.data(), a0);
     const T* kk = k();
     for (int64_t b = 0; b < a0; ++b)
       for (int64_t d = 0; d < K; ++d) k_ref[b * K + d] *= kk[b * K + d];
@@ -113,7 +126,7 @@ struct Chunk {
   // The diagonal blocks of A, elementwise: A_ab = Σ_d q_ad k_bd exp(Γ_ad − Γ_bd)
   // for b ≤ a in one sub-chunk. With dA given, also adds the diagonal blocks'
   // share of the gradients, dq_a += dA_ab k_b ⊙ e and dk_b += dA_ab q_a ⊙ e,
-  // except for the pairs b == a (see self_terms in the backward).
+  // except for the pairs b == a, which chunked_backward_impl adds after dg.
   void diagonal_blocks(const T* dA = nullptr, T* dq = nullptr, T* dk = nullptr) {
     const T* qq = q();
     const T* kk = k();
@@ -123,7 +136,7 @@ struct Chunk {
         const int64_t pairs = a - a0 + 1;  // b in [a0, a]
         for (int64_t b = a0; b <= a; ++b)
           for (int64_t d = 0; d < K; ++d) row_exp[(b - a0) * K + d] = G[a * K + d] - G[b * K + d];
-        exp_array(row_exp.data(), row_exp.data(), pairs * K);
+        exp_rows(row_exp.data(), pairs);
         for (int64_t b = a0; b <= a; ++b) {
           const T* e = row_exp.data() + (b - a0) * K;
           A[a * kChunk + b] = dot3(qq + a * K, kk + b * K, e, K);
@@ -268,14 +281,14 @@ void chunked_backward_impl(const HeadInputs<T>& in, const T* h0, const T* d_o, T
       T* q_ref = c.work.data();  // [len − b1, K]: q_a ⊙ exp(Γ_a − ref)
       for (int64_t a = b1; a < len; ++a)
         for (int64_t d = 0; d < K; ++d) q_ref[(a - b1) * K + d] = c.G[a * K + d] - ref[d];
-      exp_array(q_ref, q_ref, (len - b1) * K);
+      c.exp_rows(q_ref, len - b1);
       for (int64_t r = 0; r < (len - b1) * K; ++r) q_ref[r] *= q[b1 * K + r];
       std::fill(block.begin(), block.end(), T(0));
       matmul_acc(b1 - b0, K, len - b1, dA.data() + b1 * kChunk + b0, 1, kChunk, q_ref, K, block.data(), K);
       T* scale_back = c.row_exp.data();  // exp(ref − Γ_b) for b in the block
       for (int64_t b = b0; b < b1; ++b)
         for (int64_t d = 0; d < K; ++d) scale_back[(b - b0) * K + d] = ref[d] - c.G[b * K + d];
-      exp_array(scale_back, scale_back, (b1 - b0) * K);
+      c.exp_rows(scale_back, b1 - b0);
       for (int64_t r = 0; r < (b1 - b0) * K; ++r) dK[b0 * K + r] += block[r] * scale_back[r];
     }
 

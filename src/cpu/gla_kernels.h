@@ -5,11 +5,14 @@
 
 #include <cstdint>
 
+#include "core/problem.h"
+
 namespace flashgla::cpu::gla {
 
 // Inputs of one (sequence, head) pair. q is already multiplied by the scale;
 // g is dense [len, K] whatever the gate kind (zeros without a gate, the scalar
-// broadcast over K for simple GLA).
+// broadcast over K for simple GLA); `gate` says which, so that the chunked
+// algorithm can skip the exps that are all 1, or equal along each row.
 template <class T>
 struct HeadInputs {
   int64_t len = 0, K = 0, V = 0;
@@ -17,6 +20,7 @@ struct HeadInputs {
   const T* k = nullptr;  // [len, K]
   const T* v = nullptr;  // [len, V]
   const T* g = nullptr;  // [len, K]
+  GateKind gate = GateKind::vector;
 };
 
 // The reference: the recurrence token by token in fp64. `reverse` runs from
