@@ -50,16 +50,13 @@ def unpack(x: Tensor, p: Packing) -> Tensor:
     return out.view(p.batch, p.seq_len, *x.shape[2:])
 
 
-def positions_in_sequence(cu_seqlens: Tensor, total: int) -> Tensor:
-    """[total] index of each packed token within its own sequence."""
-    starts = cu_seqlens[:-1].long()
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    sequence_of = torch.repeat_interleave(torch.arange(len(lengths), device=cu_seqlens.device), lengths,
-                                          output_size=total)
-    return torch.arange(total, device=cu_seqlens.device) - starts[sequence_of]
-
-
 def sequence_ids(cu_seqlens: Tensor, total: int) -> Tensor:
     """[total] the sequence each packed token belongs to."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     return torch.repeat_interleave(torch.arange(len(lengths), device=cu_seqlens.device), lengths, output_size=total)
+
+
+def positions_in_sequence(cu_seqlens: Tensor, total: int) -> Tensor:
+    """[total] index of each packed token within its own sequence."""
+    starts = cu_seqlens[:-1].long()
+    return torch.arange(total, device=cu_seqlens.device) - starts[sequence_ids(cu_seqlens, total)]
