@@ -6,6 +6,9 @@ Run on a GPU machine, with flashgla importable (`pip install .`, or a CMake buil
     python bench/bench_attention.py            # accuracy check, then the timing table
     python bench/bench_attention.py --quick    # fewer shapes
 
+"flashgla" is the default dispatch (on Hopper: the sm_90a forward for d <= 128), "flashgla-portable"
+forces the portable mma.sync forward; both use the same backward.
+
 Shapes follow the FlashAttention-2 paper: B*T = 16K tokens, H = 2048 / d, bf16, layout [B, T, H, d]
 (SDPA gets the transposed [B, H, T, d] views of the same memory). TFLOP/s count 4*B*H*T^2*d for the
 forward (half of it when causal) and 2.5x that for the backward. Times are medians of
@@ -19,6 +22,7 @@ run in bf16 (plus 1e-5).
 import argparse
 import datetime
 import json
+import os
 import sys
 
 import torch
@@ -55,6 +59,15 @@ def ours(q, k, v, causal):
     return flashgla.flash_attention(q, k, v, causal=causal)
 
 
+def ours_portable(q, k, v, causal):
+    """flashgla with its portable (mma.sync) forward, also on Hopper; the backward is the same."""
+    os.environ["FLASHGLA_ATTENTION_KERNEL"] = "portable"
+    try:
+        return flashgla.flash_attention(q, k, v, causal=causal)
+    finally:
+        del os.environ["FLASHGLA_ATTENTION_KERNEL"]
+
+
 def sdpa(backend):
     def run(q, k, v, causal):
         with sdpa_kernel(backend):
@@ -66,6 +79,7 @@ def sdpa(backend):
 
 IMPLS = {
     "flashgla": ours,
+    "flashgla-portable": ours_portable,
     "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
 }
@@ -94,15 +108,16 @@ def check_accuracy(shapes):
         up = lambda x: x.detach().float()
         ref = outputs_and_grads(math, up(q), up(k), up(v), do.float(), causal)
         pt = outputs_and_grads(math, q, k, v, do, causal)
-        fg = outputs_and_grads(ours, q, k, v, do, causal)
-        for name, r, p, f in zip(("o", "dq", "dk", "dv"), ref, pt, fg):
-            err_pt = (p - r).abs().max().item()
-            err_fg = (f - r).abs().max().item()
-            rel_fg = ((f - r).norm() / r.norm()).item()
-            passed = bool(torch.isfinite(f).all()) and err_fg <= 2 * err_pt + 1e-5
-            ok &= passed
-            rows.append(dict(b=b, t=t, h=h, d=d, causal=causal, tensor=name, max_err_flashgla=err_fg,
-                             max_err_sdpa_math_bf16=err_pt, rel_rms_flashgla=rel_fg, passed=passed))
+        for impl in ("flashgla", "flashgla-portable"):
+            fg = outputs_and_grads(IMPLS[impl], q, k, v, do, causal)
+            for name, r, p, f in zip(("o", "dq", "dk", "dv"), ref, pt, fg):
+                err_pt = (p - r).abs().max().item()
+                err_fg = (f - r).abs().max().item()
+                rel_fg = ((f - r).norm() / r.norm()).item()
+                passed = bool(torch.isfinite(f).all()) and err_fg <= 2 * err_pt + 1e-5
+                ok &= passed
+                rows.append(dict(impl=impl, b=b, t=t, h=h, d=d, causal=causal, tensor=name, max_err_flashgla=err_fg,
+                                 max_err_sdpa_math_bf16=err_pt, rel_rms_flashgla=rel_fg, passed=passed))
     return rows, ok
 
 
@@ -137,10 +152,12 @@ def benchmark(ts, ds, tokens=16384):
                     fmt = lambda ms: "   -   " if ms is None else f"{ms:7.3f}"
                     tf = lambda ms: "  -  " if ms is None else f"{tflops(b, t, h, d, causal, ms, passes):5.0f}"
                     ratio = lambda ms: "  -  " if ms is None or row["flashgla"] is None else f"{row['flashgla'] / ms:5.2f}"
+                    port = row["flashgla-portable"]
+                    port_ratio = "  -  " if port is None or row["sdpa-flash"] is None else f"{port / row['sdpa-flash']:5.2f}"
                     print(f"T={t:5d} d={d:3d} {'causal' if causal else 'full  '} {mode:7s} | "
                           + " | ".join(f"{n} {fmt(row[n])} ms {tf(row[n])} TF/s" for n in IMPLS)
-                          + f" | ours/flash {ratio(row['sdpa-flash'])} ours/cudnn {ratio(row['sdpa-cudnn'])}",
-                          flush=True)
+                          + f" | ours/flash {ratio(row['sdpa-flash'])} ours/cudnn {ratio(row['sdpa-cudnn'])}"
+                          + f" portable/flash {port_ratio}", flush=True)
             del q, k, v, do
             torch.cuda.empty_cache()
     return rows
@@ -161,7 +178,7 @@ def main():
         shapes = [(2, 1024, 8, d, c) for d in (64, 128) for c in (False, True)] + [(1, 777, 4, 256, True)]
         rows, ok = check_accuracy(shapes)
         for r in rows:
-            print(f"check B={r['b']} T={r['t']} H={r['h']} d={r['d']} {'causal' if r['causal'] else 'full'} "
+            print(f"check {r['impl']} B={r['b']} T={r['t']} H={r['h']} d={r['d']} {'causal' if r['causal'] else 'full'} "
                   f"{r['tensor']:2s}: max err flashgla {r['max_err_flashgla']:.2e} vs sdpa-math-bf16 "
                   f"{r['max_err_sdpa_math_bf16']:.2e} (rel rms {r['rel_rms_flashgla']:.2e}) "
                   f"{'ok' if r['passed'] else 'FAIL'}", flush=True)

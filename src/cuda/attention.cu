@@ -1,11 +1,16 @@
 // CUDA softmax attention (FlashAttention): checks what this backend runs,
 // builds the kernels' parameters and dispatches on dtype and head dim. The
-// kernels are in attention_kernels.cuh, instantiated in attention_d*.cu.
+// portable (sm_80+) kernels are in attention_kernels.cuh, instantiated in
+// attention_d*.cu; the forward runs the Hopper kernel (attention_hopper.cu)
+// where it applies. FLASHGLA_ATTENTION_KERNEL=portable in the environment
+// forces the portable forward (for tests and benchmarks).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -109,8 +114,15 @@ void attention_forward(const AttentionForwardArgs& args, const AttentionProblem&
   const AttentionParams p =
       make_params(args.q, args.k, args.v, args.o, args.lse, args.cu_seqlens_q, args.cu_seqlens_k, problem);
   const auto stream = static_cast<cudaStream_t>(args.stream);
-  dispatch(args.q.dtype, problem.head_dim,
-           [&](auto type, auto dim) { attn::run_attention_forward<decltype(type), decltype(dim)::value>(p, stream); });
+  const char* kernel = std::getenv("FLASHGLA_ATTENTION_KERNEL");
+  const bool portable_only = kernel != nullptr && std::strcmp(kernel, "portable") == 0;
+  dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
+    using T = decltype(type);
+    constexpr int D = decltype(dim)::value;
+    if constexpr (D <= 128)
+      if (!portable_only && attn::run_attention_forward_hopper<T, D>(p, stream)) return;
+    attn::run_attention_forward<T, D>(p, stream);
+  });
 }
 
 void attention_backward(const AttentionBackwardArgs& args, const AttentionProblem& problem) {

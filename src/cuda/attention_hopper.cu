@@ -1,0 +1,309 @@
+// The Hopper (sm_90a) attention forward, in the spirit of FlashAttention-3:
+// TMA loads, wgmma, warp specialization.
+//
+// One CTA per (128-query tile, query head, batch row or sequence), three
+// warpgroups. Warpgroup 0 is the producer: one thread loads Q once and K, V
+// tile by tile with TMA into two shared-memory stages each, waiting on an
+// "empty" mbarrier before reusing a stage. Warpgroups 1 and 2 consume, each
+// owning 64 query rows: S = Q K^T (wgmma, both operands in shared memory),
+// masking and the online softmax in registers (log2 domain), then O += P V
+// (wgmma, P straight from the S registers). The producer gives up registers
+// (setmaxnreg) so the consumers can hold S and O. The two consumers are not
+// synchronized with each other, so one's softmax overlaps the other's MMAs.
+//
+// Used for bf16/fp16, D in {64, 128}, tensors TMA can address (unit stride
+// along D, 16-byte aligned pointer and strides); the portable kernel runs
+// everything else.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "cuda/attention_kernels.cuh"
+#include "cuda/attention_wgmma.cuh"
+
+namespace flashgla::cuda::attn {
+
+template <int D>
+struct HopperForwardConfig {
+  static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 384;
+  static constexpr int kDimBlocks = D / 64;  // 128-byte swizzle blocks along D
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kKVBytes = kBlockN * D * 2;
+  static constexpr int kConsumerWarps = 8;
+  // 1024 bytes of slack to align the tiles, then Q, K and V stages, barriers.
+  static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + 128;
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(384, 1)
+    attention_forward_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                                    const __grid_constant__ CUtensorMap map_v, const AttentionParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace sm90;
+  using Cfg = HopperForwardConfig<D>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, NB = BN / 8, DB = D / 8, kStages = Cfg::kStages;
+  constexpr int kRowBytes = 128;  // one swizzle block row: 64 elements
+
+  extern __shared__ unsigned char smem[];
+  const uint32_t sQ = (smem_address(smem) + 1023) & ~1023u;  // [D/64][BM][64]
+  const uint32_t sK = sQ + Cfg::kQBytes;                       // [stage][D/64][BN][64]
+  const uint32_t sV = sK + kStages * Cfg::kKVBytes;            // [stage][D/64][BN][64]
+  const uint32_t barriers = sV + kStages * Cfg::kKVBytes;
+  const uint32_t q_full = barriers;
+  auto k_full = [&](int s) { return barriers + 8 * (1 + s); };
+  auto v_full = [&](int s) { return barriers + 8 * (1 + kStages + s); };
+  auto k_empty = [&](int s) { return barriers + 8 * (1 + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return barriers + 8 * (1 + 3 * kStages + s); };
+
+  Work w;
+  if (!decode_work(p, BM, true, p.q_heads, true, w)) return;
+  const Seq& s = w.seq;
+  const int64_t q0 = w.tile * BM;
+  const int64_t diag = s.k_len - s.q_len;  // causal: query i sees keys j <= i + diag
+  const int64_t kv_head = w.head / p.group;
+  int64_t key_end = s.k_len, unmasked_end = s.k_len;
+  if (p.causal) {
+    key_end = min(key_end, q0 + BM + diag);
+    unmasked_end = min(unmasked_end, q0 + diag + 1);
+  }
+  const int num_key_tiles = key_end > 0 ? int((key_end + BN - 1) / BN) : 0;
+  const int first_masked_tile = unmasked_end > 0 ? int(unmasked_end / BN) : 0;
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(k_full(st), 1);
+      mbar_init(v_full(st), 1);
+      mbar_init(k_empty(st), Cfg::kConsumerWarps);
+      mbar_init(v_empty(st), Cfg::kConsumerWarps);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (tid < 128) {
+    // Producer. Stage st of tile j: wait until the consumers released it
+    // (tile j − kStages), announce the bytes, issue the loads.
+    regs_decrease<24>();
+    if (tid == 0 && num_key_tiles > 0) {
+      const int batch = int(s.batch), head = int(w.head), kv = int(kv_head);
+      mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
+      for (int db = 0; db < D / 64; ++db)
+        tma_load_4d(sQ + db * BM * kRowBytes, &map_q, q_full, db * 64, head, int(s.q_begin + q0), batch);
+      for (int j = 0; j < num_key_tiles; ++j) {
+        const int st = j % kStages;
+        const uint32_t parity = ((j / kStages) & 1) ^ 1;  // a fresh barrier passes parity 1 at once
+        const int key = int(s.k_begin + int64_t(j) * BN);
+        mbar_wait(k_empty(st), parity);
+        mbar_arrive_expect_tx(k_full(st), Cfg::kKVBytes);
+        for (int db = 0; db < D / 64; ++db)
+          tma_load_4d(sK + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_k, k_full(st), db * 64, kv, key, batch);
+        mbar_wait(v_empty(st), parity);
+        mbar_arrive_expect_tx(v_full(st), Cfg::kKVBytes);
+        for (int db = 0; db < D / 64; ++db)
+          tma_load_4d(sV + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_v, v_full(st), db * 64, kv, key, batch);
+      }
+    }
+  } else {
+    regs_increase<240>();
+    const int wg = tid / 128 - 1;  // consumer 0 or 1: tile rows wg * 64 ..
+    const int lane = tid & 31;
+    const int row_base = wg * 64 + ((tid / 32) % 4) * 16 + (lane >> 2);  // rows row_base and row_base + 8
+
+    float o[D / 2], sc[NB * 4];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < NB * 4; ++i) sc[i] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+    if (num_key_tiles > 0) mbar_wait(q_full, 0);
+    for (int j = 0; j < num_key_tiles; ++j) {
+      const int st = j % kStages;
+      const uint32_t parity = (j / kStages) & 1;
+      const int64_t k0 = int64_t(j) * BN;
+
+      // S = Q K^T over D in k16 steps (32 bytes along a 128-byte row).
+      mbar_wait(k_full(st), parity);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t a = sQ + (ks / 4) * BM * kRowBytes + wg * 64 * kRowBytes + (ks % 4) * 32;
+        const uint32_t b = sK + st * Cfg::kKVBytes + (ks / 4) * BN * kRowBytes + (ks % 4) * 32;
+        wgmma_ss<T, BN>(sc, smem_desc(a, 16, 1024), smem_desc(b, 16, 1024), ks > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(sc);
+      if (lane == 0) mbar_arrive(k_empty(st));
+
+#pragma unroll
+      for (int i = 0; i < NB * 4; ++i) sc[i] *= p.scale_log2;
+      if (j >= first_masked_tile) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t row = q0 + row_base + h * 8;
+          const int64_t end = p.causal ? min(s.k_len, row + diag + 1) : s.k_len;
+          const int visible = int(max(int64_t(0), min(int64_t(BN), end - k0)));
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (nb * 8 + (lane & 3) * 2 + e >= visible) sc[nb * 4 + 2 * h + e] = -INFINITY;
+        }
+      }
+
+      // Online softmax; the four threads of a quad share a row.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) tile_max = fmaxf(tile_max, fmaxf(sc[nb * 4 + 2 * h], sc[nb * 4 + 2 * h + 1]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float m_old = row_max[h], m_new = fmaxf(m_old, tile_max);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        const float alpha = m_new == m_old ? 1.f : fast_exp2(m_old - m_use);
+        row_max[h] = m_new;
+        float sum = row_sum[h] * alpha;
+        if (__any_sync(0xffffffffu, m_new != m_old)) {  // rescale O only when a row's maximum moved
+#pragma unroll
+          for (int db = 0; db < DB; ++db) o[db * 4 + 2 * h] *= alpha, o[db * 4 + 2 * h + 1] *= alpha;
+        }
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          const float p0 = fast_exp2(sc[nb * 4 + 2 * h] - m_use), p1 = fast_exp2(sc[nb * 4 + 2 * h + 1] - m_use);
+          sc[nb * 4 + 2 * h] = p0, sc[nb * 4 + 2 * h + 1] = p1;
+          sum += p0 + p1;
+        }
+        row_sum[h] = sum;
+      }
+      uint32_t pa[BN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
+        pa[kk][1] = pack2<T>(sc[8 * kk + 2], sc[8 * kk + 3]);
+        pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
+        pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
+      }
+
+      // O += P V over the tile's keys in k16 steps (16 rows of V each).
+      mbar_wait(v_full(st), parity);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        const uint32_t b = sV + st * Cfg::kKVBytes + kk * 16 * kRowBytes;
+        wgmma_rs_tn<T, D>(o, pa[kk], smem_desc(b, BN * kRowBytes, 1024));
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(o);
+      fence_registers(pa);
+      if (lane == 0) mbar_arrive(v_empty(st));
+    }
+
+    // o = O / l (0 for a row that saw no key), lse = ln(l) + max.
+    const int64_t o_base = s.batch * p.o.batch + s.q_begin * p.o.token + w.head * p.o.head;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = row_sum[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int64_t row = q0 + row_base + h * 8;
+      if (row >= s.q_len) continue;
+#pragma unroll
+      for (int db = 0; db < DB; ++db) {
+        const int col = db * 8 + (lane & 3) * 2;
+        store_pair<T>(p.o, o_base + row * p.o.token + col * p.o.dim, o[db * 4 + 2 * h] * inv,
+                      o[db * 4 + 2 * h + 1] * inv);
+      }
+      if ((lane & 3) == 0)
+        p.lse[s.batch * p.lse_batch + w.head * p.lse_head + (s.q_begin + row) * p.lse_token] =
+            l > 0.f ? (row_max[h] + __log2f(l)) * kLn2 : -INFINITY;
+    }
+  }
+#endif
+}
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encoder;
+}
+
+// A 4-D map over a [B, T, H, D] tensor (dims innermost first: D, H, T, B)
+// whose box is 64 elements of D (one 128-byte swizzle row) x `rows` tokens.
+template <class T>
+bool make_tensor_map(CUtensorMap& map, const Strided& t, int64_t batch, int64_t tokens, int64_t heads, int64_t dim,
+                     int rows) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr || !t.vec16) return false;
+  const cuuint64_t dims[4] = {cuuint64_t(dim), cuuint64_t(heads), cuuint64_t(tokens), cuuint64_t(batch)};
+  // Byte strides of H, T, B; a dimension of size 1 is never stepped, any valid stride does.
+  const int64_t strides_in[3] = {t.head, t.token, t.batch};
+  cuuint64_t strides[3];
+  for (int i = 0; i < 3; ++i) strides[i] = dims[i + 1] > 1 ? cuuint64_t(strides_in[i]) * sizeof(T) : 16;
+  const cuuint32_t box[4] = {64, 1, cuuint32_t(rows), 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode(&map, type, 4, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// Runs the Hopper forward when this device and these tensors allow it;
+// returns false (having launched nothing) otherwise.
+template <class T, int D>
+bool run_attention_forward_hopper(AttentionParams p, cudaStream_t stream) {
+  using Cfg = HopperForwardConfig<D>;
+  auto kernel = attention_forward_hopper_kernel<T, D>;
+  int device = 0, major = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  if (major != 9) return false;
+  cudaFuncAttributes attributes{};
+  // The sm_90a machine code must be in this build (an sm_80-only build runs the portable kernel).
+  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess || attributes.binaryVersion != 90) {
+    cudaGetLastError();
+    return false;
+  }
+  constexpr int64_t kIntMax = 0x7fffffff;
+  if (p.q_len > kIntMax || p.k_len > kIntMax || p.batch > kIntMax || p.q_heads > kIntMax) return false;
+  CUtensorMap map_q, map_k, map_v;
+  if (!make_tensor_map<T>(map_q, p.q, p.batch, p.q_len, p.q_heads, D, Cfg::kBlockM) ||
+      !make_tensor_map<T>(map_k, p.k, p.batch, p.k_len, p.kv_heads, D, Cfg::kBlockN) ||
+      !make_tensor_map<T>(map_v, p.v, p.batch, p.k_len, p.kv_heads, D, Cfg::kBlockN))
+    return false;
+
+  const int64_t blocks = plan_grid(p, Cfg::kBlockM, true, p.q_heads);
+  if (blocks == 0) return true;
+  prepare_smem(kernel, Cfg::kSmemBytes);
+  kernel<<<unsigned(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_q, map_k, map_v, p);
+  check_cuda(cudaGetLastError(), "attention forward (Hopper) kernel launch");
+  return true;
+}
+
+template bool run_attention_forward_hopper<__nv_bfloat16, 64>(AttentionParams, cudaStream_t);
+template bool run_attention_forward_hopper<__half, 64>(AttentionParams, cudaStream_t);
+template bool run_attention_forward_hopper<__nv_bfloat16, 128>(AttentionParams, cudaStream_t);
+template bool run_attention_forward_hopper<__half, 128>(AttentionParams, cudaStream_t);
+
+}  // namespace flashgla::cuda::attn
