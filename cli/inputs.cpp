@@ -29,9 +29,12 @@ Buffer boundaries(const std::vector<int64_t>& cu_seqlens) {
   return b;
 }
 
-// Absent stays absent.
-Buffer convert(const Buffer& b, Device device, DType dtype) { return b.defined() ? b.cast(dtype).to(device) : Buffer{}; }
-Buffer move(const Buffer& b, Device device) { return b.defined() ? b.to(device) : Buffer{}; }
+// A copy on `device` in `dtype`; absent stays absent.
+Buffer convert(const Buffer& b, Device device, DType dtype) {
+  if (!b.defined()) return {};
+  return (b.dtype() == dtype ? b : b.cast(dtype)).to(device);
+}
+Buffer to_device(const Buffer& b, Device device) { return b.defined() ? b.to(device) : Buffer{}; }
 
 Buffer poisoned(DType dtype, std::vector<int64_t> shape, Device device) {
   Buffer b(dtype, std::move(shape), device);
@@ -66,9 +69,9 @@ GlaInputs GlaInputs::to(Device device, DType dtype) const {
   out.v = convert(v, device, dtype);
   out.g = convert(g, device, dtype);
   out.d_o = convert(d_o, device, dtype);
-  out.h0 = move(h0, device);
-  out.dht = move(dht, device);
-  out.cu_seqlens = move(cu_seqlens, device);
+  out.h0 = to_device(h0, device);
+  out.dht = to_device(dht, device);
+  out.cu_seqlens = to_device(cu_seqlens, device);
   out.cu_seqlens_host = cu_seqlens_host;
   return out;
 }
@@ -146,7 +149,7 @@ TensorView token_view(const Buffer& x, int64_t t) {
 
 AttentionInputs AttentionInputs::to(Device device, DType dtype) const {
   return {convert(q, device, dtype), convert(k, device, dtype), convert(v, device, dtype), convert(d_o, device, dtype),
-          move(cu_seqlens, device)};
+          to_device(cu_seqlens, device)};
 }
 
 AttentionInputs make_attention_inputs(const Shape& s, DType dtype, std::mt19937_64& rng) {

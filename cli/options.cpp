@@ -333,7 +333,7 @@ const char* kBenchIntro =
     "  gla chunked fwd        2*N*(C*K + C*V + 2*K*V), chunk C = 64 (intra-chunk scores,\n"
     "                         scores x values, the state's read and its update)\n"
     "  gla recurrent fwd      4*N*K*V (the state's update and read, per token)\n"
-    "  gla decode             4*S*H*K*V per step of S sequences\n"
+    "  gla decode             4*S*H*K*V per step of S sequences (fwd pass only)\n"
     "  attention fwd          2*B*H*Tq*Tk*(D + Dv), halved when causal (with varlen,\n"
     "                         the sum over sequences)\n"
     "  any bwd                2.5 x its fwd (FlashAttention's convention); fwdbwd 3.5 x\n"
