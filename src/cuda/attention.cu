@@ -1,9 +1,10 @@
 // CUDA softmax attention (FlashAttention): checks what this backend runs,
 // builds the kernels' parameters and dispatches on dtype and head dim. The
 // portable (sm_80+) kernels are in attention_kernels.cuh, instantiated in
-// attention_d*.cu; the forward runs the Hopper kernel (attention_hopper.cu)
-// where it applies. FLASHGLA_ATTENTION_KERNEL=portable in the environment
-// forces the portable forward (for tests and benchmarks).
+// attention_d*.cu. The Hopper forward (attention_hopper.cu) is opt-in until
+// it has been validated on a GPU: FLASHGLA_ATTENTION_KERNEL=hopper in the
+// environment runs it where it applies (sm_90a build and device, D <= 128,
+// TMA-compatible tensors), the portable forward everywhere else.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -115,12 +116,12 @@ void attention_forward(const AttentionForwardArgs& args, const AttentionProblem&
       make_params(args.q, args.k, args.v, args.o, args.lse, args.cu_seqlens_q, args.cu_seqlens_k, problem);
   const auto stream = static_cast<cudaStream_t>(args.stream);
   const char* kernel = std::getenv("FLASHGLA_ATTENTION_KERNEL");
-  const bool portable_only = kernel != nullptr && std::strcmp(kernel, "portable") == 0;
+  const bool try_hopper = kernel != nullptr && std::strcmp(kernel, "hopper") == 0;
   dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
     using T = decltype(type);
     constexpr int D = decltype(dim)::value;
     if constexpr (D <= 128)
-      if (!portable_only && attn::run_attention_forward_hopper<T, D>(p, stream)) return;
+      if (try_hopper && attn::run_attention_forward_hopper<T, D>(p, stream)) return;
     attn::run_attention_forward<T, D>(p, stream);
   });
 }

@@ -13,7 +13,9 @@
 //
 // Used for bf16/fp16, D in {64, 128}, tensors TMA can address (unit stride
 // along D, 16-byte aligned pointer and strides); the portable kernel runs
-// everything else.
+// everything else. NOT YET RUN ON A GPU: compiled and its SASS inspected
+// (HGMMA, UTMALDG, setmaxnreg, no spills) only, so it is opt-in
+// (FLASHGLA_ATTENTION_KERNEL=hopper, see attention.cu).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 

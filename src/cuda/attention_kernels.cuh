@@ -226,16 +226,13 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kWarps * 32, ForwardConfig<D
         for (int nb = 0; nb < NB; ++nb) tile_max = fmaxf(tile_max, fmaxf(sc[mt][nb][2 * h], sc[mt][nb][2 * h + 1]));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float m_old = row_max[mt][h], m_new = fmaxf(m_old, tile_max);
+        const float m_new = fmaxf(row_max[mt][h], tile_max);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: all p = 0
-        const float alpha = m_new == m_old ? 1.f : fast_exp2(m_old - m_use);
+        const float alpha = fast_exp2(row_max[mt][h] - m_use);
         row_max[mt][h] = m_new;
         float sum = row_sum[mt][h] * alpha;
-        // Rescale O only when some row of the warp has a new maximum (rare after the first tiles).
-        if (__any_sync(0xffffffffu, m_new != m_old)) {
 #pragma unroll
-          for (int db = 0; db < DB; ++db) o[mt][db][2 * h] *= alpha, o[mt][db][2 * h + 1] *= alpha;
-        }
+        for (int db = 0; db < DB; ++db) o[mt][db][2 * h] *= alpha, o[mt][db][2 * h + 1] *= alpha;
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
           const float p0 = fast_exp2(sc[mt][nb][2 * h] - m_use), p1 = fast_exp2(sc[mt][nb][2 * h + 1] - m_use);
