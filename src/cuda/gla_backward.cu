@@ -34,10 +34,10 @@ int64_t num_slots(const GlaProblem& pr) {
 // Scratch sizes, in the order they are laid out.
 struct Plan {
   size_t states = 0, dstates = 0;                  // chunked
-  size_t dq_acc = 0, dk_acc = 0, dg_terms = 0, dg_final = 0;  // recurrent
+  size_t dq_acc = 0, dk_acc = 0, dg_suffix_terms = 0, dg_prefix_terms = 0, dg_final = 0;  // recurrent
   size_t total() const {
-    return aligned(states) + aligned(dstates) + aligned(dq_acc) + aligned(dk_acc) + aligned(dg_terms) +
-           aligned(dg_final);
+    return aligned(states) + aligned(dstates) + aligned(dq_acc) + aligned(dk_acc) + aligned(dg_suffix_terms) +
+           aligned(dg_prefix_terms) + aligned(dg_final);
   }
 };
 
@@ -49,7 +49,8 @@ Plan plan(const GlaBackwardArgs& a, const GlaProblem& pr) {
     const size_t elem = compute_type(a) == Compute::f32 ? 4 : 2;
     plan.states = plan.dstates = size_t(num_slots(pr) * pr.heads * tiles) * gla_bwd::kTileElems * elem;
   } else {
-    plan.dq_acc = plan.dk_acc = plan.dg_terms = size_t(pr.batch * pr.seq_len * pr.heads * pr.key_dim) * sizeof(float);
+    plan.dq_acc = plan.dk_acc = plan.dg_suffix_terms = plan.dg_prefix_terms =
+        size_t(pr.batch * pr.seq_len * pr.heads * pr.key_dim) * sizeof(float);
     plan.dg_final = size_t(pr.num_seqs * pr.heads * pr.key_dim) * sizeof(float);
   }
   return plan;
@@ -161,7 +162,8 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   } else {
     p.dq_acc = reinterpret_cast<float*>(take(sizes.dq_acc));
     p.dk_acc = reinterpret_cast<float*>(take(sizes.dk_acc));
-    p.dg_terms = reinterpret_cast<float*>(take(sizes.dg_terms));
+    p.dg_suffix_terms = reinterpret_cast<float*>(take(sizes.dg_suffix_terms));
+    p.dg_prefix_terms = reinterpret_cast<float*>(take(sizes.dg_prefix_terms));
     p.dg_final = reinterpret_cast<float*>(take(sizes.dg_final));
     check_cuda(cudaMemsetAsync(scratch.data(), 0, sizes.total(), stream), "cudaMemsetAsync (GLA backward scratch)");
     gla_bwd::launch_recurrent(p, stream);

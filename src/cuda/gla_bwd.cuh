@@ -68,11 +68,13 @@ struct Params {
   void* states = nullptr;   // S before each chunk
   void* dstates = nullptr;  // dS after each chunk
 
-  // Recurrent: fp32 accumulators [B*T, H, K] (zeroed) and the dht term [N, H, K].
+  // Recurrent: fp32 accumulators [B*T, H, K] (zeroed) and one [N, H, K] term;
+  // see gla_bwd_recurrent.cu for the three parts of dg.
   float* dq_acc = nullptr;
   float* dk_acc = nullptr;
-  float* dg_terms = nullptr;  // per token: q⊙dq' − k⊙dk' (dg is their reverse cumsum)
-  float* dg_final = nullptr;  // per sequence: rowsum(S_T ⊙ dht)
+  float* dg_suffix_terms = nullptr;  // summed over this token and the later ones
+  float* dg_prefix_terms = nullptr;  // summed over the earlier tokens
+  float* dg_final = nullptr;         // added to every token
 };
 
 // Compute types: fp32 inputs run in fp32 (SIMT products, fp64 gate cumsums);
