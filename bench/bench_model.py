@@ -10,7 +10,7 @@ Training: bf16 autocast with fp32 weights, AdamW, a fixed number of tokens per s
 tokens / T); tokens/s over timed steps after warm-up, peak memory of the whole step. Decode: one
 token for --decode-batch sequences through every layer, with the GLA state of each layer or a KV
 cache of --kv-len tokens (bf16 weights, caches filled with random values: the time does not depend
-on them); median of the timed steps, eager PyTorch (no CUDA graphs) for both.
+on them); median of the timed steps in eager PyTorch, and of the same step replayed as a CUDA graph.
 Prints a table and appends it to bench/results_model.md with the date and the card.
 """
 
@@ -124,8 +124,32 @@ def bench_decode(config, batch, kv_len, steps, warmup, device):
         tensors = [state.recurrent] if isinstance(state, GLAState) else [state.k[:, :state.length],
                                                                          state.v[:, :state.length]]
         cache_gib += sum(t.numel() * t.element_size() for t in tensors) / 2**30
+    graph_ms = decode_graph_ms(model, cache, token, steps) if device.type == "cuda" else None
     del model, cache
-    return dict(ms=1e3 * statistics.median(times), cache_gib=cache_gib)
+    return dict(ms=1e3 * statistics.median(times), graph_ms=graph_ms, cache_gib=cache_gib)
+
+
+def decode_graph_ms(model, cache, token, steps):
+    """The same decode step captured in a CUDA graph and replayed: the GPU time without Python and
+    launch overhead. (Replays of the Transformer's step write the same cache slot: the cache stays
+    at its length, which is what is being timed.)"""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        model(token, cache=cache, use_cache=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        model(token, cache=cache, use_cache=True)
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def card_name(device):
@@ -158,7 +182,8 @@ def main(argv=None):
             print(" | ".join(str(c) for c in rows[-1]), flush=True)
         d = bench_decode(config, args.decode_batch, args.kv_len, args.decode_steps, args.warmup, device)
         what = "GLA states" if name == "GLA" else f"KV cache {args.kv_len}"
-        rows.append((name, rows[-1][1], f"decode 1 token x {args.decode_batch} seqs ({what})", f"{d['ms']:.2f} ms",
+        speed = f"{d['ms']:.2f} ms" + ("" if d["graph_ms"] is None else f" ({d['graph_ms']:.2f} ms in a CUDA graph)")
+        rows.append((name, rows[-1][1], f"decode 1 token x {args.decode_batch} seqs ({what})", speed,
                      f"{d['cache_gib']:.2f} GiB cache"))
         print(" | ".join(str(c) for c in rows[-1]), flush=True)
         if device.type == "cuda":

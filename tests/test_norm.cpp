@@ -338,6 +338,43 @@ TEST(Norm, CpuStridedLastDimension) {
   for (size_t e = 1; e < wide.size(); e += 2) ASSERT_TRUE(std::isnan(wide[e])) << "wrote outside the view at " << e;
 }
 
+// Leading dimensions that do not nest (a transposed view): x is [5, 3, D] over a [3, 5, D] buffer.
+void check_permuted_rows(Device device, DType dtype) {
+  SCOPED_TRACE(std::string("permuted rows, ") + dtype_name(dtype) + " on " + device.str());
+  const int64_t A = 3, B = 5, D = 48;
+  std::mt19937_64 rng(21);
+  Buffer x_host(dtype, {A, B, D}), r_host(dtype, {A, B, D});
+  x_host.fill_normal(rng, 0.2, 1.0), r_host.fill_normal(rng);
+  const Buffer x_storage = x_host.to(device), r_storage = r_host.to(device);
+  Buffer y = Buffer(dtype, {B, A, D}).to(device);
+  y.poison();
+  auto transposed = [&](const Buffer& b) {
+    TensorView v = b.view();
+    std::swap(v.shape[0], v.shape[1]), std::swap(v.stride[0], v.stride[1]);
+    return v;
+  };
+  auto logical = [&](const std::vector<double>& storage) {  // [A, B, D] storage -> [B, A, D] order
+    std::vector<double> out;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t a = 0; a < A; ++a)
+        for (int64_t d = 0; d < D; ++d) out.push_back(storage[(a * B + b) * D + d]);
+    return out;
+  };
+  RmsNormForwardArgs args;
+  args.x = transposed(x_storage), args.gate = transposed(r_storage), args.y = y.view();
+  rms_norm_forward(args);
+  flashgla::testing::synchronize(device);
+  NormInputs in;
+  in.rows = A * B, in.dim = D, in.eps = args.eps, in.x = logical(x_host.values()), in.r = logical(r_host.values());
+  const std::vector<double> ref = reference_norm(in);
+  EXPECT_LE(rel_rms_error(y.values(), ref), tolerance(dtype, ref, reference_norm<float>(in)));
+}
+
+TEST(Norm, CpuPermutedLeadingDimensions) {
+  check_permuted_rows({}, DType::f32);
+  check_permuted_rows({}, DType::bf16);
+}
+
 void check_gate(DType dtype, DType out_dtype, std::optional<double> clamp_min, Device device, int64_t padding,
                 uint64_t seed) {
   SCOPED_TRACE(std::string(dtype_name(dtype)) + " -> " + dtype_name(out_dtype) +
@@ -509,6 +546,12 @@ TEST(NormGpu, MatchesReference) {
     c = {{3, 30000}, dtype, true, true, DType::f32, GateActivation::swish, 0, gpu};  // accumulators in the workspace
     check_norm(c, seed++);
   }
+}
+
+TEST(NormGpu, PermutedLeadingDimensions) {
+  if (!flashgla::testing::has_cuda()) GTEST_SKIP() << "no GPU";
+  check_permuted_rows({DeviceType::cuda, 0}, DType::f32);
+  check_permuted_rows({DeviceType::cuda, 0}, DType::bf16);
 }
 
 TEST(NormGpu, CallerWorkspaceAndEmptyRows) {

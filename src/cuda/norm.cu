@@ -60,27 +60,38 @@ __device__ __forceinline__ void store_any(void* data, DType dtype, int64_t offse
 }
 
 // Where the rows of a [..., D] tensor start: the leading dimensions' sizes and
-// strides (innermost last), and the step between a row's elements.
+// strides (innermost last), merged where they nest (a contiguous tensor has
+// one), and the step between a row's elements.
 struct RowLayout {
   int leading = 0;
   int64_t size[kMaxDims - 1] = {1, 1, 1};
   int64_t stride[kMaxDims - 1] = {0, 0, 0};
   int64_t step = 1;
 
+  // 64-bit division is slow on the GPU: none for one leading dimension (row < size[0]).
   __device__ __forceinline__ int64_t offset(int64_t row) const {
     int64_t offset = 0;
-    for (int d = leading - 1; d >= 0; --d) {
+    for (int d = leading - 1; d > 0; --d) {
       offset += (row % size[d]) * stride[d];
       row /= size[d];
     }
-    return offset;
+    return offset + row * stride[0];
   }
 };
 
 RowLayout row_layout(const TensorView& t) {
   RowLayout l;
-  l.leading = t.ndim - 1;
-  for (int d = 0; d < l.leading; ++d) l.size[d] = t.shape[d], l.stride[d] = t.stride[d];
+  for (int d = 0; d + 1 < t.ndim; ++d) {
+    if (t.shape[d] == 1) continue;  // no effect on the offset
+    if (l.leading > 0 && l.stride[l.leading - 1] == t.shape[d] * t.stride[d]) {
+      l.size[l.leading - 1] *= t.shape[d];  // nests in the previous dimension: merge
+      l.stride[l.leading - 1] = t.stride[d];
+    } else {
+      l.size[l.leading] = t.shape[d], l.stride[l.leading] = t.stride[d];
+      ++l.leading;
+    }
+  }
+  if (l.leading == 0) l.leading = 1, l.size[0] = 1, l.stride[0] = 0;  // one row
   l.step = t.stride[t.ndim - 1];
   return l;
 }
@@ -111,6 +122,23 @@ __device__ __forceinline__ void store_packet(T* row, int64_t j, int64_t step, co
 #pragma unroll
     for (int i = 0; i < VEC; ++i) p.v[i] = from_float<T>(in[i]);
     *reinterpret_cast<Packet<T, VEC>*>(row + j) = p;
+  }
+}
+
+// acc[j .. j+VEC) += add, as 16-byte shared/global accesses where VEC allows (fewer bank conflicts).
+template <int VEC>
+__device__ __forceinline__ void accumulate(float* acc, int64_t j, const float (&add)[VEC]) {
+  if constexpr (VEC % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) {
+      float4* slot = reinterpret_cast<float4*>(acc + j) + q;
+      float4 v = *slot;
+      v.x += add[4 * q], v.y += add[4 * q + 1], v.z += add[4 * q + 2], v.w += add[4 * q + 3];
+      *slot = v;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[j + i] += add[i];
   }
 }
 
@@ -158,6 +186,7 @@ __device__ __forceinline__ float weight_at(const NormParams& p, int64_t j) {
 template <class T, int VEC>
 __device__ float row_inverse_rms(const T* x, const NormParams& p, int lane) {
   float sum_squares = 0;
+#pragma unroll 4
   for (int64_t j = int64_t(lane) * VEC; j < p.dim; j += kWarp * VEC) {
     float v[VEC];
     load_packet<T, VEC>(x, j, p.x_rows.step, v);
@@ -176,6 +205,7 @@ __global__ void __launch_bounds__(kNormWarps * kWarp) rms_norm_forward_kernel(co
     const T* r = p.gate ? static_cast<const T*>(p.gate) + p.gate_rows.offset(row) : nullptr;
     T* y = static_cast<T*>(p.y) + p.y_rows.offset(row);
     const float rstd = row_inverse_rms<T, VEC>(x, p, lane);
+#pragma unroll 4
     for (int64_t j = int64_t(lane) * VEC; j < p.dim; j += kWarp * VEC) {
       float v[VEC], gate[VEC];
       load_packet<T, VEC>(x, j, p.x_rows.step, v);
@@ -194,7 +224,8 @@ __global__ void __launch_bounds__(kNormWarps * kWarp) rms_norm_forward_kernel(co
 //   dx = rstd · (∂L/∂x̂ − x̂ · mean(∂L/∂x̂ · x̂)),  dr = dy · x̂ · w · act'(r),  dw = Σ_rows dy · act(r) · x̂.
 template <class T, int VEC>
 __global__ void __launch_bounds__(kNormWarps * kWarp) rms_norm_backward_kernel(const NormParams p) {
-  extern __shared__ float shared_accumulators[];
+  extern __shared__ float4 shared_storage[];  // float4: 16-byte aligned for accumulate()
+  float* shared_accumulators = reinterpret_cast<float*>(shared_storage);
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const bool want_dweight = p.partials != nullptr;
   // Each lane reads and writes only the columns it owns, so no synchronisation until the rows are done.
@@ -210,23 +241,28 @@ __global__ void __launch_bounds__(kNormWarps * kWarp) rms_norm_backward_kernel(c
     const T* x = static_cast<const T*>(p.x) + p.x_rows.offset(row);
     const T* r = p.gate ? static_cast<const T*>(p.gate) + p.gate_rows.offset(row) : nullptr;
     const T* dy = static_cast<const T*>(p.dy) + p.dy_rows.offset(row);
-    const float rstd = row_inverse_rms<T, VEC>(x, p, lane);
-
-    float dot = 0;  // Σ_j ∂L/∂x̂_j · x̂_j
+    // One pass for both row sums: Σ x² (for rstd) and Σ ∂L/∂x̂ · x / rstd (for the mean below).
+    float sum_squares = 0, dot = 0;
+#pragma unroll 4
     for (int64_t j = int64_t(lane) * VEC; j < p.dim; j += kWarp * VEC) {
       float xv[VEC], gv[VEC], dyv[VEC];
       load_packet<T, VEC>(x, j, p.x_rows.step, xv);
       load_packet<T, VEC>(dy, j, p.dy_rows.step, dyv);
       if (r) load_packet<T, VEC>(r, j, p.gate_rows.step, gv);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) dot += dyv[i] * (r ? activate(p.activation, gv[i]) : 1.f) * weight_at(p, j + i) * xv[i];
+      for (int i = 0; i < VEC; ++i) {
+        sum_squares += xv[i] * xv[i];
+        dot += dyv[i] * (r ? activate(p.activation, gv[i]) : 1.f) * weight_at(p, j + i) * xv[i];
+      }
     }
-    const float mean_dot = warp_sum(dot) * rstd / float(p.dim);
+    const float rstd = rsqrtf(warp_sum(sum_squares) / float(p.dim) + p.eps);
+    const float mean_dot = warp_sum(dot) * rstd / float(p.dim);  // mean of ∂L/∂x̂ · x̂
 
     T* dx = static_cast<T*>(p.dx) + p.dx_rows.offset(row);
     T* dr = r ? static_cast<T*>(p.dgate) + p.dgate_rows.offset(row) : nullptr;
+#pragma unroll 4
     for (int64_t j = int64_t(lane) * VEC; j < p.dim; j += kWarp * VEC) {
-      float xv[VEC], gv[VEC], dyv[VEC], dxv[VEC], drv[VEC];
+      float xv[VEC], gv[VEC], dyv[VEC], dxv[VEC], drv[VEC], dwv[VEC];
       load_packet<T, VEC>(x, j, p.x_rows.step, xv);
       load_packet<T, VEC>(dy, j, p.dy_rows.step, dyv);
       if (r) load_packet<T, VEC>(r, j, p.gate_rows.step, gv);
@@ -235,11 +271,12 @@ __global__ void __launch_bounds__(kNormWarps * kWarp) rms_norm_backward_kernel(c
         const float w = weight_at(p, j + i), xhat = xv[i] * rstd;
         const float dnormed = r ? dyv[i] * activate(p.activation, gv[i]) : dyv[i];  // ∂L/∂(x̂ · w)
         if (r) drv[i] = dyv[i] * xhat * w * activate_grad(p.activation, gv[i]);
-        if (want_dweight) dweight_acc[j + i] += dnormed * xhat;
+        dwv[i] = dnormed * xhat;
         dxv[i] = rstd * (dnormed * w - xhat * mean_dot);
       }
       store_packet<T, VEC>(dx, j, p.dx_rows.step, dxv);
       if (r) store_packet<T, VEC>(dr, j, p.dgate_rows.step, drv);
+      if (want_dweight) accumulate<VEC>(dweight_acc, j, dwv);
     }
   }
   if (!want_dweight) return;
@@ -252,14 +289,27 @@ __global__ void __launch_bounds__(kNormWarps * kWarp) rms_norm_backward_kernel(c
   }
 }
 
-// dweight[j] = Σ_b partials[b][j], in block order (deterministic).
-__global__ void reduce_partials_kernel(const float* partials, int64_t blocks, int64_t dim, void* dweight,
-                                       DType dweight_dtype, int64_t dweight_step) {
-  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < dim; j += int64_t(gridDim.x) * blockDim.x) {
-    float sum = 0;
-    for (int64_t b = 0; b < blocks; ++b) sum += partials[b * dim + j];
-    store_any(dweight, dweight_dtype, j * dweight_step, sum);
+// dweight[j] = Σ_b partials[b][j]. A block sums kReduceColumns columns: thread (x, y) adds rows
+// y, y + kReduceRowGroups, ... of column x, then thread (x, 0) adds the groups in order, so the
+// result does not depend on scheduling.
+constexpr int kReduceColumns = 32, kReduceRowGroups = 32;
+
+__global__ void __launch_bounds__(kReduceColumns * kReduceRowGroups)
+    reduce_partials_kernel(const float* partials, int64_t blocks, int64_t dim, void* dweight, DType dweight_dtype,
+                           int64_t dweight_step) {
+  __shared__ float group_sums[kReduceRowGroups][kReduceColumns + 1];
+  const int64_t j = int64_t(blockIdx.x) * kReduceColumns + threadIdx.x;
+  float sum = 0;
+  if (j < dim) {
+#pragma unroll 4
+    for (int64_t b = threadIdx.y; b < blocks; b += kReduceRowGroups) sum += partials[b * dim + j];
   }
+  group_sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= dim) return;
+  float total = 0;
+  for (int g = 0; g < kReduceRowGroups; ++g) total += group_sums[g][threadIdx.x];
+  store_any(dweight, dweight_dtype, j * dweight_step, total);
 }
 
 // ---- launch planning -----------------------------------------------------------------
@@ -526,10 +576,9 @@ void rms_norm_backward(const RmsNormBackwardArgs& a, const RowsProblem& p) {
   if (a.dweight.defined()) {
     // With no rows there are no partial rows: the sum is 0.
     const int64_t partial_rows = p.rows > 0 ? plan.blocks : 0;
-    constexpr int kThreads = 256;
-    const int blocks = std::max(1, ceil_div(p.dim, kThreads));
-    reduce_partials_kernel<<<blocks, kThreads, 0, stream>>>(params.partials, partial_rows, p.dim, a.dweight.data,
-                                                            a.dweight.dtype, a.dweight.stride[0]);
+    const dim3 threads(kReduceColumns, kReduceRowGroups);
+    reduce_partials_kernel<<<ceil_div(p.dim, kReduceColumns), threads, 0, stream>>>(
+        params.partials, partial_rows, p.dim, a.dweight.data, a.dweight.dtype, a.dweight.stride[0]);
     check_cuda(cudaGetLastError(), "RMSNorm dweight reduction launch");
   }
 }
