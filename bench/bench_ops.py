@@ -156,7 +156,9 @@ def run_overhead(repeats):
              _C.GlaAlgorithm.chunked, False, view(o, "o"), None)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
     op = torch.ops.flashgla.chunk_gla.default
+    a, b = torch.randn(16), torch.randn(16)
     cases = {
+        "torch.add (for scale)": lambda: torch.add(a, b),
         "flashgla.chunk_gla (no grad)": lambda: flashgla.chunk_gla(q, k, v, g),
         "torch.ops.flashgla.chunk_gla": lambda: op(q, k, v, g, None, None, None, None, False, False),
         "flashgla.chunk_gla (inputs require grad)": lambda: flashgla.chunk_gla(*leaves),
@@ -165,10 +167,10 @@ def run_overhead(repeats):
             _C.GlaAlgorithm.chunked, False, view(o, "o"), None),
         "_C.gla_forward, views prebuilt": lambda: _C.gla_forward(*views),
     }
-    print(f"B=1 T=1 H=1 K=V=16 fp32 CPU, 1 torch thread; µs per call (best of 5 x {repeats})")
+    print(f"B=1 T=1 H=1 K=V=16 fp32 CPU, 1 torch thread; µs per call (best of 30 x {repeats})")
     for name, function in cases.items():
         function()
-        best = min(timeit.repeat(function, number=repeats, repeat=5)) / repeats
+        best = min(timeit.repeat(function, number=repeats, repeat=30)) / repeats
         print(f"  {name:42s} {best * 1e6:8.2f}")
 
 
@@ -176,7 +178,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", help="comma-separated indices into the anchor shapes (default: all)")
     parser.add_argument("--overhead", action="store_true", help="measure the per-call overhead on CPU tensors")
-    parser.add_argument("--repeats", type=int, default=20000, help="calls per timing in --overhead")
+    parser.add_argument("--repeats", type=int, default=1000, help="calls per timing in --overhead")
     args = parser.parse_args()
     if args.overhead:
         run_overhead(args.repeats)
