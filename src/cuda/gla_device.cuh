@@ -101,17 +101,19 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // Copies a tile of `rows` × `cols` elements (element size `esize`) into shared
-// memory, row-major and unpadded: tile[r][c] = src[row_offset(r) + col0 + c] for
-// r < rows_valid and col0 + c < width, zero elsewhere. Element offsets are
-// `base + r * row_stride + col`. With view.rows16 the rows travel as 16-byte
-// cp.async pieces (complete with cp_async_wait_all); otherwise element by element.
-__device__ __forceinline__ void copy_tile(const View& view, int esize, int64_t base, int64_t row_stride, int rows,
-                                          int rows_valid, int col0, int width, int cols, void* tile, int tid,
-                                          int threads) {
+// memory, row-major and unpadded: tile[r][c] = src[base + r * row_stride +
+// (col0 + c) * col_stride] for r < rows_valid and col0 + c < width, zero
+// elsewhere. With `rows16` (col_stride 1, 16-byte aligned rows) the rows travel
+// as 16-byte cp.async pieces (complete with cp_async_wait_all); otherwise
+// element by element.
+__device__ __forceinline__ void copy_tile(const void* data, bool rows16, int64_t col_stride, int esize, int64_t base,
+                                          int64_t row_stride, int rows, int rows_valid, int col0, int width, int cols,
+                                          void* tile, int tid, int threads) {
   char* dst = static_cast<char*>(tile);
-  const char* src = static_cast<const char*>(view.data);
-  if (view.rows16) {
+  const char* src = static_cast<const char*>(data);
+  if (rows16) {
     const int pieces = cols * esize / 16;
+#pragma unroll 1
     for (int i = tid; i < rows * pieces; i += threads) {
       const int r = i / pieces, piece = i - r * pieces;
       const int col = col0 + piece * (16 / esize);
@@ -119,19 +121,50 @@ __device__ __forceinline__ void copy_tile(const View& view, int esize, int64_t b
       const char* from = bytes ? src + (base + r * row_stride + col) * esize : src;
       cp_async16(dst + (r * cols) * esize + piece * 16, from, bytes);
     }
-  } else {
-    for (int i = tid; i < rows * cols; i += threads) {
-      const int r = i / cols, c = i - r * cols;
-      const bool valid = r < rows_valid && col0 + c < width;
-      const int64_t at = (base + r * row_stride + int64_t(col0 + c) * view.stride[3]) * esize;
-      char* to = dst + int64_t(i) * esize;
-      switch (esize) {
-        case 2: *reinterpret_cast<uint16_t*>(to) = valid ? *reinterpret_cast<const uint16_t*>(src + at) : 0; break;
-        case 4: *reinterpret_cast<uint32_t*>(to) = valid ? *reinterpret_cast<const uint32_t*>(src + at) : 0; break;
-        default: *reinterpret_cast<uint64_t*>(to) = valid ? *reinterpret_cast<const uint64_t*>(src + at) : 0; break;
-      }
+    return;
+  }
+  // 16 bits at a time: one code path for every element size.
+  const int units = esize / 2;
+#pragma unroll 1
+  for (int i = tid; i < rows * cols * units; i += threads) {
+    const int e = i / units, r = e / cols, c = e - r * cols;
+    const bool valid = r < rows_valid && col0 + c < width;
+    const int64_t at = (base + r * row_stride + int64_t(col0 + c) * col_stride) * esize;
+    reinterpret_cast<uint16_t*>(dst)[i] = valid ? reinterpret_cast<const uint16_t*>(src + at)[i - e * units] : 0;
+  }
+}
+// The reverse of copy_tile, synchronous: dst[base + r * row_stride + (col0 + c) *
+// col_stride] = tile[r][c] (row pitch `pitch` bytes) for r < rows_valid and
+// col0 + c < width; 16-byte pieces with `rows16`.
+__device__ __forceinline__ void store_tile(void* data, bool rows16, int64_t col_stride, int esize, int64_t base,
+                                           int64_t row_stride, int rows, int rows_valid, int col0, int width, int cols,
+                                           const void* tile, int pitch, int tid, int threads) {
+  char* dst = static_cast<char*>(data);
+  const char* src = static_cast<const char*>(tile);
+  const int per_piece = rows16 ? 16 / esize : 1;  // elements per piece
+  const int pieces = cols / per_piece;
+#pragma unroll 1
+  for (int i = tid; i < rows * pieces; i += threads) {
+    const int r = i / pieces, piece = i - r * pieces;
+    const int col = col0 + piece * per_piece;
+    if (r >= rows_valid || col >= width) continue;
+    const char* from = src + r * pitch + piece * per_piece * esize;
+    char* to = dst + (base + r * row_stride + col * col_stride) * esize;
+    if (rows16 && col + per_piece <= width) {
+      *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(from);
+    } else {
+      for (int e = 0; e < min(per_piece, width - col); ++e)
+        for (int u = 0; u < esize / 2; ++u)
+          reinterpret_cast<uint16_t*>(to + e * col_stride * esize)[u] = reinterpret_cast<const uint16_t*>(from + e * esize)[u];
     }
   }
+}
+
+__device__ __forceinline__ void copy_tile(const View& view, int esize, int64_t base, int64_t row_stride, int rows,
+                                          int rows_valid, int col0, int width, int cols, void* tile, int tid,
+                                          int threads) {
+  copy_tile(view.data, view.rows16, view.stride[3], esize, base, row_stride, rows, rows_valid, col0, width, cols, tile,
+            tid, threads);
 }
 
 // ---- tensor-core products ------------------------------------------------------------
@@ -139,7 +172,8 @@ __device__ __forceinline__ void copy_tile(const View& view, int esize, int64_t b
 // accumulator (mma.sync m16n8k16 layout: lane = 4 * g + t holds rows g and
 // g + 8, columns 2t and 2t + 1). A is read row-major (A[m][k] at a[m * lda + k]);
 // B is read as B^T, i.e. B[k][n] at b[n * ldb + k]: both keep the reduction
-// index contiguous. Operands may come from E or from fp32 shared memory.
+// index contiguous (load_b_rows reads an fp32 B row-major instead). Operands
+// may come from E or from fp32 shared memory.
 //
 // E = bf16/fp16: one mma.sync with the operands rounded to E.
 // E = float: 3xTF32 (x = big + small, big·big + big·small + small·big), which
@@ -178,6 +212,14 @@ struct Mma16 {  // bf16 or fp16
     B r;
     r.x[0] = word(b + g * ldb + 2 * t);
     r.x[1] = word(b + g * ldb + 2 * t + 8);
+    return r;
+  }
+  // B[k][n] at b[k * ldb + n] (row-major, e.g. the fp32 state S[k][v]).
+  __device__ __forceinline__ static B load_b_rows(const float* b, int ldb, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    B r;
+    r.x[0] = pack(b[2 * t * ldb + g], b[(2 * t + 1) * ldb + g]);
+    r.x[1] = pack(b[(2 * t + 8) * ldb + g], b[(2 * t + 9) * ldb + g]);
     return r;
   }
   __device__ __forceinline__ static void mma(float (&c)[4], const A& a, const B& b);
@@ -236,6 +278,16 @@ struct Mma<float> {
       const float* p = b + g * ldb + 8 * h + t;
       split(p[0], r.big[h][0], r.small[h][0]);
       split(p[4], r.big[h][1], r.small[h][1]);
+    }
+    return r;
+  }
+  __device__ __forceinline__ static B load_b_rows(const float* b, int ldb, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    B r;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      split(b[(8 * h + t) * ldb + g], r.big[h][0], r.small[h][0]);
+      split(b[(8 * h + t + 4) * ldb + g], r.big[h][1], r.small[h][1]);
     }
     return r;
   }

@@ -35,14 +35,10 @@ View view_of(const TensorView& t) {
   const int64_t esize = gla::elem_size(v.dtype);
   const auto address = reinterpret_cast<uintptr_t>(t.data);
   const bool unit = t.shape[last] <= 1 || t.stride[last] == 1;
-  bool rows16 = unit && address % 16 == 0, pairs = unit && address % (2 * esize) == 0;
-  for (int d = 0; d < last; ++d) {
-    if (t.shape[d] <= 1) continue;
-    rows16 = rows16 && t.stride[d] * esize % 16 == 0;
-    pairs = pairs && t.stride[d] % 2 == 0;
-  }
+  bool rows16 = unit && address % 16 == 0;
+  for (int d = 0; d < last; ++d)
+    if (t.shape[d] > 1) rows16 = rows16 && t.stride[d] * esize % 16 == 0;
   v.rows16 = rows16;
-  v.pairs = pairs;
   if (unit) v.stride[last] = 1;  // the kernels' fast paths assume it
   return v;
 }

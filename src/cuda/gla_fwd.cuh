@@ -20,8 +20,7 @@ struct View {
   void* data = nullptr;        // null: absent
   int64_t stride[4] = {0, 0, 0, 0};
   Elem dtype = Elem::f32;
-  bool rows16 = false;         // innermost stride 1 and every row start 16-byte aligned (cp.async path)
-  bool pairs = false;          // innermost stride 1 and even offsets: two neighbours form one aligned word
+  bool rows16 = false;         // innermost stride 1 and every row start 16-byte aligned (16-byte path)
 };
 
 // Sequence boundaries: cu_seqlens on the device (null: fixed-length batch).

@@ -1,10 +1,10 @@
 // Chunked GLA forward, fused with the state kept on chip (the non-materialized
 // FlashLinearAttention form of the GLA paper, seed 003; the steps of seed 002).
 //
-// One CTA per (sequence, head, value tile of 64 columns (32 for fp32), sequence split). It
-// walks its chunks of C = 64 tokens in order and keeps the transposed state
-// S^T[v][k] (fp32) in shared memory. K is walked in slices of 32 key columns;
-// for each chunk and slice:
+// One CTA per (sequence, head, value tile of 64 columns (32 for fp32),
+// sequence split). It walks its chunks of C = 64 tokens in order and keeps the
+// state tile S[k][v] (fp32) in shared memory. K is walked in slices of 32 key
+// columns; for each chunk and slice:
 //   * q, k, g [64 × 32] arrive by cp.async (16-byte pieces, double-buffered:
 //     the next slice loads while this one computes), v [64 × tile] once a chunk;
 //   * the gate factors come from α = exp(g) by products, never by exp of a
@@ -17,7 +17,9 @@
 //     reference point (seed 002 step 3); the 4 diagonal blocks in fp32 on CUDA
 //     cores, exp(Γ_r − Γ_c) built row by row as a running product of α;
 //   * S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V (tensor cores).
-// After the last slice, O += (A ⊙ M) V and o is written.
+// After the last slice, O += (A ⊙ M) V and o is written. Each warp owns 8
+// value columns of O and of the state, so it reads and then updates its own
+// state columns without a barrier between the two.
 //
 // Products use mma.sync (sm_80+) with fp32 accumulation: bf16/fp16 operands
 // for bf16/fp16 inputs, 3xTF32 for fp32 inputs (fp32 accuracy, no silent TF32).
@@ -55,9 +57,10 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
   constexpr int PS = KS + pad<E>();  // rows of one slice (32 keys)
   constexpr int PC = C + pad<E>();   // rows of one chunk (64 tokens)
   constexpr int BV = tile_of<E>();   // value columns
-  constexpr int NTO = BV / 16;       // n-tiles of 8 columns per warp in O (warps: 4 row blocks × 2 column halves)
-  constexpr int RGS = BV / 16;       // 16-row blocks of S^T[v] in the state update ...
-  constexpr int NTS = KS * RGS / 64; // ... and each warp's n-tiles of 8 keys
+  constexpr int CG = BV / 8;         // groups of 8 value columns: warp w owns group w % CG ...
+  constexpr int RW = 8 / CG;         // ... shared by RW warps (1 for bf16/fp16, 2 for fp32)
+  constexpr int MT_O = 4 / RW;       // 16-row tiles of O per warp
+  constexpr int MT_S = 2 / RW;       // 16-key tiles of the slice's state update per warp
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g4 = lane >> 2, t4 = lane & 3;  // mma fragment coordinates
   const int64_t nh = blockIdx.x;
@@ -68,7 +71,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
   const int K = p.key_dim, V = p.value_dim;
   const int Kp = p.num_slices * KS;
   const ChunkLayout& L = p.smem;
-  const int sp = L.state_pitch;
+  const int sp = L.state_pitch;  // floats per key row of S
   const int gsize = elem_size(p.g.dtype);
 
   const SeqRange seq = sequence_range(p.seqs, n);
@@ -81,7 +84,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
     return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
   };
 
-  float* S = reinterpret_cast<float*>(smem + L.state);  // S^T[v][k], pitch sp
+  float* S = reinterpret_cast<float*>(smem + L.state);  // S[k][v], pitch sp
   E* raw_v = reinterpret_cast<E*>(smem + L.raw_v);
   float* alpha_s = reinterpret_cast<float*>(smem + L.alpha);
   E* Qg = reinterpret_cast<E*>(smem + L.qg);      // [64][PS]  q ⊙ exp Γ
@@ -111,28 +114,28 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
         s = p.split_decay[slot * K + kk] * s + p.split_states[(slot * K + kk) * V + vg];
       }
     }
-    S[vv * sp + kk] = s;
+    S[kk * sp + vv] = s;
   }
   if (p.states_only)
     for (int i = tid; i < Kp; i += NT) split_decay_s[i] = 1.f;
 
-  // ---- loads ----
-  auto issue_qkg = [&](int64_t c, int slice, int stage) {
+  // ---- loads: q, k, g of one slice (tiles 0-2) and v of one chunk (tile 3), as asked by `tiles` ----
+  // One copy loop serves every tile (a runtime loop keeps the kernel's code small).
+  auto issue = [&](int64_t c, int slice, int stage, unsigned tiles) {
     const int rows_valid = int(min(int64_t(C), seq.len - c * C));
-    const int col0 = slice * KS;
-    if (!p.states_only)
-      copy_tile(p.q, sizeof(E), row_offset(p.q, c * C), p.q.stride[1], C, rows_valid, col0, K, KS, raw_q(stage), tid,
-                NT);
-    copy_tile(p.k, sizeof(E), row_offset(p.k, c * C), p.k.stride[1], C, rows_valid, col0, K, KS, raw_k(stage), tid,
-              NT);
-    if (p.gate == Gate::vector)
-      copy_tile(p.g, gsize, row_offset(p.g, c * C), p.g.stride[1], C, rows_valid, col0, K, KS,
-                const_cast<unsigned char*>(raw_g(stage)), tid, NT);
+#pragma unroll 1
+    for (int t = 0; t < 4; ++t) {
+      if (!(tiles >> t & 1u)) continue;
+      const View& view = t == 0 ? p.q : t == 1 ? p.k : t == 2 ? p.g : p.v;
+      const int esize = t == 2 ? gsize : int(sizeof(E));
+      void* dst = t == 0 ? static_cast<void*>(raw_q(stage)) : t == 1 ? static_cast<void*>(raw_k(stage))
+                : t == 2 ? const_cast<unsigned char*>(raw_g(stage)) : static_cast<void*>(raw_v);
+      copy_tile(view.data, view.rows16, view.stride[3], esize, row_offset(view, c * C), view.stride[1], C, rows_valid,
+                t == 3 ? v0 : slice * KS, t == 3 ? V : K, t == 3 ? BV : KS, dst, tid, NT);
+    }
   };
-  auto issue_v = [&](int64_t c) {
-    const int rows_valid = int(min(int64_t(C), seq.len - c * C));
-    copy_tile(p.v, sizeof(E), row_offset(p.v, c * C), p.v.stride[1], C, rows_valid, v0, V, BV, raw_v, tid, NT);
-  };
+  const unsigned slice_tiles = (p.states_only ? 0u : 1u) | 2u | (p.gate == Gate::vector ? 4u : 0u);
+  constexpr unsigned kValueTileLoad = 8u;
   // The scalar gate of a chunk travels in registers of the first 64 threads, one chunk ahead.
   float scalar_g_next = 0.f;
   auto fetch_scalar_gate = [&](int64_t c) {
@@ -143,16 +146,15 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
   };
 
   if (c_begin < c_end) {
-    issue_qkg(c_begin, 0, 0);
-    issue_v(c_begin);
+    issue(c_begin, 0, 0, slice_tiles | kValueTileLoad);
     fetch_scalar_gate(c_begin);
   }
   cp_async_commit();
 
-  float o_acc[NTO][4] = {};               // O rows 16*wm.., columns (BV/2)*wn..
+  float o_acc[MT_O][4] = {};              // O: rows 16 * (MT_O * part + mt), columns 8 * cg ..
   float a_off[2][4] = {};                 // warps 0..5: one off-diagonal 16×16 block of A
   float diag[kDiagRows] = {};             // partial sums of the diagonal blocks
-  const int wm = warp & 3, wn = warp >> 2;
+  const int cg = warp % CG, part = warp / CG;
   // Off-diagonal pair handled by warp w < 6: (i, j) = (1,0) (2,0) (2,1) (3,0) (3,1) (3,2).
   const int pair_i = warp < 1 ? 1 : warp < 3 ? 2 : 3;
   const int pair_j = warp - pair_i * (pair_i - 1) / 2;
@@ -173,7 +175,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
         int64_t next_c = c;
         int next_slice = slice + 1;
         if (next_slice == p.num_slices) next_slice = 0, ++next_c;
-        if (next_c < c_end) issue_qkg(next_c, next_slice, stage ^ 1);
+        if (next_c < c_end) issue(next_c, next_slice, stage ^ 1, slice_tiles);
         cp_async_commit();
       }
       const E* rq = raw_q(stage);
@@ -262,18 +264,18 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
         }
       }
       __syncthreads();  // operands ready; raw v consumed
-      if (slice == 0 && c + 1 < c_end) issue_v(c + 1);
+      if (slice == 0 && c + 1 < c_end) issue(c + 1, 0, 0, kValueTileLoad);
       cp_async_commit();
 
       if (!p.states_only) {
         // ---- O += (Q ⊙ exp Γ) S over this slice's keys ----
 #pragma unroll
         for (int ks = 0; ks < KS / 16; ++ks) {
-          const auto af = M::load_a(Qg + 16 * wm * PS + 16 * ks, PS, lane);
+          const auto bf = M::load_b_rows(S + (slice * KS + 16 * ks) * sp + 8 * cg, sp, lane);
 #pragma unroll
-          for (int nt = 0; nt < NTO; ++nt) {
-            const auto bf = M::load_b(S + ((BV / 2) * wn + 8 * nt) * sp + slice * KS + 16 * ks, sp, lane);
-            M::mma(o_acc[nt], af, bf);
+          for (int mt = 0; mt < MT_O; ++mt) {
+            const auto af = M::load_a(Qg + 16 * (MT_O * part + mt) * PS + 16 * ks, PS, lane);
+            M::mma(o_acc[mt], af, bf);
           }
         }
         // ---- off-diagonal sub-chunk blocks of A ----
@@ -294,64 +296,57 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
           const E* krow = rk + 16 * dblk * KS + 4 * kq;
           const float* arow = alpha_s + 16 * dblk * kAlphaPitch + 4 * kq;
           const int second_from = 16 - p8;  // rows of column p8 first, then of column 15 − p8
+          const float4 k2 = load4(krow + (15 - p8) * KS);
           float4 d = load4(krow + p8 * KS);
+          // Branch-free: at the switch to the second column d restarts from its key.
 #pragma unroll
           for (int j = 0; j < kDiagRows; ++j) {
+            const bool restart = j == second_from;
             const int r = j >= second_from ? j - 1 : p8 + j;
-            if (j == second_from) {
-              d = load4(krow + (15 - p8) * KS);
-            } else if (j > 0) {
+            if (j > 0) {
               const float4 al = load4(arow + r * kAlphaPitch);
-              d.x *= al.x, d.y *= al.y, d.z *= al.z, d.w *= al.w;
+              d.x = restart ? k2.x : d.x * al.x;
+              d.y = restart ? k2.y : d.y * al.y;
+              d.z = restart ? k2.z : d.z * al.z;
+              d.w = restart ? k2.w : d.w * al.w;
             }
             const float4 qv = load4(qrow + r * KS);
-            diag[j] += qv.x * d.x + qv.y * d.y + qv.z * d.z + qv.w * d.w;
+            diag[j] = fmaf(qv.x, d.x, fmaf(qv.y, d.y, fmaf(qv.z, d.z, fmaf(qv.w, d.w, diag[j]))));
           }
         }
       }
-      __syncthreads();  // every read of this slice's state columns is done
-
-      // ---- S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V on this slice's keys ----
-      {
-        const int wv = warp % RGS, wk = warp / RGS;
-        float acc[NTS][4];
+      // ---- S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V on this slice's keys, this warp's columns ----
+      if constexpr (RW > 1) __syncthreads();  // the column group's other warp has read these keys too
+      __syncwarp();
 #pragma unroll
-        for (int nt = 0; nt < NTS; ++nt) {
-          const int col = 8 * NTS * wk + 8 * nt + 2 * t4;
-          const float d0 = decay_s[col], d1 = decay_s[col + 1];
-          const float2 s0 = *reinterpret_cast<const float2*>(S + (16 * wv + g4) * sp + slice * KS + col);
-          const float2 s1 = *reinterpret_cast<const float2*>(S + (16 * wv + g4 + 8) * sp + slice * KS + col);
-          acc[nt][0] = s0.x * d0, acc[nt][1] = s0.y * d1, acc[nt][2] = s1.x * d0, acc[nt][3] = s1.y * d1;
-        }
+      for (int mt = 0; mt < MT_S; ++mt) {
+        const int key = 16 * (MT_S * part + mt) + g4;  // rows key and key + 8 of the fragment
+        float* s0 = S + (slice * KS + key) * sp + 8 * cg + 2 * t4;
+        float* s1 = s0 + 8 * sp;
+        const float d0 = decay_s[key], d1 = decay_s[key + 8];
+        float acc[4] = {s0[0] * d0, s0[1] * d0, s1[0] * d1, s1[1] * d1};
 #pragma unroll
         for (int ks = 0; ks < C / 16; ++ks) {
-          const auto af = M::load_a(VT + 16 * wv * PC + 16 * ks, PC, lane);
-#pragma unroll
-          for (int nt = 0; nt < NTS; ++nt) {
-            const auto bf = M::load_b(KdT + (8 * NTS * wk + 8 * nt) * PC + 16 * ks, PC, lane);
-            M::mma(acc[nt], af, bf);
-          }
+          const auto af = M::load_a(KdT + 16 * (MT_S * part + mt) * PC + 16 * ks, PC, lane);
+          const auto bf = M::load_b(VT + 8 * cg * PC + 16 * ks, PC, lane);
+          M::mma(acc, af, bf);
         }
-#pragma unroll
-        for (int nt = 0; nt < NTS; ++nt) {
-          const int col = 8 * NTS * wk + 8 * nt + 2 * t4;
-          *reinterpret_cast<float2*>(S + (16 * wv + g4) * sp + slice * KS + col) = make_float2(acc[nt][0], acc[nt][1]);
-          *reinterpret_cast<float2*>(S + (16 * wv + g4 + 8) * sp + slice * KS + col) =
-              make_float2(acc[nt][2], acc[nt][3]);
-        }
+        *reinterpret_cast<float2*>(s0) = make_float2(acc[0], acc[1]);
+        *reinterpret_cast<float2*>(s1) = make_float2(acc[2], acc[3]);
       }
       stage ^= 1;
     }
 
     if (p.states_only) continue;
 
-    // ---- assemble A (the operand area is free since the last slice's barrier) ----
+    // ---- assemble A over the slice operands, once every warp is done with them ----
 #pragma unroll
     for (int j = 0; j < kDiagRows; ++j) {
       diag[j] += __shfl_xor_sync(0xffffffffu, diag[j], 1);
       diag[j] += __shfl_xor_sync(0xffffffffu, diag[j], 2);
       diag[j] += __shfl_xor_sync(0xffffffffu, diag[j], 4);
     }
+    __syncthreads();
     if (kq == 0) {
       E* block = Amat + 16 * dblk * PC + 16 * dblk;
 #pragma unroll
@@ -380,41 +375,33 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
     }
     __syncthreads();
 
-    // ---- O += (A ⊙ M) V: row block wm needs the sub-chunks 0..wm ----
-    for (int ks = 0; ks <= wm; ++ks) {
-      const auto af = M::load_a(Amat + 16 * wm * PC + 16 * ks, PC, lane);
+    // ---- O += (A ⊙ M) V: row block m needs the sub-chunks 0..m ----
 #pragma unroll
-      for (int nt = 0; nt < NTO; ++nt) {
-        const auto bf = M::load_b(VT + ((BV / 2) * wn + 8 * nt) * PC + 16 * ks, PC, lane);
-        M::mma(o_acc[nt], af, bf);
+    for (int mt = 0; mt < MT_O; ++mt) {
+      const int m = MT_O * part + mt;
+      for (int ks = 0; ks <= m; ++ks) {
+        const auto af = M::load_a(Amat + 16 * m * PC + 16 * ks, PC, lane);
+        const auto bf = M::load_b(VT + 8 * cg * PC + 16 * ks, PC, lane);
+        M::mma(o_acc[mt], af, bf);
       }
     }
 
-    // ---- o = scale · O ----
-    E* out = static_cast<E*>(p.o.data);
+    // ---- o = scale · O, staged in the α area (free since the barrier above) for whole-row stores ----
+    E* otile = reinterpret_cast<E*>(smem + L.alpha);
+    constexpr int OP = BV + pad<E>();  // pitch (elements) of the staged tile
 #pragma unroll
-    for (int nt = 0; nt < NTO; ++nt) {
+    for (int mt = 0; mt < MT_O; ++mt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int row = 16 * wm + g4 + 8 * half;
-        const int col = v0 + (BV / 2) * wn + 8 * nt + 2 * t4;
-        if (row < rows_valid && col < V) {
-          const int64_t at = row_offset(p.o, c * C + row) + col * p.o.stride[3];
-          const float x0 = p.scale * o_acc[nt][2 * half], x1 = p.scale * o_acc[nt][2 * half + 1];
-          if (p.o.pairs && col + 1 < V) {
-            E pair[2] = {from_float<E>(x0), from_float<E>(x1)};
-            if constexpr (sizeof(E) == 2)
-              *reinterpret_cast<uint32_t*>(out + at) = *reinterpret_cast<const uint32_t*>(pair);
-            else
-              *reinterpret_cast<float2*>(out + at) = make_float2(x0, x1);
-          } else {
-            out[at] = from_float<E>(x0);
-            if (col + 1 < V) out[at + p.o.stride[3]] = from_float<E>(x1);
-          }
-        }
-        o_acc[nt][2 * half] = o_acc[nt][2 * half + 1] = 0.f;
+        E* at = otile + (16 * (MT_O * part + mt) + g4 + 8 * half) * OP + 8 * cg + 2 * t4;
+        at[0] = from_float<E>(p.scale * o_acc[mt][2 * half]);
+        at[1] = from_float<E>(p.scale * o_acc[mt][2 * half + 1]);
+        o_acc[mt][2 * half] = o_acc[mt][2 * half + 1] = 0.f;
       }
     }
+    __syncthreads();
+    store_tile(p.o.data, p.o.rows16, p.o.stride[3], sizeof(E), row_offset(p.o, c * C), p.o.stride[1], C, rows_valid,
+               v0, V, BV, otile, OP * sizeof(E), tid, NT);
   }
 
   // ---- the state: this split's piece (states pass) or the final state ----
@@ -423,7 +410,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
     const int64_t slot = nh * (p.num_splits - 1) + split;
     for (int i = tid; i < K * BV; i += NT) {
       const int kk = i / BV, vv = i - kk * BV;
-      if (v0 + vv < V) p.split_states[(slot * K + kk) * V + v0 + vv] = S[vv * sp + kk];
+      if (v0 + vv < V) p.split_states[(slot * K + kk) * V + v0 + vv] = S[kk * sp + vv];
     }
     if (blockIdx.y == 0)
       for (int i = tid; i < K; i += NT) p.split_decay[slot * K + i] = split_decay_s[i];
@@ -433,7 +420,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
       const int kk = i / BV, vv = i - kk * BV;
       if (v0 + vv < V)
         ht[n * p.ht.stride[0] + h * p.ht.stride[1] + kk * p.ht.stride[2] + (v0 + vv) * p.ht.stride[3]] =
-            S[vv * sp + kk];
+            S[kk * sp + vv];
     }
   }
 }
@@ -475,8 +462,9 @@ ChunkLayout chunk_layout(Elem input, Elem gate, Gate gate_kind, int key_dim) {
     offset += round16(bytes);
     return at;
   };
-  L.state_pitch = key_pad + padding;
-  L.state = take(BV * L.state_pitch * 4);
+  // Key rows of S: the pitch keeps the fragment reads of O += Q S free of bank conflicts.
+  L.state_pitch = BV + (esize == 2 ? 4 : 8);
+  L.state = take(key_pad * L.state_pitch * 4);
   const int stage = 2 * C * KS * esize + (gate_kind == Gate::vector ? C * KS * elem_size(gate) : 0);
   L.raw[0] = take(stage);
   L.raw[1] = take(stage);
@@ -495,6 +483,9 @@ ChunkLayout chunk_layout(Elem input, Elem gate, Gate gate_kind, int key_dim) {
   // A (64 × chunk_pitch) is stored over the contiguous Qg, Qoff, Koff area.
   static_assert(64 * (64 + 8) * 2 <= (64 + 48 + 96) * (32 + 8) * 2, "A must fit over the slice operands");
   static_assert(64 * (64 + 4) * 4 <= (64 + 48 + 96) * (32 + 4) * 4, "A must fit over the slice operands");
+  // The output tile is staged over α: 64 × (tile + padding) elements.
+  static_assert(64 * (64 + 8) * 2 <= C * kAlphaPitch * 4 && 64 * (32 + 4) * 4 <= C * kAlphaPitch * 4,
+                "the output tile must fit over alpha");
   return L;
 }
 

@@ -1,0 +1,75 @@
+#!/bin/bash
+# One device-machine run for the CUDA GLA forward: build for sm_90a, the GPU
+# tests, the benchmark, compute-sanitizer (memcheck, racecheck) on small
+# cases; logs under $OUT, a short summary last.
+#   bash bench/device_gla_fwd.sh [benchmark arguments...]
+set -u
+OUT=${OUT:-/tmp/gla_fwd_out}
+mkdir -p "$OUT"
+BUILD=build-devfwd
+TESTS="CudaGlaForward.*:CudaGlaDecode.*"
+summary=()
+note() { summary+=("$*"); echo "$*"; }
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+start=$(date +%s)
+python_on=ON
+cmake -S . -B $BUILD -G Ninja -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHGLA_PYTHON=ON \
+  >"$OUT/build.log" 2>&1 || {
+  python_on=OFF
+  cmake -S . -B $BUILD -G Ninja -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHGLA_PYTHON=OFF \
+    >>"$OUT/build.log" 2>&1
+}
+if ! cmake --build $BUILD -j16 --target flashgla_tests >>"$OUT/build.log" 2>&1; then
+  grep -E "error|FAILED" "$OUT/build.log" | head -40
+  exit 1
+fi
+note "build (tests): $(($(date +%s) - start)) s, python module: $python_on"
+
+start=$(date +%s)
+timeout 240 $BUILD/flashgla_tests --gtest_filter="$TESTS" >"$OUT/tests.log" 2>&1
+note "tests: rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests.log") failed, $(grep -cE '^\[  SKIPPED \]' "$OUT/tests.log") skipped"
+grep -E '^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$OUT/tests.log" | sort -u | head -40
+grep -E "Failure|error [0-9.e+-]+|Which is|Expected|actual|What|Trace|flashgla:" "$OUT/tests.log" | head -60
+
+if [ "$python_on" = ON ] && cmake --build $BUILD -j16 --target flashgla_python >>"$OUT/build.log" 2>&1; then
+  start=$(date +%s)
+  PYTHONPATH=$BUILD/python PYTHONUNBUFFERED=1 timeout 150 python3 bench/bench_gla_fwd.py "$@" >"$OUT/bench.log" 2>&1
+  note "benchmark: rc=$? in $(($(date +%s) - start)) s"
+else
+  note "benchmark: the Python module did not build (see build.log)"
+fi
+
+if [ -n "${PROFILE:-}" ] && [ "$python_on" = ON ]; then
+  # Nsight Compute on one chunked-kernel launch (bf16 B8 T4096 H16 K=V=128): details and per-SASS stalls.
+  start=$(date +%s)
+  cat >/tmp/profile.py <<'PY'
+import torch, torch.nn.functional as F, flashgla
+B, T, H, K, V = 8, 4096, 16, 128, 128
+q, k = (torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+v = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
+g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda")).to(torch.bfloat16)
+for _ in range(3):
+    flashgla.chunk_gla(q, k, v, g)
+torch.cuda.synchronize()
+PY
+  PYTHONPATH=$BUILD/python timeout 150 ncu --kernel-name regex:chunk_forward --launch-skip 2 --launch-count 1 \
+    --set full --import-source yes -f -o /tmp/chunk python3 /tmp/profile.py >"$OUT/ncu_details.txt" 2>&1
+  ncu -i /tmp/chunk.ncu-rep --page details >>"$OUT/ncu_details.txt" 2>&1
+  ncu -i /tmp/chunk.ncu-rep --page source --csv --print-source sass >"$OUT/ncu_sass.csv" 2>&1
+  note "profile: $(($(date +%s) - start)) s"
+  grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Executed Ipc A|Issue Slots Busy|No Eligible|Compute \(SM\) Thr|Memory Thr|Warp Cycles Per Issued|Bank Conflicts" "$OUT/ncu_details.txt" | head -20
+fi
+
+start=$(date +%s)
+timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
+  --gtest_filter="CudaGlaForward.Sanitizer*:CudaGlaDecode.*" >"$OUT/memcheck.log" 2>&1
+note "memcheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log")"
+start=$(date +%s)
+timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
+  --gtest_filter="CudaGlaForward.SanitizerSmallCases" >"$OUT/racecheck.log" 2>&1
+note "racecheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log")"
+
+echo "==== summary"
+printf '%s\n' "${summary[@]}"
+cat "$OUT/bench.log" 2>/dev/null | tail -30
