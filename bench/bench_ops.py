@@ -86,7 +86,7 @@ def bench_shape(B, T, H, K, V, bandwidth):
     row = {"ours_fwd": timed(lambda: ours_fwd()),
            "ours_fwdbwd": timed(lambda: torch.autograd.grad(ours_fwd(), (q, k, v, g), do))}
 
-    row["sdpa_fwd"] = row["sdpa_fwdbwd"] = None
+    row["sdpa_fwd"] = row["sdpa_fwdbwd"] = "—"  # not applicable
     if K == V:  # the flash backend needs one head dim for q, k and v
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -107,11 +107,14 @@ def bench_shape(B, T, H, K, V, bandwidth):
 
 
 def fmt(x, digits=3):
+    """ms with `digits` decimals; "n/i" for an op not implemented; strings pass through."""
+    if isinstance(x, str):
+        return x
     return "n/i" if x is None else f"{x:.{digits}f}"
 
 
 def ratio(a, b):
-    return "—" if a is None or b is None else f"{a / b:.2f}"
+    return f"{a / b:.2f}" if isinstance(a, float) and isinstance(b, float) else "—"
 
 
 def run_gpu(shapes):
