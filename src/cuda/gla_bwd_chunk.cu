@@ -256,15 +256,16 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       }
       for (int kt = 0; kt < p.key_tiles; ++kt) {
         auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
-        load_tile_async<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K);
+        const bool k_plain = plain_tile<T>(p.k, b, t0, h, kt * kTile, K);  // else loaded scaled, below
+        if (k_plain) load_tile_async<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K);
         for (int j = 0; j < group; ++j)
           copy_tile_in<T, kChunkThreads>(sDS + j * kTile * LD,
                                          static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
         cp_async_wait_all();
         store_gate_cumsum<GT, kChunkThreads>(sG, gate);
-        transform_tile<T, kChunkThreads>(sKHat, [&](int r, int col, float x) {
-          return x * exp2_of(gamma[col] - sG[r * LDF + col]);
-        });
+        auto k_hat = [&](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
+        if (k_plain) transform_tile<T, kChunkThreads>(sKHat, k_hat);
+        else load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, k_hat);
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < kGroup; ++j)

@@ -206,15 +206,23 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 
 // load_tile without a transform: a plain asynchronous copy when the tile is
 // whole 16-byte rows of the compute type, else the converting load.
+// Whether the tile at (b, t0, h, c0) is whole 16-byte rows of the compute type.
+template <class T>
+__device__ __forceinline__ bool plain_tile(const Tensor& x, int64_t b, int64_t t0, int64_t h, int c0, int D) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool same_type = std::is_same_v<T, float> ? x.dtype == DType::f32 : x.dtype == DType::bf16;
+  const T* src = static_cast<const T*>(x.data) + offset4(x, b, t0, h, c0);
+  return same_type && x.stride[3] == 1 && D - c0 >= kTile && x.stride[1] % kVec == 0 &&
+         (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+}
+
 template <class T, int kThreads>
 __device__ __forceinline__ void load_tile_async(T* s, const Tensor& x, int64_t b, int64_t t0, int rows, int64_t h,
                                                 int c0, int D) {
   constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
-  const bool same_type = std::is_same_v<T, float> ? x.dtype == DType::f32 : x.dtype == DType::bf16;
   const T* src = static_cast<const T*>(x.data) + offset4(x, b, t0, h, c0);
   const int64_t row_stride = x.stride[1];
-  if (same_type && x.stride[3] == 1 && D - c0 >= kTile && row_stride % kVec == 0 &&
-      (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+  if (plain_tile<T>(x, b, t0, h, c0, D)) {
 #pragma unroll
     for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
       const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
