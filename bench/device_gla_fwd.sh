@@ -40,6 +40,15 @@ else
   note "benchmark: the Python module did not build (see build.log)"
 fi
 
+start=$(date +%s)
+timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
+  --gtest_filter="CudaGlaForward.Sanitizer*:CudaGlaDecode.*" >"$OUT/memcheck.log" 2>&1
+note "memcheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log")"
+start=$(date +%s)
+timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
+  --gtest_filter="CudaGlaForward.SanitizerSmallCases" >"$OUT/racecheck.log" 2>&1
+note "racecheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log")"
+
 if [ -n "${PROFILE:-}" ] && [ "$python_on" = ON ]; then
   # Nsight Compute on one chunked-kernel launch (bf16 B8 T4096 H16 K=V=128): details and per-SASS stalls.
   start=$(date +%s)
@@ -60,15 +69,6 @@ PY
   note "profile: $(($(date +%s) - start)) s"
   grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Executed Ipc A|Issue Slots Busy|No Eligible|Compute \(SM\) Thr|Memory Thr|Warp Cycles Per Issued|Bank Conflicts" "$OUT/ncu_details.txt" | head -20
 fi
-
-start=$(date +%s)
-timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
-  --gtest_filter="CudaGlaForward.Sanitizer*:CudaGlaDecode.*" >"$OUT/memcheck.log" 2>&1
-note "memcheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log")"
-start=$(date +%s)
-timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
-  --gtest_filter="CudaGlaForward.SanitizerSmallCases" >"$OUT/racecheck.log" 2>&1
-note "racecheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log")"
 
 echo "==== summary"
 printf '%s\n' "${summary[@]}"
