@@ -75,3 +75,16 @@ def on_device(device):
     if device.type == "cuda" and device.index != torch.cuda.current_device():
         return torch.cuda.device(device)
     return contextlib.nullcontext()
+
+
+def run_op(function, workspace_bytes, device, args):
+    """Calls flashgla._C `function(*args)` for tensors on `device`. On a CUDA device: with that device
+    current, on torch's current stream, with scratch of `workspace_bytes(*args)` bytes from torch's
+    allocator (stream-ordered, so CUDA graphs capture it)."""
+    if device.type == "cpu":
+        function(*args)
+        return
+    with on_device(device):
+        num_bytes = workspace_bytes(*args)
+        scratch, pointer = workspace(device, num_bytes)  # kept alive until the call has been queued
+        function(*args, stream_of(device), pointer, num_bytes)

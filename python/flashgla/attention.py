@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from . import _C
-from ._torch import on_device, require_same_device, require_tensors, stream_of, view, workspace
+from ._torch import require_same_device, require_tensors, run_op, view
 
 __all__ = ["flash_attention"]
 
@@ -20,14 +20,8 @@ def _forward_outputs(q, v):
     return o, torch.empty(lse_shape, dtype=torch.float32, device=q.device)
 
 
-def _call(function, query, device, args):
-    """Runs an attention entry point on `device`, with scratch sized by its `query` function."""
-    if device.type == "cpu":
-        function(*args)
-        return
-    with on_device(device):
-        buffer, pointer = workspace(device, query(*args))
-        function(*args, stream_of(device), pointer, 0 if buffer is None else buffer.numel())
+def _backward_outputs(q, k, v):
+    return tuple(torch.empty(x.shape, dtype=q.dtype, device=q.device) for x in (q, k, v))
 
 
 @torch.library.custom_op("flashgla::flash_attention", mutates_args=())
@@ -36,7 +30,7 @@ def _flash_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tenso
     o, lse = _forward_outputs(q, v)
     cu = view(cu_seqlens, "cu_seqlens")
     args = (view(q, "q"), view(k, "k"), view(v, "v"), cu, cu, causal, scale, _TILED, view(o, "o"), view(lse, "lse"))
-    _call(_C.attention_forward, _C.attention_forward_workspace_bytes, q.device, args)
+    run_op(_C.attention_forward, _C.attention_forward_workspace_bytes, q.device, args)
     return o, lse
 
 
@@ -49,21 +43,18 @@ def _(q, k, v, cu_seqlens, causal, scale):
 @torch.library.custom_op("flashgla::flash_attention_backward", mutates_args=())
 def _flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], o: Tensor, lse: Tensor,
                               do: Tensor, causal: bool, scale: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
-    dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    dq, dk, dv = _backward_outputs(q, k, v)
     cu = view(cu_seqlens, "cu_seqlens")
     args = (view(q, "q"), view(k, "k"), view(v, "v"), cu, cu, causal, scale, _TILED, view(o, "o"), view(lse, "lse"),
             view(do, "d_o"), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"))
-    _call(_C.attention_backward, _C.attention_backward_workspace_bytes, q.device, args)
+    run_op(_C.attention_backward, _C.attention_backward_workspace_bytes, q.device, args)
     return dq, dk, dv
 
 
 @_flash_attention_backward.register_fake
 def _(q, k, v, cu_seqlens, o, lse, do, causal, scale):
     require_same_device(q, k=k, v=v, cu_seqlens=cu_seqlens, o=o, lse=lse, d_o=do)
-    return (torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=q.dtype, device=q.device),
-            torch.empty(v.shape, dtype=q.dtype, device=q.device))
+    return _backward_outputs(q, k, v)
 
 
 def _setup_context(ctx, inputs, output):

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from . import _C
-from ._torch import on_device, require_same_device, require_tensors, stream_of, view, workspace
+from ._torch import on_device, require_same_device, require_tensors, run_op, stream_of, view
 
 __all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "chunk_linear_attn", "gla_decode_step"]
 
@@ -61,13 +61,7 @@ def _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_ho
         view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale, algorithm, reverse,
         view(o, "o"), view(final_state, "final_state") if output_final_state else None,
     )
-    device = q.device
-    if device.type == "cpu":
-        _C.gla_forward(*args)
-    else:
-        with on_device(device):
-            buffer, pointer = workspace(device, _C.gla_forward_workspace_bytes(*args))
-            _C.gla_forward(*args, stream_of(device), pointer, 0 if buffer is None else buffer.numel())
+    run_op(_C.gla_forward, _C.gla_forward_workspace_bytes, q.device, args)
     return o, final_state
 
 
@@ -80,13 +74,7 @@ def _run_backward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_h
         view(do, "d_o"), view(dht, "d_final_state"), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"),
         view(dg, "dg") if g is not None else None, view(dh0, "d_initial_state") if need_dh0 else None,
     )
-    device = q.device
-    if device.type == "cpu":
-        _C.gla_backward(*args)
-    else:
-        with on_device(device):
-            buffer, pointer = workspace(device, _C.gla_backward_workspace_bytes(*args))
-            _C.gla_backward(*args, stream_of(device), pointer, 0 if buffer is None else buffer.numel())
+    run_op(_C.gla_backward, _C.gla_backward_workspace_bytes, q.device, args)
     return dq, dk, dv, dg, dh0
 
 
