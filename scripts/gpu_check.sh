@@ -1,51 +1,57 @@
 #!/usr/bin/env bash
-# The one command for the GPU machine (run through the device tool with
-# carry [".deps"]; prepare .deps here once with scripts/prepare_gpu_deps.sh):
-# builds from a clean tree for the local GPU, runs every C++ test (GPU tests
-# included), compute-sanitizer memcheck and racecheck on a small filter, the
-# Python tests and the benchmarks, and prints a short table last.
-# Logs go to $OUT (or ./gpu_check_out).
+# The one command for the GPU machine. Through the device tool, with carry
+# [".deps"] (prepare .deps here once with scripts/prepare_gpu_deps.sh):
+#   bash scripts/gpu_check.sh
+# Builds from a clean tree for the local GPU (the library, the tests, the CLI
+# and the Python extension in one CMake build), runs every C++ test (GPU tests
+# included), `flashgla check` on the GPU, compute-sanitizer memcheck and
+# racecheck on the small GPU tests, the Python tests and the benchmarks, and
+# prints a short table last. Logs and the benchmark result files come back
+# packed in $OUT/gpu_check.tgz (the device tool returns at most 8 files).
+# BENCH="ops attention" picks benchmarks (bench/bench_<name>.py; default: ops).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_check_out}
+LOGS=$(mktemp -d)
 mkdir -p "$OUT"
 BUILD=build-gpu
 ARCH=${FLASHGLA_CUDA_ARCH:-90a}
 SANITIZE_FILTER=${SANITIZE_FILTER:-*Cuda*Small*}
+BENCH=${BENCH:-ops}
 declare -a SUMMARY
 
-step() {  # step NAME COMMAND...: runs, logs to $OUT/NAME.log, records PASS/FAIL
+step() {  # step NAME COMMAND...: runs, logs to $LOGS/NAME.log, records PASS/FAIL and the time
   local name=$1; shift
-  local start=$SECONDS
-  if "$@" >"$OUT/$name.log" 2>&1; then SUMMARY+=("$name|PASS|$((SECONDS - start)) s")
-  else SUMMARY+=("$name|FAIL (rc $?)|$((SECONDS - start)) s"); tail -25 "$OUT/$name.log"; fi
+  local start=$SECONDS rc=0
+  "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
+  if [ $rc = 0 ]; then SUMMARY+=("$name|PASS|$((SECONDS - start)) s")
+  else SUMMARY+=("$name|FAIL (rc $rc)|$((SECONDS - start)) s"); echo "== $name failed:"; tail -25 "$LOGS/$name.log"; fi
 }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl && export PYTHONPATH=/tmp/site
 
 rm -rf "$BUILD"
 step configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="$ARCH"
+  -DFLASHGLA_PYTHON=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DPython_EXECUTABLE="$(command -v python3)"
 step build cmake --build "$BUILD" -j"$(nproc)"
 step cpp_tests "$BUILD/flashgla_tests" --gtest_brief=1
-grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/cpp_tests.log" | head -5
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$LOGS/cpp_tests.log" | head -8
 step cli_check "$BUILD/flashgla" check
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/flashgla_tests" --gtest_filter="$SANITIZE_FILTER"
 step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/flashgla_tests" --gtest_filter="$SANITIZE_FILTER"
 
-# Python package with the CUDA backend (build tools carried as wheels: no network there).
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl && export PYTHONPATH=/tmp/site
-step py_install env CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$ARCH" FLASHGLA_CUDA=ON \
-  python3 -m pip install --no-build-isolation --no-deps -q .
-step py_tests python3 -m pytest -q tests/python
-tail -3 "$OUT/py_tests.log"
+export PYTHONPATH="$PWD/$BUILD/python:/tmp/site"
+export PATH="$PWD/$BUILD:$PATH"  # the flashgla command, for the CLI tests
+step py_tests python3 -m pytest -q -p no:cacheprovider tests/python
+tail -2 "$LOGS/py_tests.log"
 
-for bench in bench/bench_*.py; do
-  [ -f "$bench" ] && step "$(basename "$bench" .py)" python3 "$bench"
-done
+for name in $BENCH; do step "bench_$name" python3 "bench/bench_$name.py"; done
+cp bench/results*.md "$LOGS"/ 2>/dev/null
+tar czf "$OUT/gpu_check.tgz" -C "$LOGS" .
 
 echo
-for bench in "$OUT"/bench_*.log; do [ -f "$bench" ] && { echo "== $bench"; tail -30 "$bench"; }; done
+for name in $BENCH; do echo "== bench_$name"; tail -25 "$LOGS/bench_$name.log"; done
 echo
-printf '%-22s %-14s %s\n' step result time
-for row in "${SUMMARY[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-22s %-14s %s\n' "$a" "$b" "$c"; done
+printf '%-14s %-14s %s\n' step result time
+for row in "${SUMMARY[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-14s %-14s %s\n' "$a" "$b" "$c"; done
