@@ -7,7 +7,6 @@
 namespace flashgla {
 namespace {
 
-using check::require;
 
 AttentionProblem check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cu_q,
                               const TensorView& cu_k, bool causal, const std::optional<double>& scale,
@@ -16,12 +15,12 @@ AttentionProblem check_inputs(const TensorView& q, const TensorView& k, const Te
   check::tensor(q, "q", 4, "[B, Tq, Hq, D]");
   check::floating(q, "q");
   p.batch = q.shape[0], p.q_len = q.shape[1], p.q_heads = q.shape[2], p.head_dim = q.shape[3];
-  require(p.q_heads >= 1 && p.head_dim >= 1, ErrorKind::value, "q", "Hq and D must be at least 1, got shape " + q.shape_str());
+  FLASHGLA_REQUIRE(p.q_heads >= 1 && p.head_dim >= 1, ErrorKind::value, "q", "Hq and D must be at least 1, got shape " + q.shape_str());
   const Device dev = q.device;
   check::tensor(k, "k", 4, "[B, Tk, Hkv, D]");
   p.k_len = k.shape[1], p.kv_heads = k.shape[2];
   check::shape(k, "k", {p.batch, p.k_len, p.kv_heads, p.head_dim}, "[B, Tk, Hkv, D]");
-  require(p.kv_heads >= 1 && p.q_heads % p.kv_heads == 0, ErrorKind::value, "k",
+  FLASHGLA_REQUIRE(p.kv_heads >= 1 && p.q_heads % p.kv_heads == 0, ErrorKind::value, "k",
           "the number of KV heads (" + std::to_string(p.kv_heads) + ") must divide the number of query heads (" +
               std::to_string(p.q_heads) + ")");
   check::dtype(k, "k", q.dtype);
@@ -29,28 +28,28 @@ AttentionProblem check_inputs(const TensorView& q, const TensorView& k, const Te
   check::tensor(v, "v", 4, "[B, Tk, Hkv, Dv]");
   p.value_dim = v.shape[3];
   check::shape(v, "v", {p.batch, p.k_len, p.kv_heads, p.value_dim}, "[B, Tk, Hkv, Dv]");
-  require(p.value_dim >= 1, ErrorKind::value, "v", "Dv must be at least 1, got shape " + v.shape_str());
+  FLASHGLA_REQUIRE(p.value_dim >= 1, ErrorKind::value, "v", "Dv must be at least 1, got shape " + v.shape_str());
   check::dtype(v, "v", q.dtype);
   check::device(v, "v", dev, "q");
 
   p.num_seqs = p.batch;
-  require(cu_q.defined() == cu_k.defined(), ErrorKind::value, cu_q.defined() ? "cu_seqlens_k" : "cu_seqlens_q",
+  FLASHGLA_REQUIRE(cu_q.defined() == cu_k.defined(), ErrorKind::value, cu_q.defined() ? "cu_seqlens_k" : "cu_seqlens_q",
           "cu_seqlens_q and cu_seqlens_k are given together or not at all");
   if (cu_q.defined()) {
-    require(p.batch == 1, ErrorKind::value, "cu_seqlens_q",
+    FLASHGLA_REQUIRE(p.batch == 1, ErrorKind::value, "cu_seqlens_q",
             "variable-length input packs all sequences into B == 1, got B = " + std::to_string(p.batch));
     p.num_seqs = check::cu_seqlens(cu_q, "cu_seqlens_q", dev, p.q_len);
     const int64_t n_k = check::cu_seqlens(cu_k, "cu_seqlens_k", dev, p.k_len);
-    require(n_k == p.num_seqs, ErrorKind::value, "cu_seqlens_k",
+    FLASHGLA_REQUIRE(n_k == p.num_seqs, ErrorKind::value, "cu_seqlens_k",
             "expected " + std::to_string(p.num_seqs + 1) + " boundaries like cu_seqlens_q, got " + std::to_string(n_k + 1));
     p.varlen = true;
   }
   p.causal = causal;
   p.scale = scale.value_or(1.0 / std::sqrt(double(p.head_dim)));
-  require(std::isfinite(p.scale), ErrorKind::value, "scale", "must be finite, got " + std::to_string(p.scale));
-  require(algorithm == AttentionAlgorithm::tiled || algorithm == AttentionAlgorithm::naive, ErrorKind::value,
+  FLASHGLA_REQUIRE(std::isfinite(p.scale), ErrorKind::value, "scale", "must be finite, got " + std::to_string(p.scale));
+  FLASHGLA_REQUIRE(algorithm == AttentionAlgorithm::tiled || algorithm == AttentionAlgorithm::naive, ErrorKind::value,
           "algorithm", "expected tiled or naive");
-  require(algorithm == AttentionAlgorithm::tiled || dev.type == DeviceType::cpu, ErrorKind::unsupported, "algorithm",
+  FLASHGLA_REQUIRE(algorithm == AttentionAlgorithm::tiled || dev.type == DeviceType::cpu, ErrorKind::unsupported, "algorithm",
           "the naive algorithm is the CPU reference; tensors are on " + dev.str());
   return p;
 }

@@ -16,16 +16,16 @@ std::string shape_of(std::initializer_list<int64_t> dims) {
 }
 
 void tensor(const TensorView& t, const std::string& name, int ndim, const char* dims, bool is_output) {
-  require(t.defined(), ErrorKind::value, name, std::string("is required: expected a tensor of shape ") + dims);
-  require(t.ndim == ndim, ErrorKind::value, name,
+  FLASHGLA_REQUIRE(t.defined(), ErrorKind::value, name, std::string("is required: expected a tensor of shape ") + dims);
+  FLASHGLA_REQUIRE(t.ndim == ndim, ErrorKind::value, name,
           "expected " + std::to_string(ndim) + " dimensions " + dims + ", got shape " + t.shape_str());
   for (int d = 0; d < t.ndim; ++d) {
-    require(t.shape[d] >= 0, ErrorKind::value, name, "negative size in shape " + t.shape_str());
-    require(t.stride[d] >= 0, ErrorKind::value, name,
+    FLASHGLA_REQUIRE(t.shape[d] >= 0, ErrorKind::value, name, "negative size in shape " + t.shape_str());
+    FLASHGLA_REQUIRE(t.stride[d] >= 0, ErrorKind::value, name,
             "negative strides are not supported (dimension " + std::to_string(d) + " has stride " +
                 std::to_string(t.stride[d]) + ")");
   }
-  require(t.data != nullptr || t.numel() == 0, ErrorKind::value, name, "data pointer is null");
+  FLASHGLA_REQUIRE(t.data != nullptr || t.numel() == 0, ErrorKind::value, name, "data pointer is null");
   if (!is_output || t.numel() == 0) return;  // nothing to write: no overlap possible
   // Non-overlap: ordered by stride, each dimension must step past the whole
   // extent of the finer ones.
@@ -35,7 +35,7 @@ void tensor(const TensorView& t, const std::string& name, int ndim, const char* 
   std::sort(order.begin(), order.end(), [&](int a, int b) { return t.stride[a] < t.stride[b]; });
   int64_t extent = 1;
   for (int d : order) {
-    require(t.stride[d] >= extent, ErrorKind::value, name,
+    FLASHGLA_REQUIRE(t.stride[d] >= extent, ErrorKind::value, name,
             "output strides overlap (shape " + t.shape_str() + "): each element must have its own memory");
     extent = t.stride[d] * t.shape[d];
   }
@@ -46,24 +46,24 @@ void shape(const TensorView& t, const std::string& name, std::initializer_list<i
   tensor(t, name, int(expected.size()), dims, is_output);
   int d = 0;
   for (int64_t e : expected) {
-    require(t.shape[d] == e, ErrorKind::value, name,
+    FLASHGLA_REQUIRE(t.shape[d] == e, ErrorKind::value, name,
             std::string("expected shape ") + dims + " = " + shape_of(expected) + ", got " + t.shape_str());
     ++d;
   }
 }
 
 void dtype(const TensorView& t, const std::string& name, DType expected) {
-  require(t.dtype == expected, ErrorKind::type, name,
+  FLASHGLA_REQUIRE(t.dtype == expected, ErrorKind::type, name,
           std::string("expected dtype ") + dtype_name(expected) + ", got " + dtype_name(t.dtype));
 }
 
 void floating(const TensorView& t, const std::string& name) {
-  require(is_floating(t.dtype), ErrorKind::type, name,
+  FLASHGLA_REQUIRE(is_floating(t.dtype), ErrorKind::type, name,
           std::string("expected a float dtype (float64, float32, bfloat16, float16), got ") + dtype_name(t.dtype));
 }
 
 void device(const TensorView& t, const std::string& name, const Device& expected, const std::string& reference) {
-  require(t.device == expected, ErrorKind::value, name,
+  FLASHGLA_REQUIRE(t.device == expected, ErrorKind::value, name,
           "expected device " + expected.str() + " (that of " + reference + "), got " + t.device.str());
 }
 
@@ -74,13 +74,13 @@ void check_boundaries(const TensorView& t, const std::string& name, int64_t tota
   for (int64_t i = 0; i < n; ++i) {
     int64_t value = cpu::load_element<int64_t>(t, i * t.stride[0]);
     if (i == 0)
-      require(value == 0, ErrorKind::value, name, "must start at 0, got " + std::to_string(value));
-    require(value >= prev, ErrorKind::value, name,
+      FLASHGLA_REQUIRE(value == 0, ErrorKind::value, name, "must start at 0, got " + std::to_string(value));
+    FLASHGLA_REQUIRE(value >= prev, ErrorKind::value, name,
             "must be non-decreasing, got " + std::to_string(prev) + " then " + std::to_string(value) + " at index " +
                 std::to_string(i));
     prev = value;
   }
-  require(prev == total, ErrorKind::value, name,
+  FLASHGLA_REQUIRE(prev == total, ErrorKind::value, name,
           "must end at the total number of tokens " + std::to_string(total) + ", got " + std::to_string(prev));
 }
 }  // namespace
@@ -88,19 +88,19 @@ void check_boundaries(const TensorView& t, const std::string& name, int64_t tota
 int64_t cu_seqlens(const TensorView& t, const std::string& name, const Device& dev, int64_t total,
                    const TensorView& host_copy) {
   tensor(t, name, 1, "[N+1]");
-  require(t.dtype == DType::i32 || t.dtype == DType::i64, ErrorKind::type, name,
+  FLASHGLA_REQUIRE(t.dtype == DType::i32 || t.dtype == DType::i64, ErrorKind::type, name,
           std::string("expected dtype int32 or int64, got ") + dtype_name(t.dtype));
-  require(t.shape[0] >= 2, ErrorKind::value, name,
+  FLASHGLA_REQUIRE(t.shape[0] >= 2, ErrorKind::value, name,
           "expected at least 2 boundaries [0, ..., T], got shape " + t.shape_str());
   device(t, name, dev, "q");
   if (host_copy.defined()) {
     const std::string host_name = name + "_host";
     tensor(host_copy, host_name, 1, "[N+1]");
-    require(host_copy.dtype == DType::i32 || host_copy.dtype == DType::i64, ErrorKind::type, host_name,
+    FLASHGLA_REQUIRE(host_copy.dtype == DType::i32 || host_copy.dtype == DType::i64, ErrorKind::type, host_name,
             std::string("expected dtype int32 or int64, got ") + dtype_name(host_copy.dtype));
-    require(host_copy.device.type == DeviceType::cpu, ErrorKind::value, host_name,
+    FLASHGLA_REQUIRE(host_copy.device.type == DeviceType::cpu, ErrorKind::value, host_name,
             "expected a CPU tensor, got " + host_copy.device.str());
-    require(host_copy.shape[0] == t.shape[0], ErrorKind::value, host_name,
+    FLASHGLA_REQUIRE(host_copy.shape[0] == t.shape[0], ErrorKind::value, host_name,
             "expected the shape of " + name + " " + t.shape_str() + ", got " + host_copy.shape_str());
     check_boundaries(host_copy, host_name, total);
   }

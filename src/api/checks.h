@@ -13,9 +13,12 @@ namespace flashgla::check {
 
 [[noreturn]] void fail(ErrorKind kind, const std::string& arg, const std::string& message);
 
-inline void require(bool ok, ErrorKind kind, const std::string& arg, const std::string& message) {
-  if (!ok) fail(kind, arg, message);
-}
+// Throws unless `ok`. A macro so that the message is only built on failure:
+// the checks run on every call, and building strings dominated their cost.
+#define FLASHGLA_REQUIRE(ok, kind, arg, message)                       \
+  do {                                                                  \
+    if (!(ok)) ::flashgla::check::fail((kind), (arg), (message));       \
+  } while (0)
 
 // A present tensor of `ndim` dimensions, with sane strides and a data pointer.
 // `dims` names the dimensions for messages, e.g. "[B, T, H, K]". Outputs must

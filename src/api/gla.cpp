@@ -7,7 +7,6 @@
 namespace flashgla {
 namespace {
 
-using check::require;
 
 // Common to forward and backward: q, k, v, g, h0, cu_seqlens, scale, algorithm.
 GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
@@ -17,7 +16,7 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
   check::tensor(q, "q", 4, "[B, T, H, K]");
   check::floating(q, "q");
   p.batch = q.shape[0], p.seq_len = q.shape[1], p.heads = q.shape[2], p.key_dim = q.shape[3];
-  require(p.key_dim >= 1 && p.heads >= 1, ErrorKind::value, "q", "H and K must be at least 1, got shape " + q.shape_str());
+  FLASHGLA_REQUIRE(p.key_dim >= 1 && p.heads >= 1, ErrorKind::value, "q", "H and K must be at least 1, got shape " + q.shape_str());
   const Device dev = q.device;
 
   check::shape(k, "k", {p.batch, p.seq_len, p.heads, p.key_dim}, "[B, T, H, K]");
@@ -26,12 +25,12 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
   check::tensor(v, "v", 4, "[B, T, H, V]");
   p.value_dim = v.shape[3];
   check::shape(v, "v", {p.batch, p.seq_len, p.heads, p.value_dim}, "[B, T, H, V]");
-  require(p.value_dim >= 1, ErrorKind::value, "v", "V must be at least 1, got shape " + v.shape_str());
+  FLASHGLA_REQUIRE(p.value_dim >= 1, ErrorKind::value, "v", "V must be at least 1, got shape " + v.shape_str());
   check::dtype(v, "v", q.dtype);
   check::device(v, "v", dev, "q");
 
   if (g.defined()) {
-    require(g.ndim == 3 || g.ndim == 4, ErrorKind::value, "g",
+    FLASHGLA_REQUIRE(g.ndim == 3 || g.ndim == 4, ErrorKind::value, "g",
             "expected [B, T, H, K] (vector gate) or [B, T, H] (scalar gate), got shape " + g.shape_str());
     if (g.ndim == 4) {
       check::shape(g, "g", {p.batch, p.seq_len, p.heads, p.key_dim}, "[B, T, H, K]");
@@ -46,12 +45,12 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
 
   p.num_seqs = p.batch;
   if (cu_seqlens.defined()) {
-    require(p.batch == 1, ErrorKind::value, "cu_seqlens",
+    FLASHGLA_REQUIRE(p.batch == 1, ErrorKind::value, "cu_seqlens",
             "variable-length input packs all sequences into B == 1, got B = " + std::to_string(p.batch));
     p.num_seqs = check::cu_seqlens(cu_seqlens, "cu_seqlens", dev, p.seq_len, cu_seqlens_host);
     p.varlen = true;
   } else {
-    require(!cu_seqlens_host.defined(), ErrorKind::value, "cu_seqlens_host", "given without cu_seqlens");
+    FLASHGLA_REQUIRE(!cu_seqlens_host.defined(), ErrorKind::value, "cu_seqlens_host", "given without cu_seqlens");
   }
 
   if (h0.defined()) {
@@ -61,10 +60,10 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
   }
 
   p.scale = scale.value_or(1.0 / std::sqrt(double(p.key_dim)));
-  require(std::isfinite(p.scale), ErrorKind::value, "scale", "must be finite, got " + std::to_string(p.scale));
-  require(algorithm == GlaAlgorithm::chunked || algorithm == GlaAlgorithm::recurrent, ErrorKind::value, "algorithm",
+  FLASHGLA_REQUIRE(std::isfinite(p.scale), ErrorKind::value, "scale", "must be finite, got " + std::to_string(p.scale));
+  FLASHGLA_REQUIRE(algorithm == GlaAlgorithm::chunked || algorithm == GlaAlgorithm::recurrent, ErrorKind::value, "algorithm",
           "expected chunked or recurrent");
-  require(!reverse || algorithm == GlaAlgorithm::recurrent, ErrorKind::value, "reverse",
+  FLASHGLA_REQUIRE(!reverse || algorithm == GlaAlgorithm::recurrent, ErrorKind::value, "reverse",
           "is supported by the recurrent algorithm only");
   return p;
 }
@@ -80,7 +79,7 @@ void check_like(const TensorView& t, const char* name, const TensorView& like, c
                 const Device& dev, bool is_output) {
   check::tensor(t, name, like.ndim, dims, is_output);
   for (int d = 0; d < like.ndim; ++d)
-    require(t.shape[d] == like.shape[d], ErrorKind::value, name,
+    FLASHGLA_REQUIRE(t.shape[d] == like.shape[d], ErrorKind::value, name,
             std::string("expected shape ") + dims + " = " + like.shape_str() + ", got " + t.shape_str());
   check::dtype(t, name, dtype);
   check::device(t, name, dev, "q");
@@ -108,15 +107,15 @@ GlaProblem check_backward(const GlaBackwardArgs& a) {
   check_like(a.dk, "dk", a.k, "[B, T, H, K]", a.q.dtype, dev, true);
   check_like(a.dv, "dv", a.v, "[B, T, H, V]", a.q.dtype, dev, true);
   if (a.g.defined()) {
-    require(a.dg.defined(), ErrorKind::value, "dg", "is required when g is given: expected the shape of g " +
+    FLASHGLA_REQUIRE(a.dg.defined(), ErrorKind::value, "dg", "is required when g is given: expected the shape of g " +
                                                         a.g.shape_str());
     const char* dims = a.g.ndim == 4 ? "[B, T, H, K]" : "[B, T, H]";
-    require(a.dg.dtype == DType::f32 || a.dg.dtype == a.g.dtype, ErrorKind::type, "dg",
+    FLASHGLA_REQUIRE(a.dg.dtype == DType::f32 || a.dg.dtype == a.g.dtype, ErrorKind::type, "dg",
             std::string("expected dtype float32 or that of g (") + dtype_name(a.g.dtype) + "), got " +
                 dtype_name(a.dg.dtype));
     check_like(a.dg, "dg", a.g, dims, a.dg.dtype, dev, true);
   } else {
-    require(!a.dg.defined(), ErrorKind::value, "dg", "given without g: there is no gate to differentiate");
+    FLASHGLA_REQUIRE(!a.dg.defined(), ErrorKind::value, "dg", "given without g: there is no gate to differentiate");
   }
   check_state_output(a.d_initial_state, "d_initial_state", p, dev);
   return p;
@@ -149,7 +148,7 @@ void gla_decode(const GlaDecodeArgs& a) {
   check::tensor(a.q, "q", 3, "[N, H, K]");
   check::floating(a.q, "q");
   p.batch = p.num_seqs = a.q.shape[0], p.seq_len = 1, p.heads = a.q.shape[1], p.key_dim = a.q.shape[2];
-  require(p.key_dim >= 1 && p.heads >= 1, ErrorKind::value, "q", "H and K must be at least 1, got shape " + a.q.shape_str());
+  FLASHGLA_REQUIRE(p.key_dim >= 1 && p.heads >= 1, ErrorKind::value, "q", "H and K must be at least 1, got shape " + a.q.shape_str());
   const Device dev = a.q.device;
   check::shape(a.k, "k", {p.batch, p.heads, p.key_dim}, "[N, H, K]");
   check::dtype(a.k, "k", a.q.dtype);
@@ -157,11 +156,11 @@ void gla_decode(const GlaDecodeArgs& a) {
   check::tensor(a.v, "v", 3, "[N, H, V]");
   p.value_dim = a.v.shape[2];
   check::shape(a.v, "v", {p.batch, p.heads, p.value_dim}, "[N, H, V]");
-  require(p.value_dim >= 1, ErrorKind::value, "v", "V must be at least 1, got shape " + a.v.shape_str());
+  FLASHGLA_REQUIRE(p.value_dim >= 1, ErrorKind::value, "v", "V must be at least 1, got shape " + a.v.shape_str());
   check::dtype(a.v, "v", a.q.dtype);
   check::device(a.v, "v", dev, "q");
   if (a.g.defined()) {
-    require(a.g.ndim == 2 || a.g.ndim == 3, ErrorKind::value, "g",
+    FLASHGLA_REQUIRE(a.g.ndim == 2 || a.g.ndim == 3, ErrorKind::value, "g",
             "expected [N, H, K] (vector gate) or [N, H] (scalar gate), got shape " + a.g.shape_str());
     if (a.g.ndim == 3) {
       check::shape(a.g, "g", {p.batch, p.heads, p.key_dim}, "[N, H, K]");
@@ -180,7 +179,7 @@ void gla_decode(const GlaDecodeArgs& a) {
   check::dtype(a.o, "o", a.q.dtype);
   check::device(a.o, "o", dev, "q");
   p.scale = a.scale.value_or(1.0 / std::sqrt(double(p.key_dim)));
-  require(std::isfinite(p.scale), ErrorKind::value, "scale", "must be finite, got " + std::to_string(p.scale));
+  FLASHGLA_REQUIRE(std::isfinite(p.scale), ErrorKind::value, "scale", "must be finite, got " + std::to_string(p.scale));
   FLASHGLA_DISPATCH(dev, gla_decode, a, p);
 }
 

@@ -8,17 +8,16 @@
 namespace flashgla {
 namespace {
 
-using check::require;
 
 // A CUDA tensor in a build without CUDA is reported against `x`, the
 // argument every other one is compared with.
 // The CUDA kernels compute in fp32 only, so they take no fp64.
 void check_backend(const TensorView& x) {
 #ifndef FLASHGLA_WITH_CUDA
-  require(x.device.type == DeviceType::cpu, ErrorKind::unsupported, "x",
+  FLASHGLA_REQUIRE(x.device.type == DeviceType::cpu, ErrorKind::unsupported, "x",
           "tensors are on " + x.device.str() + " but this flashgla was built without CUDA");
 #endif
-  require(x.device.type == DeviceType::cpu || x.dtype != DType::f64, ErrorKind::unsupported, "x",
+  FLASHGLA_REQUIRE(x.device.type == DeviceType::cpu || x.dtype != DType::f64, ErrorKind::unsupported, "x",
           "float64 is supported on the CPU only");
 }
 
@@ -27,21 +26,21 @@ void check_same_shape(const TensorView& t, const char* name, const TensorView& l
                       bool is_output) {
   check::tensor(t, name, like.ndim, "[..., D] (the shape of x)", is_output);
   for (int d = 0; d < like.ndim; ++d)
-    require(t.shape[d] == like.shape[d], ErrorKind::value, name,
+    FLASHGLA_REQUIRE(t.shape[d] == like.shape[d], ErrorKind::value, name,
             "expected the shape of x " + like.shape_str() + ", got " + t.shape_str());
   check::device(t, name, dev, "x");
 }
 
 void check_input_x(const TensorView& x) {
-  require(x.defined(), ErrorKind::value, "x", "is required: expected a tensor of 1 to 4 dimensions");
-  require(x.ndim >= 1 && x.ndim <= kMaxDims, ErrorKind::value, "x",
+  FLASHGLA_REQUIRE(x.defined(), ErrorKind::value, "x", "is required: expected a tensor of 1 to 4 dimensions");
+  FLASHGLA_REQUIRE(x.ndim >= 1 && x.ndim <= kMaxDims, ErrorKind::value, "x",
           "expected 1 to 4 dimensions, got shape " + x.shape_str());
   check::tensor(x, "x", x.ndim, "[..., D]");
   check::floating(x, "x");
 }
 
 void check_activation(GateActivation activation) {
-  require(activation == GateActivation::swish || activation == GateActivation::sigmoid, ErrorKind::value,
+  FLASHGLA_REQUIRE(activation == GateActivation::swish || activation == GateActivation::sigmoid, ErrorKind::value,
           "activation", "expected swish or sigmoid");
 }
 
@@ -51,7 +50,7 @@ RowsProblem check_norm_inputs(const TensorView& x, const TensorView& weight, con
   check_input_x(x);
   RowsProblem p;
   p.dim = x.shape[x.ndim - 1];
-  require(p.dim >= 1, ErrorKind::value, "x", "the normalized (last) dimension must be at least 1, got shape " +
+  FLASHGLA_REQUIRE(p.dim >= 1, ErrorKind::value, "x", "the normalized (last) dimension must be at least 1, got shape " +
                                                  x.shape_str());
   p.rows = x.numel() / p.dim;
   const Device dev = x.device;
@@ -66,7 +65,7 @@ RowsProblem check_norm_inputs(const TensorView& x, const TensorView& weight, con
     check::dtype(gate, "gate", x.dtype);
   }
   check_activation(activation);
-  require(std::isfinite(eps) && eps >= 0, ErrorKind::value, "eps", "must be finite and ≥ 0, got " + std::to_string(eps));
+  FLASHGLA_REQUIRE(std::isfinite(eps) && eps >= 0, ErrorKind::value, "eps", "must be finite and ≥ 0, got " + std::to_string(eps));
   return p;
 }
 
@@ -85,17 +84,17 @@ RowsProblem check_norm_backward(const RmsNormBackwardArgs& a) {
   check_same_shape(a.dx, "dx", a.x, dev, true);
   check::dtype(a.dx, "dx", a.x.dtype);
   if (a.gate.defined()) {
-    require(a.dgate.defined(), ErrorKind::value, "dgate",
+    FLASHGLA_REQUIRE(a.dgate.defined(), ErrorKind::value, "dgate",
             "is required when gate is given: expected the shape of gate " + a.gate.shape_str());
     check_same_shape(a.dgate, "dgate", a.x, dev, true);
     check::dtype(a.dgate, "dgate", a.gate.dtype);
   } else {
-    require(!a.dgate.defined(), ErrorKind::value, "dgate", "given without gate: there is no gate to differentiate");
+    FLASHGLA_REQUIRE(!a.dgate.defined(), ErrorKind::value, "dgate", "given without gate: there is no gate to differentiate");
   }
   if (a.dweight.defined()) {
-    require(a.weight.defined(), ErrorKind::value, "dweight", "given without weight: there is no weight to differentiate");
+    FLASHGLA_REQUIRE(a.weight.defined(), ErrorKind::value, "dweight", "given without weight: there is no weight to differentiate");
     check::shape(a.dweight, "dweight", {p.dim}, "[D]", true);
-    require(a.dweight.dtype == DType::f32 || a.dweight.dtype == a.weight.dtype, ErrorKind::type, "dweight",
+    FLASHGLA_REQUIRE(a.dweight.dtype == DType::f32 || a.dweight.dtype == a.weight.dtype, ErrorKind::type, "dweight",
             std::string("expected dtype float32 or that of weight (") + dtype_name(a.weight.dtype) + "), got " +
                 dtype_name(a.dweight.dtype));
     check::device(a.dweight, "dweight", dev, "x");
@@ -104,10 +103,10 @@ RowsProblem check_norm_backward(const RmsNormBackwardArgs& a) {
 }
 
 void check_gate_params(double normalizer, const std::optional<double>& clamp_min) {
-  require(std::isfinite(normalizer) && normalizer > 0, ErrorKind::value, "normalizer",
+  FLASHGLA_REQUIRE(std::isfinite(normalizer) && normalizer > 0, ErrorKind::value, "normalizer",
           "must be finite and > 0, got " + std::to_string(normalizer));
   if (clamp_min)
-    require(std::isfinite(*clamp_min), ErrorKind::value, "clamp_min", "must be finite, got " + std::to_string(*clamp_min));
+    FLASHGLA_REQUIRE(std::isfinite(*clamp_min), ErrorKind::value, "clamp_min", "must be finite, got " + std::to_string(*clamp_min));
 }
 
 }  // namespace
@@ -138,7 +137,7 @@ void logsigmoid_gate_forward(const LogSigmoidGateForwardArgs& a) {
   check_backend(a.x);
   check_gate_params(a.normalizer, a.clamp_min);
   check_same_shape(a.g, "g", a.x, a.x.device, true);
-  require(a.g.dtype == a.x.dtype || a.g.dtype == DType::f32, ErrorKind::type, "g",
+  FLASHGLA_REQUIRE(a.g.dtype == a.x.dtype || a.g.dtype == DType::f32, ErrorKind::type, "g",
           std::string("expected dtype float32 or that of x (") + dtype_name(a.x.dtype) + "), got " +
               dtype_name(a.g.dtype));
   if (a.x.numel() == 0) return;

@@ -67,11 +67,11 @@ gla_bwd::Tensor tensor(const TensorView& t) {
 
 void check_supported(const GlaBackwardArgs& a, const GlaProblem& pr) {
   compute_type(a);
-  check::require(pr.heads <= 65535, ErrorKind::unsupported, "q", "the CUDA GLA backward takes at most 65535 heads");
-  check::require(pr.num_seqs * pr.heads < (int64_t(1) << 31), ErrorKind::unsupported, "q",
+  FLASHGLA_REQUIRE(pr.heads <= 65535, ErrorKind::unsupported, "q", "the CUDA GLA backward takes at most 65535 heads");
+  FLASHGLA_REQUIRE(pr.num_seqs * pr.heads < (int64_t(1) << 31), ErrorKind::unsupported, "q",
                  "too many sequences x heads for one launch");
   if (a.algorithm == GlaAlgorithm::recurrent)
-    check::require(pr.key_dim <= gla_bwd::kRecurrentMaxThreads, ErrorKind::unsupported, "q",
+    FLASHGLA_REQUIRE(pr.key_dim <= gla_bwd::kRecurrentMaxThreads, ErrorKind::unsupported, "q",
                    "the CUDA recurrent GLA backward takes K <= 512, got K = " + std::to_string(pr.key_dim));
 }
 
@@ -81,10 +81,10 @@ class Scratch {
   Scratch(const GlaBackwardArgs& a, size_t bytes, cudaStream_t stream) : stream_(stream) {
     if (bytes == 0) return;
     if (a.workspace) {
-      check::require(a.workspace_bytes >= bytes, ErrorKind::value, "workspace",
+      FLASHGLA_REQUIRE(a.workspace_bytes >= bytes, ErrorKind::value, "workspace",
                      "needs " + std::to_string(bytes) + " bytes (gla_backward_workspace_bytes), got " +
                          std::to_string(a.workspace_bytes));
-      check::require(reinterpret_cast<uintptr_t>(a.workspace) % kAlign == 0, ErrorKind::value, "workspace",
+      FLASHGLA_REQUIRE(reinterpret_cast<uintptr_t>(a.workspace) % kAlign == 0, ErrorKind::value, "workspace",
                      "must be " + std::to_string(kAlign) + "-byte aligned");
       data_ = a.workspace;
     } else {
@@ -152,7 +152,7 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     int device_smem = 0;
     check_cuda(cudaDeviceGetAttribute(&device_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, a.q.device.index),
                "cudaDeviceGetAttribute");
-    check::require(size_t(device_smem) >= gla_bwd::chunk_smem_bytes(c), ErrorKind::unsupported, "q",
+    FLASHGLA_REQUIRE(size_t(device_smem) >= gla_bwd::chunk_smem_bytes(c), ErrorKind::unsupported, "q",
                    "this GPU has too little shared memory per block for the chunked GLA backward in " +
                        std::string(dtype_name(a.q.dtype)));
     p.states = take(sizes.states);

@@ -48,7 +48,7 @@ Gate gate_of(GateKind kind) {
 }
 
 void require_compute_dtype(const TensorView& q) {
-  check::require(q.dtype == DType::f32 || q.dtype == DType::bf16 || q.dtype == DType::f16, ErrorKind::unsupported,
+  FLASHGLA_REQUIRE(q.dtype == DType::f32 || q.dtype == DType::bf16 || q.dtype == DType::f16, ErrorKind::unsupported,
                  "q", std::string("the CUDA backend takes float32, bfloat16 or float16 inputs, got ") +
                           dtype_name(q.dtype) + " (use the CPU backend for float64)");
 }
@@ -108,7 +108,7 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
              "cudaDeviceGetAttribute");
-  check::require(c.smem.bytes <= max_smem, ErrorKind::unsupported, "q",
+  FLASHGLA_REQUIRE(c.smem.bytes <= max_smem, ErrorKind::unsupported, "q",
                  "K = " + std::to_string(p.key_dim) + " needs " + std::to_string(c.smem.bytes) +
                      " bytes of shared memory in the CUDA chunked kernel, more than this device's " +
                      std::to_string(max_smem) + " (K ≤ 512 fits on sm_80 and sm_90)");
@@ -143,7 +143,7 @@ class Workspace {
   Workspace(const GlaForwardArgs& a, size_t bytes, cudaStream_t stream) : stream_(stream) {
     if (bytes == 0) return;
     if (a.workspace) {
-      check::require(a.workspace_bytes >= bytes, ErrorKind::value, "workspace",
+      FLASHGLA_REQUIRE(a.workspace_bytes >= bytes, ErrorKind::value, "workspace",
                      "needs " + std::to_string(bytes) + " bytes (gla_forward_workspace_bytes), got " +
                          std::to_string(a.workspace_bytes));
       data_ = a.workspace;

@@ -405,7 +405,7 @@ class Workspace {
   Workspace(void* given, size_t given_bytes, size_t needed, cudaStream_t stream) : stream_(stream) {
     if (needed == 0) return;
     if (given) {
-      check::require(given_bytes >= needed, ErrorKind::value, "workspace_bytes",
+      FLASHGLA_REQUIRE(given_bytes >= needed, ErrorKind::value, "workspace_bytes",
                      "expected at least " + std::to_string(needed) + " bytes (rms_norm_backward_workspace_bytes), got " +
                          std::to_string(given_bytes));
       data_ = given;
