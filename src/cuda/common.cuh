@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 
 #include "api/checks.h"
@@ -31,6 +32,45 @@ class DeviceGuard {
 
  private:
   int previous_ = 0;
+};
+
+// Device scratch for one call: the caller's workspace when one is given (checked
+// for size and alignment), otherwise a stream-ordered allocation given back on
+// the same stream, so that the call stays capturable by CUDA graphs.
+class Scratch {
+ public:
+  // `size_query` names the function that reports `needed`; `size_argument` is the
+  // argument an error names when the caller's workspace is too small.
+  Scratch(void* given, size_t given_bytes, size_t needed, cudaStream_t stream, const char* size_query,
+          const char* size_argument = "workspace", size_t alignment = 1)
+      : stream_(stream) {
+    if (needed == 0) return;
+    if (given) {
+      FLASHGLA_REQUIRE(given_bytes >= needed, ErrorKind::value, size_argument,
+                       "needs " + std::to_string(needed) + " bytes (" + size_query + "), got " +
+                           std::to_string(given_bytes));
+      FLASHGLA_REQUIRE(reinterpret_cast<uintptr_t>(given) % alignment == 0, ErrorKind::value, "workspace",
+                       "must be " + std::to_string(alignment) + "-byte aligned");
+      data_ = given;
+    } else {
+      const cudaError_t status = cudaMallocAsync(&data_, needed, stream);
+      if (status != cudaSuccess) check_cuda(status, (std::string("cudaMallocAsync (") + size_query + ")").c_str());
+      owned_ = true;
+    }
+  }
+  ~Scratch() {
+    if (owned_) cudaFreeAsync(data_, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+  char* bytes() const { return static_cast<char*>(data_); }
+  float* floats() const { return static_cast<float*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  bool owned_ = false;
+  cudaStream_t stream_;
 };
 
 inline int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }

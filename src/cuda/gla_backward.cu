@@ -75,36 +75,6 @@ void check_supported(const GlaBackwardArgs& a, const GlaProblem& pr) {
                    "the CUDA recurrent GLA backward takes K <= 512, got K = " + std::to_string(pr.key_dim));
 }
 
-// Stream-ordered scratch when the caller gives none (capturable by CUDA graphs).
-class Scratch {
- public:
-  Scratch(const GlaBackwardArgs& a, size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes == 0) return;
-    if (a.workspace) {
-      FLASHGLA_REQUIRE(a.workspace_bytes >= bytes, ErrorKind::value, "workspace",
-                     "needs " + std::to_string(bytes) + " bytes (gla_backward_workspace_bytes), got " +
-                         std::to_string(a.workspace_bytes));
-      FLASHGLA_REQUIRE(reinterpret_cast<uintptr_t>(a.workspace) % kAlign == 0, ErrorKind::value, "workspace",
-                     "must be " + std::to_string(kAlign) + "-byte aligned");
-      data_ = a.workspace;
-    } else {
-      check_cuda(cudaMallocAsync(&data_, bytes, stream), "cudaMallocAsync (GLA backward workspace)");
-      owned_ = true;
-    }
-  }
-  ~Scratch() {
-    if (owned_) cudaFreeAsync(data_, stream_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  char* data() const { return static_cast<char*>(data_); }
-
- private:
-  void* data_ = nullptr;
-  bool owned_ = false;
-  cudaStream_t stream_;
-};
-
 }  // namespace
 
 size_t gla_backward_workspace_bytes(const GlaBackwardArgs& a, const GlaProblem& pr) {
@@ -139,8 +109,9 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.num_slots = num_slots(pr);
 
   const Plan sizes = plan(a, pr);
-  Scratch scratch(a, sizes.total(), stream);
-  char* cursor = scratch.data();
+  Scratch scratch(a.workspace, a.workspace_bytes, sizes.total(), stream, "gla_backward_workspace_bytes", "workspace",
+                  kAlign);
+  char* cursor = scratch.bytes();
   auto take = [&](size_t bytes) {
     char* at = cursor;
     cursor += aligned(bytes);
@@ -165,7 +136,7 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     p.dg_suffix_terms = reinterpret_cast<float*>(take(sizes.dg_suffix_terms));
     p.dg_prefix_terms = reinterpret_cast<float*>(take(sizes.dg_prefix_terms));
     p.dg_final = reinterpret_cast<float*>(take(sizes.dg_final));
-    check_cuda(cudaMemsetAsync(scratch.data(), 0, sizes.total(), stream), "cudaMemsetAsync (GLA backward scratch)");
+    check_cuda(cudaMemsetAsync(scratch.bytes(), 0, sizes.total(), stream), "cudaMemsetAsync (GLA backward scratch)");
     gla_bwd::launch_recurrent(p, stream);
   }
 }

@@ -137,34 +137,6 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   return plan;
 }
 
-// Device memory for the split states: the caller's workspace, or a stream-ordered allocation.
-class Workspace {
- public:
-  Workspace(const GlaForwardArgs& a, size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes == 0) return;
-    if (a.workspace) {
-      FLASHGLA_REQUIRE(a.workspace_bytes >= bytes, ErrorKind::value, "workspace",
-                     "needs " + std::to_string(bytes) + " bytes (gla_forward_workspace_bytes), got " +
-                         std::to_string(a.workspace_bytes));
-      data_ = a.workspace;
-    } else {
-      check_cuda(cudaMallocAsync(&data_, bytes, stream), "cudaMallocAsync (GLA forward workspace)");
-      owned_ = true;
-    }
-  }
-  ~Workspace() {
-    if (owned_) cudaFreeAsync(data_, stream_);
-  }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  float* floats() const { return static_cast<float*>(data_); }
-
- private:
-  void* data_ = nullptr;
-  bool owned_ = false;
-  cudaStream_t stream_;
-};
-
 }  // namespace
 
 size_t gla_forward_workspace_bytes(const GlaForwardArgs& args, const GlaProblem& problem) {
@@ -193,7 +165,7 @@ void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
 
   ChunkPlan plan = plan_chunked(args, problem);
   gla::ChunkParams& c = plan.params;
-  Workspace workspace(args, plan.workspace_bytes, stream);
+  Scratch workspace(args.workspace, args.workspace_bytes, plan.workspace_bytes, stream, "gla_forward_workspace_bytes");
   if (c.num_splits > 1) {
     c.split_states = workspace.floats();
     c.split_decay = c.split_states + size_t(problem.num_seqs * problem.heads * (c.num_splits - 1)) *

@@ -399,34 +399,6 @@ NormParams norm_params(const TensorView& x, const TensorView& weight, const Tens
   return params;
 }
 
-// Stream-ordered scratch: the caller's, or taken and given back on the stream.
-class Workspace {
- public:
-  Workspace(void* given, size_t given_bytes, size_t needed, cudaStream_t stream) : stream_(stream) {
-    if (needed == 0) return;
-    if (given) {
-      FLASHGLA_REQUIRE(given_bytes >= needed, ErrorKind::value, "workspace_bytes",
-                     "expected at least " + std::to_string(needed) + " bytes (rms_norm_backward_workspace_bytes), got " +
-                         std::to_string(given_bytes));
-      data_ = given;
-    } else {
-      check_cuda(cudaMallocAsync(&data_, needed, stream), "cudaMallocAsync (RMSNorm backward workspace)");
-      owned_ = true;
-    }
-  }
-  ~Workspace() {
-    if (owned_) cudaFreeAsync(data_, stream_);
-  }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  char* bytes() const { return static_cast<char*>(data_); }
-
- private:
-  void* data_ = nullptr;
-  bool owned_ = false;
-  cudaStream_t stream_;
-};
-
 // ---- log-sigmoid gate ------------------------------------------------------------------
 
 // Element offsets of a ≤ 4-D tensor from the logical (row-major) index.
@@ -553,7 +525,8 @@ void rms_norm_backward(const RmsNormBackwardArgs& a, const RowsProblem& p) {
   DeviceGuard guard(a.x.device.index);
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
   const BackwardPlan plan = plan_backward(a, p);
-  Workspace workspace(a.workspace, a.workspace_bytes, plan.workspace_bytes(), stream);
+  Scratch workspace(a.workspace, a.workspace_bytes, plan.workspace_bytes(), stream, "rms_norm_backward_workspace_bytes",
+                    "workspace_bytes");
 
   NormParams params = norm_params(a.x, a.weight, a.gate, a.activation, a.eps, p);
   params.dy = a.dy.data, params.dy_rows = row_layout(a.dy);
