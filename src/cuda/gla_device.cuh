@@ -8,23 +8,12 @@
 
 #include <cstdint>
 
+#include "cuda/dtype.cuh"
 #include "cuda/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla {
 
-// ---- elements ------------------------------------------------------------------
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
-template <class E>
-__device__ __forceinline__ E from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+// ---- elements (to_float / from_float: cuda/dtype.cuh) -----------------------------------
 
 // The element at `index` of an array of any readable dtype, as a float.
 __device__ __forceinline__ float load_float(const void* base, int64_t index, Elem dtype) {

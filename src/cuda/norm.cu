@@ -16,6 +16,7 @@
 
 #include "core/backend.h"
 #include "cuda/common.cuh"
+#include "cuda/dtype.cuh"
 
 namespace flashgla::cuda {
 namespace {
@@ -24,20 +25,7 @@ constexpr int kWarp = 32;
 constexpr int kNormWarps = 4;                     // warps (rows in flight) per block
 constexpr size_t kMaxSharedAccumulators = 100 << 10;  // beyond this, dweight accumulators live in the workspace
 
-// ---- element access --------------------------------------------------------------
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-
-template <class T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+// ---- element access (to_float / from_float: cuda/dtype.cuh) ---------------------------
 
 // Tensors whose dtype is not a template argument (weight, dweight, dg, g): a
 // switch that is uniform across the grid.
