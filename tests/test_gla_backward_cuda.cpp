@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "flashgla/flashgla.h"
-#include "gla_test_util.h"
+#include "gla_cuda_test_util.h"
 
 #ifdef FLASHGLA_WITH_CUDA
 #include <cuda_runtime.h>
@@ -20,45 +20,15 @@
 namespace flashgla::testing::gla_test {
 namespace {
 
-constexpr GlaAlgorithm kChunked = GlaAlgorithm::chunked;
-constexpr GlaAlgorithm kRecurrent = GlaAlgorithm::recurrent;
-
-#define SKIP_WITHOUT_GPU() \
-  if (!flashgla::cuda_available()) GTEST_SKIP() << "no GPU"
-
-Device gpu() { return Device{DeviceType::cuda, 0}; }
-
 double tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : 1e-2; }
 
 std::string describe(const Case& c) {
-  std::string s = std::string(dtype_name(c.dtype)) + " B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" +
-                  std::to_string(c.H) + " K" + std::to_string(c.K) + " V" + std::to_string(c.V);
-  s += c.gate == Gate::none ? " no-gate" : c.gate == Gate::scalar ? " scalar-gate" : " vector-gate";
-  s += c.gate_values == GateValues::typical ? "" : c.gate_values == GateValues::near_zero ? " near-0" : " near-20";
-  s += std::string(" g:") + dtype_name(c.gate_dtype) + " dg:" + dtype_name(c.dg_dtype);
+  std::string s = describe_shape_and_gate(c) + " dg:" + dtype_name(c.dg_dtype);
   s += c.h0 ? " h0" : "";
   s += c.dht ? " dht" : "";
   s += c.row_padding ? " strided" : "";
   s += c.cu_seqlens.empty() ? "" : " varlen";
   return s;
-}
-
-Buffer on(const Buffer& b, Device device, int64_t padding) { return b.defined() ? b.to(device, padding) : Buffer(); }
-
-Inputs to_device(const Case& c, const Inputs& in, Device device) {
-  Inputs out;
-  out.q = on(in.q, device, c.row_padding), out.k = on(in.k, device, c.row_padding);
-  out.v = on(in.v, device, c.row_padding), out.d_o = on(in.d_o, device, c.row_padding);
-  out.g = on(in.g, device, c.row_padding);
-  out.h0 = on(in.h0, device, c.row_padding), out.dht = on(in.dht, device, c.row_padding);
-  out.cu_seqlens = on(in.cu_seqlens, device, 0);
-  return out;
-}
-
-Buffer poisoned_on(Device device, DType dtype, std::vector<int64_t> shape, int64_t padding) {
-  Buffer b(dtype, std::move(shape), device, padding);
-  b.poison();
-  return b;
 }
 
 struct Call {
@@ -86,14 +56,7 @@ Grads backward(const Case& c, const Inputs& in, const Call& call) {
   a.dq = dq.view(), a.dk = dk.view(), a.dv = dv.view(), a.dg = dg.view(), a.d_initial_state = dh0.view();
   a.stream = call.stream;
   Buffer workspace;
-  if (call.caller_workspace) {
-    const size_t bytes = gla_backward_workspace_bytes(a);
-    if (bytes > 0) {
-      workspace = Buffer(DType::f32, {int64_t((bytes + 3) / 4)}, device);
-      a.workspace = workspace.view().data;
-      a.workspace_bytes = bytes;
-    }
-  }
+  if (call.caller_workspace) workspace = give_workspace(a, gla_backward_workspace_bytes(a), device);
   gla_backward(a);
   synchronize(device);
   return {dq.values(), dk.values(), dv.values(), dg.values(), dh0.values()};

@@ -1,0 +1,70 @@
+// Shared by the CUDA GLA forward and backward tests (test_gla_cuda.cpp,
+// test_gla_backward_cuda.cpp): the GPU, moving a case's inputs onto it,
+// poisoned outputs, a caller-owned workspace and the common part of a case's
+// description. The cases and the CPU reference are in gla_test_util.h.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "flashgla/flashgla.h"
+#include "gla_test_util.h"
+
+namespace flashgla::testing::gla_test {
+
+constexpr GlaAlgorithm kChunked = GlaAlgorithm::chunked;
+constexpr GlaAlgorithm kRecurrent = GlaAlgorithm::recurrent;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!flashgla::cuda_available()) GTEST_SKIP() << "no GPU"
+
+inline Device gpu() { return Device{DeviceType::cuda, 0}; }
+
+// dtype, shape and gate of a case; each test file adds the fields it varies.
+inline std::string describe_shape_and_gate(const Case& c) {
+  std::string s = std::string(dtype_name(c.dtype)) + " B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " H" +
+                  std::to_string(c.H) + " K" + std::to_string(c.K) + " V" + std::to_string(c.V);
+  s += c.gate == Gate::none ? " no-gate" : c.gate == Gate::scalar ? " scalar-gate" : " vector-gate";
+  s += c.gate_values == GateValues::typical ? "" : c.gate_values == GateValues::near_zero ? " near-0" : " near-20";
+  s += std::string(" g:") + dtype_name(c.gate_dtype);
+  return s;
+}
+
+inline Buffer on(const Buffer& b, Device device, int64_t padding) {
+  return b.defined() ? b.to(device, padding) : Buffer();
+}
+
+// Every input of the case on `device`, rows padded as the case says (the
+// forward tests leave d_o and dht unused).
+inline Inputs to_device(const Case& c, const Inputs& in, Device device) {
+  Inputs out;
+  out.q = on(in.q, device, c.row_padding), out.k = on(in.k, device, c.row_padding);
+  out.v = on(in.v, device, c.row_padding), out.d_o = on(in.d_o, device, c.row_padding);
+  out.g = on(in.g, device, c.row_padding);
+  out.h0 = on(in.h0, device, c.row_padding), out.dht = on(in.dht, device, c.row_padding);
+  out.cu_seqlens = on(in.cu_seqlens, device, 0);
+  return out;
+}
+
+inline Buffer poisoned_on(Device device, DType dtype, std::vector<int64_t> shape, int64_t padding) {
+  Buffer b(dtype, std::move(shape), device, padding);
+  b.poison();
+  return b;
+}
+
+// Gives `a` a workspace of `bytes` on `device` (none when 0); the returned
+// Buffer owns it and must outlive the call.
+template <class Args>
+Buffer give_workspace(Args& a, size_t bytes, Device device) {
+  Buffer workspace;
+  if (bytes > 0) {
+    workspace = Buffer(DType::f32, {int64_t((bytes + 3) / 4)}, device);
+    a.workspace = workspace.view().data;
+    a.workspace_bytes = bytes;
+  }
+  return workspace;
+}
+
+}  // namespace flashgla::testing::gla_test
