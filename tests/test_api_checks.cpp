@@ -6,26 +6,14 @@
 #include <string>
 
 #include "flashgla/flashgla.h"
+#include "test_util.h"
 #include "testing/buffer.h"
 
 using namespace flashgla;
 using flashgla::testing::Buffer;
+using flashgla::testing::expect_error;
 
 namespace {
-
-// Runs `call` and expects an Error of `kind` naming `argument` whose message contains `fragment`.
-void expect_error(const std::function<void()>& call, ErrorKind kind, const std::string& argument,
-                  const std::string& fragment = "") {
-  try {
-    call();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    EXPECT_EQ(int(e.kind()), int(kind)) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected an error naming " << argument;
-}
 
 // Valid GLA tensors for B=2, T=8, H=3, K=4, V=5.
 struct GlaTensors {

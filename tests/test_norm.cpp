@@ -13,12 +13,14 @@
 #include <vector>
 
 #include "flashgla/flashgla.h"
+#include "test_util.h"
 #include "testing/buffer.h"
 
 namespace {
 
 using namespace flashgla;
 using flashgla::testing::Buffer;
+using flashgla::testing::expect_error;
 using flashgla::testing::rel_rms_error;
 
 // ---- fp64 reference ---------------------------------------------------------------
@@ -424,19 +426,6 @@ TEST(Gate, CpuMatchesReference) {
 }
 
 // ---- bad input --------------------------------------------------------------------
-
-void expect_error(const std::function<void()>& call, ErrorKind kind, const std::string& argument,
-                  const std::string& fragment = "") {
-  try {
-    call();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    EXPECT_EQ(int(e.kind()), int(kind)) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected an error naming " << argument;
-}
 
 TEST(Norm, BadInput) {
   std::mt19937_64 rng(1);
