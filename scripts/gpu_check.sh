@@ -16,37 +16,42 @@ LOGS=$(mktemp -d)
 mkdir -p "$OUT"
 BUILD=build-gpu
 ARCH=${FLASHGLA_CUDA_ARCH:-90a}
-SANITIZE_FILTER=${SANITIZE_FILTER:-*Cuda*Small*}
+SANITIZE_FILTER=${SANITIZE_FILTER:-CudaGlaForward.Sanitizer*:CudaGlaBackward.Sanitizer*:CudaGlaDecode.*:AttentionCudaApi.BadDeviceBoundariesStayInBounds:Sanitizer/AttentionGenericCuda.*:AttentionGenericCudaApi.Small*:NormGpu.*:GateGpu.*}
 BENCH=${BENCH:-ops}
 declare -a SUMMARY
 
-step() {  # step NAME COMMAND...: runs, logs to $LOGS/NAME.log, records PASS/FAIL and the time
-  local name=$1; shift
+# step NAME SECONDS COMMAND...: runs with a time limit, logs to $LOGS/NAME.log,
+# records PASS/FAIL and the time, and repacks the logs (so a call cut short
+# still brings back what ran).
+step() {
+  local name=$1 limit=$2; shift 2
   local start=$SECONDS rc=0
-  "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
+  timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
   if [ $rc = 0 ]; then SUMMARY+=("$name|PASS|$((SECONDS - start)) s")
+  elif [ $rc = 124 ]; then SUMMARY+=("$name|TIMEOUT|$((SECONDS - start)) s")
   else SUMMARY+=("$name|FAIL (rc $rc)|$((SECONDS - start)) s"); echo "== $name failed:"; tail -25 "$LOGS/$name.log"; fi
+  tar czf "$OUT/gpu_check.tgz" -C "$LOGS" .
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl && export PYTHONPATH=/tmp/site
 
 rm -rf "$BUILD"
-step configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON \
+step configure 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON \
   -DFLASHGLA_PYTHON=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DPython_EXECUTABLE="$(command -v python3)"
-step build cmake --build "$BUILD" -j"$(nproc)"
-step cpp_tests "$BUILD/flashgla_tests" --gtest_brief=1
+step build 400 cmake --build "$BUILD" -j"$(nproc)"
+step cpp_tests ${CPP_TESTS_S:-300} "$BUILD/flashgla_tests" --gtest_brief=1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$LOGS/cpp_tests.log" | head -8
-step cli_check "$BUILD/flashgla" check
-step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/flashgla_tests" --gtest_filter="$SANITIZE_FILTER"
-step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/flashgla_tests" --gtest_filter="$SANITIZE_FILTER"
+step cli_check 60 "$BUILD/flashgla" check
+step memcheck ${SAN_S:-90} compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/flashgla_tests" --gtest_filter="$SANITIZE_FILTER"
+step racecheck ${SAN_S:-90} compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/flashgla_tests" --gtest_filter="$SANITIZE_FILTER"
 
 export PYTHONPATH="$PWD/$BUILD/python:/tmp/site"
 export PATH="$PWD/$BUILD:$PATH"  # the flashgla command, for the CLI tests
-step py_tests python3 -m pytest -q -p no:cacheprovider tests/python
+step py_tests ${PY_TESTS_S:-240} python3 -m pytest -q -p no:cacheprovider tests/python
 tail -2 "$LOGS/py_tests.log"
 
-for name in $BENCH; do step "bench_$name" python3 "bench/bench_$name.py"; done
+for name in $BENCH; do step "bench_$name" ${BENCH_S:-300} python3 "bench/bench_$name.py"; done
 cp bench/results*.md "$LOGS"/ 2>/dev/null
 tar czf "$OUT/gpu_check.tgz" -C "$LOGS" .
 
