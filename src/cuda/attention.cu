@@ -1,7 +1,9 @@
 // CUDA softmax attention (FlashAttention): checks what this backend runs,
 // builds the kernels' parameters and dispatches on dtype and head dim. The
 // portable (sm_80+) kernels are in attention_kernels.cuh, instantiated in
-// attention_d*.cu. The Hopper forward (attention_hopper.cu) is opt-in until
+// attention_d*.cu, for bf16/fp16 with D == Dv in {64, 128, 256}; every other
+// case (fp32, any D and Dv up to 512) runs the generic kernels of
+// attention_generic.cu. The Hopper forward (attention_hopper.cu) is opt-in until
 // it has been validated on a GPU: FLASHGLA_ATTENTION_KERNEL=hopper in the
 // environment runs it where it applies (sm_90a build and device, D <= 128,
 // TMA-compatible tensors), the portable forward everywhere else.
@@ -16,6 +18,7 @@
 #include <type_traits>
 
 #include "core/backend.h"
+#include "cuda/attention_generic.cuh"
 #include "cuda/attention_params.cuh"
 #include "cuda/common.cuh"
 
@@ -26,18 +29,24 @@ using attn::AttentionParams;
 using attn::Strided;
 
 void check_supported(const TensorView& q, const AttentionProblem& p) {
-  if (q.dtype != DType::bf16 && q.dtype != DType::f16)
+  if (q.dtype == DType::f64)
     check::fail(ErrorKind::unsupported, "q",
-                std::string("CUDA attention runs bfloat16 and float16, got ") + dtype_name(q.dtype) +
-                    "; for float32/float64 use the CPU backend (tensors on the CPU)");
-  if (p.value_dim != p.head_dim)
+                "CUDA attention runs float32, bfloat16 and float16, got float64; for float64 use the CPU backend "
+                "(tensors on the CPU)");
+  if (p.head_dim > attn::kGenericMaxDim)
+    check::fail(ErrorKind::unsupported, "q",
+                "CUDA attention runs head dims up to " + std::to_string(attn::kGenericMaxDim) + ", got D = " +
+                    std::to_string(p.head_dim) + "; the CPU backend runs any head dim");
+  if (p.value_dim > attn::kGenericMaxDim)
     check::fail(ErrorKind::unsupported, "v",
-                "CUDA attention needs Dv == D, got D = " + std::to_string(p.head_dim) +
-                    " and Dv = " + std::to_string(p.value_dim) + "; the CPU backend runs any head dims");
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
-    check::fail(ErrorKind::unsupported, "q",
-                "CUDA attention runs head dims 64, 128 and 256, got D = " + std::to_string(p.head_dim) +
-                    "; the CPU backend runs any head dim");
+                "CUDA attention runs value head dims up to " + std::to_string(attn::kGenericMaxDim) + ", got Dv = " +
+                    std::to_string(p.value_dim) + "; the CPU backend runs any head dim");
+}
+
+// Whether the fast kernels take the call; the generic ones take the rest.
+bool fast_kernels_apply(DType dtype, const AttentionProblem& p) {
+  return (dtype == DType::bf16 || dtype == DType::f16) && p.value_dim == p.head_dim &&
+         (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256);
 }
 
 // Whether a [B, T, H, D] view moves in `bytes`-wide pieces along D: unit
@@ -95,12 +104,12 @@ void dispatch(DType dtype, int64_t head_dim, Fn&& fn) {
 }
 
 // Backward scratch, each piece 256-byte aligned: dq_accum [B, Hq, Tq, D] and
-// lse_log2, dsum [B, Hq, Tq], all fp32.
+// lse_log2, dsum [B, Hq, Tq], all fp32. The generic kernels use dsum alone.
 struct BackwardScratch {
   size_t rows = 0, dq_bytes = 0, row_bytes = 0;
-  explicit BackwardScratch(const AttentionProblem& p) {
+  BackwardScratch(const AttentionProblem& p, bool fast) {
     rows = size_t(p.batch * p.q_heads * p.q_len);
-    dq_bytes = align(rows * size_t(p.head_dim) * sizeof(float));
+    dq_bytes = fast ? align(rows * size_t(p.head_dim) * sizeof(float)) : 0;
     row_bytes = align(rows * sizeof(float));
   }
   size_t total() const { return dq_bytes + 2 * row_bytes; }
@@ -115,6 +124,10 @@ void attention_forward(const AttentionForwardArgs& args, const AttentionProblem&
   const AttentionParams p =
       make_params(args.q, args.k, args.v, args.o, args.lse, args.cu_seqlens_q, args.cu_seqlens_k, problem);
   const auto stream = static_cast<cudaStream_t>(args.stream);
+  if (!fast_kernels_apply(args.q.dtype, problem)) {
+    attn::run_attention_generic_forward(p, args.q.dtype, int(problem.head_dim), int(problem.value_dim), stream);
+    return;
+  }
   const char* kernel = std::getenv("FLASHGLA_ATTENTION_KERNEL");
   const bool try_hopper = kernel != nullptr && std::strcmp(kernel, "hopper") == 0;
   dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
@@ -134,7 +147,8 @@ void attention_backward(const AttentionBackwardArgs& args, const AttentionProble
   p.d_o = strided(args.d_o), p.dq = strided(args.dq), p.dk = strided(args.dk), p.dv = strided(args.dv);
   const auto stream = static_cast<cudaStream_t>(args.stream);
 
-  const BackwardScratch scratch(problem);
+  const bool fast = fast_kernels_apply(args.q.dtype, problem);
+  const BackwardScratch scratch(problem, fast);
   void* workspace = args.workspace;
   bool owned = false;
   if (workspace == nullptr) {
@@ -152,11 +166,15 @@ void attention_backward(const AttentionBackwardArgs& args, const AttentionProble
   p.lse_log2 = reinterpret_cast<float*>(base + scratch.dq_bytes);
   p.dsum = reinterpret_cast<float*>(base + scratch.dq_bytes + scratch.row_bytes);
   try {
-    if (scratch.dq_bytes > 0)
-      check_cuda(cudaMemsetAsync(p.dq_accum, 0, scratch.dq_bytes, stream), "cudaMemsetAsync (dq accumulator)");
-    dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
-      attn::run_attention_backward<decltype(type), decltype(dim)::value>(p, stream);
-    });
+    if (!fast) {
+      attn::run_attention_generic_backward(p, args.q.dtype, int(problem.head_dim), int(problem.value_dim), stream);
+    } else {
+      if (scratch.dq_bytes > 0)
+        check_cuda(cudaMemsetAsync(p.dq_accum, 0, scratch.dq_bytes, stream), "cudaMemsetAsync (dq accumulator)");
+      dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
+        attn::run_attention_backward<decltype(type), decltype(dim)::value>(p, stream);
+      });
+    }
   } catch (...) {
     if (owned) cudaFreeAsync(workspace, stream);
     throw;
@@ -171,7 +189,7 @@ size_t attention_forward_workspace_bytes(const AttentionForwardArgs& args, const
 
 size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& args, const AttentionProblem& problem) {
   check_supported(args.q, problem);
-  return BackwardScratch(problem).total();
+  return BackwardScratch(problem, fast_kernels_apply(args.q.dtype, problem)).total();
 }
 
 }  // namespace flashgla::cuda
