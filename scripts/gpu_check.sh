@@ -2,11 +2,10 @@
 # The one command for the GPU machine. Through the device tool, with carry
 # [".deps"] (prepare .deps here once with scripts/prepare_gpu_deps.sh):
 #   bash scripts/gpu_check.sh
-# Builds from a clean tree for the local GPU (the library, the tests, the CLI
-# and the Python extension in one CMake build), runs every C++ test (GPU tests
+# Builds from a clean tree for the local GPU, runs every C++ test (GPU tests
 # included), `flashgla check` on the GPU, compute-sanitizer memcheck and
-# racecheck on the small GPU tests, the Python tests and the benchmarks, and
-# prints a short table last. Logs and the benchmark result files come back
+# racecheck on the small GPU tests, installs the Python package and runs its
+# tests, then the benchmarks, and prints a short table last. Logs and the benchmark result files come back
 # packed in $OUT/gpu_check.tgz (the device tool returns at most 8 files).
 # BENCH="ops attention" picks benchmarks (bench/bench_<name>.py; default: ops).
 set -uo pipefail
@@ -34,11 +33,12 @@ step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# Build tools the machine lacks, carried as wheels (it has no network).
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl && export PYTHONPATH=/tmp/site
 
 rm -rf "$BUILD"
 step configure 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON \
-  -DFLASHGLA_PYTHON=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DPython_EXECUTABLE="$(command -v python3)"
+  -DCMAKE_CUDA_ARCHITECTURES="$ARCH"
 step build 400 cmake --build "$BUILD" -j"$(nproc)"
 step cpp_tests ${CPP_TESTS_S:-300} "$BUILD/flashgla_tests" --gtest_brief=1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$LOGS/cpp_tests.log" | head -8
@@ -46,9 +46,13 @@ step cli_check 60 "$BUILD/flashgla" check
 step memcheck ${SAN_S:-90} compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/flashgla_tests" --gtest_filter="$SANITIZE_FILTER"
 step racecheck ${SAN_S:-90} compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/flashgla_tests" --gtest_filter="$SANITIZE_FILTER"
 
-export PYTHONPATH="$PWD/$BUILD/python:/tmp/site"
-export PATH="$PWD/$BUILD:$PATH"  # the flashgla command, for the CLI tests
-step py_tests ${PY_TESTS_S:-240} python3 -m pytest -q -p no:cacheprovider tests/python
+# The Python tests run against the package as a user installs it: `pip install .`
+# (CUDA, this GPU's architecture) into the machine's Python, which has torch
+# (the machine is thrown away after the lease), and pytest from outside the
+# source tree.
+step py_install 300 env CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$ARCH" FLASHGLA_CUDA=ON \
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" python3 -m pip install --no-build-isolation --no-deps .
+step py_tests ${PY_TESTS_S:-240} python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp "$PWD/tests/python"
 tail -2 "$LOGS/py_tests.log"
 
 for name in $BENCH; do step "bench_$name" ${BENCH_S:-300} python3 "bench/bench_$name.py"; done
