@@ -31,7 +31,7 @@ struct Case {
   Case heads(int64_t hq, int64_t hkv) const { Case c = *this; c.q_heads = hq, c.kv_heads = hkv; return c; }
   Case dim(int64_t d) const { return dims(d, d); }
   Case dims(int64_t d, int64_t dv) const { Case c = *this; c.head_dim = d, c.value_dim = dv; return c; }
-  Case masked(bool causal) const { Case c = *this; c.causal = causal; return c; }
+  Case masked(bool is_causal) const { Case c = *this; c.causal = is_causal; return c; }
   Case with_batch(int64_t b) const { Case c = *this; c.batch = b; return c; }
   Case with_dtype(DType d) const { Case c = *this; c.dtype = d; return c; }
   Case fp16() const { return with_dtype(DType::f16); }

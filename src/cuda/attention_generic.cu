@@ -264,7 +264,8 @@ __global__ void __launch_bounds__(kWarps * 32) row_dot_kernel(const AttentionPar
 template <class T, int CHUNKS>
 __global__ void __launch_bounds__(kWarps * 32)
     dkdv_kernel(const AttentionParams p, int head_dim, int value_dim, int64_t tokens) {
-  constexpr int QUERIES = kStep<CHUNKS>;
+  // At most 4 queries per step: each also holds its lse and dsum, and 8 made ptxas spill on sm_90a.
+  constexpr int QUERIES = kStep<CHUNKS> < 4 ? kStep<CHUNKS> : 4;
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   Span s;
