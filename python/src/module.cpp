@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "bindings.h"
 #include "flashgla/flashgla.h"
 
 namespace nb = nanobind;
@@ -69,14 +70,11 @@ TensorView view_of(nb::handle spec, const char* name) {
   return t;
 }
 
-void* as_pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
-
-flashgla::GlaForwardArgs gla_forward_args(nb::handle q, nb::handle k, nb::handle v, nb::handle g,
-                                          nb::handle initial_state, nb::handle cu_seqlens,
-                                          nb::handle cu_seqlens_host, std::optional<double> scale,
-                                          flashgla::GlaAlgorithm algorithm, bool reverse, nb::handle o,
-                                          nb::handle final_state) {
-  flashgla::GlaForwardArgs a;
+// The inputs GlaForwardArgs and GlaBackwardArgs share.
+template <class Args>
+void set_gla_inputs(Args& a, nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle initial_state,
+                    nb::handle cu_seqlens, nb::handle cu_seqlens_host, std::optional<double> scale,
+                    flashgla::GlaAlgorithm algorithm, bool reverse) {
   a.q = view_of(q, "q");
   a.k = view_of(k, "k");
   a.v = view_of(v, "v");
@@ -87,6 +85,32 @@ flashgla::GlaForwardArgs gla_forward_args(nb::handle q, nb::handle k, nb::handle
   a.scale = scale;
   a.algorithm = algorithm;
   a.reverse = reverse;
+}
+
+// The inputs AttentionForwardArgs and AttentionBackwardArgs share.
+template <class Args>
+void set_attention_inputs(Args& a, nb::handle q, nb::handle k, nb::handle v, nb::handle cu_seqlens_q,
+                          nb::handle cu_seqlens_k, bool causal, std::optional<double> scale,
+                          flashgla::AttentionAlgorithm algorithm, nb::handle o, nb::handle lse) {
+  a.q = view_of(q, "q");
+  a.k = view_of(k, "k");
+  a.v = view_of(v, "v");
+  a.cu_seqlens_q = view_of(cu_seqlens_q, "cu_seqlens_q");
+  a.cu_seqlens_k = view_of(cu_seqlens_k, "cu_seqlens_k");
+  a.causal = causal;
+  a.scale = scale;
+  a.algorithm = algorithm;
+  a.o = view_of(o, "o");
+  a.lse = view_of(lse, "lse");
+}
+
+flashgla::GlaForwardArgs gla_forward_args(nb::handle q, nb::handle k, nb::handle v, nb::handle g,
+                                          nb::handle initial_state, nb::handle cu_seqlens,
+                                          nb::handle cu_seqlens_host, std::optional<double> scale,
+                                          flashgla::GlaAlgorithm algorithm, bool reverse, nb::handle o,
+                                          nb::handle final_state) {
+  flashgla::GlaForwardArgs a;
+  set_gla_inputs(a, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, algorithm, reverse);
   a.o = view_of(o, "o");
   a.final_state = view_of(final_state, "final_state");
   return a;
@@ -99,16 +123,7 @@ flashgla::GlaBackwardArgs gla_backward_args(nb::handle q, nb::handle k, nb::hand
                                             nb::handle d_final_state, nb::handle dq, nb::handle dk, nb::handle dv,
                                             nb::handle dg, nb::handle d_initial_state) {
   flashgla::GlaBackwardArgs a;
-  a.q = view_of(q, "q");
-  a.k = view_of(k, "k");
-  a.v = view_of(v, "v");
-  a.g = view_of(g, "g");
-  a.initial_state = view_of(initial_state, "initial_state");
-  a.cu_seqlens = view_of(cu_seqlens, "cu_seqlens");
-  a.cu_seqlens_host = view_of(cu_seqlens_host, "cu_seqlens_host");
-  a.scale = scale;
-  a.algorithm = algorithm;
-  a.reverse = reverse;
+  set_gla_inputs(a, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, algorithm, reverse);
   a.d_o = view_of(d_o, "d_o");
   a.d_final_state = view_of(d_final_state, "d_final_state");
   a.dq = view_of(dq, "dq");
@@ -125,16 +140,7 @@ flashgla::AttentionForwardArgs attention_forward_args(nb::handle q, nb::handle k
                                                       flashgla::AttentionAlgorithm algorithm, nb::handle o,
                                                       nb::handle lse) {
   flashgla::AttentionForwardArgs a;
-  a.q = view_of(q, "q");
-  a.k = view_of(k, "k");
-  a.v = view_of(v, "v");
-  a.cu_seqlens_q = view_of(cu_seqlens_q, "cu_seqlens_q");
-  a.cu_seqlens_k = view_of(cu_seqlens_k, "cu_seqlens_k");
-  a.causal = causal;
-  a.scale = scale;
-  a.algorithm = algorithm;
-  a.o = view_of(o, "o");
-  a.lse = view_of(lse, "lse");
+  set_attention_inputs(a, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, algorithm, o, lse);
   return a;
 }
 
@@ -145,16 +151,7 @@ flashgla::AttentionBackwardArgs attention_backward_args(nb::handle q, nb::handle
                                                         nb::handle lse, nb::handle d_o, nb::handle dq, nb::handle dk,
                                                         nb::handle dv) {
   flashgla::AttentionBackwardArgs a;
-  a.q = view_of(q, "q");
-  a.k = view_of(k, "k");
-  a.v = view_of(v, "v");
-  a.cu_seqlens_q = view_of(cu_seqlens_q, "cu_seqlens_q");
-  a.cu_seqlens_k = view_of(cu_seqlens_k, "cu_seqlens_k");
-  a.causal = causal;
-  a.scale = scale;
-  a.algorithm = algorithm;
-  a.o = view_of(o, "o");
-  a.lse = view_of(lse, "lse");
+  set_attention_inputs(a, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, algorithm, o, lse);
   a.d_o = view_of(d_o, "d_o");
   a.dq = view_of(dq, "dq");
   a.dk = view_of(dk, "dk");
@@ -172,9 +169,7 @@ auto without_gil(Fn&& fn) {
 
 }  // namespace
 
-// For the other binding files of the module (norm_bindings.cpp).
 flashgla::TensorView tensor_view_from_python(nb::handle spec, const char* name) { return view_of(spec, name); }
-void bind_norm(nb::module_& m);
 
 NB_MODULE(_C, m) {
   m.doc() = "flashgla's C++ API; use the PyTorch ops in the flashgla package rather than these functions.";
@@ -227,9 +222,7 @@ NB_MODULE(_C, m) {
          nb::handle o, nb::handle final_state, uintptr_t stream, uintptr_t workspace, size_t workspace_bytes) {
         auto a = gla_forward_args(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, algorithm, reverse,
                                   o, final_state);
-        a.stream = as_pointer(stream);
-        a.workspace = as_pointer(workspace);
-        a.workspace_bytes = workspace_bytes;
+        set_execution(a, stream, workspace, workspace_bytes);
         without_gil([&] { flashgla::gla_forward(a); });
       },
       "q"_a, "k"_a, "v"_a, "g"_a.none(), "initial_state"_a.none(), "cu_seqlens"_a.none(),
@@ -255,9 +248,7 @@ NB_MODULE(_C, m) {
          nb::handle d_initial_state, uintptr_t stream, uintptr_t workspace, size_t workspace_bytes) {
         auto a = gla_backward_args(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, algorithm, reverse,
                                    d_o, d_final_state, dq, dk, dv, dg, d_initial_state);
-        a.stream = as_pointer(stream);
-        a.workspace = as_pointer(workspace);
-        a.workspace_bytes = workspace_bytes;
+        set_execution(a, stream, workspace, workspace_bytes);
         without_gil([&] { flashgla::gla_backward(a); });
       },
       "q"_a, "k"_a, "v"_a, "g"_a.none(), "initial_state"_a.none(), "cu_seqlens"_a.none(),
@@ -303,9 +294,7 @@ NB_MODULE(_C, m) {
          std::optional<double> scale, flashgla::AttentionAlgorithm algorithm, nb::handle o, nb::handle lse,
          uintptr_t stream, uintptr_t workspace, size_t workspace_bytes) {
         auto a = attention_forward_args(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, algorithm, o, lse);
-        a.stream = as_pointer(stream);
-        a.workspace = as_pointer(workspace);
-        a.workspace_bytes = workspace_bytes;
+        set_execution(a, stream, workspace, workspace_bytes);
         without_gil([&] { flashgla::attention_forward(a); });
       },
       "q"_a, "k"_a, "v"_a, "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "causal"_a, "scale"_a.none(),
@@ -329,9 +318,7 @@ NB_MODULE(_C, m) {
          size_t workspace_bytes) {
         auto a = attention_backward_args(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, algorithm, o, lse, d_o,
                                          dq, dk, dv);
-        a.stream = as_pointer(stream);
-        a.workspace = as_pointer(workspace);
-        a.workspace_bytes = workspace_bytes;
+        set_execution(a, stream, workspace, workspace_bytes);
         without_gil([&] { flashgla::attention_backward(a); });
       },
       "q"_a, "k"_a, "v"_a, "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "causal"_a, "scale"_a.none(),

@@ -7,17 +7,13 @@
 #include <cstdint>
 #include <optional>
 
+#include "bindings.h"
 #include "flashgla/flashgla.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
-// Defined in module.cpp: (data_ptr, dtype, device_type, device_index, shape, strides) or None.
-flashgla::TensorView tensor_view_from_python(nb::handle spec, const char* name);
-
 namespace {
-
-void* as_pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 flashgla::RmsNormBackwardArgs rms_norm_backward_args(nb::handle x, nb::handle weight, nb::handle gate,
                                                      flashgla::GateActivation activation, double eps, nb::handle dy,
@@ -66,9 +62,7 @@ void bind_norm(nb::module_& m) {
          nb::handle dy, nb::handle dx, nb::handle dgate, nb::handle dweight, uintptr_t stream, uintptr_t workspace,
          size_t workspace_bytes) {
         auto a = rms_norm_backward_args(x, weight, gate, activation, eps, dy, dx, dgate, dweight);
-        a.stream = as_pointer(stream);
-        a.workspace = as_pointer(workspace);
-        a.workspace_bytes = workspace_bytes;
+        set_execution(a, stream, workspace, workspace_bytes);
         nb::gil_scoped_release release;
         flashgla::rms_norm_backward(a);
       },
