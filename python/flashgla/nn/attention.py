@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import flash_attention
-from .padding import check_mask, has_padding, pack, packing, positions_in_sequence, unpack
+from .padding import forward_packed, positions_in_sequence
 
 __all__ = ["Attention", "KVCache", "RotaryEmbedding"]
 
@@ -89,17 +89,8 @@ class Attention(nn.Module):
                 cu_seqlens: Optional[Tensor] = None, state: Optional[KVCache] = None,
                 use_cache: bool = False) -> Tuple[Tensor, Optional[KVCache]]:
         """As GatedLinearAttention.forward; the state is a KVCache (not with padding or cu_seqlens)."""
-        if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.hidden_size:
-            raise ValueError(f"hidden_states: expected [B, T, {self.hidden_size}], got {list(hidden_states.shape)}")
-        if attention_mask is not None:
-            if cu_seqlens is not None:
-                raise ValueError("give either attention_mask or cu_seqlens, not both")
-            check_mask(attention_mask, hidden_states.shape[0], hidden_states.shape[1])
-        if has_padding(attention_mask):
-            p = packing(attention_mask)
-            out, new_state = self._forward(pack(hidden_states, p), p.cu_seqlens, state, use_cache)
-            return unpack(out, p), new_state
-        return self._forward(hidden_states, cu_seqlens, state, use_cache)
+        return forward_packed(self._forward, hidden_states, self.hidden_size, attention_mask, cu_seqlens, state,
+                              use_cache)
 
     def _forward(self, x: Tensor, cu_seqlens: Optional[Tensor], cache: Optional[KVCache],
                  use_cache: bool) -> Tuple[Tensor, Optional[KVCache]]:

@@ -21,7 +21,7 @@ from ..gla import chunk_gla, fused_recurrent_gla, gla_decode_step
 from ..ops_norm import logsigmoid_gate
 from .conv import ShortConvolution
 from .norm import GatedRMSNorm, RMSNorm
-from .padding import check_mask, has_padding, pack, packing, unpack
+from .padding import forward_packed
 
 __all__ = ["GatedLinearAttention", "GLAState"]
 
@@ -125,19 +125,8 @@ class GatedLinearAttention(nn.Module):
         [N+1] with B == 1 (packed sequences); state: the previous call's (one sequence per batch row, or
         per packed sequence). Returns the output [B, T, hidden_size] (zeros at padding) and, with
         use_cache, the state after the last token of each sequence."""
-        if hidden_states.dim() != 3 or hidden_states.shape[-1] != self.hidden_size:
-            raise ValueError(f"hidden_states: expected [B, T, {self.hidden_size}], got {list(hidden_states.shape)}")
-        if attention_mask is not None:
-            if cu_seqlens is not None:
-                raise ValueError("give either attention_mask or cu_seqlens, not both")
-            check_mask(attention_mask, hidden_states.shape[0], hidden_states.shape[1])
-        if cu_seqlens is not None and hidden_states.shape[0] != 1:
-            raise ValueError(f"cu_seqlens packs all sequences into B == 1, got B = {hidden_states.shape[0]}")
-        if has_padding(attention_mask):
-            p = packing(attention_mask)
-            out, new_state = self._forward(pack(hidden_states, p), p.cu_seqlens, state, use_cache)
-            return unpack(out, p), new_state
-        return self._forward(hidden_states, cu_seqlens, state, use_cache)
+        return forward_packed(self._forward, hidden_states, self.hidden_size, attention_mask, cu_seqlens, state,
+                              use_cache)
 
     def _forward(self, x: Tensor, cu_seqlens: Optional[Tensor], state: Optional[GLAState],
                  use_cache: bool) -> Tuple[Tensor, Optional[GLAState]]:

@@ -60,3 +60,21 @@ def positions_in_sequence(cu_seqlens: Tensor, total: int) -> Tensor:
     """[total] index of each packed token within its own sequence."""
     starts = cu_seqlens[:-1].long()
     return torch.arange(total, device=cu_seqlens.device) - starts[sequence_ids(cu_seqlens, total)]
+
+
+def forward_packed(forward, hidden_states: Tensor, hidden_size: int, attention_mask, cu_seqlens, state, use_cache):
+    """The shared front of the layers' forward: checks hidden_states, the mask and cu_seqlens, then calls
+    forward(x, cu_seqlens, state, use_cache), packing a padded batch into varlen form and back."""
+    if hidden_states.dim() != 3 or hidden_states.shape[-1] != hidden_size:
+        raise ValueError(f"hidden_states: expected [B, T, {hidden_size}], got {list(hidden_states.shape)}")
+    if attention_mask is not None:
+        if cu_seqlens is not None:
+            raise ValueError("give either attention_mask or cu_seqlens, not both")
+        check_mask(attention_mask, hidden_states.shape[0], hidden_states.shape[1])
+    if cu_seqlens is not None and hidden_states.shape[0] != 1:
+        raise ValueError(f"cu_seqlens packs all sequences into B == 1, got B = {hidden_states.shape[0]}")
+    if has_padding(attention_mask):
+        p = packing(attention_mask)
+        out, new_state = forward(pack(hidden_states, p), p.cu_seqlens, state, use_cache)
+        return unpack(out, p), new_state
+    return forward(hidden_states, cu_seqlens, state, use_cache)
