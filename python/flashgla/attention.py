@@ -25,64 +25,69 @@ def _backward_outputs(q, k, v):
 
 
 @torch.library.custom_op("flashgla::flash_attention", mutates_args=())
-def _flash_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], causal: bool,
-                     scale: Optional[float]) -> Tuple[Tensor, Tensor]:
+def _flash_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+                     cu_seqlens_k: Optional[Tensor], causal: bool, scale: Optional[float]) -> Tuple[Tensor, Tensor]:
     o, lse = _forward_outputs(q, v)
-    cu = view(cu_seqlens, "cu_seqlens")
-    args = (view(q, "q"), view(k, "k"), view(v, "v"), cu, cu, causal, scale, _TILED, view(o, "o"), view(lse, "lse"))
+    args = (view(q, "q"), view(k, "k"), view(v, "v"), view(cu_seqlens_q, "cu_seqlens_q"),
+            view(cu_seqlens_k, "cu_seqlens_k"), causal, scale, _TILED, view(o, "o"), view(lse, "lse"))
     run_op(_C.attention_forward, _C.attention_forward_workspace_bytes, q.device, args)
     return o, lse
 
 
 @_flash_attention.register_fake
-def _(q, k, v, cu_seqlens, causal, scale):
-    require_same_device(q, k=k, v=v, cu_seqlens=cu_seqlens)
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale):
+    require_same_device(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     return _forward_outputs(q, v)
 
 
 @torch.library.custom_op("flashgla::flash_attention_backward", mutates_args=())
-def _flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], o: Tensor, lse: Tensor,
-                              do: Tensor, causal: bool, scale: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
+def _flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
+                              cu_seqlens_k: Optional[Tensor], o: Tensor, lse: Tensor, do: Tensor, causal: bool,
+                              scale: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
     dq, dk, dv = _backward_outputs(q, k, v)
-    cu = view(cu_seqlens, "cu_seqlens")
-    args = (view(q, "q"), view(k, "k"), view(v, "v"), cu, cu, causal, scale, _TILED, view(o, "o"), view(lse, "lse"),
+    args = (view(q, "q"), view(k, "k"), view(v, "v"), view(cu_seqlens_q, "cu_seqlens_q"),
+            view(cu_seqlens_k, "cu_seqlens_k"), causal, scale, _TILED, view(o, "o"), view(lse, "lse"),
             view(do, "d_o"), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"))
     run_op(_C.attention_backward, _C.attention_backward_workspace_bytes, q.device, args)
     return dq, dk, dv
 
 
 @_flash_attention_backward.register_fake
-def _(q, k, v, cu_seqlens, o, lse, do, causal, scale):
-    require_same_device(q, k=k, v=v, cu_seqlens=cu_seqlens, o=o, lse=lse, d_o=do)
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, causal, scale):
+    require_same_device(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, o=o, lse=lse, d_o=do)
     return _backward_outputs(q, k, v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens, causal, scale = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, cu_seqlens, o, lse)
+    ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse)
     ctx.causal, ctx.scale = causal, scale
 
 
 def _gradients(ctx, do, dlse):
     # lse is an output only so that the backward can use it; its gradient is ignored.
-    q, k, v, cu_seqlens, o, lse = ctx.saved_tensors
-    dq, dk, dv = _flash_attention_backward(q, k, v, cu_seqlens, o, lse, do, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None, None
+    q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse = ctx.saved_tensors
+    dq, dk, dv = _flash_attention_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse, do, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None, None
 
 
 _flash_attention.register_autograd(_gradients, setup_context=_setup_context)
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: Optional[float] = None,
-                    cu_seqlens: Optional[Tensor] = None) -> Tensor:
+                    cu_seqlens: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None) -> Tensor:
     """Softmax attention, o = softmax(scale q k^T + mask) v, computed tile by tile.
 
     q [B,Tq,Hq,D], k [B,Tk,Hkv,D], v [B,Tk,Hkv,Dv] (fp32/bf16/fp16/fp64; Hkv divides Hq: grouped KV heads).
     causal masks key j > i + Tk - Tq (bottom-right aligned, as FlashAttention >= 2.1); scale defaults to
-    D^-1/2. cu_seqlens [N+1] (int32/int64, B == 1) packs N sequences and is used for q and k alike.
-    Returns o [B,Tq,Hq,Dv] in the dtype of q.
+    D^-1/2. cu_seqlens [N+1] (int32/int64, B == 1) packs N sequences: FlashAttention's cu_seqlens_q, and
+    cu_seqlens_k too unless cu_seqlens_k [N+1] gives the keys' own boundaries (for example one new query
+    per sequence against its cached keys). Returns o [B,Tq,Hq,Dv] in the dtype of q.
     """
-    require_tensors(q=q, k=k, v=v, cu_seqlens=cu_seqlens)
-    o, _ = _flash_attention(q, k, v, cu_seqlens, bool(causal), None if scale is None else float(scale))
+    require_tensors(q=q, k=k, v=v, cu_seqlens=cu_seqlens, cu_seqlens_k=cu_seqlens_k)
+    if cu_seqlens_k is not None and cu_seqlens is None:
+        raise ValueError("flash_attention: cu_seqlens_k needs cu_seqlens (the queries' boundaries) too")
+    cu_seqlens_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
+    o, _ = _flash_attention(q, k, v, cu_seqlens, cu_seqlens_k, bool(causal), None if scale is None else float(scale))
     return o

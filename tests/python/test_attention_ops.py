@@ -42,6 +42,30 @@ def test_varlen(gen, causal):
                  TOLERANCE[torch.float32], "o")
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_varlen_own_key_boundaries(gen, causal):
+    q_lengths, k_lengths = [1, 0, 3, 5], [7, 2, 3, 66]  # e.g. new queries against cached keys
+    cu_q, cu_k = cu(q_lengths), cu(k_lengths, torch.int64)
+    q, k, v = [x.requires_grad_() for x in
+               attention_inputs(gen, 1, sum(q_lengths), sum(k_lengths), 4, 2, 16, 8, torch.float32)]
+    with poisoned_outputs():
+        o = flashgla.flash_attention(q, k, v, causal=causal, cu_seqlens=cu_q, cu_seqlens_k=cu_k)
+    ref_inputs = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    ref = naive_attention(*ref_inputs, causal=causal, cu_seqlens=cu_q, cu_seqlens_k=cu_k)
+    assert_close(o, ref, TOLERANCE[torch.float32], "o")
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    ref_grads = torch.autograd.grad(ref, ref_inputs, do.double())
+    for name, grad, expected in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(grad, expected, GRAD_TOLERANCE[torch.float32], name)
+
+
+def test_varlen_key_boundaries_need_query_boundaries(gen):
+    q, k, v = attention_inputs(gen, 1, 4, 4, 2, 2, 8, 8, torch.float32)
+    with pytest.raises(ValueError, match="cu_seqlens_k needs cu_seqlens"):
+        flashgla.flash_attention(q, k, v, cu_seqlens_k=cu([4]))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("case", ["gqa_Dv_ne_D", "Tq_lt_Tk"])
 def test_backward(gen, case, dtype):

@@ -293,3 +293,13 @@ def test_flash_attention_varlen(gen):
     q, k, v = (randn(gen, 1, sum(lengths), 2, 64, dtype=torch.bfloat16) for _ in range(3))
     o = on_gpu(flashgla.flash_attention, *cuda(q, k, v), cu_seqlens=cu_seqlens.cuda())
     assert_close(o, naive_attention(q, k, v, cu_seqlens=cu_seqlens), TOLERANCE[torch.bfloat16], "o")
+
+
+def test_flash_attention_varlen_own_key_boundaries(gen):
+    q_lengths, k_lengths = [1, 0, 1, 130, 1], [3, 5, 1, 200, 64]  # decode steps against caches, and a prefill
+    cu_q, cu_k = cu(q_lengths), cu(k_lengths)
+    q = randn(gen, 1, sum(q_lengths), 4, 128, dtype=torch.bfloat16)
+    k, v = (randn(gen, 1, sum(k_lengths), 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    o = on_gpu(flashgla.flash_attention, *cuda(q, k, v), cu_seqlens=cu_q.cuda(), cu_seqlens_k=cu_k.cuda())
+    ref = naive_attention(q, k, v, cu_seqlens=cu_q, cu_seqlens_k=cu_k)
+    assert_close(o, ref, TOLERANCE[torch.bfloat16], "o")

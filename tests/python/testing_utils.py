@@ -99,8 +99,9 @@ def naive_gla(q, k, v, g=None, scale=None, initial_state=None, cu_seqlens=None, 
     return o, torch.stack(finals)
 
 
-def naive_attention(q, k, v, causal=True, scale=None, cu_seqlens=None):
-    """Softmax attention in fp64 with bottom-right causal alignment and grouped KV heads."""
+def naive_attention(q, k, v, causal=True, scale=None, cu_seqlens=None, cu_seqlens_k=None):
+    """Softmax attention in fp64 with bottom-right causal alignment and grouped KV heads; the keys of
+    packed sequences have their own boundaries cu_seqlens_k when given."""
     q, k, v = q.double(), k.double(), v.double()
     B, Tq, Hq, D = q.shape
     Hkv = k.shape[2]
@@ -111,7 +112,8 @@ def naive_attention(q, k, v, causal=True, scale=None, cu_seqlens=None):
         spans = [(b, 0, Tq, 0, k.shape[1]) for b in range(B)]
     else:
         bounds = cu_seqlens.tolist()
-        spans = [(0, bounds[n], bounds[n + 1], bounds[n], bounds[n + 1]) for n in range(len(bounds) - 1)]
+        key_bounds = bounds if cu_seqlens_k is None else cu_seqlens_k.tolist()
+        spans = [(0, bounds[n], bounds[n + 1], key_bounds[n], key_bounds[n + 1]) for n in range(len(bounds) - 1)]
     pieces = {}
     for b, qb, qe, kb, ke in spans:
         scores = torch.einsum("qhd,khd->hqk", q[b, qb:qe], k[b, kb:ke]) * scale
@@ -120,7 +122,7 @@ def naive_attention(q, k, v, causal=True, scale=None, cu_seqlens=None):
             mask = torch.arange(tk)[None, :] > torch.arange(tq)[:, None] + (tk - tq)
             scores = scores.masked_fill(mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a query that sees no key: o = 0
-        pieces[(b, qb)] = torch.einsum("hqk,khv->qhv", weights, v[b, kb:ke])
+        pieces[(b, qb, kb)] = torch.einsum("hqk,khv->qhv", weights, v[b, kb:ke])
     rows = [torch.cat([pieces[key] for key in sorted(pieces) if key[0] == b], dim=0) for b in range(B)]
     return torch.stack(rows)
 
