@@ -1,0 +1,75 @@
+#!/bin/bash
+# One device-machine run for the CUDA GLA backward: build for sm_90a (tests and
+# the Python module, in the build tree), the backward GPU tests,
+# compute-sanitizer (memcheck, racecheck) on the small backward tests, the
+# benchmark (bench/bench_gla_bwd.py) and Nsight Compute on the backward
+# kernels at B8 T4096 H16 K=V=128; logs under $OUT, a short summary last.
+#   bash bench/device_gla_bwd.sh            (PROFILE=0 skips Nsight Compute)
+set -u
+OUT=${OUT:-/tmp/gla_bwd_out}
+mkdir -p "$OUT"
+BUILD=build-devbwd
+TESTS="CudaGlaBackward.*"
+summary=()
+note() { summary+=("$*"); echo "$*"; }
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+# nanobind and scikit-build-core are carried as wheels (the machine has no network).
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl && export PYTHONPATH=/tmp/site
+
+start=$(date +%s)
+cmake -S . -B $BUILD -G Ninja -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHGLA_PYTHON=ON >"$OUT/build.log" 2>&1
+if ! cmake --build $BUILD -j16 --target flashgla_tests flashgla_python >>"$OUT/build.log" 2>&1; then
+  grep -E "error|FAILED" "$OUT/build.log" | head -40
+  note "build failed"
+fi
+note "build: $(($(date +%s) - start)) s"
+
+start=$(date +%s)
+timeout 150 $BUILD/flashgla_tests --gtest_filter="$TESTS" >"$OUT/tests.log" 2>&1
+note "tests: rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests.log") failed, $(grep -cE '^\[  SKIPPED \]' "$OUT/tests.log") skipped"
+grep -E '^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$OUT/tests.log" | sort -u | head -30
+grep -E "Failure|Which is|Expected|actual|flashgla:|error" "$OUT/tests.log" | head -30
+
+start=$(date +%s)
+PYTHONPATH=$BUILD/python:/tmp/site PYTHONUNBUFFERED=1 timeout 120 python3 bench/bench_gla_bwd.py --kernels \
+  >"$OUT/bench.log" 2>&1
+note "benchmark: rc=$? in $(($(date +%s) - start)) s"
+
+start=$(date +%s)
+timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
+  --gtest_filter="CudaGlaBackward.Sanitizer*" >"$OUT/memcheck.log" 2>&1
+note "memcheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log")"
+start=$(date +%s)
+timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
+  --gtest_filter="CudaGlaBackward.SanitizerSmallCases" >"$OUT/racecheck.log" 2>&1
+note "racecheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log")"
+
+if [ "${PROFILE:-1}" != 0 ]; then
+  # Nsight Compute on the backward kernels of one call (bf16 B8 T4096 H16 K=V=128).
+  start=$(date +%s)
+  cat >/tmp/profile.py <<'PY'
+import torch, torch.nn.functional as F, flashgla
+B, T, H, K, V = 8, 4096, 16, 128, 128
+bf = dict(device="cuda", dtype=torch.bfloat16)
+q, k = (torch.randn(B, T, H, K, **bf).requires_grad_() for _ in range(2))
+v = torch.randn(B, T, H, V, **bf).requires_grad_()
+g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda")).to(torch.bfloat16).requires_grad_()
+do = torch.randn(B, T, H, V, **bf)
+o = flashgla.chunk_gla(q, k, v, g)[0]
+for _ in range(2):
+    torch.autograd.grad(o, (q, k, v, g), do, retain_graph=True)
+torch.cuda.synchronize()
+PY
+  PYTHONPATH=$BUILD/python:/tmp/site timeout 150 ncu --kernel-name regex:"state_scan|chunk_kernel" \
+    --launch-skip 2 --launch-count 2 --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+    -f -o /tmp/bwd python3 /tmp/profile.py >"$OUT/ncu.txt" 2>&1
+  ncu -i /tmp/bwd.ncu-rep --page details >>"$OUT/ncu.txt" 2>&1
+  note "profile: $(($(date +%s) - start)) s"
+  grep -E "^  [a-z_:]*(state_scan|chunk_kernel)|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Compute \(SM\) Thr|Memory Thr|DRAM Thr|Warp Cycles Per Issued|No Eligible|Stall" "$OUT/ncu.txt" | head -40
+fi
+
+echo "==== summary"
+printf '%s\n' "${summary[@]}"
+tail -25 "$OUT/bench.log"
