@@ -46,8 +46,8 @@ static_assert(query_stage_row(kSubs - 1) == kStageRows, "both stages hold every 
 
 // Shared memory. R is a work area whose layout changes with the phase:
 //   phase A: dO, V tiles (rows 0-127); then key stage (rows 0-95) and q̂ (96-159);
-//            A is written to rows 192-255 and kept through phase B;
-//   phase B: dO, k̂, dS tiles (rows 0-191);
+//            A goes to the q tile's buffer and stays there through phase B;
+//   phase B: kValueGroup dO tiles, k̂, kValueGroup dS tiles;
 //   phase C: key and query stages (rows 0-191); then dO, V, S, dS tiles (0-255);
 //            then dq', dk^{(S)}, dk^{(A)'} in fp32 (three 64 x kLdF arrays).
 template <class T, class GT>
@@ -55,14 +55,16 @@ struct ChunkSmem {
   static constexpr size_t tile = size_t(kTile) * kLd<T> * sizeof(T);
   static constexpr size_t tile_f = size_t(kTile) * kLdF * sizeof(float);
   static constexpr int kDiagLd = kSub + 1;
-  static constexpr int kRowA = 3 * kTile;                      // R row where A starts
   static constexpr size_t q = 0;                               // q tile of the current key tile
   static constexpr size_t k = q + tile;                        // k tile
   static constexpr size_t dA = k + tile;                       // dA, compute type (mma operand)
   static constexpr size_t dA_diag = dA + tile;                 // dA's diagonal blocks in fp32, [64][kDiagLd]
   static constexpr size_t gates = dA_diag + size_t(kChunk) * kDiagLd * sizeof(float);  // Γ of the key tile
   static constexpr size_t r = gates + size_t(kTile) * kLdF * sizeof(GT);
-  static constexpr size_t r_bytes = 4 * tile > 3 * tile_f ? 4 * tile : 3 * tile_f;
+  // Phase B holds 2 kValueGroup + 1 tiles: two value tiles at a time where that fits.
+  static constexpr int kValueGroup = sizeof(T) == 2 ? 2 : 1;
+  static constexpr size_t r_tiles = 2 * kValueGroup + 1 > 4 ? 2 * kValueGroup + 1 : 4;
+  static constexpr size_t r_bytes = r_tiles * tile > 3 * tile_f ? r_tiles * tile : 3 * tile_f;
   static constexpr size_t totals = r + r_bytes;                // dg: per sub-chunk sums, 2 x [4][64]
   static constexpr size_t state_term = totals + 2 * kSubs * kTile * sizeof(float);  // [64]
   static constexpr size_t row_sums = state_term + kTile * sizeof(float);           // [64], scalar gate
@@ -88,7 +90,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   constexpr int LDD = Smem::kDiagLd;
   GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
   T* R = reinterpret_cast<T*>(smem + Smem::r);
-  T* sA = R + Smem::kRowA * LD;
+  T* sA = sQ;  // A, from the end of phase A through phase B (q is reloaded in phase C)
   float* sTotA = reinterpret_cast<float*>(smem + Smem::totals);
   float* sTotB = sTotA + kSubs * kTile;
   float* sStateTerm = reinterpret_cast<float*>(smem + Smem::state_term);
@@ -115,8 +117,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     T* sDO = R;
     T* sV = R + kTile * LD;
     for (int vt = 0; vt < p.value_tiles; ++vt) {
-      load_tile<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
-      load_tile<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+      load_tile_async<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+      load_tile_async<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+      cp_async_wait_all();
       __syncthreads();
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
@@ -154,9 +157,11 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     T* sKStage = R;                       // key_stage rows
     T* sQHat = R + kStageRows * LD;       // row i >= 16: q_i exp(Γ_i − Γ_{16 s(i)})
     for (int kt = 0; kt < p.key_tiles; ++kt) {
-      load_tile<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
-      load_tile<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
-      load_gate_cumsum<GT, kChunkThreads>(sG, p, b, t0, rows, h, kt * kTile);
+      auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
+      load_tile_async<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+      load_tile_async<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+      cp_async_wait_all();
+      store_gate_cumsum<GT, kChunkThreads>(sG, gate);
       for (int f = threadIdx.x; f < kStageRows * kTile; f += kChunkThreads) {
         const int row = f / kTile, col = f % kTile;
         const int I = row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3);
@@ -227,36 +232,58 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   __syncthreads();
 
   // ---- phase B: dv ----------------------------------------------------------------
-  // Warp (s, hc): rows of sub-chunk s, value columns 32 hc.. of each value tile.
+  // Warp (s, hc): rows of sub-chunk s, value columns 32 hc.. of each value tile;
+  // kGroup value tiles at a time, so that k̂ = k ⊙ exp(γ − Γ) is built once per group.
   {
-    T* sDO = R;
-    T* sKHat = R + kTile * LD;  // k ⊙ exp(γ − Γ)
-    T* sDS = R + 2 * kTile * LD;
-    for (int vt = 0; vt < p.value_tiles; ++vt) {
-      load_tile<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+    constexpr int kGroup = Smem::kValueGroup;
+    T* sDO = R;                          // kGroup tiles
+    T* sKHat = R + kGroup * kTile * LD;
+    T* sDS = sKHat + kTile * LD;         // kGroup tiles
+    for (int vt0 = 0; vt0 < p.value_tiles; vt0 += kGroup) {
+      const int group = p.value_tiles - vt0 < kGroup ? p.value_tiles - vt0 : kGroup;
+      for (int j = 0; j < group; ++j)
+        load_tile_async<T, kChunkThreads>(sDO + j * kTile * LD, p.d_o, b, t0, rows, h, (vt0 + j) * kTile, V);
+      cp_async_wait_all();
       __syncthreads();
-      float acc[4][4];
-      zero(acc);
-      // A^T dO: rows j of sub-chunk s take rows i >= 16 s (A is zero above the diagonal).
-      warp_gemm<4, true, false>(acc, sA + kSub * s * LD + kSub * s, LD, sDO + kSub * s * LD + 32 * hc, LD,
-                                kChunk - kSub * s);
+      float acc[kGroup][4][4];
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) {
+        zero(acc[j]);
+        // A^T dO: rows j of sub-chunk s take rows i >= 16 s (A is zero above the diagonal).
+        if (j < group)
+          warp_gemm<4, true, false>(acc[j], sA + kSub * s * LD + kSub * s, LD,
+                                    sDO + j * kTile * LD + kSub * s * LD + 32 * hc, LD, kChunk - kSub * s);
+      }
       for (int kt = 0; kt < p.key_tiles; ++kt) {
-        load_gate_cumsum<GT, kChunkThreads>(sG, p, b, t0, rows, h, kt * kTile);
-        load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, [&](int r, int col, float x) {
-          return x * exp2_of(gamma[col] - sG[r * LDF + col]);
-        });
-        copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
+        auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
+        const bool k_plain = plain_tile<T>(p.k, b, t0, h, kt * kTile, K);  // else loaded scaled, below
+        if (k_plain) load_tile_async<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K);
+        for (int j = 0; j < group; ++j)
+          copy_tile_in<T, kChunkThreads>(sDS + j * kTile * LD,
+                                         static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
+        cp_async_wait_all();
+        store_gate_cumsum<GT, kChunkThreads>(sG, gate);
+        auto k_hat = [&](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
+        if (k_plain) transform_tile<T, kChunkThreads>(sKHat, k_hat);
+        else load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, k_hat);
         __syncthreads();
-        warp_gemm<4, false, false>(acc, sKHat + kSub * s * LD, LD, sDS + 32 * hc, LD, kTile);
+#pragma unroll
+        for (int j = 0; j < kGroup; ++j)
+          if (j < group)
+            warp_gemm<4, false, false>(acc[j], sKHat + kSub * s * LD, LD, sDS + j * kTile * LD + 32 * hc, LD, kTile);
+        __syncthreads();
       }
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int j = 0; j < kGroup; ++j) {
+        if (j >= group) continue;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = kSub * s + acc_row(e), col = vt * kTile + 32 * hc + acc_col(nt, e);
-          if (i < rows && col < V) store_as(p.dv.data, offset4(p.dv, b, t0 + i, h, col), p.dv.dtype, acc[nt][e]);
-        }
-      __syncthreads();
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = kSub * s + acc_row(e), col = (vt0 + j) * kTile + 32 * hc + acc_col(nt, e);
+            if (i < rows && col < V) store_as(p.dv.data, offset4(p.dv, b, t0 + i, h, col), p.dv.dtype, acc[j][nt][e]);
+          }
+      }
     }
   }
 
@@ -264,9 +291,11 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   if (threadIdx.x < kTile) sRowSums[threadIdx.x] = 0.f;
   for (int kt = 0; kt < p.key_tiles; ++kt) {
     const int col = 32 * hc + lane;  // this lane's column in the element-wise steps
-    load_tile<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
-    load_tile<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
-    load_gate_cumsum<GT, kChunkThreads>(sG, p, b, t0, rows, h, kt * kTile);
+    auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
+    load_tile_async<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+    load_tile_async<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+    cp_async_wait_all();
+    store_gate_cumsum<GT, kChunkThreads>(sG, gate);
 
     // Between sub-chunks, on the products (accumulators kept until the epilogue):
     //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J).
@@ -308,10 +337,11 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       float state_term = 0.f;
       for (int vt = 0; vt < p.value_tiles; ++vt) {
         __syncthreads();  // the stages (first tile) or the previous tiles are no longer read
-        load_tile<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
-        load_tile<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+        load_tile_async<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+        load_tile_async<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
         copy_tile_in<T, kChunkThreads>(sS, static_cast<const T*>(p.states) + state_tile_index(p, slot, h, kt, vt));
         copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
+        cp_async_wait_all();
         __syncthreads();
         warp_gemm<4, false, true>(acc_q, sDO + kSub * s * LD, LD, sS + 32 * hc * LD, LD, kTile);
         warp_gemm<4, false, true>(acc_k, sV + kSub * s * LD, LD, sDS + 32 * hc * LD, LD, kTile);

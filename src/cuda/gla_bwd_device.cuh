@@ -157,6 +157,7 @@ __device__ __forceinline__ void load_tile_typed(T* s, const In* src, int64_t row
       }
     }
   } else {
+#pragma unroll 8
     for (int idx = threadIdx.x; idx < kTileElems; idx += kThreads) {
       const int r = idx / kTile, c = idx % kTile;
       const float x = (r < rows && c < cols) ? to_float(src[r * row_stride + c * col_stride]) : 0.f;
@@ -184,13 +185,62 @@ __device__ __forceinline__ void load_tile(T* s, const Tensor& x, int64_t b, int6
   }
 }
 
+// s[r][c] = f(r, c, s[r][c]) in fp32 over a 64x64 tile of shared memory.
+template <class T, int kThreads, class F>
+__device__ __forceinline__ void transform_tile(T* s, F f) {
+#pragma unroll 4
+  for (int idx = threadIdx.x; idx < kTileElems; idx += kThreads) {
+    const int r = idx / kTile, c = idx % kTile;
+    s[r * kLd<T> + c] = from_float<T>(f(r, c, to_float(s[r * kLd<T> + c])));
+  }
+}
+
+// ---- asynchronous copies (cp.async): the data is in shared memory after
+// cp_async_wait_all() in the issuing thread and a barrier of the block.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// load_tile without a transform: a plain asynchronous copy when the tile is
+// whole 16-byte rows of the compute type, else the converting load.
+// Whether the tile at (b, t0, h, c0) is whole 16-byte rows of the compute type.
+template <class T>
+__device__ __forceinline__ bool plain_tile(const Tensor& x, int64_t b, int64_t t0, int64_t h, int c0, int D) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool same_type = std::is_same_v<T, float> ? x.dtype == DType::f32 : x.dtype == DType::bf16;
+  const T* src = static_cast<const T*>(x.data) + offset4(x, b, t0, h, c0);
+  return same_type && x.stride[3] == 1 && D - c0 >= kTile && x.stride[1] % kVec == 0 &&
+         (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+}
+
+template <class T, int kThreads>
+__device__ __forceinline__ void load_tile_async(T* s, const Tensor& x, int64_t b, int64_t t0, int rows, int64_t h,
+                                                int c0, int D) {
+  constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
+  const T* src = static_cast<const T*>(x.data) + offset4(x, b, t0, h, c0);
+  const int64_t row_stride = x.stride[1];
+  if (plain_tile<T>(x, b, t0, h, c0, D)) {
+#pragma unroll
+    for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
+      const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
+      cp_async16(s + r * kLd<T> + c, r < rows ? src + r * row_stride + c : src, r < rows ? 16 : 0);
+    }
+  } else {
+    load_tile<T, kThreads>(s, x, b, t0, rows, h, c0, D);
+  }
+}
+
 // Scratch state tiles: contiguous 64x64 in global memory <-> padded rows in shared memory.
 template <class T, int kThreads>
 __device__ __forceinline__ void copy_tile_in(T* s, const T* g) {
   constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
+#pragma unroll
   for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
     const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
-    *reinterpret_cast<uint4*>(s + r * kLd<T> + c) = *reinterpret_cast<const uint4*>(g + r * kTile + c);
+    cp_async16(s + r * kLd<T> + c, g + r * kTile + c, 16);
   }
 }
 
@@ -207,42 +257,73 @@ __device__ __forceinline__ int64_t state_tile_index(const Params& p, int64_t slo
   return (((slot * p.heads + h) * p.key_tiles + kt) * p.value_tiles + vt) * int64_t(kTileElems);
 }
 
-// sG[r][c] = Γ, the chunk-local cumsum of the gate over rows 0..r, in log2
-// units, for key columns c0..c0+63 of tokens t0..t0+rows-1. Rows past `rows`
-// and columns past K hold a zero gate, so Γ stays flat there and γ (the chunk's
-// total) is always row 63. Starts and ends with a barrier of the whole block.
+// The gate of a 64 x 64 tile (tokens t0.., key columns c0..) in log2 units,
+// held in registers: thread t owns column t % 64 and rows kRows (t / 64).. of
+// it. Rows past `rows` and columns past K hold a zero gate. Loading is split
+// from the cumsum so that the loads fly together with the block's other loads.
 template <class GT, int kThreads>
-__device__ __forceinline__ void load_gate_cumsum(GT* sG, const Params& p, int64_t b, int64_t t0, int rows, int64_t h,
-                                                 int c0) {
-  static_assert(kThreads >= 128, "two threads per column");
-  const int cols = p.key_dim - c0 < kTile ? p.key_dim - c0 : kTile;
-  __syncthreads();  // earlier readers of sG are done
-  for (int idx = threadIdx.x; idx < kTileElems; idx += kThreads) {
-    const int r = idx / kTile, c = idx % kTile;
-    GT x = GT(0);
-    if (p.gate != GateKind::none && r < rows && c < cols) {
-      const int64_t d = p.gate == GateKind::vector ? c0 + c : 0;
-      x = load_as<GT>(p.g.data, offset4(p.g, b, t0 + r, h, d), p.g.dtype) * GT(1.4426950408889634);
-    }
-    sG[r * kLdF + c] = x;
-  }
-  __syncthreads();
-  const int col = threadIdx.x % kTile, half = threadIdx.x / kTile;  // half 0: rows 0-31, half 1: rows 32-63
-  if (threadIdx.x < 2 * kTile) {
-    GT* column = sG + half * 32 * kLdF + col;
-    GT run = GT(0);
+struct GateTile {
+  static constexpr int kParts = kThreads / kTile;
+  static constexpr int kRows = kTile / kParts;
+  GT x[kRows];
+};
+
+template <class GT, class In>
+__device__ __forceinline__ GT gate_value(In x) {
+  if constexpr (std::is_same_v<In, double>) return GT(x) * GT(1.4426950408889634);
+  else return GT(to_float(x)) * GT(1.4426950408889634);
+}
+
+template <class GT, class In, int R>
+__device__ __forceinline__ void load_gate_rows(GT (&x)[R], const In* src, int64_t row_stride, int valid_rows) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      run += column[i * kLdF];
-      column[i * kLdF] = run;
-    }
+  for (int i = 0; i < R; ++i) x[i] = i < valid_rows ? gate_value<GT>(src[i * row_stride]) : GT(0);
+}
+
+template <class GT, int kThreads>
+__device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const Params& p, int64_t b, int64_t t0, int rows,
+                                                                 int64_t h, int c0) {
+  using Tile = GateTile<GT, kThreads>;
+  Tile g;
+  const int c = threadIdx.x % kTile, first = (threadIdx.x / kTile) * Tile::kRows;
+  const int valid = (p.gate != GateKind::none && c0 + c < p.key_dim) ? rows - first : 0;
+  if (valid <= 0) {
+#pragma unroll
+    for (int i = 0; i < Tile::kRows; ++i) g.x[i] = GT(0);
+    return g;
   }
-  __syncthreads();
-  if (threadIdx.x >= kTile && threadIdx.x < 2 * kTile) {
-    GT* column = sG + 32 * kLdF + col;
-    const GT carry = sG[31 * kLdF + col];
-#pragma unroll 8
-    for (int i = 0; i < 32; ++i) column[i * kLdF] += carry;
+  const int64_t off = offset4(p.g, b, t0 + first, h, p.gate == GateKind::vector ? c0 + c : 0);
+  const int64_t rs = p.g.stride[1];
+  switch (p.g.dtype) {
+    case DType::f64: load_gate_rows(g.x, static_cast<const double*>(p.g.data) + off, rs, valid); break;
+    case DType::f32: load_gate_rows(g.x, static_cast<const float*>(p.g.data) + off, rs, valid); break;
+    case DType::bf16: load_gate_rows(g.x, static_cast<const bf16*>(p.g.data) + off, rs, valid); break;
+    default: load_gate_rows(g.x, static_cast<const __half*>(p.g.data) + off, rs, valid); break;
+  }
+  return g;
+}
+
+// sG[r][c] = Γ, the chunk-local cumsum of the gate tile over rows 0..r. Flat
+// past the last valid row, so γ (the chunk's total) is always row 63.
+// Barriers of the whole block before and after.
+template <class GT, int kThreads>
+__device__ __forceinline__ void store_gate_cumsum(GT* sG, GateTile<GT, kThreads>& g) {
+  using Tile = GateTile<GT, kThreads>;
+  const int c = threadIdx.x % kTile, part = threadIdx.x / kTile, first = part * Tile::kRows;
+#pragma unroll
+  for (int i = 1; i < Tile::kRows; ++i) g.x[i] += g.x[i - 1];
+  __syncthreads();  // earlier readers of sG are done
+#pragma unroll
+  for (int i = 0; i < Tile::kRows; ++i) sG[(first + i) * kLdF + c] = g.x[i];
+  if constexpr (Tile::kParts > 1) {
+    __syncthreads();
+    GT carry = GT(0);  // the totals of the row blocks above
+    for (int q = 0; q < part; ++q) carry += sG[((q + 1) * Tile::kRows - 1) * kLdF + c];
+    __syncthreads();
+    if (part > 0) {
+#pragma unroll
+      for (int i = 0; i < Tile::kRows; ++i) sG[(first + i) * kLdF + c] = g.x[i] + carry;
+    }
   }
   __syncthreads();
 }

@@ -26,7 +26,7 @@ struct StateScanSmem {
 };
 
 template <class T, class GT>
-__global__ void __launch_bounds__(kStateThreads) state_scan_kernel(const Params p) {
+__global__ void __launch_bounds__(kStateThreads, sizeof(T) == 2 ? 4 : 2) state_scan_kernel(const Params p) {
   using Smem = StateScanSmem<T, GT>;
   constexpr int LD = kLd<T>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -65,24 +65,30 @@ __global__ void __launch_bounds__(kStateThreads) state_scan_kernel(const Params 
     const int rows = int(seq.len - c * kChunk < kChunk ? seq.len - c * kChunk : kChunk);
 
     // The state at this chunk's boundary goes to the scratch (via shared memory,
-    // for whole-row stores).
+    // for whole-row stores). The gate, x and y loads are all in flight at once.
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sStage[(16 * warp + acc_row(e)) * LD + acc_col(nt, e)] = from_float<T>(acc[nt][e]);
-    load_gate_cumsum<GT, kStateThreads>(sG, p, seq.batch, t0, rows, h, kt * kTile);  // barriers order sStage too
+    auto gate = load_gate_tile<GT, kStateThreads>(p, seq.batch, t0, rows, h, kt * kTile);
+    // x is scaled by the gates below: copied now when plain, else loaded with
+    // the scaling (one rounding to the compute type, e.g. for fp16 inputs).
+    const bool x_plain = plain_tile<T>(xs, seq.batch, t0, h, kt * kTile, p.key_dim);
+    if (x_plain) load_tile_async<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim);
+    load_tile_async<T, kStateThreads>(sY, ys, seq.batch, t0, rows, h, vt * kTile, p.value_dim);
+    cp_async_wait_all();
+    store_gate_cumsum<GT, kStateThreads>(sG, gate);  // its barriers order sStage, sX and sY too
     copy_tile_out<T, kStateThreads>(scratch + state_tile_index(p, seq.slot0 + c, h, kt, vt), sStage);
 
     const float scale = p.scale;
-    if (backward) {  // scale q ⊙ exp Γ
-      load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim,
-                                  [&](int r, int col, float x) { return scale * x * exp2_of(sG[r * kLdF + col]); });
-    } else {  // k ⊙ exp(γ − Γ)
-      load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, [&](int r, int col, float x) {
-        return x * exp2_of(sG[(kChunk - 1) * kLdF + col] - sG[r * kLdF + col]);
-      });
-    }
-    load_tile<T, kStateThreads>(sY, ys, seq.batch, t0, rows, h, vt * kTile, p.value_dim);
+    auto q_hat = [&](int r, int col, float x) { return scale * x * exp2_of(sG[r * kLdF + col]); };  // scale q ⊙ exp Γ
+    auto k_hat = [&](int r, int col, float x) {  // k ⊙ exp(γ − Γ)
+      return x * exp2_of(sG[(kChunk - 1) * kLdF + col] - sG[r * kLdF + col]);
+    };
+    if (x_plain && backward) transform_tile<T, kStateThreads>(sX, q_hat);
+    if (x_plain && !backward) transform_tile<T, kStateThreads>(sX, k_hat);
+    if (!x_plain && backward) load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, q_hat);
+    if (!x_plain && !backward) load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, k_hat);
     __syncthreads();
 
 #pragma unroll
