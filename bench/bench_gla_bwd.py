@@ -20,6 +20,7 @@ separately.
 
 import argparse
 import datetime
+import re
 
 import torch
 import torch.nn.functional as F
@@ -106,7 +107,9 @@ def kernel_times(inputs, do):
     times = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            name = e.name.split("<")[0].split("(")[0].split("::")[-1][:40]
+            # "void ns::(anonymous namespace)::chunk_kernel<...>(...)": the name before "<" or "("
+            found = re.findall(r"([A-Za-z_]\w*)\s*[<(]", e.name)
+            name = found[0] if found else e.name[:40]
             times[name] = times.get(name, 0.0) + e.device_time / 1e3
     return times
 

@@ -46,9 +46,10 @@ timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla
 note "racecheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log")"
 
 if [ "${PROFILE:-1}" != 0 ]; then
-  # Nsight Compute on the backward kernels of one call (bf16 B8 T4096 H16 K=V=128).
+  # Nsight Compute on the backward kernels of one call (bf16 B8 T4096 H16 K=V=128):
+  # a summary of both kernels, then the full set with per-SASS stalls for the chunk kernel.
   start=$(date +%s)
-  cat >/tmp/profile.py <<'PY'
+  cat >/tmp/gla_bwd_ncu_input.py <<'PY'
 import torch, torch.nn.functional as F, flashgla
 B, T, H, K, V = 8, 4096, 16, 128, 128
 bf = dict(device="cuda", dtype=torch.bfloat16)
@@ -61,13 +62,20 @@ for _ in range(2):
     torch.autograd.grad(o, (q, k, v, g), do, retain_graph=True)
 torch.cuda.synchronize()
 PY
-  PYTHONPATH=$BUILD/python:/tmp/site timeout 150 ncu --kernel-name regex:"state_scan|chunk_kernel" \
-    --launch-skip 2 --launch-count 2 --section SpeedOfLight --section Occupancy --section LaunchStats \
-    --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
-    -f -o /tmp/bwd python3 /tmp/profile.py >"$OUT/ncu.txt" 2>&1
+  export PYTHONPATH=$BUILD/python:/tmp/site
+  timeout 100 ncu --kernel-name regex:"state_scan|chunk_kernel" --launch-skip 2 --launch-count 2 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis -f -o /tmp/bwd python3 /tmp/gla_bwd_ncu_input.py \
+    >"$OUT/ncu.txt" 2>&1
   ncu -i /tmp/bwd.ncu-rep --page details >>"$OUT/ncu.txt" 2>&1
+  timeout 120 ncu --kernel-name regex:chunk_kernel --launch-skip 1 --launch-count 1 --set full --import-source yes \
+    -f -o /tmp/chunk python3 /tmp/gla_bwd_ncu_input.py >"$OUT/ncu_chunk.txt" 2>&1
+  ncu -i /tmp/chunk.ncu-rep --page details >>"$OUT/ncu_chunk.txt" 2>&1
+  ncu -i /tmp/chunk.ncu-rep --page source --csv --print-source cuda,sass >"$OUT/ncu_chunk_source.csv" 2>&1 ||
+    ncu -i /tmp/chunk.ncu-rep --page source --csv --print-source sass >"$OUT/ncu_chunk_source.csv" 2>&1
+  gzip -f "$OUT/ncu_chunk_source.csv"
   note "profile: $(($(date +%s) - start)) s"
-  grep -E "^  [a-z_:]*(state_scan|chunk_kernel)|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Compute \(SM\) Thr|Memory Thr|DRAM Thr|Warp Cycles Per Issued|No Eligible|Stall" "$OUT/ncu.txt" | head -40
+  grep -E "^  [a-zA-Z_:() ]*(state_scan|chunk_kernel)|Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Thr|Memory Thr|DRAM Thr|Warp Cycles Per Issued|Issue Slots Busy" "$OUT/ncu.txt" | head -30
 fi
 
 echo "==== summary"
