@@ -9,8 +9,6 @@
 //                    dS <- diag(exp γ) dS + scale (Q ⊙ exp Γ)^T dO
 //                    and writes dh0 = dS before the first chunk.
 // Γ is the chunk-local gate cumsum and γ its last row: every exponent is <= 0.
-// The scan is a chain of dependent steps, so each step's loads (gate, x, y)
-// are issued one step ahead, into the other of two shared-memory buffers.
 #include "cuda/common.cuh"
 #include "cuda/gla_bwd_device.cuh"
 
@@ -20,24 +18,22 @@ namespace {
 template <class T, class GT>
 struct StateScanSmem {
   static constexpr size_t tile = size_t(kTile) * kLd<T> * sizeof(T);
-  static constexpr size_t x = 0;                 // 2 buffers of x̂: scaled keys or queries, [token][key column]
-  static constexpr size_t y = x + 2 * tile;      // 2 buffers of values or output gradients, [token][value column]
-  static constexpr size_t stage = y + 2 * tile;  // the state tile on its way to the scratch
+  static constexpr size_t x = 0;                 // x̂: scaled keys or queries, [token][key column]
+  static constexpr size_t y = x + tile;          // values or output gradients, [token][value column]
+  static constexpr size_t stage = y + tile;      // the state tile on its way to the scratch
   static constexpr size_t gates = stage + tile;  // Γ, [token][key column]
   static constexpr size_t bytes = gates + size_t(kTile) * kLdF * sizeof(GT);
 };
 
-// bf16: 3 blocks of 63 KB per SM; the loads of the next chunk fly during this
-// chunk's product, so fewer blocks hide the latency.
 template <class T, class GT>
-__global__ void __launch_bounds__(kStateThreads, sizeof(T) == 2 ? 3 : 2) state_scan_kernel(const Params p) {
+__global__ void __launch_bounds__(kStateThreads, sizeof(T) == 2 ? 4 : 2) state_scan_kernel(const Params p) {
   using Smem = StateScanSmem<T, GT>;
   constexpr int LD = kLd<T>;
   extern __shared__ __align__(16) unsigned char smem[];
+  T* sX = reinterpret_cast<T*>(smem + Smem::x);
+  T* sY = reinterpret_cast<T*>(smem + Smem::y);
   T* sStage = reinterpret_cast<T*>(smem + Smem::stage);
   GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
-  auto x_buffer = [&](int64_t i) { return reinterpret_cast<T*>(smem + Smem::x + (i & 1) * Smem::tile); };
-  auto y_buffer = [&](int64_t i) { return reinterpret_cast<T*>(smem + Smem::y + (i & 1) * Smem::tile); };
 
   const bool backward = blockIdx.z == 1;
   const int64_t n = blockIdx.x / p.heads;
@@ -63,68 +59,50 @@ __global__ void __launch_bounds__(kStateThreads, sizeof(T) == 2 ? 3 : 2) state_s
   const Tensor& xs = backward ? p.q : p.k;
   const Tensor& ys = backward ? p.d_o : p.v;
   T* scratch = static_cast<T*>(backward ? p.dstates : p.states);
-  auto chunk_of = [&](int64_t i) { return backward ? chunks - 1 - i : i; };
-  auto first_token = [&](int64_t i) { return seq.begin + chunk_of(i) * kChunk; };
-  auto rows_of = [&](int64_t i) {
-    const int64_t left = seq.len - chunk_of(i) * kChunk;
-    return int(left < kChunk ? left : kChunk);
-  };
-  // Step i's loads, issued one step ahead: the gate into registers, y and (when
-  // it can be copied as is) x into buffer i % 2. Returns whether x was copied.
-  auto issue_loads = [&](int64_t i, GateTile<GT, kStateThreads>& gate) {
-    const int64_t t0 = first_token(i);
-    const int rows = rows_of(i);
-    gate = load_gate_tile<GT, kStateThreads>(p, seq.batch, t0, rows, h, kt * kTile);
-    const bool x_plain = plain_tile<T>(xs, seq.batch, t0, h, kt * kTile, p.key_dim);
-    if (x_plain) load_tile_async<T, kStateThreads>(x_buffer(i), xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim);
-    load_tile_async<T, kStateThreads>(y_buffer(i), ys, seq.batch, t0, rows, h, vt * kTile, p.value_dim);
-    return x_plain;
-  };
-
-  GateTile<GT, kStateThreads> gate;
-  bool x_plain = chunks > 0 && issue_loads(0, gate);
   for (int64_t i = 0; i < chunks; ++i) {
-    const int64_t t0 = first_token(i);
-    const int rows = rows_of(i);
-    T* sX = x_buffer(i);
-    T* sY = y_buffer(i);
+    const int64_t c = backward ? chunks - 1 - i : i;
+    const int64_t t0 = seq.begin + c * kChunk;
+    const int rows = int(seq.len - c * kChunk < kChunk ? seq.len - c * kChunk : kChunk);
 
     // The state at this chunk's boundary goes to the scratch (via shared memory,
-    // for whole-row stores).
+    // for whole-row stores). The gate, x and y loads are all in flight at once.
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sStage[(16 * warp + acc_row(e)) * LD + acc_col(nt, e)] = from_float<T>(acc[nt][e]);
+    auto gate = load_gate_tile<GT, kStateThreads>(p, seq.batch, t0, rows, h, kt * kTile);
+    // x is scaled by the gates below: copied now when plain, else loaded with
+    // the scaling (one rounding to the compute type, e.g. for fp16 inputs).
+    const bool x_plain = plain_tile<T>(xs, seq.batch, t0, h, kt * kTile, p.key_dim);
+    if (x_plain) load_tile_async<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim);
+    load_tile_async<T, kStateThreads>(sY, ys, seq.batch, t0, rows, h, vt * kTile, p.value_dim);
     cp_async_wait_all();
     store_gate_cumsum<GT, kStateThreads>(sG, gate);  // its barriers order sStage, sX and sY too
-    copy_tile_out<T, kStateThreads>(scratch + state_tile_index(p, seq.slot0 + chunk_of(i), h, kt, vt), sStage);
+    copy_tile_out<T, kStateThreads>(scratch + state_tile_index(p, seq.slot0 + c, h, kt, vt), sStage);
 
     const float scale = p.scale;
     auto q_hat = [&](int r, int col, float x) { return scale * x * exp2_of(sG[r * kLdF + col]); };  // scale q ⊙ exp Γ
     auto k_hat = [&](int r, int col, float x) {  // k ⊙ exp(γ − Γ)
       return x * exp2_of(sG[(kChunk - 1) * kLdF + col] - sG[r * kLdF + col]);
     };
-    // x is scaled by the gates: in place when it was copied, else loaded with
-    // the scaling (one rounding to the compute type, e.g. for fp16 inputs).
     if (x_plain && backward) transform_tile<T, kStateThreads>(sX, q_hat);
     if (x_plain && !backward) transform_tile<T, kStateThreads>(sX, k_hat);
     if (!x_plain && backward) load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, q_hat);
     if (!x_plain && !backward) load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, k_hat);
-    __syncthreads();  // sX, sY complete; the other buffers' last readers (step i - 1) are done
+    __syncthreads();
 
-    float decay[2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) decay[half] = exp2_of(sG[(kChunk - 1) * kLdF + 16 * warp + acc_row(2 * half)]);
-    if (i + 1 < chunks) x_plain = issue_loads(i + 1, gate);
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
+    for (int half = 0; half < 2; ++half) {
+      const float decay = exp2_of(sG[(kChunk - 1) * kLdF + 16 * warp + acc_row(2 * half)]);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
-        acc[nt][2 * half] *= decay[half];
-        acc[nt][2 * half + 1] *= decay[half];
+        acc[nt][2 * half] *= decay;
+        acc[nt][2 * half + 1] *= decay;
       }
+    }
     // acc += x̂^T y: the product's rows are x̂'s columns (key rows of the state).
     warp_gemm<8, true, false>(acc, sX + 16 * warp, LD, sY, LD, kChunk);
+    __syncthreads();
   }
 
   if (backward && p.dh0.data) {
