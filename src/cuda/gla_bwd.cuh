@@ -28,7 +28,7 @@ inline constexpr int kSub = 16;    // tokens per secondary sub-chunk
 inline constexpr int kTile = 64;   // key / value columns per tile
 inline constexpr int kTileElems = kTile * kTile;
 
-inline constexpr int kStateThreads = 128;  // gla_bwd_states.cu: 4 warps, 16 state rows each
+inline constexpr int kStateThreads = 256;  // gla_bwd_states.cu: 8 warps, 16 state rows x 32 columns each
 inline constexpr int kChunkThreads = 256;  // gla_bwd_chunk.cu: 8 warps, two per sub-chunk
 inline constexpr int kRecurrentCols = 32;  // gla_bwd_recurrent.cu: state columns per block
 inline constexpr int kRecurrentBatch = 8;  // tokens staged in shared memory at a time

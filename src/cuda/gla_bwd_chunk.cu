@@ -44,10 +44,24 @@ __host__ __device__ constexpr int query_stage_row(int J) { return kSub * J * (2 
 constexpr int kStageRows = key_stage_row(kSubs);  // 96
 static_assert(query_stage_row(kSubs - 1) == kStageRows, "both stages hold every earlier/later pair");
 
+// Key stage row -> its sub-chunk I and key row j; query stage row -> its
+// sub-chunk J and query row i.
+__device__ __forceinline__ int key_stage_sub(int row) {
+  return row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3);
+}
+__device__ __forceinline__ int key_stage_key(int row) { return row - key_stage_row(key_stage_sub(row)); }
+__device__ __forceinline__ int query_stage_sub(int row) {
+  return row < query_stage_row(1) ? 0 : (row < query_stage_row(2) ? 1 : 2);
+}
+__device__ __forceinline__ int query_stage_query(int row) {
+  const int J = query_stage_sub(row);
+  return kSub * (J + 1) + row - query_stage_row(J);
+}
+
 // Shared memory. R is a work area whose layout changes with the phase:
 //   phase A: dO, V tiles (rows 0-127); then key stage (rows 0-95) and q̂ (96-159);
 //            A goes to the q tile's buffer and stays there through phase B;
-//   phase B: kValueGroup dO tiles, k̂, kValueGroup dS tiles;
+//   phase B: kValueGroup dO tiles, k̂, kValueGroup dS tiles; then dv in fp32;
 //   phase C: key and query stages (rows 0-191); then dO, V, S, dS tiles (0-255);
 //            then dq', dk^{(S)}, dk^{(A)'} in fp32 (three 64 x kLdF arrays).
 template <class T, class GT>
@@ -65,6 +79,7 @@ struct ChunkSmem {
   static constexpr int kValueGroup = sizeof(T) == 2 ? 2 : 1;
   static constexpr size_t r_tiles = 2 * kValueGroup + 1 > 4 ? 2 * kValueGroup + 1 : 4;
   static constexpr size_t r_bytes = r_tiles * tile > 3 * tile_f ? r_tiles * tile : 3 * tile_f;
+  static_assert(kValueGroup * tile_f <= r_bytes, "phase B stages dv (fp32) in R");
   static constexpr size_t totals = r + r_bytes;                // dg: per sub-chunk sums, 2 x [4][64]
   static constexpr size_t state_term = totals + 2 * kSubs * kTile * sizeof(float);  // [64]
   static constexpr size_t row_sums = state_term + kTile * sizeof(float);           // [64], scalar gate
@@ -162,19 +177,14 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       load_tile_async<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
       cp_async_wait_all();
       store_gate_cumsum<GT, kChunkThreads>(sG, gate);
-      for (int f = threadIdx.x; f < kStageRows * kTile; f += kChunkThreads) {
-        const int row = f / kTile, col = f % kTile;
-        const int I = row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3);
-        const int j = row - key_stage_row(I);
-        const float x = to_float(sK[j * LD + col]) * exp2_of(sG[kSub * I * LDF + col] - sG[j * LDF + col]);
-        sKStage[row * LD + col] = from_float<T>(x);
-      }
-      for (int f = threadIdx.x; f < (kChunk - kSub) * kTile; f += kChunkThreads) {
-        const int i = kSub + f / kTile, col = f % kTile;
-        const int ref = (i / kSub) * kSub;
-        const float x = to_float(sQ[i * LD + col]) * exp2_of(sG[i * LDF + col] - sG[ref * LDF + col]);
-        sQHat[i * LD + col] = from_float<T>(x);
-      }
+      map_rows<T, kChunkThreads>(sKStage, sK, kStageRows, key_stage_key, [&](int row, int col, float x) {
+        return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + col] - sG[key_stage_key(row) * LDF + col]);
+      });
+      map_rows<T, kChunkThreads>(sQHat + kSub * LD, sQ + kSub * LD, kChunk - kSub, [](int r) { return r; },
+                                 [&](int r, int col, float x) {
+                                   const int i = kSub + r, ref = (i / kSub) * kSub;
+                                   return x * exp2_of(sG[i * LDF + col] - sG[ref * LDF + col]);
+                                 });
       __syncthreads();
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
@@ -263,7 +273,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
                                          static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
         cp_async_wait_all();
         store_gate_cumsum<GT, kChunkThreads>(sG, gate);
-        auto k_hat = [&](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
+        auto k_hat = [=](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
         if (k_plain) transform_tile<T, kChunkThreads>(sKHat, k_hat);
         else load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, k_hat);
         __syncthreads();
@@ -273,17 +283,20 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
             warp_gemm<4, false, false>(acc[j], sKHat + kSub * s * LD, LD, sDS + j * kTile * LD + 32 * hc, LD, kTile);
         __syncthreads();
       }
+      // dv through shared memory (R is free now), stored whole rows at a time.
+      float* sDV = reinterpret_cast<float*>(R);  // kGroup fp32 tiles
 #pragma unroll
-      for (int j = 0; j < kGroup; ++j) {
-        if (j >= group) continue;
+      for (int j = 0; j < kGroup; ++j)
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = kSub * s + acc_row(e), col = (vt0 + j) * kTile + 32 * hc + acc_col(nt, e);
-            if (i < rows && col < V) store_as(p.dv.data, offset4(p.dv, b, t0 + i, h, col), p.dv.dtype, acc[j][nt][e]);
-          }
-      }
+          for (int e = 0; e < 4; e += 2)
+            store_pair(sDV + j * kTile * LDF + (kSub * s + acc_row(e)) * LDF + 32 * hc + acc_col(nt, e), acc[j][nt][e],
+                       acc[j][nt][e + 1]);
+      __syncthreads();
+      for (int j = 0; j < group; ++j)
+        store_tile<kChunkThreads>(p.dv, b, t0, rows, h, (vt0 + j) * kTile, V, sDV + j * kTile * LDF);
+      __syncthreads();  // R is read by the stores above
     }
   }
 
@@ -305,17 +318,13 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     {
       T* sKStage = R;
       T* sQStage = R + kStageRows * LD;
-      for (int f = threadIdx.x; f < kStageRows * kTile; f += kChunkThreads) {
-        const int row = f / kTile, c = f % kTile;
-        const int I = row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3);
-        const int j = row - key_stage_row(I);
-        sKStage[row * LD + c] =
-            from_float<T>(to_float(sK[j * LD + c]) * exp2_of(sG[kSub * I * LDF + c] - sG[j * LDF + c]));
-        const int J = row < query_stage_row(1) ? 0 : (row < query_stage_row(2) ? 1 : 2);
-        const int i = kSub * (J + 1) + row - query_stage_row(J), ref = kSub * J + kSub - 1;
-        sQStage[row * LD + c] =
-            from_float<T>(to_float(sQ[i * LD + c]) * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]));
-      }
+      map_rows<T, kChunkThreads>(sKStage, sK, kStageRows, key_stage_key, [&](int row, int c, float x) {
+        return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + c] - sG[key_stage_key(row) * LDF + c]);
+      });
+      map_rows<T, kChunkThreads>(sQStage, sQ, kStageRows, query_stage_query, [&](int row, int c, float x) {
+        const int i = query_stage_query(row), ref = kSub * query_stage_sub(row) + kSub - 1;
+        return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
+      });
       __syncthreads();
       if (s > 0)
         warp_gemm<4, false, false>(acc_qa, sdA + kSub * s * LD, LD, sKStage + key_stage_row(s) * LD + 32 * hc, LD,
@@ -396,7 +405,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
           dq_d[i] += w * k_reg[j];
           dk_d[j] += w * q_reg[i];
         }
-      const int key = kt * kTile + col;
+      // dq and dk replace dq' and dk^{(A)'} in shared memory (this thread's
+      // elements) and are stored below, whole rows at a time.
       // a_i = q_i ⊙ dq'_i − k_i ⊙ dk^{(A)'}_i goes to dq_d[i], b_i = k_i ⊙ dk^{(S)}_i to dk_d[i].
 #pragma unroll
       for (int i = 0; i < kSub; ++i) {
@@ -405,10 +415,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         const float dq_x = sDQ[row * LDF + col] + dq_d[i];   // dq without the diagonal term
         const float dka_x = sDKA[row * LDF + col] + dk_d[i];  // dk^{(A)} without it
         const float dks = sDKS[row * LDF + col];
-        if (row < rows && key < K) {
-          store_as(p.dq.data, offset4(p.dq, b, t0 + row, h, key), p.dq.dtype, dq_x + dA_ii * k_reg[i]);
-          store_as(p.dk.data, offset4(p.dk, b, t0 + row, h, key), p.dk.dtype, dka_x + dks + dA_ii * q_reg[i]);
-        }
+        sDQ[row * LDF + col] = dq_x + dA_ii * k_reg[i];
+        sDKA[row * LDF + col] = dka_x + dks + dA_ii * q_reg[i];
         dq_d[i] = q_reg[i] * dq_x - k_reg[i] * dka_x;
         dk_d[i] = k_reg[i] * dks;
       }
@@ -438,7 +446,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         const int row = kSub * s + i;
         const float dg = within_sub[i] + carry;
         if (p.gate == GateKind::vector) {
-          if (row < rows && key < K) store_as(p.dg.data, offset4(p.dg, b, t0 + row, h, key), p.dg.dtype, dg);
+          sDKS[row * LDF + col] = dg;  // this thread's element; stored below
         } else {
           float sum = key < K ? dg : 0.f;
 #pragma unroll
@@ -448,6 +456,10 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       }
     }
     __syncthreads();
+    store_tile<kChunkThreads>(p.dq, b, t0, rows, h, kt * kTile, K, sDQ);
+    store_tile<kChunkThreads>(p.dk, b, t0, rows, h, kt * kTile, K, sDKA);
+    if (p.gate == GateKind::vector) store_tile<kChunkThreads>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
+    __syncthreads();  // R is read by the stores above
   }
 
   if (p.gate == GateKind::scalar && threadIdx.x < rows)

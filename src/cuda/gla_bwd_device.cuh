@@ -49,9 +49,15 @@ __device__ __forceinline__ T from_float(float x) {
 }
 
 // exp2 of a difference of gate cumsums (log2 units); fp64 cumsums keep the
-// difference exact before it is rounded to fp32.
-__device__ __forceinline__ float exp2_of(float x) { return exp2f(x); }
-__device__ __forceinline__ float exp2_of(double x) { return exp2f(float(x)); }
+// difference exact before it is rounded to fp32. One hardware instruction
+// (relative error ~2^-22); results below 2^-126 flush to zero, far under
+// anything they are added to.
+__device__ __forceinline__ float exp2_of(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float exp2_of(double x) { return exp2_of(float(x)); }
 
 __device__ __forceinline__ int64_t offset4(const Tensor& t, int64_t b, int64_t s, int64_t h, int64_t d) {
   return b * t.stride[0] + s * t.stride[1] + h * t.stride[2] + d * t.stride[3];
@@ -130,9 +136,12 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 // s[r][c] = f(r, c, x[b, t0 + r, h, c0 + c]) for r < rows, c0 + c < D; zero
 // (f must keep zero at zero) elsewhere. 16-byte loads where the layout allows:
-// fp32 tiles from f32 inputs, bf16 tiles from bf16 or fp16 inputs.
+// fp32 tiles from f32 inputs, bf16 tiles from bf16 or fp16 inputs. Not inlined:
+// the kernels' fast paths copy tiles with cp.async, and this general loader,
+// inlined at every call site, made up about a third of the chunk kernel's code
+// (instruction-cache misses).
 template <class T, class In, int kThreads, class F>
-__device__ __forceinline__ void load_tile_typed(T* s, const In* src, int64_t row_stride, int64_t col_stride, int rows,
+__device__ __noinline__ void load_tile_typed(T* s, const In* src, int64_t row_stride, int64_t col_stride, int rows,
                                                 int cols, F f) {
   static_assert(sizeof(T) == sizeof(In), "fp32 <- f32, bf16 <- bf16 / fp16");
   constexpr int kVec = 16 / sizeof(In);
@@ -157,7 +166,7 @@ __device__ __forceinline__ void load_tile_typed(T* s, const In* src, int64_t row
       }
     }
   } else {
-#pragma unroll 8
+#pragma unroll 1
     for (int idx = threadIdx.x; idx < kTileElems; idx += kThreads) {
       const int r = idx / kTile, c = idx % kTile;
       const float x = (r < rows && c < cols) ? to_float(src[r * row_stride + c * col_stride]) : 0.f;
@@ -185,15 +194,41 @@ __device__ __forceinline__ void load_tile(T* s, const Tensor& x, int64_t b, int6
   }
 }
 
+// dst[r][c] = f(r, c, src[src_row(r)][c]) in fp32 for rows r < nrows of 64
+// columns in shared memory (dst == src allowed); 16 bytes (8 bf16 or 4 fp32
+// elements of one row) per step of a thread.
+template <class T, int kThreads, class RowOf, class F>
+__device__ __forceinline__ void map_rows(T* dst, const T* src, int nrows, RowOf src_row, F f) {
+  constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
+#pragma unroll 2
+  for (int idx = threadIdx.x; idx < nrows * kPerRow; idx += kThreads) {
+    const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
+    const T* from = src + src_row(r) * kLd<T> + c;
+    T* to = dst + r * kLd<T> + c;
+    if constexpr (sizeof(T) == 4) {
+      float4 x = *reinterpret_cast<const float4*>(from);
+      x.x = f(r, c, x.x), x.y = f(r, c + 1, x.y), x.z = f(r, c + 2, x.z), x.w = f(r, c + 3, x.w);
+      *reinterpret_cast<float4*>(to) = x;
+    } else {
+      const uint4 raw = *reinterpret_cast<const uint4*>(from);
+      uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        w[i] = pack_bf16(f(r, c + 2 * i, widen<bf16>(w[i] & 0xffffu)), f(r, c + 2 * i + 1, widen<bf16>(w[i] >> 16)));
+      *reinterpret_cast<uint4*>(to) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
 // s[r][c] = f(r, c, s[r][c]) in fp32 over a 64x64 tile of shared memory.
 template <class T, int kThreads, class F>
 __device__ __forceinline__ void transform_tile(T* s, F f) {
-#pragma unroll 4
-  for (int idx = threadIdx.x; idx < kTileElems; idx += kThreads) {
-    const int r = idx / kTile, c = idx % kTile;
-    s[r * kLd<T> + c] = from_float<T>(f(r, c, to_float(s[r * kLd<T> + c])));
-  }
+  map_rows<T, kThreads>(s, s, kTile, [](int r) { return r; }, f);
 }
+
+// Two neighbouring elements of a row in shared memory, in one store.
+__device__ __forceinline__ void store_pair(float* at, float a, float b) { *reinterpret_cast<float2*>(at) = {a, b}; }
+__device__ __forceinline__ void store_pair(bf16* at, float a, float b) { *reinterpret_cast<uint32_t*>(at) = pack_bf16(a, b); }
 
 // ---- asynchronous copies (cp.async): the data is in shared memory after
 // cp_async_wait_all() in the issuing thread and a barrier of the block.
@@ -230,6 +265,58 @@ __device__ __forceinline__ void load_tile_async(T* s, const Tensor& x, int64_t b
     }
   } else {
     load_tile<T, kThreads>(s, x, b, t0, rows, h, c0, D);
+  }
+}
+
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  return uint32_t(__half_as_ushort(__float2half_rn(lo))) | (uint32_t(__half_as_ushort(__float2half_rn(hi))) << 16);
+}
+
+// store_tile one element at a time (any dtype and strides), out of line.
+template <int kThreads>
+__device__ __noinline__ void store_tile_elements(const Tensor& x, int64_t base, int rows, int cols, const float* s) {
+#pragma unroll 1
+  for (int idx = threadIdx.x; idx < kTileElems; idx += kThreads) {
+    const int r = idx / kTile, c = idx % kTile;
+    if (r < rows && c < cols) store_as(x.data, base + r * x.stride[1] + c * x.stride[3], x.dtype, s[r * kLdF + c]);
+  }
+}
+
+// x[b, t0 + r, h, c0 + c] = s[r][c] for r < rows, c0 + c < D, from a 64x64
+// fp32 tile of shared memory (row stride kLdF): 16-byte stores where whole
+// aligned rows of a bf16, fp16 or f32 output allow, else element by element.
+template <int kThreads>
+__device__ __forceinline__ void store_tile(const Tensor& x, int64_t b, int64_t t0, int rows, int64_t h, int c0, int D,
+                                           const float* s) {
+  const int cols = D - c0 < kTile ? D - c0 : kTile;
+  const int64_t base = offset4(x, b, t0, h, c0), row_stride = x.stride[1];
+  const bool half = x.dtype == DType::bf16 || x.dtype == DType::f16;
+  const int vec = half ? 8 : 4;  // elements per 16 bytes
+  const char* first = static_cast<const char*>(x.data) + base * (half ? 2 : 4);
+  const bool vector = (half || x.dtype == DType::f32) && x.stride[3] == 1 && cols == kTile &&
+                      row_stride % vec == 0 && (reinterpret_cast<uintptr_t>(first) & 15) == 0;
+  if (vector && half) {
+    const bool bf = x.dtype == DType::bf16;
+    for (int idx = threadIdx.x; idx < kTile * 8; idx += kThreads) {
+      const int r = idx / 8, c = (idx % 8) * 8;
+      if (r >= rows) continue;
+      const float4 lo = *reinterpret_cast<const float4*>(s + r * kLdF + c);
+      const float4 hi = *reinterpret_cast<const float4*>(s + r * kLdF + c + 4);
+      const uint4 out = bf ? make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
+                                        pack_bf16(hi.z, hi.w))
+                           : make_uint4(pack_f16(lo.x, lo.y), pack_f16(lo.z, lo.w), pack_f16(hi.x, hi.y),
+                                        pack_f16(hi.z, hi.w));
+      *reinterpret_cast<uint4*>(static_cast<unsigned short*>(x.data) + base + r * row_stride + c) = out;
+    }
+  } else if (vector) {
+    for (int idx = threadIdx.x; idx < kTile * 16; idx += kThreads) {
+      const int r = idx / 16, c = (idx % 16) * 4;
+      if (r < rows)
+        *reinterpret_cast<float4*>(static_cast<float*>(x.data) + base + r * row_stride + c) =
+            *reinterpret_cast<const float4*>(s + r * kLdF + c);
+    }
+  } else {
+    store_tile_elements<kThreads>(x, base, rows, cols, s);
   }
 }
 

@@ -2,7 +2,8 @@
 //
 // One block per (sequence, head, 64x64 tile of the K x V state) walks the
 // sequence's chunks in order and keeps its tile in registers (warp w owns key
-// rows 16w..16w+15). blockIdx.z picks the scan:
+// rows 16 (w % 4).. and value columns 32 (w / 4)..; 8 warps, so that the
+// element-wise work of each step is spread thin). blockIdx.z picks the scan:
 //   z = 0, forward:  stores S before chunk c, then
 //                    S <- diag(exp γ) S + (K ⊙ exp(γ − Γ))^T V
 //   z = 1, backward: from dS = dht, stores dS after chunk c (last chunk first), then
@@ -40,17 +41,18 @@ __global__ void __launch_bounds__(kStateThreads, sizeof(T) == 2 ? 4 : 2) state_s
   const int h = int(blockIdx.x % p.heads);
   const int kt = int(blockIdx.y) / p.value_tiles, vt = int(blockIdx.y) % p.value_tiles;
   const int warp = threadIdx.x / 32;
+  const int row0 = 16 * (warp % 4), col0 = 32 * (warp / 4);  // this warp's piece of the tile
   const Seq seq = sequence(p, n);
   const int64_t chunks = num_chunks(seq.len);
 
-  // The state tile: accumulator rows are key rows 16 warp.., columns value columns.
-  float acc[8][4];
+  // The state tile: accumulator rows are key rows row0.., columns value columns col0..
+  float acc[4][4];
   const Tensor& init = backward ? p.dht : p.h0;
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int key = kt * kTile + 16 * warp + acc_row(e), value = vt * kTile + acc_col(nt, e);
+      const int key = kt * kTile + row0 + acc_row(e), value = vt * kTile + col0 + acc_col(nt, e);
       acc[nt][e] = (init.data && key < p.key_dim && value < p.value_dim)
                        ? static_cast<const float*>(init.data)[offset4(init, n, h, key, value)]
                        : 0.f;
@@ -67,9 +69,10 @@ __global__ void __launch_bounds__(kStateThreads, sizeof(T) == 2 ? 4 : 2) state_s
     // The state at this chunk's boundary goes to the scratch (via shared memory,
     // for whole-row stores). The gate, x and y loads are all in flight at once.
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sStage[(16 * warp + acc_row(e)) * LD + acc_col(nt, e)] = from_float<T>(acc[nt][e]);
+      for (int e = 0; e < 4; e += 2)
+        store_pair(sStage + (row0 + acc_row(e)) * LD + col0 + acc_col(nt, e), acc[nt][e], acc[nt][e + 1]);
     auto gate = load_gate_tile<GT, kStateThreads>(p, seq.batch, t0, rows, h, kt * kTile);
     // x is scaled by the gates below: copied now when plain, else loaded with
     // the scaling (one rounding to the compute type, e.g. for fp16 inputs).
@@ -81,8 +84,8 @@ __global__ void __launch_bounds__(kStateThreads, sizeof(T) == 2 ? 4 : 2) state_s
     copy_tile_out<T, kStateThreads>(scratch + state_tile_index(p, seq.slot0 + c, h, kt, vt), sStage);
 
     const float scale = p.scale;
-    auto q_hat = [&](int r, int col, float x) { return scale * x * exp2_of(sG[r * kLdF + col]); };  // scale q ⊙ exp Γ
-    auto k_hat = [&](int r, int col, float x) {  // k ⊙ exp(γ − Γ)
+    auto q_hat = [=](int r, int col, float x) { return scale * x * exp2_of(sG[r * kLdF + col]); };  // scale q ⊙ exp Γ
+    auto k_hat = [=](int r, int col, float x) {  // k ⊙ exp(γ − Γ)
       return x * exp2_of(sG[(kChunk - 1) * kLdF + col] - sG[r * kLdF + col]);
     };
     if (x_plain && backward) transform_tile<T, kStateThreads>(sX, q_hat);
@@ -93,24 +96,24 @@ __global__ void __launch_bounds__(kStateThreads, sizeof(T) == 2 ? 4 : 2) state_s
 
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float decay = exp2_of(sG[(kChunk - 1) * kLdF + 16 * warp + acc_row(2 * half)]);
+      const float decay = exp2_of(sG[(kChunk - 1) * kLdF + row0 + acc_row(2 * half)]);
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
+      for (int nt = 0; nt < 4; ++nt) {
         acc[nt][2 * half] *= decay;
         acc[nt][2 * half + 1] *= decay;
       }
     }
     // acc += x̂^T y: the product's rows are x̂'s columns (key rows of the state).
-    warp_gemm<8, true, false>(acc, sX + 16 * warp, LD, sY, LD, kChunk);
+    warp_gemm<4, true, false>(acc, sX + row0, LD, sY + col0, LD, kChunk);
     __syncthreads();
   }
 
   if (backward && p.dh0.data) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = kt * kTile + 16 * warp + acc_row(e), value = vt * kTile + acc_col(nt, e);
+        const int key = kt * kTile + row0 + acc_row(e), value = vt * kTile + col0 + acc_col(nt, e);
         if (key < p.key_dim && value < p.value_dim)
           static_cast<float*>(p.dh0.data)[offset4(p.dh0, n, h, key, value)] = acc[nt][e];
       }
