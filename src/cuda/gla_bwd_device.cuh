@@ -320,6 +320,16 @@ __device__ __forceinline__ void store_tile(const Tensor& x, int64_t b, int64_t t
   }
 }
 
+// Row t of a tile (64 columns from c0, clipped to D) into L2, for a load that
+// comes later; each 128-byte line the row touches.
+__device__ __forceinline__ void prefetch_row_l2(const Tensor& x, int64_t b, int64_t t, int64_t h, int c0, int D) {
+  const int esize = x.dtype == DType::f64 ? 8 : (x.dtype == DType::f32 ? 4 : 2);
+  const int cols = D - c0 < kTile ? D - c0 : kTile;
+  const char* first = static_cast<const char*>(x.data) + offset4(x, b, t, h, c0) * esize;
+  const int64_t span = (cols - 1) * x.stride[3] * esize + esize;  // bytes from the first to past the last element
+  for (int64_t at = 0; at < span; at += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(first + at));
+}
+
 // Scratch state tiles: contiguous 64x64 in global memory <-> padded rows in shared memory.
 template <class T, int kThreads>
 __device__ __forceinline__ void copy_tile_in(T* s, const T* g) {

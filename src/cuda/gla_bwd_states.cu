@@ -94,6 +94,20 @@ __global__ void __launch_bounds__(kStateThreads, sizeof(T) == 2 ? 4 : 2) state_s
     if (!x_plain && !backward) load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, k_hat);
     __syncthreads();
 
+    // The next step's rows of x, y and the gate into L2 while this step
+    // computes, so that its loads wait for L2 rather than memory.
+    if (i + 1 < chunks) {
+      const int64_t next = backward ? c - 1 : c + 1;
+      const int next_rows = int(seq.len - next * kChunk < kChunk ? seq.len - next * kChunk : kChunk);
+      const int r = threadIdx.x % kTile, which = threadIdx.x / kTile;
+      const int64_t t = seq.begin + next * kChunk + r;
+      if (r < next_rows) {
+        if (which == 0) prefetch_row_l2(xs, seq.batch, t, h, kt * kTile, p.key_dim);
+        if (which == 1) prefetch_row_l2(ys, seq.batch, t, h, vt * kTile, p.value_dim);
+        if (which == 2 && p.gate == GateKind::vector) prefetch_row_l2(p.g, seq.batch, t, h, kt * kTile, p.key_dim);
+      }
+    }
+
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const float decay = exp2_of(sG[(kChunk - 1) * kLdF + row0 + acc_row(2 * half)]);
