@@ -1,6 +1,9 @@
 // CUDA GLA backward: checks what this backend supports, plans the scratch and
 // launches the kernels of gla_bwd_states.cu + gla_bwd_chunk.cu (chunked) or
 // gla_bwd_recurrent.cu (recurrent). See gla_bwd.cuh for the algorithm.
+#include <cstdlib>
+#include <string>
+
 #include "core/backend.h"
 #include "cuda/common.cuh"
 #include "cuda/gla_bwd.cuh"
@@ -106,6 +109,10 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.scale = float(pr.scale);
   p.reverse = a.reverse;
   p.chunks_per_seq = (pr.seq_len + gla_bwd::kChunk - 1) / gla_bwd::kChunk;
+  // FLASHGLA_GLA_BWD_DIAG=elementwise sums every pair inside a sub-chunk element
+  // by element, as for very negative gates (to check that path on any input).
+  const char* diag_mode = std::getenv("FLASHGLA_GLA_BWD_DIAG");
+  if (diag_mode && std::string(diag_mode) == "elementwise") p.diag_factor_limit = -1.f;
   p.num_slots = num_slots(pr);
 
   const Plan sizes = plan(a, pr);

@@ -34,35 +34,62 @@ namespace {
 
 constexpr int kSubs = kChunk / kSub;  // 4 sub-chunks per chunk
 
-// Operand stages (rows of 64 columns) for the products between sub-chunks.
-// For dq and A, sub-chunk I >= 1 takes keys of all earlier rows j < 16 I,
-// k_j exp(Γ_{16I} − Γ_j): I's rows start at key_stage_row(I).
-__host__ __device__ constexpr int key_stage_row(int I) { return kSub * I * (I - 1) / 2; }
-// For dk, sub-chunk J <= 2 takes queries of all later rows i >= 16 (J + 1),
-// q_i exp(Γ_i − Γ_{16J+15}): J's rows start at query_stage_row(J).
-__host__ __device__ constexpr int query_stage_row(int J) { return kSub * J * (2 * kSubs - 1 - J) / 2; }
-constexpr int kStageRows = key_stage_row(kSubs);  // 96
-static_assert(query_stage_row(kSubs - 1) == kStageRows, "both stages hold every earlier/later pair");
+// Operand stages (rows of 64 columns) for the products between sub-chunks and,
+// where the gates allow (a "factored" sub-chunk, see mark_wide_subchunks),
+// inside one:
+// for dq and A, sub-chunk I takes keys of rows j < 16 (I + 1), k_j exp(Γ_{16I} − Γ_j):
+// I's rows start at key_stage_row(I);
+__host__ __device__ constexpr int key_stage_row(int I) { return kSub * I * (I + 1) / 2; }
+// for dk, sub-chunk J takes queries of rows i >= 16 J, q_i exp(Γ_i − Γ_{16J+15}):
+// J's rows start at query_stage_row(J).
+__host__ __device__ constexpr int query_stage_row(int J) { return kSub * J * (2 * kSubs + 1 - J) / 2; }
+constexpr int kStageRows = key_stage_row(kSubs);  // 160
+static_assert(query_stage_row(kSubs) == kStageRows, "both stages hold every pair");
 
 // Key stage row -> its sub-chunk I and key row j; query stage row -> its
 // sub-chunk J and query row i.
 __device__ __forceinline__ int key_stage_sub(int row) {
-  return row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3);
+  return row < key_stage_row(1) ? 0 : (row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3));
 }
 __device__ __forceinline__ int key_stage_key(int row) { return row - key_stage_row(key_stage_sub(row)); }
 __device__ __forceinline__ int query_stage_sub(int row) {
-  return row < query_stage_row(1) ? 0 : (row < query_stage_row(2) ? 1 : 2);
+  return row < query_stage_row(1) ? 0 : (row < query_stage_row(2) ? 1 : (row < query_stage_row(3) ? 2 : 3));
 }
 __device__ __forceinline__ int query_stage_query(int row) {
   const int J = query_stage_sub(row);
-  return kSub * (J + 1) + row - query_stage_row(J);
+  return kSub * J + row - query_stage_row(J);
+}
+
+// Pairs inside a sub-chunk go through the products as well when its 16 rows
+// of Γ span at most p.diag_factor_limit (log2 units) in every key column of
+// the tile: the operands are then scaled against a row of the sub-chunk by
+// factors within 2^±limit, which bf16 and fp32 hold. Else (gates of −20 per
+// step, say) those pairs are summed element by element, each with its own
+// exponent. Threads 64 s.. cover sub-chunk s; each warp writes whether any of
+// its columns is too wide into flags[warp] (read after a barrier).
+template <class GT>
+__device__ __forceinline__ void mark_wide_subchunks(const GT* sG, int* flags, float limit) {
+  static_assert(kChunkThreads == kSubs * kTile, "one thread per (sub-chunk, column)");
+  const int s = threadIdx.x / kTile, c = threadIdx.x % kTile;
+  GT lo = sG[kSub * s * kLdF + c], hi = lo;
+#pragma unroll
+  for (int i = 1; i < kSub; ++i) {
+    const GT x = sG[(kSub * s + i) * kLdF + c];
+    lo = x < lo ? x : lo;
+    hi = x > hi ? x : hi;
+  }
+  const bool wide = !(hi - lo <= GT(limit));  // NaN or inf: wide
+  const bool any_wide = __any_sync(0xffffffffu, wide);
+  if ((threadIdx.x & 31) == 0) flags[threadIdx.x / 32] = any_wide;
 }
 
 // Shared memory. R is a work area whose layout changes with the phase:
-//   phase A: dO, V tiles (rows 0-127); then key stage (rows 0-95) and q̂ (96-159);
+//   phase A: dO, V tiles (rows 0-127); then key stage (rows 0-159) and q̂ (160-223);
+//            then the factored part of A's diagonal blocks in fp32;
 //            A goes to the q tile's buffer and stays there through phase B;
 //   phase B: kValueGroup dO tiles, k̂, kValueGroup dS tiles; then dv in fp32;
-//   phase C: key and query stages (rows 0-191); then dO, V, S, dS tiles (0-255);
+//   phase C: key and query stages (rows 0-319; fp32: one after the other in 0-159);
+//            then dO, V, S, dS tiles (rows 0-255);
 //            then dq', dk^{(S)}, dk^{(A)'} in fp32 (three 64 x kLdF arrays).
 template <class T, class GT>
 struct ChunkSmem {
@@ -79,11 +106,15 @@ struct ChunkSmem {
   static constexpr int kValueGroup = sizeof(T) == 2 ? 2 : 1;
   static constexpr size_t r_tiles = 2 * kValueGroup + 1 > 4 ? 2 * kValueGroup + 1 : 4;
   static constexpr size_t r_bytes = r_tiles * tile > 3 * tile_f ? r_tiles * tile : 3 * tile_f;
+  // Phase C stages keys and queries together where R holds both (bf16).
+  static constexpr bool kBothStages = size_t(2 * kStageRows) * kLd<T> * sizeof(T) <= r_bytes;
+  static_assert(size_t(kStageRows + kChunk) * kLd<T> * sizeof(T) <= r_bytes, "phase A: key stage and q̂ in R");
   static_assert(kValueGroup * tile_f <= r_bytes, "phase B stages dv (fp32) in R");
   static constexpr size_t totals = r + r_bytes;                // dg: per sub-chunk sums, 2 x [4][64]
   static constexpr size_t state_term = totals + 2 * kSubs * kTile * sizeof(float);  // [64]
   static constexpr size_t row_sums = state_term + kTile * sizeof(float);           // [64], scalar gate
-  static constexpr size_t bytes = row_sums + kTile * sizeof(float);
+  static constexpr size_t wide = row_sums + kTile * sizeof(float);                 // [8] warps' flags
+  static constexpr size_t bytes = wide + 8 * sizeof(int);
 };
 
 // The rows of the diagonal block whose A entries warp half hc computes: an
@@ -110,6 +141,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   float* sTotB = sTotA + kSubs * kTile;
   float* sStateTerm = reinterpret_cast<float*>(smem + Smem::state_term);
   float* sRowSums = reinterpret_cast<float*>(smem + Smem::row_sums);
+  int* sWide = reinterpret_cast<int*>(smem + Smem::wide);
 
   Seq seq;
   int64_t chunk;
@@ -153,7 +185,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         for (int e = 0; e < 4; ++e) {
           const int i = kSub * s + acc_row(e), j = kSub * J + acc_col(nt, e);
           const float x = j <= i ? scale * acc[jj][nt][e] : 0.f;
-          sdA[i * LD + j] = from_float<T>(x);
+          sdA[i * LD + j] = from_float<T>(j == i ? 0.f : x);  // the products take pairs j < i only
           if (J == s) sdAd[i * LDD + j - kSub * s] = x;
         }
     }
@@ -161,7 +193,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
 
   // ---- phase A: A ---------------------------------------------------------------
   // Off-diagonal blocks (s, J), J = hc, hc + 2 < s, on the products; the
-  // diagonal block element by element, rows diagonal_row(hc, 0..7).
+  // diagonal block (s, s) too for key tiles where sub-chunk s is factored,
+  // else element by element, rows diagonal_row(hc, 0..7).
   {
     float acc[2][2][4];
     zero(acc[0]);
@@ -170,32 +203,32 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
 #pragma unroll
     for (int m = 0; m < 8; ++m) diag[m] = 0.f;
     T* sKStage = R;                       // key_stage rows
-    T* sQHat = R + kStageRows * LD;       // row i >= 16: q_i exp(Γ_i − Γ_{16 s(i)})
+    T* sQHat = R + kStageRows * LD;       // row i: q_i exp(Γ_i − Γ_{16 s(i)})
     for (int kt = 0; kt < p.key_tiles; ++kt) {
       auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
       load_tile_async<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
       load_tile_async<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
       cp_async_wait_all();
       store_gate_cumsum<GT, kChunkThreads>(sG, gate);
+      mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
       map_rows<T, kChunkThreads>(sKStage, sK, kStageRows, key_stage_key, [&](int row, int col, float x) {
         return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + col] - sG[key_stage_key(row) * LDF + col]);
       });
-      map_rows<T, kChunkThreads>(sQHat + kSub * LD, sQ + kSub * LD, kChunk - kSub, [](int r) { return r; },
-                                 [&](int r, int col, float x) {
-                                   const int i = kSub + r, ref = (i / kSub) * kSub;
-                                   return x * exp2_of(sG[i * LDF + col] - sG[ref * LDF + col]);
-                                 });
+      map_rows<T, kChunkThreads>(sQHat, sQ, kChunk, [](int r) { return r; }, [&](int i, int col, float x) {
+        return x * exp2_of(sG[i * LDF + col] - sG[(i / kSub) * kSub * LDF + col]);
+      });
       __syncthreads();
+      const bool factored = !(sWide[2 * s] | sWide[2 * s + 1]);
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
         const int J = hc + 2 * jj;
-        if (J < s)
+        if (J < s || (J == s && factored))
           warp_gemm<2, false, true>(acc[jj], sQHat + kSub * s * LD, LD,
                                     sKStage + (key_stage_row(s) + kSub * J) * LD, LD, kTile);
       }
       // Diagonal block: lanes over columns (two each, one at a time), then a sum over the warp.
 #pragma unroll 1
-      for (int half = 0; half < 2; ++half) {
+      for (int half = 0; half < (factored ? 0 : 2); ++half) {
         const int c = lane + 32 * half;
         float k_reg[kSub];
         GT g_reg[kSub];
@@ -217,25 +250,31 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       }
       __syncthreads();
     }
-    // A (scaled) into sA: off-diagonal blocks, the diagonal block (zero above the diagonal).
+    // A (scaled) into sA: off-diagonal blocks; the diagonal block (zero above
+    // the diagonal) sums its product part (via fp32 in R, free now) and its
+    // element-wise part.
+    float* sDiagProduct = reinterpret_cast<float*>(R);  // [64][LDD]
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
       const int J = hc + 2 * jj;
-      if (J >= s) continue;
+      if (J > s) continue;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = kSub * s + acc_row(e), j = kSub * J + acc_col(nt, e);
-          sA[i * LD + j] = from_float<T>(scale * acc[jj][nt][e]);
+          if (J < s) sA[i * LD + j] = from_float<T>(scale * acc[jj][nt][e]);
+          else sDiagProduct[i * LDD + j - kSub * s] = acc[jj][nt][e];
         }
     }
+    __syncthreads();
     const int j = transpose_reduce_index<kSub>();
     if ((lane & 1) == 0) {
 #pragma unroll
       for (int m = 0; m < 8; ++m) {
         const int i = diagonal_row(hc, m);
-        sA[(kSub * s + i) * LD + kSub * s + j] = from_float<T>(j <= i ? scale * diag[m] : 0.f);
+        const float a = diag[m] + sDiagProduct[(kSub * s + i) * LDD + j];
+        sA[(kSub * s + i) * LD + kSub * s + j] = from_float<T>(j <= i ? scale * a : 0.f);
       }
     }
   }
@@ -312,26 +351,43 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
 
     // Between sub-chunks, on the products (accumulators kept until the epilogue):
     //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J).
+    // Factored sub-chunks take their own pairs j < i here too (dA's diagonal
+    // blocks are stored strictly lower), so the element-wise step skips them.
+    mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
     float acc_qa[4][4], acc_ka[4][4];
     zero(acc_qa);
     zero(acc_ka);
+    bool factored;
     {
+      // Both stages at once where R holds them (bf16), else one after the other.
       T* sKStage = R;
-      T* sQStage = R + kStageRows * LD;
+      T* sQStage = Smem::kBothStages ? R + kStageRows * LD : R;
       map_rows<T, kChunkThreads>(sKStage, sK, kStageRows, key_stage_key, [&](int row, int c, float x) {
         return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + c] - sG[key_stage_key(row) * LDF + c]);
       });
-      map_rows<T, kChunkThreads>(sQStage, sQ, kStageRows, query_stage_query, [&](int row, int c, float x) {
-        const int i = query_stage_query(row), ref = kSub * query_stage_sub(row) + kSub - 1;
-        return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
-      });
+      auto stage_queries = [&] {
+        map_rows<T, kChunkThreads>(sQStage, sQ, kStageRows, query_stage_query, [&](int row, int c, float x) {
+          const int i = query_stage_query(row), ref = kSub * query_stage_sub(row) + kSub - 1;
+          return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
+        });
+      };
+      if constexpr (Smem::kBothStages) stage_queries();
       __syncthreads();
-      if (s > 0)
+      factored = !(sWide[2 * s] | sWide[2 * s + 1]);
+      const int keys = kSub * s + (factored ? kSub : 0);   // dq: keys j < keys
+      const int first = kSub * s + (factored ? 0 : kSub);  // dk: queries i >= first
+      if (keys > 0)
         warp_gemm<4, false, false>(acc_qa, sdA + kSub * s * LD, LD, sKStage + key_stage_row(s) * LD + 32 * hc, LD,
-                                   kSub * s);
-      if (s < kSubs - 1)
-        warp_gemm<4, true, false>(acc_ka, sdA + kSub * (s + 1) * LD + kSub * s, LD,
-                                  sQStage + query_stage_row(s) * LD + 32 * hc, LD, kChunk - kSub * (s + 1));
+                                   keys);
+      if constexpr (!Smem::kBothStages) {
+        __syncthreads();
+        stage_queries();
+        __syncthreads();
+      }
+      if (first < kChunk)
+        warp_gemm<4, true, false>(acc_ka, sdA + first * LD + kSub * s, LD,
+                                  sQStage + (query_stage_row(s) + first - kSub * s) * LD + 32 * hc, LD,
+                                  kChunk - first);
     }
 
     // Through the states: dq ∝ dO S^T, dk^{(S)} ∝ V dS^T, and rowsum(S ⊙ dS).
@@ -397,14 +453,16 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         g_reg[i] = sG[(kSub * s + i) * LDF + col];
         dq_d[i] = dk_d[i] = 0.f;
       }
+      if (!factored) {
 #pragma unroll
-      for (int i = 1; i < kSub; ++i)
+        for (int i = 1; i < kSub; ++i)
 #pragma unroll
-        for (int j = 0; j < i; ++j) {
-          const float w = sdAd[(kSub * s + i) * LDD + j] * exp2_of(g_reg[i] - g_reg[j]);
-          dq_d[i] += w * k_reg[j];
-          dk_d[j] += w * q_reg[i];
-        }
+          for (int j = 0; j < i; ++j) {
+            const float w = sdAd[(kSub * s + i) * LDD + j] * exp2_of(g_reg[i] - g_reg[j]);
+            dq_d[i] += w * k_reg[j];
+            dk_d[j] += w * q_reg[i];
+          }
+      }
       // dq and dk replace dq' and dk^{(A)'} in shared memory (this thread's
       // elements) and are stored below, whole rows at a time.
       // a_i = q_i ⊙ dq'_i − k_i ⊙ dk^{(A)'}_i goes to dq_d[i], b_i = k_i ⊙ dk^{(S)}_i to dk_d[i].
