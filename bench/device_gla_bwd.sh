@@ -5,45 +5,69 @@
 # benchmark (bench/bench_gla_bwd.py) and Nsight Compute on the backward
 # kernels at B8 T4096 H16 K=V=128; logs under $OUT, a short summary last.
 #   bash bench/device_gla_bwd.sh            (PROFILE=0 skips Nsight Compute)
+# REF_TREE=<dir>: also build the Python module of another source tree (an
+# earlier version) and run the same benchmark on it, in this call, to compare.
 set -u
 OUT=${OUT:-/tmp/gla_bwd_out}
-mkdir -p "$OUT"
+L=/tmp/gla_bwd_logs  # logs, packed into $OUT/logs.tgz after each step (few files come back)
+mkdir -p "$OUT" "$L"
 BUILD=build-devbwd
 TESTS="CudaGlaBackward.*"
 summary=()
-note() { summary+=("$*"); echo "$*"; }
+note() { summary+=("$*"); echo "$*"; tar czf "$OUT/logs.tgz" -C "$L" .; }
 
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$L/gpu.txt"
 # nanobind and scikit-build-core are carried as wheels (the machine has no network).
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl && export PYTHONPATH=/tmp/site
 
 start=$(date +%s)
-cmake -S . -B $BUILD -G Ninja -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHGLA_PYTHON=ON >"$OUT/build.log" 2>&1
-if ! cmake --build $BUILD -j16 --target flashgla_tests flashgla_python >>"$OUT/build.log" 2>&1; then
-  grep -E "error|FAILED" "$OUT/build.log" | head -40
+cmake -S . -B $BUILD -G Ninja -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHGLA_PYTHON=ON >"$L/build.log" 2>&1
+if ! cmake --build $BUILD -j16 --target flashgla_tests flashgla_python >>"$L/build.log" 2>&1; then
+  grep -E "error|FAILED" "$L/build.log" | head -40
   note "build failed"
 fi
 note "build: $(($(date +%s) - start)) s"
 
 start=$(date +%s)
-timeout 150 $BUILD/flashgla_tests --gtest_filter="$TESTS" >"$OUT/tests.log" 2>&1
-note "tests: rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests.log") failed, $(grep -cE '^\[  SKIPPED \]' "$OUT/tests.log") skipped"
-grep -E '^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$OUT/tests.log" | sort -u | head -30
-grep -E "Failure|Which is|Expected|actual|flashgla:|error" "$OUT/tests.log" | head -30
+timeout 150 $BUILD/flashgla_tests --gtest_filter="$TESTS" >"$L/tests.log" 2>&1
+note "tests: rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$L/tests.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$L/tests.log") failed, $(grep -cE '^\[  SKIPPED \]' "$L/tests.log") skipped"
+grep -E '^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$L/tests.log" | sort -u | head -30
+grep -E "Failure|Which is|Expected|actual|flashgla:|error" "$L/tests.log" | grep -v "^\[ errors" | head -30
+
+# The chunked tests again with every pair inside a sub-chunk summed element by element.
+start=$(date +%s)
+FLASHGLA_GLA_BWD_DIAG=elementwise timeout 100 $BUILD/flashgla_tests \
+  --gtest_filter="CudaGlaBackward.Chunked*:CudaGlaBackward.Varlen*:CudaGlaBackward.Strided*:CudaGlaBackward.State*:CudaGlaBackward.LongSequence*" \
+  >"$L/tests_elementwise.log" 2>&1
+note "tests (FLASHGLA_GLA_BWD_DIAG=elementwise): rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$L/tests_elementwise.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$L/tests_elementwise.log") failed"
 
 start=$(date +%s)
 PYTHONPATH=$BUILD/python:/tmp/site PYTHONUNBUFFERED=1 timeout 120 python3 bench/bench_gla_bwd.py --kernels \
-  >"$OUT/bench.log" 2>&1
+  >"$L/bench.log" 2>&1
 note "benchmark: rc=$? in $(($(date +%s) - start)) s"
+start=$(date +%s)
+FLASHGLA_GLA_BWD_DIAG=elementwise PYTHONPATH=$BUILD/python:/tmp/site PYTHONUNBUFFERED=1 timeout 100 \
+  python3 bench/bench_gla_bwd.py --kernels >"$L/bench_elementwise.log" 2>&1
+note "benchmark (FLASHGLA_GLA_BWD_DIAG=elementwise): rc=$? in $(($(date +%s) - start)) s"
+
+if [ -n "${REF_TREE:-}" ]; then
+  start=$(date +%s)
+  cmake -S "$REF_TREE" -B "$REF_TREE/build-ref" -G Ninja -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DFLASHGLA_PYTHON=ON -DFLASHGLA_TESTS=OFF >"$L/build_ref.log" 2>&1 &&
+    cmake --build "$REF_TREE/build-ref" -j16 --target flashgla_python >>"$L/build_ref.log" 2>&1 &&
+    PYTHONPATH=$REF_TREE/build-ref/python:/tmp/site PYTHONUNBUFFERED=1 timeout 100 \
+      python3 bench/bench_gla_bwd.py --kernels >"$L/bench_ref.log" 2>&1
+  note "benchmark of $REF_TREE: rc=$? in $(($(date +%s) - start)) s"
+fi
 
 start=$(date +%s)
 timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
-  --gtest_filter="CudaGlaBackward.Sanitizer*" >"$OUT/memcheck.log" 2>&1
-note "memcheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log")"
+  --gtest_filter="CudaGlaBackward.Sanitizer*" >"$L/memcheck.log" 2>&1
+note "memcheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 'ERROR SUMMARY' "$L/memcheck.log")"
 start=$(date +%s)
 timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
-  --gtest_filter="CudaGlaBackward.SanitizerSmallCases" >"$OUT/racecheck.log" 2>&1
-note "racecheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log")"
+  --gtest_filter="CudaGlaBackward.SanitizerSmallCases" >"$L/racecheck.log" 2>&1
+note "racecheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$L/racecheck.log")"
 
 if [ "${PROFILE:-1}" != 0 ]; then
   # Nsight Compute on the backward kernels of one call (bf16 B8 T4096 H16 K=V=128):
@@ -66,18 +90,20 @@ PY
   timeout 100 ncu --kernel-name regex:"state_scan|chunk_kernel" --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
     --section WarpStateStats --section MemoryWorkloadAnalysis -f -o /tmp/bwd python3 /tmp/gla_bwd_ncu_input.py \
-    >"$OUT/ncu.txt" 2>&1
-  ncu -i /tmp/bwd.ncu-rep --page details >>"$OUT/ncu.txt" 2>&1
+    >"$L/ncu.txt" 2>&1
+  ncu -i /tmp/bwd.ncu-rep --page details >>"$L/ncu.txt" 2>&1
   timeout 120 ncu --kernel-name regex:chunk_kernel --launch-skip 1 --launch-count 1 --set full --import-source yes \
-    -f -o /tmp/chunk python3 /tmp/gla_bwd_ncu_input.py >"$OUT/ncu_chunk.txt" 2>&1
-  ncu -i /tmp/chunk.ncu-rep --page details >>"$OUT/ncu_chunk.txt" 2>&1
-  ncu -i /tmp/chunk.ncu-rep --page source --csv --print-source cuda,sass >"$OUT/ncu_chunk_source.csv" 2>&1 ||
-    ncu -i /tmp/chunk.ncu-rep --page source --csv --print-source sass >"$OUT/ncu_chunk_source.csv" 2>&1
-  gzip -f "$OUT/ncu_chunk_source.csv"
+    -f -o /tmp/chunk python3 /tmp/gla_bwd_ncu_input.py >"$L/ncu_chunk.txt" 2>&1
+  ncu -i /tmp/chunk.ncu-rep --page details >>"$L/ncu_chunk.txt" 2>&1
+  ncu -i /tmp/chunk.ncu-rep --page source --csv --print-source cuda,sass >"$L/ncu_chunk_source.csv" 2>&1 ||
+    ncu -i /tmp/chunk.ncu-rep --page source --csv --print-source sass >"$L/ncu_chunk_source.csv" 2>&1
+  gzip -f "$L/ncu_chunk_source.csv"
   note "profile: $(($(date +%s) - start)) s"
-  grep -E "^  [a-zA-Z_:() ]*(state_scan|chunk_kernel)|Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Thr|Memory Thr|DRAM Thr|Warp Cycles Per Issued|Issue Slots Busy" "$OUT/ncu.txt" | head -30
+  grep -E "^  [a-zA-Z_:() ]*(state_scan|chunk_kernel)|Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Thr|Memory Thr|DRAM Thr|Warp Cycles Per Issued|Issue Slots Busy" "$L/ncu.txt" | head -30
 fi
 
 echo "==== summary"
 printf '%s\n' "${summary[@]}"
-tail -25 "$OUT/bench.log"
+for log in bench_ref bench_elementwise bench; do
+  [ -f "$L/$log.log" ] && { echo "== $log"; grep -E "^\| [0-9]|^- B" "$L/$log.log"; }
+done
