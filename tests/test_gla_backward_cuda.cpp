@@ -97,16 +97,25 @@ void check_against_reference(const Case& c, const Call& call, const Inputs& in) 
 
 void check_against_reference(const Case& c, const Call& call) { check_against_reference(c, call, make_inputs(c)); }
 
-// Sets an environment variable for the lifetime of the guard.
+// Sets an environment variable for the lifetime of the guard, then restores
+// what it was (a value given to the whole test run stays in force).
 class ScopedEnv {
  public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 
  private:
   const char* name_;
+  std::string old_;
+  bool had_ = false;
 };
 
 // A grid that visits every T, head-dim pair and dtype, rotating gate kind,
@@ -147,20 +156,22 @@ TEST(CudaGlaBackward, ChunkedMatchesReference) {
   for (const Case& c : grid(true)) check_against_reference(c, Call{});
 }
 
-// Pairs inside a sub-chunk go through the products when its gates span
-// little, else element by element (gla_bwd_chunk.cu): the second path on
-// every kind of input, forced.
-TEST(CudaGlaBackward, ChunkedElementwiseSubChunksMatchReference) {
+// FLASHGLA_GLA_BWD_DIAG=factored: A's pairs inside a sub-chunk go through
+// the products where its gates span little, else element by element
+// (gla_bwd_chunk.cu). That path on every kind of input.
+TEST(CudaGlaBackward, ChunkedFactoredSubChunksMatchReference) {
   SKIP_WITHOUT_GPU();
-  const ScopedEnv elementwise("FLASHGLA_GLA_BWD_DIAG", "elementwise");
+  const ScopedEnv factored("FLASHGLA_GLA_BWD_DIAG", "factored");
   for (const Case& c : grid(false)) check_against_reference(c, Call{});
 }
 
-// Both paths in one call: sub-chunks 1, 4, 7, ... have gates of about −20 per
-// step in the first 32 key columns (element by element in key tile 0, through
-// the products in key tile 1), the others typical gates.
+// Both paths in one call (FLASHGLA_GLA_BWD_DIAG=factored): sub-chunks 1, 4,
+// 7, ... have gates of about −20 per step in the first 32 key columns (element
+// by element in key tile 0, through the products in key tile 1), the others
+// typical gates.
 TEST(CudaGlaBackward, ChunkedMixedSubChunkPaths) {
   SKIP_WITHOUT_GPU();
+  const ScopedEnv factored("FLASHGLA_GLA_BWD_DIAG", "factored");
   int i = 0;
   for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
     Case c;

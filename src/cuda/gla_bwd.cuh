@@ -60,9 +60,9 @@ struct Params {
   float scale = 1.f;
   bool reverse = false;  // recurrent only
   // Chunked: the widest span (log2 units) of the gate cumsum inside a 16-token
-  // sub-chunk for which its pairs go through the tensor-core products (see
-  // mark_wide_subchunks in gla_bwd_chunk.cu); below 0: never.
-  float diag_factor_limit = 64.f;
+  // sub-chunk for which its pairs go through the tensor-core products for A
+  // (see mark_wide_subchunks in gla_bwd_chunk.cu); below 0: never (default).
+  float diag_factor_limit = -1.f;
 
   // Chunked: chunk slot of chunk c of sequence n (see sequence() in
   // gla_bwd_device.cuh); the scratch states hold one 64x64 tile per

@@ -35,13 +35,13 @@ namespace {
 constexpr int kSubs = kChunk / kSub;  // 4 sub-chunks per chunk
 
 // Operand stages (rows of 64 columns) for the products between sub-chunks and,
-// where the gates allow (a "factored" sub-chunk, see mark_wide_subchunks),
+// for A where the gates allow (a "factored" sub-chunk, see mark_wide_subchunks),
 // inside one:
 // for dq and A, sub-chunk I takes keys of rows j < 16 (I + 1), k_j exp(Γ_{16I} − Γ_j):
-// I's rows start at key_stage_row(I);
+// I's rows start at key_stage_row(I) (dq takes the rows j < 16 I);
 __host__ __device__ constexpr int key_stage_row(int I) { return kSub * I * (I + 1) / 2; }
-// for dk, sub-chunk J takes queries of rows i >= 16 J, q_i exp(Γ_i − Γ_{16J+15}):
-// J's rows start at query_stage_row(J).
+// for dk, sub-chunk J takes queries of rows i >= 16 (J + 1), q_i exp(Γ_i − Γ_{16J+15}):
+// J's rows start at query_stage_row(J) + 16 (its first 16 rows, i in sub-chunk J, are unused).
 __host__ __device__ constexpr int query_stage_row(int J) { return kSub * J * (2 * kSubs + 1 - J) / 2; }
 constexpr int kStageRows = key_stage_row(kSubs);  // 160
 static_assert(query_stage_row(kSubs) == kStageRows, "both stages hold every pair");
@@ -60,13 +60,17 @@ __device__ __forceinline__ int query_stage_query(int row) {
   return kSub * J + row - query_stage_row(J);
 }
 
-// Pairs inside a sub-chunk go through the products as well when its 16 rows
-// of Γ span at most p.diag_factor_limit (log2 units) in every key column of
-// the tile: the operands are then scaled against a row of the sub-chunk by
-// factors within 2^±limit, which bf16 and fp32 hold. Else (gates of −20 per
-// step, say) those pairs are summed element by element, each with its own
-// exponent. Threads 64 s.. cover sub-chunk s; each warp writes whether any of
-// its columns is too wide into flags[warp] (read after a barrier).
+// For A (phase A), pairs inside a sub-chunk may go through the products as
+// well when its 16 rows of Γ span at most p.diag_factor_limit (log2 units) in
+// every key column of the tile: the operands are then scaled against a row of
+// the sub-chunk by factors within 2^±limit, which bf16 and fp32 hold. Else
+// (gates of −20 per step, say) those pairs are summed element by element, each
+// with its own exponent. Off by default (limit < 0): measured 11% faster with
+// the same for dq and dk (run 3, notes_gla_bwd.md), where rounding the
+// near-diagonal operands to bf16 raised dg's error 3-4x, past 1e-2; this form
+// (A only) has not yet run on a GPU. Threads 64 s.. cover sub-chunk s; each
+// warp writes whether any of its columns is too wide into flags[warp] (read
+// after a barrier).
 template <class GT>
 __device__ __forceinline__ void mark_wide_subchunks(const GT* sG, int* flags, float limit) {
   static_assert(kChunkThreads == kSubs * kTile, "one thread per (sub-chunk, column)");
@@ -351,13 +355,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
 
     // Between sub-chunks, on the products (accumulators kept until the epilogue):
     //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J).
-    // Factored sub-chunks take their own pairs j < i here too (dA's diagonal
-    // blocks are stored strictly lower), so the element-wise step skips them.
-    mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
     float acc_qa[4][4], acc_ka[4][4];
     zero(acc_qa);
     zero(acc_ka);
-    bool factored;
     {
       // Both stages at once where R holds them (bf16), else one after the other.
       T* sKStage = R;
@@ -373,9 +373,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       };
       if constexpr (Smem::kBothStages) stage_queries();
       __syncthreads();
-      factored = !(sWide[2 * s] | sWide[2 * s + 1]);
-      const int keys = kSub * s + (factored ? kSub : 0);   // dq: keys j < keys
-      const int first = kSub * s + (factored ? 0 : kSub);  // dk: queries i >= first
+      const int keys = kSub * s;         // dq: keys j < keys
+      const int first = kSub * (s + 1);  // dk: queries i >= first
       if (keys > 0)
         warp_gemm<4, false, false>(acc_qa, sdA + kSub * s * LD, LD, sKStage + key_stage_row(s) * LD + 32 * hc, LD,
                                    keys);
@@ -453,16 +452,14 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         g_reg[i] = sG[(kSub * s + i) * LDF + col];
         dq_d[i] = dk_d[i] = 0.f;
       }
-      if (!factored) {
 #pragma unroll
-        for (int i = 1; i < kSub; ++i)
+      for (int i = 1; i < kSub; ++i)
 #pragma unroll
-          for (int j = 0; j < i; ++j) {
-            const float w = sdAd[(kSub * s + i) * LDD + j] * exp2_of(g_reg[i] - g_reg[j]);
-            dq_d[i] += w * k_reg[j];
-            dk_d[j] += w * q_reg[i];
-          }
-      }
+        for (int j = 0; j < i; ++j) {
+          const float w = sdAd[(kSub * s + i) * LDD + j] * exp2_of(g_reg[i] - g_reg[j]);
+          dq_d[i] += w * k_reg[j];
+          dk_d[j] += w * q_reg[i];
+        }
       // dq and dk replace dq' and dk^{(A)'} in shared memory (this thread's
       // elements) and are stored below, whole rows at a time.
       // a_i = q_i ⊙ dq'_i − k_i ⊙ dk^{(A)'}_i goes to dq_d[i], b_i = k_i ⊙ dk^{(S)}_i to dk_d[i].
