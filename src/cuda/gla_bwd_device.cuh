@@ -136,12 +136,12 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 // s[r][c] = f(r, c, x[b, t0 + r, h, c0 + c]) for r < rows, c0 + c < D; zero
 // (f must keep zero at zero) elsewhere. 16-byte loads where the layout allows:
-// fp32 tiles from f32 inputs, bf16 tiles from bf16 or fp16 inputs. Not inlined:
-// the kernels' fast paths copy tiles with cp.async, and this general loader,
-// inlined at every call site, made up about a third of the chunk kernel's code
-// (instruction-cache misses).
+// fp32 tiles from f32 inputs, bf16 tiles from bf16 or fp16 inputs. Inlined
+// (a call gave the chunk kernel a 952-byte stack frame and spills that miss L1),
+// with the element-wise fallback loop not unrolled: unrolled at every call
+// site it made up a third of the chunk kernel's code (instruction-cache misses).
 template <class T, class In, int kThreads, class F>
-__device__ __noinline__ void load_tile_typed(T* s, const In* src, int64_t row_stride, int64_t col_stride, int rows,
+__device__ __forceinline__ void load_tile_typed(T* s, const In* src, int64_t row_stride, int64_t col_stride, int rows,
                                                 int cols, F f) {
   static_assert(sizeof(T) == sizeof(In), "fp32 <- f32, bf16 <- bf16 / fp16");
   constexpr int kVec = 16 / sizeof(In);
@@ -272,9 +272,9 @@ __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
   return uint32_t(__half_as_ushort(__float2half_rn(lo))) | (uint32_t(__half_as_ushort(__float2half_rn(hi))) << 16);
 }
 
-// store_tile one element at a time (any dtype and strides), out of line.
+// store_tile one element at a time (any dtype and strides).
 template <int kThreads>
-__device__ __noinline__ void store_tile_elements(const Tensor& x, int64_t base, int rows, int cols, const float* s) {
+__device__ __forceinline__ void store_tile_elements(const Tensor& x, int64_t base, int rows, int cols, const float* s) {
 #pragma unroll 1
   for (int idx = threadIdx.x; idx < kTileElems; idx += kThreads) {
     const int r = idx / kTile, c = idx % kTile;
