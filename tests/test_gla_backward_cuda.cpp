@@ -189,6 +189,18 @@ TEST(CudaGlaBackward, ChunkedMixedSubChunkPaths) {
   }
 }
 
+// FLASHGLA_GLA_BWD_SCAN_SPLIT=N: the state scans split every sequence into
+// pieces of N chunks, folded afterwards (gla_bwd_states.cu); by default only
+// when few (sequence, head, tile) blocks would run, e.g. T = 1000 here.
+TEST(CudaGlaBackward, ChunkedSplitScansMatchReference) {
+  SKIP_WITHOUT_GPU();
+  for (const char* chunks_per_split : {"1", "3"}) {
+    const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
+    SCOPED_TRACE(std::string("chunks per split ") + chunks_per_split);
+    for (const Case& c : grid(false)) check_against_reference(c, Call{});
+  }
+}
+
 TEST(CudaGlaBackward, ChunkedLargeHeadDims) {
   SKIP_WITHOUT_GPU();
   int i = 0;
@@ -440,6 +452,10 @@ TEST(CudaGlaBackward, SanitizerSmallCases) {
       call.algorithm = algorithm;
       check_against_reference(c, call);
       check_against_reference(varlen_case(dtype, Gate::scalar, 8100 + i), call);
+      if (algorithm == kChunked) {  // the state scans split into pieces of one chunk
+        const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "1");
+        check_against_reference(c, call);
+      }
     }
 }
 
