@@ -15,11 +15,14 @@ inputs (bf16, g = logsigmoid(randn)), as the median of triton's do_bench:
     allocated before it (inputs and do), for ours and SDPA.
 --kernels adds the time of each CUDA kernel of our backward (torch.profiler,
 one call after warm-up), so that the state scans and the chunk kernel show
-separately.
+separately. --split-compare also times our bwd with the state scans' sequence
+split turned off (FLASHGLA_GLA_BWD_SCAN_SPLIT=0), in the same process.
+MODEL shapes are those of the 340M GLA model (issue 7: H=4, K=128, V=256).
 """
 
 import argparse
 import datetime
+import os
 import re
 
 import torch
@@ -33,6 +36,10 @@ ANCHORS = [  # B, T, H, K, V, target: a ratio to SDPA's fwd+bwd, or absolute ms
     (8, 2048, 16, 64, 64, ("ratio", 0.7)),
     (2, 16384, 16, 128, 128, ("ms", 3.0)),
     (4, 4096, 4, 256, 512, ("ms", 1.3)),
+]
+MODEL = [  # the 340M GLA model's attention layers (no target of their own)
+    (8, 2048, 4, 128, 256, (None, None)),
+    (2, 8192, 4, 128, 256, (None, None)),
 ]
 
 
@@ -118,6 +125,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="also append the table to this markdown file")
     parser.add_argument("--kernels", action="store_true", help="per-kernel times of the backward")
+    parser.add_argument("--split-compare", action="store_true", help="also time bwd with the scans unsplit")
     args = parser.parse_args()
     torch.manual_seed(0)
     card = torch.cuda.get_device_name()
@@ -127,16 +135,28 @@ def main():
              "| B T H K V | ours fwd ms | ours bwd ms | ours fwd+bwd ms | SDPA fwd+bwd ms | ratio | target | "
              "met | peak MB ours / SDPA |",
              "|---|---|---|---|---|---|---|---|---|"]
-    kernels = []
-    for B, T, H, K, V, (kind, goal) in ANCHORS:
+    kernels, unsplit = [], []
+    for B, T, H, K, V, (kind, goal) in ANCHORS + MODEL:
         fwd_ms, bwd_ms, both_ms, peak, (inputs, do) = time_ours(B, T, H, K, V)
+        shape = f"B{B} T{T} H{H} K{K} V{V}"
         if args.kernels:
-            kernels.append((f"B{B} T{T} H{H} K{K} V{V}", kernel_times(inputs, do)))
+            kernels.append((shape, kernel_times(inputs, do)))
+        if args.split_compare:
+            os.environ["FLASHGLA_GLA_BWD_SCAN_SPLIT"] = "0"
+            o = flashgla.chunk_gla(*inputs)[0]
+            off_ms = median_ms(lambda: torch.autograd.grad(o, inputs, do, retain_graph=True))
+            off_kernels = kernel_times(inputs, do) if args.kernels else {}
+            del o, os.environ["FLASHGLA_GLA_BWD_SCAN_SPLIT"]
+            unsplit.append(f"- {shape}: bwd {bwd_ms:.3f} ms (default), {off_ms:.3f} ms (scans unsplit)"
+                           + "".join(f", {n} {t:.3f}" for n, t in off_kernels.items()))
         del inputs, do
         sdpa, sdpa_peak = time_sdpa(B, T, H, K) if K == V else (None, None)
         if kind == "ratio":
             ratio = both_ms / sdpa
             target, met = f"<= {goal}x SDPA", ratio <= goal
+        elif kind is None:
+            ratio = both_ms / sdpa if sdpa else None
+            target, met = "-", None
         else:
             ratio = both_ms / sdpa if sdpa else None
             target, met = f"<= {goal} ms", both_ms <= goal
@@ -144,13 +164,15 @@ def main():
         ratio_text = "-" if ratio is None else f"{ratio:.2f}"
         peak_text = f"{peak:.0f} / " + ("-" if sdpa_peak is None else f"{sdpa_peak:.0f}")
         lines.append(f"| {B} {T} {H} {K} {V} | {fwd_ms:.3f} | {bwd_ms:.3f} | {both_ms:.3f} | {sdpa_text} | "
-                     f"{ratio_text} | {target} | {'yes' if met else 'no'} | {peak_text} |")
+                     f"{ratio_text} | {target} | {'-' if met is None else 'yes' if met else 'no'} | {peak_text} |")
         torch.cuda.empty_cache()
 
     if kernels:
         lines += ["", "Backward kernels (torch.profiler, one call, ms):", ""]
         for shape, times in kernels:
             lines.append(f"- {shape}: " + ", ".join(f"{n} {t:.3f}" for n, t in times.items()))
+    if unsplit:
+        lines += ["", "State scans' sequence split on (default) and off:", ""] + unsplit
     text = "\n".join(lines)
     print(text)
     if args.out:
