@@ -34,30 +34,36 @@ namespace {
 
 constexpr int kSubs = kChunk / kSub;  // 4 sub-chunks per chunk
 
-// Operand stages (rows of 64 columns) for the products between sub-chunks and,
-// for A where the gates allow (a "factored" sub-chunk, see mark_wide_subchunks),
-// inside one:
-// for dq and A, sub-chunk I takes keys of rows j < 16 (I + 1), k_j exp(Γ_{16I} − Γ_j):
-// I's rows start at key_stage_row(I) (dq takes the rows j < 16 I);
+// Phase A's key stage (rows of 64 columns) for A, between sub-chunks and, where
+// the gates allow (a "factored" sub-chunk, see mark_wide_subchunks), inside
+// one: sub-chunk I takes keys of rows j < 16 (I + 1), k_j exp(Γ_{16I} − Γ_j),
+// from key_stage_row(I).
 __host__ __device__ constexpr int key_stage_row(int I) { return kSub * I * (I + 1) / 2; }
-// for dk, sub-chunk J takes queries of rows i >= 16 (J + 1), q_i exp(Γ_i − Γ_{16J+15}):
-// J's rows start at query_stage_row(J) + 16 (its first 16 rows, i in sub-chunk J, are unused).
-__host__ __device__ constexpr int query_stage_row(int J) { return kSub * J * (2 * kSubs + 1 - J) / 2; }
 constexpr int kStageRows = key_stage_row(kSubs);  // 160
-static_assert(query_stage_row(kSubs) == kStageRows, "both stages hold every pair");
-
-// Key stage row -> its sub-chunk I and key row j; query stage row -> its
-// sub-chunk J and query row i.
+// Key stage row -> its sub-chunk I and key row j.
 __device__ __forceinline__ int key_stage_sub(int row) {
   return row < key_stage_row(1) ? 0 : (row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3));
 }
 __device__ __forceinline__ int key_stage_key(int row) { return row - key_stage_row(key_stage_sub(row)); }
-__device__ __forceinline__ int query_stage_sub(int row) {
-  return row < query_stage_row(1) ? 0 : (row < query_stage_row(2) ? 1 : (row < query_stage_row(3) ? 2 : 3));
+
+// Phase C's stages hold only the rows its products read (dq and dk take no
+// pairs inside a sub-chunk): sub-chunk I's keys j < 16 I, k_j exp(Γ_{16I} − Γ_j),
+// from between_key_row(I); sub-chunk J's queries i >= 16 (J + 1),
+// q_i exp(Γ_i − Γ_{16J+15}), from between_query_row(J); 96 rows each.
+__host__ __device__ constexpr int between_key_row(int I) { return kSub * I * (I - 1) / 2; }
+__host__ __device__ constexpr int between_query_row(int J) { return kSub * J * (2 * kSubs - 1 - J) / 2; }
+constexpr int kBetweenRows = between_key_row(kSubs);  // 96
+static_assert(between_query_row(kSubs - 1) == kBetweenRows, "both stages hold every pair between sub-chunks");
+__device__ __forceinline__ int between_key_sub(int row) {
+  return row < between_key_row(2) ? 1 : (row < between_key_row(3) ? 2 : 3);
 }
-__device__ __forceinline__ int query_stage_query(int row) {
-  const int J = query_stage_sub(row);
-  return kSub * J + row - query_stage_row(J);
+__device__ __forceinline__ int between_query_sub(int row) {
+  return row < between_query_row(1) ? 0 : (row < between_query_row(2) ? 1 : 2);
+}
+__device__ __forceinline__ int between_key_key(int row) { return row - between_key_row(between_key_sub(row)); }
+__device__ __forceinline__ int between_query_query(int row) {
+  const int J = between_query_sub(row);
+  return kSub * (J + 1) + row - between_query_row(J);
 }
 
 // For A (phase A), pairs inside a sub-chunk may go through the products as
@@ -92,7 +98,7 @@ __device__ __forceinline__ void mark_wide_subchunks(const GT* sG, int* flags, fl
 //            then the factored part of A's diagonal blocks in fp32;
 //            A goes to the q tile's buffer and stays there through phase B;
 //   phase B: kValueGroup dO tiles, k̂, kValueGroup dS tiles; then dv in fp32;
-//   phase C: key and query stages (rows 0-319; fp32: one after the other in 0-159);
+//   phase C: key and query stages (rows 0-191);
 //            then dO, V, S, dS tiles (rows 0-255);
 //            then dq', dk^{(S)}, dk^{(A)'} in fp32 (three 64 x kLdF arrays).
 template <class T, class GT>
@@ -110,8 +116,7 @@ struct ChunkSmem {
   static constexpr int kValueGroup = sizeof(T) == 2 ? 2 : 1;
   static constexpr size_t r_tiles = 2 * kValueGroup + 1 > 4 ? 2 * kValueGroup + 1 : 4;
   static constexpr size_t r_bytes = r_tiles * tile > 3 * tile_f ? r_tiles * tile : 3 * tile_f;
-  // Phase C stages keys and queries together where R holds both (bf16).
-  static constexpr bool kBothStages = size_t(2 * kStageRows) * kLd<T> * sizeof(T) <= r_bytes;
+  static_assert(size_t(2 * kBetweenRows) * kLd<T> * sizeof(T) <= r_bytes, "phase C: both stages in R");
   static_assert(size_t(kStageRows + kChunk) * kLd<T> * sizeof(T) <= r_bytes, "phase A: key stage and q̂ in R");
   static_assert(kValueGroup * tile_f <= r_bytes, "phase B stages dv (fp32) in R");
   static constexpr size_t totals = r + r_bytes;                // dg: per sub-chunk sums, 2 x [4][64]
@@ -359,34 +364,24 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     zero(acc_qa);
     zero(acc_ka);
     {
-      // Both stages at once where R holds them (bf16), else one after the other.
       T* sKStage = R;
-      T* sQStage = Smem::kBothStages ? R + kStageRows * LD : R;
-      map_rows<T, kChunkThreads>(sKStage, sK, kStageRows, key_stage_key, [&](int row, int c, float x) {
-        return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + c] - sG[key_stage_key(row) * LDF + c]);
+      T* sQStage = R + kBetweenRows * LD;
+      map_rows<T, kChunkThreads>(sKStage, sK, kBetweenRows, between_key_key, [&](int row, int c, float x) {
+        return x * exp2_of(sG[kSub * between_key_sub(row) * LDF + c] - sG[between_key_key(row) * LDF + c]);
       });
-      auto stage_queries = [&] {
-        map_rows<T, kChunkThreads>(sQStage, sQ, kStageRows, query_stage_query, [&](int row, int c, float x) {
-          const int i = query_stage_query(row), ref = kSub * query_stage_sub(row) + kSub - 1;
-          return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
-        });
-      };
-      if constexpr (Smem::kBothStages) stage_queries();
+      map_rows<T, kChunkThreads>(sQStage, sQ, kBetweenRows, between_query_query, [&](int row, int c, float x) {
+        const int i = between_query_query(row), ref = kSub * between_query_sub(row) + kSub - 1;
+        return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
+      });
       __syncthreads();
       const int keys = kSub * s;         // dq: keys j < keys
       const int first = kSub * (s + 1);  // dk: queries i >= first
       if (keys > 0)
-        warp_gemm<4, false, false>(acc_qa, sdA + kSub * s * LD, LD, sKStage + key_stage_row(s) * LD + 32 * hc, LD,
+        warp_gemm<4, false, false>(acc_qa, sdA + kSub * s * LD, LD, sKStage + between_key_row(s) * LD + 32 * hc, LD,
                                    keys);
-      if constexpr (!Smem::kBothStages) {
-        __syncthreads();
-        stage_queries();
-        __syncthreads();
-      }
       if (first < kChunk)
         warp_gemm<4, true, false>(acc_ka, sdA + first * LD + kSub * s, LD,
-                                  sQStage + (query_stage_row(s) + first - kSub * s) * LD + 32 * hc, LD,
-                                  kChunk - first);
+                                  sQStage + between_query_row(s) * LD + 32 * hc, LD, kChunk - first);
     }
 
     // Through the states: dq ∝ dO S^T, dk^{(S)} ∝ V dS^T, and rowsum(S ⊙ dS).
