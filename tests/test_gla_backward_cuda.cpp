@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -80,11 +81,10 @@ void expect_grads_close(const Grads& out, const Grads& ref, double tol) {
   expect_close("dh0", out.dh0, ref.dh0, tol);
 }
 
-void check_against_reference(const Case& c, const Call& call) {
+void check_against_reference(const Case& c, const Call& call, const Inputs& in) {
   const std::string name =
       describe(c) + (call.algorithm == kChunked ? " chunked" : " recurrent") + (call.reverse ? " reverse" : "");
   SCOPED_TRACE(name);
-  const Inputs in = make_inputs(c);
   const Grads ref = reference(c, in, call.reverse);
   const Grads out = backward(c, to_device(c, in, gpu()), call);
   expect_grads_close(out, ref, tolerance(c.dtype));
@@ -94,6 +94,29 @@ void check_against_reference(const Case& c, const Call& call) {
   std::printf("[ errors   ] %-90s dq %.2e dk %.2e dv %.2e dg %.2e dh0 %.2e\n", name.c_str(), error(out.dq, ref.dq),
               error(out.dk, ref.dk), error(out.dv, ref.dv), error(out.dg, ref.dg), error(out.dh0, ref.dh0));
 }
+
+void check_against_reference(const Case& c, const Call& call) { check_against_reference(c, call, make_inputs(c)); }
+
+// Sets an environment variable for the lifetime of the guard, then restores
+// what it was (a value given to the whole test run stays in force).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
 
 // A grid that visits every T, head-dim pair and dtype, rotating gate kind,
 // gate range, gate / dg dtypes, h0 / dht and strides through the cases.
@@ -131,6 +154,51 @@ std::vector<Case> grid(bool large) {
 TEST(CudaGlaBackward, ChunkedMatchesReference) {
   SKIP_WITHOUT_GPU();
   for (const Case& c : grid(true)) check_against_reference(c, Call{});
+}
+
+// FLASHGLA_GLA_BWD_DIAG=factored: A's pairs inside a sub-chunk go through
+// the products where its gates span little, else element by element
+// (gla_bwd_chunk.cu). That path on every kind of input.
+TEST(CudaGlaBackward, ChunkedFactoredSubChunksMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const ScopedEnv factored("FLASHGLA_GLA_BWD_DIAG", "factored");
+  for (const Case& c : grid(false)) check_against_reference(c, Call{});
+}
+
+// Both paths in one call (FLASHGLA_GLA_BWD_DIAG=factored): sub-chunks 1, 4,
+// 7, ... have gates of about −20 per step in the first 32 key columns (element
+// by element in key tile 0, through the products in key tile 1), the others
+// typical gates.
+TEST(CudaGlaBackward, ChunkedMixedSubChunkPaths) {
+  SKIP_WITHOUT_GPU();
+  const ScopedEnv factored("FLASHGLA_GLA_BWD_DIAG", "factored");
+  int i = 0;
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    Case c;
+    c.B = 2, c.T = 200, c.H = 2, c.K = 128, c.V = 64, c.dtype = dtype, c.gate_dtype = DType::f32;
+    c.seed = 2200 + i++;
+    Inputs in = make_inputs(c);
+    std::vector<double> g = in.g.values();
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int64_t h = 0; h < c.H; ++h)
+          for (int64_t k = 0; k < 32; ++k)
+            if (t / 16 % 3 == 1) g[size_t(((b * c.T + t) * c.H + h) * c.K + k)] = -20.0;
+    in.g.set_values(g);
+    check_against_reference(c, Call{}, in);
+  }
+}
+
+// FLASHGLA_GLA_BWD_SCAN_SPLIT=N: the state scans split every sequence into
+// pieces of N chunks, folded afterwards (gla_bwd_states.cu); by default only
+// when few (sequence, head, tile) blocks would run, e.g. T = 1000 here.
+TEST(CudaGlaBackward, ChunkedSplitScansMatchReference) {
+  SKIP_WITHOUT_GPU();
+  for (const char* chunks_per_split : {"1", "3"}) {
+    const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
+    SCOPED_TRACE(std::string("chunks per split ") + chunks_per_split);
+    for (const Case& c : grid(false)) check_against_reference(c, Call{});
+  }
 }
 
 TEST(CudaGlaBackward, ChunkedLargeHeadDims) {
@@ -384,6 +452,10 @@ TEST(CudaGlaBackward, SanitizerSmallCases) {
       call.algorithm = algorithm;
       check_against_reference(c, call);
       check_against_reference(varlen_case(dtype, Gate::scalar, 8100 + i), call);
+      if (algorithm == kChunked) {  // the state scans split into pieces of one chunk
+        const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "1");
+        check_against_reference(c, call);
+      }
     }
 }
 

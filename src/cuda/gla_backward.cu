@@ -1,6 +1,10 @@
 // CUDA GLA backward: checks what this backend supports, plans the scratch and
 // launches the kernels of gla_bwd_states.cu + gla_bwd_chunk.cu (chunked) or
 // gla_bwd_recurrent.cu (recurrent). See gla_bwd.cuh for the algorithm.
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
 #include "core/backend.h"
 #include "cuda/common.cuh"
 #include "cuda/gla_bwd.cuh"
@@ -31,12 +35,45 @@ int64_t num_slots(const GlaProblem& pr) {
   return pr.varlen ? pr.seq_len / C + pr.num_seqs + 1 : pr.batch * ((pr.seq_len + C - 1) / C);
 }
 
+// Sequence split of the state scans (gla_bwd_states.cu): chunks per piece, 0
+// for none. Fixed-length inputs are split when the blocks of both scans fill
+// at most half of the GPU's resident slots, into as many pieces as fit in one
+// wave, of at least kMinChunksPerSplit chunks (each piece costs a fold step).
+// FLASHGLA_GLA_BWD_SCAN_SPLIT=0 turns the split off; =N forces pieces of N chunks.
+constexpr int64_t kMinChunksPerSplit = 8;
+
+int64_t scan_chunks_per_split(const GlaBackwardArgs& a, const GlaProblem& pr) {
+  if (a.algorithm != GlaAlgorithm::chunked || pr.varlen || pr.num_seqs * pr.heads == 0) return 0;
+  const int64_t chunks = (pr.seq_len + gla_bwd::kChunk - 1) / gla_bwd::kChunk;
+  const int64_t tiles = ((pr.key_dim + gla_bwd::kTile - 1) / gla_bwd::kTile) *
+                        ((pr.value_dim + gla_bwd::kTile - 1) / gla_bwd::kTile);
+  int64_t per_split = 0;
+  const char* forced = std::getenv("FLASHGLA_GLA_BWD_SCAN_SPLIT");
+  if (forced && *forced) {
+    per_split = std::atoll(forced);
+  } else {
+    int sms = 0;
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device.index),
+               "cudaDeviceGetAttribute");
+    const int64_t resident = int64_t(sms) * gla_bwd::state_scan_blocks_per_sm(compute_type(a));
+    const int64_t blocks = 2 * pr.num_seqs * pr.heads * tiles;
+    const int64_t splits = std::min(resident / blocks, chunks / kMinChunksPerSplit);
+    if (splits >= 2) per_split = (chunks + splits - 1) / splits;
+  }
+  if (per_split <= 0 || per_split >= chunks) return 0;
+  const int64_t max_splits = 65535 / tiles;  // pieces x tiles is the scan's grid.y
+  if ((chunks + per_split - 1) / per_split > max_splits) per_split = (chunks + max_splits - 1) / max_splits;
+  return per_split;
+}
+
 // Scratch sizes, in the order they are laid out.
 struct Plan {
   size_t states = 0, dstates = 0;                  // chunked
+  int64_t chunks_per_split = 0, scan_splits = 1;   // chunked, sequence split of the scans
+  size_t split_summaries = 0, chunk_decays = 0;
   size_t dq_acc = 0, dk_acc = 0, dg_suffix_terms = 0, dg_prefix_terms = 0, dg_final = 0;  // recurrent
   size_t total() const {
-    return aligned(states) + aligned(dstates) + aligned(dq_acc) + aligned(dk_acc) + aligned(dg_suffix_terms) +
+    return aligned(states) + aligned(dstates) + aligned(split_summaries) + aligned(chunk_decays) + aligned(dq_acc) + aligned(dk_acc) + aligned(dg_suffix_terms) +
            aligned(dg_prefix_terms) + aligned(dg_final);
   }
 };
@@ -48,6 +85,15 @@ Plan plan(const GlaBackwardArgs& a, const GlaProblem& pr) {
                           ((pr.value_dim + gla_bwd::kTile - 1) / gla_bwd::kTile);
     const size_t elem = compute_type(a) == Compute::f32 ? 4 : 2;
     plan.states = plan.dstates = size_t(num_slots(pr) * pr.heads * tiles) * gla_bwd::kTileElems * elem;
+    plan.chunks_per_split = scan_chunks_per_split(a, pr);
+    if (plan.chunks_per_split > 0) {
+      const int64_t chunks = (pr.seq_len + gla_bwd::kChunk - 1) / gla_bwd::kChunk;
+      const int64_t key_tiles = (pr.key_dim + gla_bwd::kTile - 1) / gla_bwd::kTile;
+      plan.scan_splits = (chunks + plan.chunks_per_split - 1) / plan.chunks_per_split;
+      plan.split_summaries =
+          size_t(2 * pr.num_seqs * pr.heads * plan.scan_splits * tiles) * gla_bwd::kSummaryFloats * sizeof(float);
+      plan.chunk_decays = size_t(2 * num_slots(pr) * pr.heads * key_tiles * gla_bwd::kTile) * sizeof(float);
+    }
   } else {
     plan.dq_acc = plan.dk_acc = plan.dg_suffix_terms = plan.dg_prefix_terms =
         size_t(pr.batch * pr.seq_len * pr.heads * pr.key_dim) * sizeof(float);
@@ -106,6 +152,11 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.scale = float(pr.scale);
   p.reverse = a.reverse;
   p.chunks_per_seq = (pr.seq_len + gla_bwd::kChunk - 1) / gla_bwd::kChunk;
+  // FLASHGLA_GLA_BWD_DIAG=factored: A's pairs inside a sub-chunk through the
+  // products where the gates allow (not yet run on a GPU in this form; see
+  // mark_wide_subchunks in gla_bwd_chunk.cu). Default: element by element.
+  const char* diag_mode = std::getenv("FLASHGLA_GLA_BWD_DIAG");
+  if (diag_mode && std::string(diag_mode) == "factored") p.diag_factor_limit = 64.f;
   p.num_slots = num_slots(pr);
 
   const Plan sizes = plan(a, pr);
@@ -128,6 +179,10 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
                        std::string(dtype_name(a.q.dtype)));
     p.states = take(sizes.states);
     p.dstates = take(sizes.dstates);
+    p.scan_splits = sizes.scan_splits;
+    p.chunks_per_split = sizes.chunks_per_split;
+    p.split_summaries = reinterpret_cast<float*>(take(sizes.split_summaries));
+    p.chunk_decays = reinterpret_cast<float*>(take(sizes.chunk_decays));
     gla_bwd::launch_state_scan(p, c, stream);  // also writes dh0
     if (p.num_slots > 0 && pr.seq_len > 0) gla_bwd::launch_chunk(p, c, stream);
   } else {

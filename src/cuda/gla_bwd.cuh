@@ -8,6 +8,11 @@
 //      chunk, and the backward state dS (gradient of the state after each
 //      chunk, seeded by dht). Both are written to scratch, O(T/C K V) per head.
 //      The backward scan also yields dh0 (dS before the first chunk).
+//      When (sequences x heads x tiles) cannot fill the GPU, each sequence is
+//      split into pieces of `chunks_per_split` chunks scanned at once from a
+//      zero state (the true start state for the first piece in scan order);
+//      a fold kernel then adds each piece's missing start state, decayed, to
+//      its stored states (and writes dh0). Fixed-length inputs only.
 //   2. gla_bwd_chunk.cu: one block per (chunk, head) computes dA, the
 //      intra-chunk A (recomputed), dv, dq, dk and dg of that chunk.
 // Recurrent backward: one pass forward (states, dq), one pass backward (dS,
@@ -28,7 +33,7 @@ inline constexpr int kSub = 16;    // tokens per secondary sub-chunk
 inline constexpr int kTile = 64;   // key / value columns per tile
 inline constexpr int kTileElems = kTile * kTile;
 
-inline constexpr int kStateThreads = 128;  // gla_bwd_states.cu: 4 warps, 16 state rows each
+inline constexpr int kStateThreads = 256;  // gla_bwd_states.cu: 8 warps, 16 state rows x 32 columns each
 inline constexpr int kChunkThreads = 256;  // gla_bwd_chunk.cu: 8 warps, two per sub-chunk
 inline constexpr int kRecurrentCols = 32;  // gla_bwd_recurrent.cu: state columns per block
 inline constexpr int kRecurrentBatch = 8;  // tokens staged in shared memory at a time
@@ -59,6 +64,10 @@ struct Params {
   int key_tiles = 0, value_tiles = 0;  // ceil(K / 64), ceil(V / 64)
   float scale = 1.f;
   bool reverse = false;  // recurrent only
+  // Chunked: the widest span (log2 units) of the gate cumsum inside a 16-token
+  // sub-chunk for which its pairs go through the tensor-core products for A
+  // (see mark_wide_subchunks in gla_bwd_chunk.cu); below 0: never (default).
+  float diag_factor_limit = -1.f;
 
   // Chunked: chunk slot of chunk c of sequence n (see sequence() in
   // gla_bwd_device.cuh); the scratch states hold one 64x64 tile per
@@ -67,6 +76,11 @@ struct Params {
   int64_t num_slots = 0;
   void* states = nullptr;   // S before each chunk
   void* dstates = nullptr;  // dS after each chunk
+  // Sequence split of the state scans (gla_bwd_states.cu): 1 split = none.
+  int64_t scan_splits = 1;
+  int64_t chunks_per_split = 0;     // chunks of each piece (the last may have fewer)
+  float* split_summaries = nullptr; // [scan][N][H][split][tile]: a piece's last state (64x64) and its total decay (64)
+  float* chunk_decays = nullptr;    // [scan][slot][H][64 key_tiles]: decay (log2) from the piece's start to each stored state
 
   // Recurrent: fp32 accumulators [B*T, H, K] (zeroed) and one [N, H, K] term;
   // see gla_bwd_recurrent.cu for the three parts of dg.
@@ -82,6 +96,8 @@ struct Params {
 enum class Compute { f32, bf16 };
 
 size_t state_scan_smem_bytes(Compute c);
+int state_scan_blocks_per_sm(Compute c);  // resident state-scan blocks per SM (launch bounds)
+inline constexpr int kSummaryFloats = kTileElems + kTile;  // one piece's summary: state tile and decay
 size_t chunk_smem_bytes(Compute c);
 void launch_state_scan(const Params& p, Compute c, cudaStream_t stream);
 void launch_chunk(const Params& p, Compute c, cudaStream_t stream);

@@ -34,39 +34,96 @@ namespace {
 
 constexpr int kSubs = kChunk / kSub;  // 4 sub-chunks per chunk
 
-// Operand stages (rows of 64 columns) for the products between sub-chunks.
-// For dq and A, sub-chunk I >= 1 takes keys of all earlier rows j < 16 I,
-// k_j exp(Γ_{16I} − Γ_j): I's rows start at key_stage_row(I).
-__host__ __device__ constexpr int key_stage_row(int I) { return kSub * I * (I - 1) / 2; }
-// For dk, sub-chunk J <= 2 takes queries of all later rows i >= 16 (J + 1),
-// q_i exp(Γ_i − Γ_{16J+15}): J's rows start at query_stage_row(J).
-__host__ __device__ constexpr int query_stage_row(int J) { return kSub * J * (2 * kSubs - 1 - J) / 2; }
-constexpr int kStageRows = key_stage_row(kSubs);  // 96
-static_assert(query_stage_row(kSubs - 1) == kStageRows, "both stages hold every earlier/later pair");
+// Phase A's key stage (rows of 64 columns) for A, between sub-chunks and, where
+// the gates allow (a "factored" sub-chunk, see mark_wide_subchunks), inside
+// one: sub-chunk I takes keys of rows j < 16 (I + 1), k_j exp(Γ_{16I} − Γ_j),
+// from key_stage_row(I).
+__host__ __device__ constexpr int key_stage_row(int I) { return kSub * I * (I + 1) / 2; }
+constexpr int kStageRows = key_stage_row(kSubs);  // 160
+// Key stage row -> its sub-chunk I and key row j.
+__device__ __forceinline__ int key_stage_sub(int row) {
+  return row < key_stage_row(1) ? 0 : (row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3));
+}
+__device__ __forceinline__ int key_stage_key(int row) { return row - key_stage_row(key_stage_sub(row)); }
+
+// Phase C's stages hold only the rows its products read (dq and dk take no
+// pairs inside a sub-chunk): sub-chunk I's keys j < 16 I, k_j exp(Γ_{16I} − Γ_j),
+// from between_key_row(I); sub-chunk J's queries i >= 16 (J + 1),
+// q_i exp(Γ_i − Γ_{16J+15}), from between_query_row(J); 96 rows each.
+__host__ __device__ constexpr int between_key_row(int I) { return kSub * I * (I - 1) / 2; }
+__host__ __device__ constexpr int between_query_row(int J) { return kSub * J * (2 * kSubs - 1 - J) / 2; }
+constexpr int kBetweenRows = between_key_row(kSubs);  // 96
+static_assert(between_query_row(kSubs - 1) == kBetweenRows, "both stages hold every pair between sub-chunks");
+__device__ __forceinline__ int between_key_sub(int row) {
+  return row < between_key_row(2) ? 1 : (row < between_key_row(3) ? 2 : 3);
+}
+__device__ __forceinline__ int between_query_sub(int row) {
+  return row < between_query_row(1) ? 0 : (row < between_query_row(2) ? 1 : 2);
+}
+__device__ __forceinline__ int between_key_key(int row) { return row - between_key_row(between_key_sub(row)); }
+__device__ __forceinline__ int between_query_query(int row) {
+  const int J = between_query_sub(row);
+  return kSub * (J + 1) + row - between_query_row(J);
+}
+
+// For A (phase A), pairs inside a sub-chunk may go through the products as
+// well when its 16 rows of Γ span at most p.diag_factor_limit (log2 units) in
+// every key column of the tile: the operands are then scaled against a row of
+// the sub-chunk by factors within 2^±limit, which bf16 and fp32 hold. Else
+// (gates of −20 per step, say) those pairs are summed element by element, each
+// with its own exponent. Off by default (limit < 0): measured 11% faster with
+// the same for dq and dk (run 3, notes_gla_bwd.md), where rounding the
+// near-diagonal operands to bf16 raised dg's error 3-4x, past 1e-2; this form
+// (A only) has not yet run on a GPU. Threads 64 s.. cover sub-chunk s; each
+// warp writes whether any of its columns is too wide into flags[warp] (read
+// after a barrier).
+template <class GT>
+__device__ __forceinline__ void mark_wide_subchunks(const GT* sG, int* flags, float limit) {
+  static_assert(kChunkThreads == kSubs * kTile, "one thread per (sub-chunk, column)");
+  const int s = threadIdx.x / kTile, c = threadIdx.x % kTile;
+  GT lo = sG[kSub * s * kLdF + c], hi = lo;
+#pragma unroll
+  for (int i = 1; i < kSub; ++i) {
+    const GT x = sG[(kSub * s + i) * kLdF + c];
+    lo = x < lo ? x : lo;
+    hi = x > hi ? x : hi;
+  }
+  const bool wide = !(hi - lo <= GT(limit));  // NaN or inf: wide
+  const bool any_wide = __any_sync(0xffffffffu, wide);
+  if ((threadIdx.x & 31) == 0) flags[threadIdx.x / 32] = any_wide;
+}
 
 // Shared memory. R is a work area whose layout changes with the phase:
-//   phase A: dO, V tiles (rows 0-127); then key stage (rows 0-95) and q̂ (96-159);
-//            A is written to rows 192-255 and kept through phase B;
-//   phase B: dO, k̂, dS tiles (rows 0-191);
-//   phase C: key and query stages (rows 0-191); then dO, V, S, dS tiles (0-255);
+//   phase A: dO, V tiles (rows 0-127); then key stage (rows 0-159) and q̂ (160-223);
+//            then the factored part of A's diagonal blocks in fp32;
+//            A goes to the q tile's buffer and stays there through phase B;
+//   phase B: kValueGroup dO tiles, k̂, kValueGroup dS tiles; then dv in fp32;
+//   phase C: key and query stages (rows 0-191);
+//            then dO, V, S, dS tiles (rows 0-255);
 //            then dq', dk^{(S)}, dk^{(A)'} in fp32 (three 64 x kLdF arrays).
 template <class T, class GT>
 struct ChunkSmem {
   static constexpr size_t tile = size_t(kTile) * kLd<T> * sizeof(T);
   static constexpr size_t tile_f = size_t(kTile) * kLdF * sizeof(float);
   static constexpr int kDiagLd = kSub + 1;
-  static constexpr int kRowA = 3 * kTile;                      // R row where A starts
   static constexpr size_t q = 0;                               // q tile of the current key tile
   static constexpr size_t k = q + tile;                        // k tile
   static constexpr size_t dA = k + tile;                       // dA, compute type (mma operand)
   static constexpr size_t dA_diag = dA + tile;                 // dA's diagonal blocks in fp32, [64][kDiagLd]
   static constexpr size_t gates = dA_diag + size_t(kChunk) * kDiagLd * sizeof(float);  // Γ of the key tile
   static constexpr size_t r = gates + size_t(kTile) * kLdF * sizeof(GT);
-  static constexpr size_t r_bytes = 4 * tile > 3 * tile_f ? 4 * tile : 3 * tile_f;
+  // Phase B holds 2 kValueGroup + 1 tiles: two value tiles at a time where that fits.
+  static constexpr int kValueGroup = sizeof(T) == 2 ? 2 : 1;
+  static constexpr size_t r_tiles = 2 * kValueGroup + 1 > 4 ? 2 * kValueGroup + 1 : 4;
+  static constexpr size_t r_bytes = r_tiles * tile > 3 * tile_f ? r_tiles * tile : 3 * tile_f;
+  static_assert(size_t(2 * kBetweenRows) * kLd<T> * sizeof(T) <= r_bytes, "phase C: both stages in R");
+  static_assert(size_t(kStageRows + kChunk) * kLd<T> * sizeof(T) <= r_bytes, "phase A: key stage and q̂ in R");
+  static_assert(kValueGroup * tile_f <= r_bytes, "phase B stages dv (fp32) in R");
   static constexpr size_t totals = r + r_bytes;                // dg: per sub-chunk sums, 2 x [4][64]
   static constexpr size_t state_term = totals + 2 * kSubs * kTile * sizeof(float);  // [64]
   static constexpr size_t row_sums = state_term + kTile * sizeof(float);           // [64], scalar gate
-  static constexpr size_t bytes = row_sums + kTile * sizeof(float);
+  static constexpr size_t wide = row_sums + kTile * sizeof(float);                 // [8] warps' flags
+  static constexpr size_t bytes = wide + 8 * sizeof(int);
 };
 
 // The rows of the diagonal block whose A entries warp half hc computes: an
@@ -88,11 +145,12 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   constexpr int LDD = Smem::kDiagLd;
   GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
   T* R = reinterpret_cast<T*>(smem + Smem::r);
-  T* sA = R + Smem::kRowA * LD;
+  T* sA = sQ;  // A, from the end of phase A through phase B (q is reloaded in phase C)
   float* sTotA = reinterpret_cast<float*>(smem + Smem::totals);
   float* sTotB = sTotA + kSubs * kTile;
   float* sStateTerm = reinterpret_cast<float*>(smem + Smem::state_term);
   float* sRowSums = reinterpret_cast<float*>(smem + Smem::row_sums);
+  int* sWide = reinterpret_cast<int*>(smem + Smem::wide);
 
   Seq seq;
   int64_t chunk;
@@ -115,8 +173,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     T* sDO = R;
     T* sV = R + kTile * LD;
     for (int vt = 0; vt < p.value_tiles; ++vt) {
-      load_tile<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
-      load_tile<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+      load_tile_async<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+      load_tile_async<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+      cp_async_wait_all();
       __syncthreads();
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
@@ -135,7 +194,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         for (int e = 0; e < 4; ++e) {
           const int i = kSub * s + acc_row(e), j = kSub * J + acc_col(nt, e);
           const float x = j <= i ? scale * acc[jj][nt][e] : 0.f;
-          sdA[i * LD + j] = from_float<T>(x);
+          sdA[i * LD + j] = from_float<T>(j == i ? 0.f : x);  // the products take pairs j < i only
           if (J == s) sdAd[i * LDD + j - kSub * s] = x;
         }
     }
@@ -143,7 +202,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
 
   // ---- phase A: A ---------------------------------------------------------------
   // Off-diagonal blocks (s, J), J = hc, hc + 2 < s, on the products; the
-  // diagonal block element by element, rows diagonal_row(hc, 0..7).
+  // diagonal block (s, s) too for key tiles where sub-chunk s is factored,
+  // else element by element, rows diagonal_row(hc, 0..7).
   {
     float acc[2][2][4];
     zero(acc[0]);
@@ -152,35 +212,32 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
 #pragma unroll
     for (int m = 0; m < 8; ++m) diag[m] = 0.f;
     T* sKStage = R;                       // key_stage rows
-    T* sQHat = R + kStageRows * LD;       // row i >= 16: q_i exp(Γ_i − Γ_{16 s(i)})
+    T* sQHat = R + kStageRows * LD;       // row i: q_i exp(Γ_i − Γ_{16 s(i)})
     for (int kt = 0; kt < p.key_tiles; ++kt) {
-      load_tile<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
-      load_tile<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
-      load_gate_cumsum<GT, kChunkThreads>(sG, p, b, t0, rows, h, kt * kTile);
-      for (int f = threadIdx.x; f < kStageRows * kTile; f += kChunkThreads) {
-        const int row = f / kTile, col = f % kTile;
-        const int I = row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3);
-        const int j = row - key_stage_row(I);
-        const float x = to_float(sK[j * LD + col]) * exp2_of(sG[kSub * I * LDF + col] - sG[j * LDF + col]);
-        sKStage[row * LD + col] = from_float<T>(x);
-      }
-      for (int f = threadIdx.x; f < (kChunk - kSub) * kTile; f += kChunkThreads) {
-        const int i = kSub + f / kTile, col = f % kTile;
-        const int ref = (i / kSub) * kSub;
-        const float x = to_float(sQ[i * LD + col]) * exp2_of(sG[i * LDF + col] - sG[ref * LDF + col]);
-        sQHat[i * LD + col] = from_float<T>(x);
-      }
+      auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
+      load_tile_async<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+      load_tile_async<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+      cp_async_wait_all();
+      store_gate_cumsum<GT, kChunkThreads>(sG, gate);
+      mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
+      map_rows<T, kChunkThreads>(sKStage, sK, kStageRows, key_stage_key, [&](int row, int col, float x) {
+        return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + col] - sG[key_stage_key(row) * LDF + col]);
+      });
+      map_rows<T, kChunkThreads>(sQHat, sQ, kChunk, [](int r) { return r; }, [&](int i, int col, float x) {
+        return x * exp2_of(sG[i * LDF + col] - sG[(i / kSub) * kSub * LDF + col]);
+      });
       __syncthreads();
+      const bool factored = !(sWide[2 * s] | sWide[2 * s + 1]);
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
         const int J = hc + 2 * jj;
-        if (J < s)
+        if (J < s || (J == s && factored))
           warp_gemm<2, false, true>(acc[jj], sQHat + kSub * s * LD, LD,
                                     sKStage + (key_stage_row(s) + kSub * J) * LD, LD, kTile);
       }
       // Diagonal block: lanes over columns (two each, one at a time), then a sum over the warp.
 #pragma unroll 1
-      for (int half = 0; half < 2; ++half) {
+      for (int half = 0; half < (factored ? 0 : 2); ++half) {
         const int c = lane + 32 * half;
         float k_reg[kSub];
         GT g_reg[kSub];
@@ -202,61 +259,92 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       }
       __syncthreads();
     }
-    // A (scaled) into sA: off-diagonal blocks, the diagonal block (zero above the diagonal).
+    // A (scaled) into sA: off-diagonal blocks; the diagonal block (zero above
+    // the diagonal) sums its product part (via fp32 in R, free now) and its
+    // element-wise part.
+    float* sDiagProduct = reinterpret_cast<float*>(R);  // [64][LDD]
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
       const int J = hc + 2 * jj;
-      if (J >= s) continue;
+      if (J > s) continue;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = kSub * s + acc_row(e), j = kSub * J + acc_col(nt, e);
-          sA[i * LD + j] = from_float<T>(scale * acc[jj][nt][e]);
+          if (J < s) sA[i * LD + j] = from_float<T>(scale * acc[jj][nt][e]);
+          else sDiagProduct[i * LDD + j - kSub * s] = acc[jj][nt][e];
         }
     }
+    __syncthreads();
     const int j = transpose_reduce_index<kSub>();
     if ((lane & 1) == 0) {
 #pragma unroll
       for (int m = 0; m < 8; ++m) {
         const int i = diagonal_row(hc, m);
-        sA[(kSub * s + i) * LD + kSub * s + j] = from_float<T>(j <= i ? scale * diag[m] : 0.f);
+        const float a = diag[m] + sDiagProduct[(kSub * s + i) * LDD + j];
+        sA[(kSub * s + i) * LD + kSub * s + j] = from_float<T>(j <= i ? scale * a : 0.f);
       }
     }
   }
   __syncthreads();
 
   // ---- phase B: dv ----------------------------------------------------------------
-  // Warp (s, hc): rows of sub-chunk s, value columns 32 hc.. of each value tile.
+  // Warp (s, hc): rows of sub-chunk s, value columns 32 hc.. of each value tile;
+  // kGroup value tiles at a time, so that k̂ = k ⊙ exp(γ − Γ) is built once per group.
   {
-    T* sDO = R;
-    T* sKHat = R + kTile * LD;  // k ⊙ exp(γ − Γ)
-    T* sDS = R + 2 * kTile * LD;
-    for (int vt = 0; vt < p.value_tiles; ++vt) {
-      load_tile<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+    constexpr int kGroup = Smem::kValueGroup;
+    T* sDO = R;                          // kGroup tiles
+    T* sKHat = R + kGroup * kTile * LD;
+    T* sDS = sKHat + kTile * LD;         // kGroup tiles
+    for (int vt0 = 0; vt0 < p.value_tiles; vt0 += kGroup) {
+      const int group = p.value_tiles - vt0 < kGroup ? p.value_tiles - vt0 : kGroup;
+      for (int j = 0; j < group; ++j)
+        load_tile_async<T, kChunkThreads>(sDO + j * kTile * LD, p.d_o, b, t0, rows, h, (vt0 + j) * kTile, V);
+      cp_async_wait_all();
       __syncthreads();
-      float acc[4][4];
-      zero(acc);
-      // A^T dO: rows j of sub-chunk s take rows i >= 16 s (A is zero above the diagonal).
-      warp_gemm<4, true, false>(acc, sA + kSub * s * LD + kSub * s, LD, sDO + kSub * s * LD + 32 * hc, LD,
-                                kChunk - kSub * s);
-      for (int kt = 0; kt < p.key_tiles; ++kt) {
-        load_gate_cumsum<GT, kChunkThreads>(sG, p, b, t0, rows, h, kt * kTile);
-        load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, [&](int r, int col, float x) {
-          return x * exp2_of(gamma[col] - sG[r * LDF + col]);
-        });
-        copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
-        __syncthreads();
-        warp_gemm<4, false, false>(acc, sKHat + kSub * s * LD, LD, sDS + 32 * hc, LD, kTile);
+      float acc[kGroup][4][4];
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) {
+        zero(acc[j]);
+        // A^T dO: rows j of sub-chunk s take rows i >= 16 s (A is zero above the diagonal).
+        if (j < group)
+          warp_gemm<4, true, false>(acc[j], sA + kSub * s * LD + kSub * s, LD,
+                                    sDO + j * kTile * LD + kSub * s * LD + 32 * hc, LD, kChunk - kSub * s);
       }
+      for (int kt = 0; kt < p.key_tiles; ++kt) {
+        auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
+        const bool k_plain = plain_tile<T>(p.k, b, t0, h, kt * kTile, K);  // else loaded scaled, below
+        if (k_plain) load_tile_async<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K);
+        for (int j = 0; j < group; ++j)
+          copy_tile_in<T, kChunkThreads>(sDS + j * kTile * LD,
+                                         static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
+        cp_async_wait_all();
+        store_gate_cumsum<GT, kChunkThreads>(sG, gate);
+        auto k_hat = [=](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
+        if (k_plain) transform_tile<T, kChunkThreads>(sKHat, k_hat);
+        else load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, k_hat);
+        __syncthreads();
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+        for (int j = 0; j < kGroup; ++j)
+          if (j < group)
+            warp_gemm<4, false, false>(acc[j], sKHat + kSub * s * LD, LD, sDS + j * kTile * LD + 32 * hc, LD, kTile);
+        __syncthreads();
+      }
+      // dv through shared memory (R is free now), stored whole rows at a time.
+      float* sDV = reinterpret_cast<float*>(R);  // kGroup fp32 tiles
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = kSub * s + acc_row(e), col = vt * kTile + 32 * hc + acc_col(nt, e);
-          if (i < rows && col < V) store_as(p.dv.data, offset4(p.dv, b, t0 + i, h, col), p.dv.dtype, acc[nt][e]);
-        }
+      for (int j = 0; j < kGroup; ++j)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; e += 2)
+            store_pair(sDV + j * kTile * LDF + (kSub * s + acc_row(e)) * LDF + 32 * hc + acc_col(nt, e), acc[j][nt][e],
+                       acc[j][nt][e + 1]);
       __syncthreads();
+      for (int j = 0; j < group; ++j)
+        store_tile<kChunkThreads>(p.dv, b, t0, rows, h, (vt0 + j) * kTile, V, sDV + j * kTile * LDF);
+      __syncthreads();  // R is read by the stores above
     }
   }
 
@@ -264,9 +352,11 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   if (threadIdx.x < kTile) sRowSums[threadIdx.x] = 0.f;
   for (int kt = 0; kt < p.key_tiles; ++kt) {
     const int col = 32 * hc + lane;  // this lane's column in the element-wise steps
-    load_tile<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
-    load_tile<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
-    load_gate_cumsum<GT, kChunkThreads>(sG, p, b, t0, rows, h, kt * kTile);
+    auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
+    load_tile_async<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+    load_tile_async<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+    cp_async_wait_all();
+    store_gate_cumsum<GT, kChunkThreads>(sG, gate);
 
     // Between sub-chunks, on the products (accumulators kept until the epilogue):
     //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J).
@@ -275,25 +365,23 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     zero(acc_ka);
     {
       T* sKStage = R;
-      T* sQStage = R + kStageRows * LD;
-      for (int f = threadIdx.x; f < kStageRows * kTile; f += kChunkThreads) {
-        const int row = f / kTile, c = f % kTile;
-        const int I = row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3);
-        const int j = row - key_stage_row(I);
-        sKStage[row * LD + c] =
-            from_float<T>(to_float(sK[j * LD + c]) * exp2_of(sG[kSub * I * LDF + c] - sG[j * LDF + c]));
-        const int J = row < query_stage_row(1) ? 0 : (row < query_stage_row(2) ? 1 : 2);
-        const int i = kSub * (J + 1) + row - query_stage_row(J), ref = kSub * J + kSub - 1;
-        sQStage[row * LD + c] =
-            from_float<T>(to_float(sQ[i * LD + c]) * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]));
-      }
+      T* sQStage = R + kBetweenRows * LD;
+      map_rows<T, kChunkThreads>(sKStage, sK, kBetweenRows, between_key_key, [&](int row, int c, float x) {
+        return x * exp2_of(sG[kSub * between_key_sub(row) * LDF + c] - sG[between_key_key(row) * LDF + c]);
+      });
+      map_rows<T, kChunkThreads>(sQStage, sQ, kBetweenRows, between_query_query, [&](int row, int c, float x) {
+        const int i = between_query_query(row), ref = kSub * between_query_sub(row) + kSub - 1;
+        return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
+      });
       __syncthreads();
-      if (s > 0)
-        warp_gemm<4, false, false>(acc_qa, sdA + kSub * s * LD, LD, sKStage + key_stage_row(s) * LD + 32 * hc, LD,
-                                   kSub * s);
-      if (s < kSubs - 1)
-        warp_gemm<4, true, false>(acc_ka, sdA + kSub * (s + 1) * LD + kSub * s, LD,
-                                  sQStage + query_stage_row(s) * LD + 32 * hc, LD, kChunk - kSub * (s + 1));
+      const int keys = kSub * s;         // dq: keys j < keys
+      const int first = kSub * (s + 1);  // dk: queries i >= first
+      if (keys > 0)
+        warp_gemm<4, false, false>(acc_qa, sdA + kSub * s * LD, LD, sKStage + between_key_row(s) * LD + 32 * hc, LD,
+                                   keys);
+      if (first < kChunk)
+        warp_gemm<4, true, false>(acc_ka, sdA + first * LD + kSub * s, LD,
+                                  sQStage + between_query_row(s) * LD + 32 * hc, LD, kChunk - first);
     }
 
     // Through the states: dq ∝ dO S^T, dk^{(S)} ∝ V dS^T, and rowsum(S ⊙ dS).
@@ -308,10 +396,11 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       float state_term = 0.f;
       for (int vt = 0; vt < p.value_tiles; ++vt) {
         __syncthreads();  // the stages (first tile) or the previous tiles are no longer read
-        load_tile<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
-        load_tile<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+        load_tile_async<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+        load_tile_async<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
         copy_tile_in<T, kChunkThreads>(sS, static_cast<const T*>(p.states) + state_tile_index(p, slot, h, kt, vt));
         copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
+        cp_async_wait_all();
         __syncthreads();
         warp_gemm<4, false, true>(acc_q, sDO + kSub * s * LD, LD, sS + 32 * hc * LD, LD, kTile);
         warp_gemm<4, false, true>(acc_k, sV + kSub * s * LD, LD, sDS + 32 * hc * LD, LD, kTile);
@@ -366,7 +455,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
           dq_d[i] += w * k_reg[j];
           dk_d[j] += w * q_reg[i];
         }
-      const int key = kt * kTile + col;
+      // dq and dk replace dq' and dk^{(A)'} in shared memory (this thread's
+      // elements) and are stored below, whole rows at a time.
       // a_i = q_i ⊙ dq'_i − k_i ⊙ dk^{(A)'}_i goes to dq_d[i], b_i = k_i ⊙ dk^{(S)}_i to dk_d[i].
 #pragma unroll
       for (int i = 0; i < kSub; ++i) {
@@ -375,10 +465,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         const float dq_x = sDQ[row * LDF + col] + dq_d[i];   // dq without the diagonal term
         const float dka_x = sDKA[row * LDF + col] + dk_d[i];  // dk^{(A)} without it
         const float dks = sDKS[row * LDF + col];
-        if (row < rows && key < K) {
-          store_as(p.dq.data, offset4(p.dq, b, t0 + row, h, key), p.dq.dtype, dq_x + dA_ii * k_reg[i]);
-          store_as(p.dk.data, offset4(p.dk, b, t0 + row, h, key), p.dk.dtype, dka_x + dks + dA_ii * q_reg[i]);
-        }
+        sDQ[row * LDF + col] = dq_x + dA_ii * k_reg[i];
+        sDKA[row * LDF + col] = dka_x + dks + dA_ii * q_reg[i];
         dq_d[i] = q_reg[i] * dq_x - k_reg[i] * dka_x;
         dk_d[i] = k_reg[i] * dks;
       }
@@ -408,7 +496,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         const int row = kSub * s + i;
         const float dg = within_sub[i] + carry;
         if (p.gate == GateKind::vector) {
-          if (row < rows && key < K) store_as(p.dg.data, offset4(p.dg, b, t0 + row, h, key), p.dg.dtype, dg);
+          sDKS[row * LDF + col] = dg;  // this thread's element; stored below
         } else {
           float sum = key < K ? dg : 0.f;
 #pragma unroll
@@ -418,6 +506,10 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       }
     }
     __syncthreads();
+    store_tile<kChunkThreads>(p.dq, b, t0, rows, h, kt * kTile, K, sDQ);
+    store_tile<kChunkThreads>(p.dk, b, t0, rows, h, kt * kTile, K, sDKA);
+    if (p.gate == GateKind::vector) store_tile<kChunkThreads>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
+    __syncthreads();  // R is read by the stores above
   }
 
   if (p.gate == GateKind::scalar && threadIdx.x < rows)

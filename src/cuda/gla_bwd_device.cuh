@@ -49,9 +49,15 @@ __device__ __forceinline__ T from_float(float x) {
 }
 
 // exp2 of a difference of gate cumsums (log2 units); fp64 cumsums keep the
-// difference exact before it is rounded to fp32.
-__device__ __forceinline__ float exp2_of(float x) { return exp2f(x); }
-__device__ __forceinline__ float exp2_of(double x) { return exp2f(float(x)); }
+// difference exact before it is rounded to fp32. One hardware instruction
+// (relative error ~2^-22); results below 2^-126 flush to zero, far under
+// anything they are added to.
+__device__ __forceinline__ float exp2_of(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float exp2_of(double x) { return exp2_of(float(x)); }
 
 __device__ __forceinline__ int64_t offset4(const Tensor& t, int64_t b, int64_t s, int64_t h, int64_t d) {
   return b * t.stride[0] + s * t.stride[1] + h * t.stride[2] + d * t.stride[3];
@@ -130,7 +136,10 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 // s[r][c] = f(r, c, x[b, t0 + r, h, c0 + c]) for r < rows, c0 + c < D; zero
 // (f must keep zero at zero) elsewhere. 16-byte loads where the layout allows:
-// fp32 tiles from f32 inputs, bf16 tiles from bf16 or fp16 inputs.
+// fp32 tiles from f32 inputs, bf16 tiles from bf16 or fp16 inputs. Inlined
+// (a call gave the chunk kernel a 952-byte stack frame and spills that miss L1),
+// with the element-wise fallback loop not unrolled: unrolled at every call
+// site it made up a third of the chunk kernel's code (instruction-cache misses).
 template <class T, class In, int kThreads, class F>
 __device__ __forceinline__ void load_tile_typed(T* s, const In* src, int64_t row_stride, int64_t col_stride, int rows,
                                                 int cols, F f) {
@@ -157,6 +166,7 @@ __device__ __forceinline__ void load_tile_typed(T* s, const In* src, int64_t row
       }
     }
   } else {
+#pragma unroll 1
     for (int idx = threadIdx.x; idx < kTileElems; idx += kThreads) {
       const int r = idx / kTile, c = idx % kTile;
       const float x = (r < rows && c < cols) ? to_float(src[r * row_stride + c * col_stride]) : 0.f;
@@ -184,13 +194,150 @@ __device__ __forceinline__ void load_tile(T* s, const Tensor& x, int64_t b, int6
   }
 }
 
+// dst[r][c] = f(r, c, src[src_row(r)][c]) in fp32 for rows r < nrows of 64
+// columns in shared memory (dst == src allowed); 16 bytes (8 bf16 or 4 fp32
+// elements of one row) per step of a thread.
+template <class T, int kThreads, class RowOf, class F>
+__device__ __forceinline__ void map_rows(T* dst, const T* src, int nrows, RowOf src_row, F f) {
+  constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
+#pragma unroll 2
+  for (int idx = threadIdx.x; idx < nrows * kPerRow; idx += kThreads) {
+    const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
+    const T* from = src + src_row(r) * kLd<T> + c;
+    T* to = dst + r * kLd<T> + c;
+    if constexpr (sizeof(T) == 4) {
+      float4 x = *reinterpret_cast<const float4*>(from);
+      x.x = f(r, c, x.x), x.y = f(r, c + 1, x.y), x.z = f(r, c + 2, x.z), x.w = f(r, c + 3, x.w);
+      *reinterpret_cast<float4*>(to) = x;
+    } else {
+      const uint4 raw = *reinterpret_cast<const uint4*>(from);
+      uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        w[i] = pack_bf16(f(r, c + 2 * i, widen<bf16>(w[i] & 0xffffu)), f(r, c + 2 * i + 1, widen<bf16>(w[i] >> 16)));
+      *reinterpret_cast<uint4*>(to) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+// s[r][c] = f(r, c, s[r][c]) in fp32 over a 64x64 tile of shared memory.
+template <class T, int kThreads, class F>
+__device__ __forceinline__ void transform_tile(T* s, F f) {
+  map_rows<T, kThreads>(s, s, kTile, [](int r) { return r; }, f);
+}
+
+// Two neighbouring elements of a row in shared memory, in one store.
+__device__ __forceinline__ void store_pair(float* at, float a, float b) { *reinterpret_cast<float2*>(at) = {a, b}; }
+__device__ __forceinline__ void store_pair(bf16* at, float a, float b) { *reinterpret_cast<uint32_t*>(at) = pack_bf16(a, b); }
+
+// ---- asynchronous copies (cp.async): the data is in shared memory after
+// cp_async_wait_all() in the issuing thread and a barrier of the block.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// load_tile without a transform: a plain asynchronous copy when the tile is
+// whole 16-byte rows of the compute type, else the converting load.
+// Whether the tile at (b, t0, h, c0) is whole 16-byte rows of the compute type.
+template <class T>
+__device__ __forceinline__ bool plain_tile(const Tensor& x, int64_t b, int64_t t0, int64_t h, int c0, int D) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool same_type = std::is_same_v<T, float> ? x.dtype == DType::f32 : x.dtype == DType::bf16;
+  const T* src = static_cast<const T*>(x.data) + offset4(x, b, t0, h, c0);
+  return same_type && x.stride[3] == 1 && D - c0 >= kTile && x.stride[1] % kVec == 0 &&
+         (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+}
+
+template <class T, int kThreads>
+__device__ __forceinline__ void load_tile_async(T* s, const Tensor& x, int64_t b, int64_t t0, int rows, int64_t h,
+                                                int c0, int D) {
+  constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
+  const T* src = static_cast<const T*>(x.data) + offset4(x, b, t0, h, c0);
+  const int64_t row_stride = x.stride[1];
+  if (plain_tile<T>(x, b, t0, h, c0, D)) {
+#pragma unroll
+    for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
+      const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
+      cp_async16(s + r * kLd<T> + c, r < rows ? src + r * row_stride + c : src, r < rows ? 16 : 0);
+    }
+  } else {
+    load_tile<T, kThreads>(s, x, b, t0, rows, h, c0, D);
+  }
+}
+
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  return uint32_t(__half_as_ushort(__float2half_rn(lo))) | (uint32_t(__half_as_ushort(__float2half_rn(hi))) << 16);
+}
+
+// store_tile one element at a time (any dtype and strides).
+template <int kThreads>
+__device__ __forceinline__ void store_tile_elements(const Tensor& x, int64_t base, int rows, int cols, const float* s) {
+#pragma unroll 1
+  for (int idx = threadIdx.x; idx < kTileElems; idx += kThreads) {
+    const int r = idx / kTile, c = idx % kTile;
+    if (r < rows && c < cols) store_as(x.data, base + r * x.stride[1] + c * x.stride[3], x.dtype, s[r * kLdF + c]);
+  }
+}
+
+// x[b, t0 + r, h, c0 + c] = s[r][c] for r < rows, c0 + c < D, from a 64x64
+// fp32 tile of shared memory (row stride kLdF): 16-byte stores where whole
+// aligned rows of a bf16, fp16 or f32 output allow, else element by element.
+template <int kThreads>
+__device__ __forceinline__ void store_tile(const Tensor& x, int64_t b, int64_t t0, int rows, int64_t h, int c0, int D,
+                                           const float* s) {
+  const int cols = D - c0 < kTile ? D - c0 : kTile;
+  const int64_t base = offset4(x, b, t0, h, c0), row_stride = x.stride[1];
+  const bool half = x.dtype == DType::bf16 || x.dtype == DType::f16;
+  const int vec = half ? 8 : 4;  // elements per 16 bytes
+  const char* first = static_cast<const char*>(x.data) + base * (half ? 2 : 4);
+  const bool vector = (half || x.dtype == DType::f32) && x.stride[3] == 1 && cols == kTile &&
+                      row_stride % vec == 0 && (reinterpret_cast<uintptr_t>(first) & 15) == 0;
+  if (vector && half) {
+    const bool bf = x.dtype == DType::bf16;
+    for (int idx = threadIdx.x; idx < kTile * 8; idx += kThreads) {
+      const int r = idx / 8, c = (idx % 8) * 8;
+      if (r >= rows) continue;
+      const float4 lo = *reinterpret_cast<const float4*>(s + r * kLdF + c);
+      const float4 hi = *reinterpret_cast<const float4*>(s + r * kLdF + c + 4);
+      const uint4 out = bf ? make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
+                                        pack_bf16(hi.z, hi.w))
+                           : make_uint4(pack_f16(lo.x, lo.y), pack_f16(lo.z, lo.w), pack_f16(hi.x, hi.y),
+                                        pack_f16(hi.z, hi.w));
+      *reinterpret_cast<uint4*>(static_cast<unsigned short*>(x.data) + base + r * row_stride + c) = out;
+    }
+  } else if (vector) {
+    for (int idx = threadIdx.x; idx < kTile * 16; idx += kThreads) {
+      const int r = idx / 16, c = (idx % 16) * 4;
+      if (r < rows)
+        *reinterpret_cast<float4*>(static_cast<float*>(x.data) + base + r * row_stride + c) =
+            *reinterpret_cast<const float4*>(s + r * kLdF + c);
+    }
+  } else {
+    store_tile_elements<kThreads>(x, base, rows, cols, s);
+  }
+}
+
+// Row t of a tile (64 columns from c0, clipped to D) into L2, for a load that
+// comes later; each 128-byte line the row touches.
+__device__ __forceinline__ void prefetch_row_l2(const Tensor& x, int64_t b, int64_t t, int64_t h, int c0, int D) {
+  const int esize = x.dtype == DType::f64 ? 8 : (x.dtype == DType::f32 ? 4 : 2);
+  const int cols = D - c0 < kTile ? D - c0 : kTile;
+  const char* first = static_cast<const char*>(x.data) + offset4(x, b, t, h, c0) * esize;
+  const int64_t span = (cols - 1) * x.stride[3] * esize + esize;  // bytes from the first to past the last element
+  for (int64_t at = 0; at < span; at += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(first + at));
+}
+
 // Scratch state tiles: contiguous 64x64 in global memory <-> padded rows in shared memory.
 template <class T, int kThreads>
 __device__ __forceinline__ void copy_tile_in(T* s, const T* g) {
   constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
+#pragma unroll
   for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
     const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
-    *reinterpret_cast<uint4*>(s + r * kLd<T> + c) = *reinterpret_cast<const uint4*>(g + r * kTile + c);
+    cp_async16(s + r * kLd<T> + c, g + r * kTile + c, 16);
   }
 }
 
@@ -207,42 +354,73 @@ __device__ __forceinline__ int64_t state_tile_index(const Params& p, int64_t slo
   return (((slot * p.heads + h) * p.key_tiles + kt) * p.value_tiles + vt) * int64_t(kTileElems);
 }
 
-// sG[r][c] = Γ, the chunk-local cumsum of the gate over rows 0..r, in log2
-// units, for key columns c0..c0+63 of tokens t0..t0+rows-1. Rows past `rows`
-// and columns past K hold a zero gate, so Γ stays flat there and γ (the chunk's
-// total) is always row 63. Starts and ends with a barrier of the whole block.
+// The gate of a 64 x 64 tile (tokens t0.., key columns c0..) in log2 units,
+// held in registers: thread t owns column t % 64 and rows kRows (t / 64).. of
+// it. Rows past `rows` and columns past K hold a zero gate. Loading is split
+// from the cumsum so that the loads fly together with the block's other loads.
 template <class GT, int kThreads>
-__device__ __forceinline__ void load_gate_cumsum(GT* sG, const Params& p, int64_t b, int64_t t0, int rows, int64_t h,
-                                                 int c0) {
-  static_assert(kThreads >= 128, "two threads per column");
-  const int cols = p.key_dim - c0 < kTile ? p.key_dim - c0 : kTile;
-  __syncthreads();  // earlier readers of sG are done
-  for (int idx = threadIdx.x; idx < kTileElems; idx += kThreads) {
-    const int r = idx / kTile, c = idx % kTile;
-    GT x = GT(0);
-    if (p.gate != GateKind::none && r < rows && c < cols) {
-      const int64_t d = p.gate == GateKind::vector ? c0 + c : 0;
-      x = load_as<GT>(p.g.data, offset4(p.g, b, t0 + r, h, d), p.g.dtype) * GT(1.4426950408889634);
-    }
-    sG[r * kLdF + c] = x;
-  }
-  __syncthreads();
-  const int col = threadIdx.x % kTile, half = threadIdx.x / kTile;  // half 0: rows 0-31, half 1: rows 32-63
-  if (threadIdx.x < 2 * kTile) {
-    GT* column = sG + half * 32 * kLdF + col;
-    GT run = GT(0);
+struct GateTile {
+  static constexpr int kParts = kThreads / kTile;
+  static constexpr int kRows = kTile / kParts;
+  GT x[kRows];
+};
+
+template <class GT, class In>
+__device__ __forceinline__ GT gate_value(In x) {
+  if constexpr (std::is_same_v<In, double>) return GT(x) * GT(1.4426950408889634);
+  else return GT(to_float(x)) * GT(1.4426950408889634);
+}
+
+template <class GT, class In, int R>
+__device__ __forceinline__ void load_gate_rows(GT (&x)[R], const In* src, int64_t row_stride, int valid_rows) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      run += column[i * kLdF];
-      column[i * kLdF] = run;
-    }
+  for (int i = 0; i < R; ++i) x[i] = i < valid_rows ? gate_value<GT>(src[i * row_stride]) : GT(0);
+}
+
+template <class GT, int kThreads>
+__device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const Params& p, int64_t b, int64_t t0, int rows,
+                                                                 int64_t h, int c0) {
+  using Tile = GateTile<GT, kThreads>;
+  Tile g;
+  const int c = threadIdx.x % kTile, first = (threadIdx.x / kTile) * Tile::kRows;
+  const int valid = (p.gate != GateKind::none && c0 + c < p.key_dim) ? rows - first : 0;
+  if (valid <= 0) {
+#pragma unroll
+    for (int i = 0; i < Tile::kRows; ++i) g.x[i] = GT(0);
+    return g;
   }
-  __syncthreads();
-  if (threadIdx.x >= kTile && threadIdx.x < 2 * kTile) {
-    GT* column = sG + 32 * kLdF + col;
-    const GT carry = sG[31 * kLdF + col];
-#pragma unroll 8
-    for (int i = 0; i < 32; ++i) column[i * kLdF] += carry;
+  const int64_t off = offset4(p.g, b, t0 + first, h, p.gate == GateKind::vector ? c0 + c : 0);
+  const int64_t rs = p.g.stride[1];
+  switch (p.g.dtype) {
+    case DType::f64: load_gate_rows(g.x, static_cast<const double*>(p.g.data) + off, rs, valid); break;
+    case DType::f32: load_gate_rows(g.x, static_cast<const float*>(p.g.data) + off, rs, valid); break;
+    case DType::bf16: load_gate_rows(g.x, static_cast<const bf16*>(p.g.data) + off, rs, valid); break;
+    default: load_gate_rows(g.x, static_cast<const __half*>(p.g.data) + off, rs, valid); break;
+  }
+  return g;
+}
+
+// sG[r][c] = Γ, the chunk-local cumsum of the gate tile over rows 0..r. Flat
+// past the last valid row, so γ (the chunk's total) is always row 63.
+// Barriers of the whole block before and after.
+template <class GT, int kThreads>
+__device__ __forceinline__ void store_gate_cumsum(GT* sG, GateTile<GT, kThreads>& g) {
+  using Tile = GateTile<GT, kThreads>;
+  const int c = threadIdx.x % kTile, part = threadIdx.x / kTile, first = part * Tile::kRows;
+#pragma unroll
+  for (int i = 1; i < Tile::kRows; ++i) g.x[i] += g.x[i - 1];
+  __syncthreads();  // earlier readers of sG are done
+#pragma unroll
+  for (int i = 0; i < Tile::kRows; ++i) sG[(first + i) * kLdF + c] = g.x[i];
+  if constexpr (Tile::kParts > 1) {
+    __syncthreads();
+    GT carry = GT(0);  // the totals of the row blocks above
+    for (int q = 0; q < part; ++q) carry += sG[((q + 1) * Tile::kRows - 1) * kLdF + c];
+    __syncthreads();
+    if (part > 0) {
+#pragma unroll
+      for (int i = 0; i < Tile::kRows; ++i) sG[(first + i) * kLdF + c] = g.x[i] + carry;
+    }
   }
   __syncthreads();
 }

@@ -2,13 +2,24 @@
 //
 // One block per (sequence, head, 64x64 tile of the K x V state) walks the
 // sequence's chunks in order and keeps its tile in registers (warp w owns key
-// rows 16w..16w+15). blockIdx.z picks the scan:
+// rows 16 (w % 4).. and value columns 32 (w / 4)..; 8 warps, so that the
+// element-wise work of each step is spread thin). blockIdx.z picks the scan:
 //   z = 0, forward:  stores S before chunk c, then
 //                    S <- diag(exp γ) S + (K ⊙ exp(γ − Γ))^T V
 //   z = 1, backward: from dS = dht, stores dS after chunk c (last chunk first), then
 //                    dS <- diag(exp γ) dS + scale (Q ⊙ exp Γ)^T dO
 //                    and writes dh0 = dS before the first chunk.
 // Γ is the chunk-local gate cumsum and γ its last row: every exponent is <= 0.
+//
+// Sequence split (p.scan_splits > 1): blockIdx.y also picks a piece of
+// p.chunks_per_split chunks. The piece that comes first in its scan's order
+// starts from h0 / dht, the others from zero; each piece records, for every
+// state it stores, the decay (log2, per key row) accumulated since its start,
+// and at its end its last state and total decay (the summary). fold_kernel
+// then walks the summaries of the earlier pieces in scan order to get each
+// piece's true start state X and adds diag(exp2 D) X to the piece's stored
+// states; the backward scan's fold also yields dh0. Exact in real arithmetic:
+// the scan is linear in its start state.
 #include "cuda/common.cuh"
 #include "cuda/gla_bwd_device.cuh"
 
@@ -25,8 +36,11 @@ struct StateScanSmem {
   static constexpr size_t bytes = gates + size_t(kTile) * kLdF * sizeof(GT);
 };
 
+template <class T>
+inline constexpr int kScanBlocksPerSm = sizeof(T) == 2 ? 4 : 2;
+
 template <class T, class GT>
-__global__ void __launch_bounds__(kStateThreads) state_scan_kernel(const Params p) {
+__global__ void __launch_bounds__(kStateThreads, kScanBlocksPerSm<T>) state_scan_kernel(const Params p) {
   using Smem = StateScanSmem<T, GT>;
   constexpr int LD = kLd<T>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -38,19 +52,32 @@ __global__ void __launch_bounds__(kStateThreads) state_scan_kernel(const Params 
   const bool backward = blockIdx.z == 1;
   const int64_t n = blockIdx.x / p.heads;
   const int h = int(blockIdx.x % p.heads);
-  const int kt = int(blockIdx.y) / p.value_tiles, vt = int(blockIdx.y) % p.value_tiles;
+  const int tiles = p.key_tiles * p.value_tiles;
+  const int tile = int(blockIdx.y) % tiles, split = int(blockIdx.y) / tiles;
+  const int kt = tile / p.value_tiles, vt = tile % p.value_tiles;
   const int warp = threadIdx.x / 32;
+  const int row0 = 16 * (warp % 4), col0 = 32 * (warp / 4);  // this warp's piece of the tile
   const Seq seq = sequence(p, n);
-  const int64_t chunks = num_chunks(seq.len);
+  // This block's chunks: [first, first + chunks), all of them without a split.
+  const bool splitting = p.scan_splits > 1;
+  const int64_t first = splitting ? split * p.chunks_per_split : 0;
+  int64_t chunks = num_chunks(seq.len) - first;
+  if (splitting && chunks > p.chunks_per_split) chunks = p.chunks_per_split;
+  if (chunks < 0) chunks = 0;
+  // The piece that comes first in this scan's order starts from h0 / dht.
+  const bool true_start = !splitting || split == (backward ? p.scan_splits - 1 : 0);
 
-  // The state tile: accumulator rows are key rows 16 warp.., columns value columns.
-  float acc[8][4];
-  const Tensor& init = backward ? p.dht : p.h0;
+  // The state tile: accumulator rows are key rows row0.., columns value columns col0..
+  float acc[4][4];
+  const Tensor init = true_start ? (backward ? p.dht : p.h0) : Tensor{};
+  // Split: decay (log2) of this thread's two key rows since the piece's start.
+  float decay_since_start[2] = {0.f, 0.f};
+  const bool writes_decays = splitting && vt == 0 && col0 == 0 && threadIdx.x % 4 == 0;
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int key = kt * kTile + 16 * warp + acc_row(e), value = vt * kTile + acc_col(nt, e);
+      const int key = kt * kTile + row0 + acc_row(e), value = vt * kTile + col0 + acc_col(nt, e);
       acc[nt][e] = (init.data && key < p.key_dim && value < p.value_dim)
                        ? static_cast<const float*>(init.data)[offset4(init, n, h, key, value)]
                        : 0.f;
@@ -60,54 +87,195 @@ __global__ void __launch_bounds__(kStateThreads) state_scan_kernel(const Params 
   const Tensor& ys = backward ? p.d_o : p.v;
   T* scratch = static_cast<T*>(backward ? p.dstates : p.states);
   for (int64_t i = 0; i < chunks; ++i) {
-    const int64_t c = backward ? chunks - 1 - i : i;
+    const int64_t c = first + (backward ? chunks - 1 - i : i);
     const int64_t t0 = seq.begin + c * kChunk;
     const int rows = int(seq.len - c * kChunk < kChunk ? seq.len - c * kChunk : kChunk);
 
     // The state at this chunk's boundary goes to the scratch (via shared memory,
-    // for whole-row stores).
+    // for whole-row stores). The gate, x and y loads are all in flight at once.
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sStage[(16 * warp + acc_row(e)) * LD + acc_col(nt, e)] = from_float<T>(acc[nt][e]);
-    load_gate_cumsum<GT, kStateThreads>(sG, p, seq.batch, t0, rows, h, kt * kTile);  // barriers order sStage too
+      for (int e = 0; e < 4; e += 2)
+        store_pair(sStage + (row0 + acc_row(e)) * LD + col0 + acc_col(nt, e), acc[nt][e], acc[nt][e + 1]);
+    auto gate = load_gate_tile<GT, kStateThreads>(p, seq.batch, t0, rows, h, kt * kTile);
+    // x is scaled by the gates below: copied now when plain, else loaded with
+    // the scaling (one rounding to the compute type, e.g. for fp16 inputs).
+    const bool x_plain = plain_tile<T>(xs, seq.batch, t0, h, kt * kTile, p.key_dim);
+    if (x_plain) load_tile_async<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim);
+    load_tile_async<T, kStateThreads>(sY, ys, seq.batch, t0, rows, h, vt * kTile, p.value_dim);
+    cp_async_wait_all();
+    store_gate_cumsum<GT, kStateThreads>(sG, gate);  // its barriers order sStage, sX and sY too
     copy_tile_out<T, kStateThreads>(scratch + state_tile_index(p, seq.slot0 + c, h, kt, vt), sStage);
+    if (writes_decays)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int key = kt * kTile + row0 + acc_row(2 * half);
+        p.chunk_decays[((int64_t(blockIdx.z) * p.num_slots + seq.slot0 + c) * p.heads + h) * (p.key_tiles * kTile) +
+                       key] = decay_since_start[half];
+      }
 
     const float scale = p.scale;
-    if (backward) {  // scale q ⊙ exp Γ
-      load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim,
-                                  [&](int r, int col, float x) { return scale * x * exp2_of(sG[r * kLdF + col]); });
-    } else {  // k ⊙ exp(γ − Γ)
-      load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, [&](int r, int col, float x) {
-        return x * exp2_of(sG[(kChunk - 1) * kLdF + col] - sG[r * kLdF + col]);
-      });
-    }
-    load_tile<T, kStateThreads>(sY, ys, seq.batch, t0, rows, h, vt * kTile, p.value_dim);
+    auto q_hat = [=](int r, int col, float x) { return scale * x * exp2_of(sG[r * kLdF + col]); };  // scale q ⊙ exp Γ
+    auto k_hat = [=](int r, int col, float x) {  // k ⊙ exp(γ − Γ)
+      return x * exp2_of(sG[(kChunk - 1) * kLdF + col] - sG[r * kLdF + col]);
+    };
+    if (x_plain && backward) transform_tile<T, kStateThreads>(sX, q_hat);
+    if (x_plain && !backward) transform_tile<T, kStateThreads>(sX, k_hat);
+    if (!x_plain && backward) load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, q_hat);
+    if (!x_plain && !backward) load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, k_hat);
     __syncthreads();
+
+    // The next step's rows of x, y and the gate into L2 while this step
+    // computes, so that its loads wait for L2 rather than memory.
+    if (i + 1 < chunks) {
+      const int64_t next = backward ? c - 1 : c + 1;
+      const int next_rows = int(seq.len - next * kChunk < kChunk ? seq.len - next * kChunk : kChunk);
+      const int r = threadIdx.x % kTile, which = threadIdx.x / kTile;
+      const int64_t t = seq.begin + next * kChunk + r;
+      if (r < next_rows) {
+        if (which == 0) prefetch_row_l2(xs, seq.batch, t, h, kt * kTile, p.key_dim);
+        if (which == 1) prefetch_row_l2(ys, seq.batch, t, h, vt * kTile, p.value_dim);
+        if (which == 2 && p.gate == GateKind::vector) prefetch_row_l2(p.g, seq.batch, t, h, kt * kTile, p.key_dim);
+      }
+    }
 
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float decay = exp2_of(sG[(kChunk - 1) * kLdF + 16 * warp + acc_row(2 * half)]);
+      const GT chunk_decay = sG[(kChunk - 1) * kLdF + row0 + acc_row(2 * half)];
+      decay_since_start[half] += float(chunk_decay);
+      const float decay = exp2_of(chunk_decay);
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
+      for (int nt = 0; nt < 4; ++nt) {
         acc[nt][2 * half] *= decay;
         acc[nt][2 * half + 1] *= decay;
       }
     }
     // acc += x̂^T y: the product's rows are x̂'s columns (key rows of the state).
-    warp_gemm<8, true, false>(acc, sX + 16 * warp, LD, sY, LD, kChunk);
+    warp_gemm<4, true, false>(acc, sX + row0, LD, sY + col0, LD, kChunk);
     __syncthreads();
   }
 
-  if (backward && p.dh0.data) {
+  if (splitting) {  // the piece's summary: its last state and total decay
+    float* summary = p.split_summaries +
+                     ((((int64_t(blockIdx.z) * p.num_seqs + n) * p.heads + h) * p.scan_splits + split) * tiles + tile) *
+                         int64_t(kSummaryFloats);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        store_pair(summary + (row0 + acc_row(e)) * kTile + col0 + acc_col(nt, e), acc[nt][e], acc[nt][e + 1]);
+    if (col0 == 0 && threadIdx.x % 4 == 0)
+      for (int half = 0; half < 2; ++half) summary[kTileElems + row0 + acc_row(2 * half)] = decay_since_start[half];
+  }
+
+  if (backward && p.dh0.data && !splitting) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = kt * kTile + 16 * warp + acc_row(e), value = vt * kTile + acc_col(nt, e);
+        const int key = kt * kTile + row0 + acc_row(e), value = vt * kTile + col0 + acc_col(nt, e);
         if (key < p.key_dim && value < p.value_dim)
           static_cast<float*>(p.dh0.data)[offset4(p.dh0, n, h, key, value)] = acc[nt][e];
       }
+  }
+}
+
+// Eight consecutive elements of a state tile, as fp32.
+__device__ __forceinline__ void load8(const float* at, float (&x)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(at)[0], b = reinterpret_cast<const float4*>(at)[1];
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+__device__ __forceinline__ void load8(const bf16* at, float (&x)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(at);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+}
+__device__ __forceinline__ void store8(float* at, const float (&x)[8]) {
+  reinterpret_cast<float4*>(at)[0] = {x[0], x[1], x[2], x[3]};
+  reinterpret_cast<float4*>(at)[1] = {x[4], x[5], x[6], x[7]};
+}
+__device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
+  *reinterpret_cast<uint4*>(at) = {pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]),
+                                   pack_bf16(x[6], x[7])};
+}
+
+// The fold of a split scan: one block per (sequence, head, tile, piece after
+// the first in scan order); blockIdx.z picks the scan as above. Thread t owns
+// 8 columns of rows t / 8 and t / 8 + 32 of the tile.
+template <class T>
+__global__ void __launch_bounds__(kStateThreads) fold_kernel(const Params p) {
+  constexpr int kRowStep = kStateThreads / 8;
+  const bool backward = blockIdx.z == 1;
+  const int64_t n = blockIdx.x / p.heads;
+  const int h = int(blockIdx.x % p.heads);
+  const int tiles = p.key_tiles * p.value_tiles;
+  const int tile = int(blockIdx.y) % tiles, order = int(blockIdx.y) / tiles + 1;  // place in scan order
+  const int kt = tile / p.value_tiles, vt = tile % p.value_tiles;
+  const int row = threadIdx.x / 8, col = threadIdx.x % 8 * 8;
+  auto piece = [&](int place) { return backward ? int(p.scan_splits) - 1 - place : place; };
+  auto summary = [&](int split) {
+    return p.split_summaries +
+           ((((int64_t(blockIdx.z) * p.num_seqs + n) * p.heads + h) * p.scan_splits + split) * tiles + tile) *
+               int64_t(kSummaryFloats);
+  };
+
+  // This piece's true start state: the earlier pieces' summaries folded in scan order.
+  float x[2][8] = {};
+  for (int place = 0; place < order; ++place) {
+    const float* s = summary(piece(place));
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int r = row + m * kRowStep;
+      const float decay = exp2_of(s[kTileElems + r]);
+      float last[8];
+      load8(s + r * kTile + col, last);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[m][j] = decay * x[m][j] + last[j];
+    }
+  }
+
+  // Its stored states: += diag(exp2 D) x, D the decay from the piece's start.
+  const int split = piece(order);
+  const Seq seq = sequence(p, n);
+  const int64_t first = split * p.chunks_per_split;
+  int64_t chunks = num_chunks(seq.len) - first;
+  if (chunks > p.chunks_per_split) chunks = p.chunks_per_split;
+  T* scratch = static_cast<T*>(backward ? p.dstates : p.states);
+  for (int64_t c = first; c < first + chunks; ++c) {
+    T* state = scratch + state_tile_index(p, seq.slot0 + c, h, kt, vt);
+    const float* decays = p.chunk_decays +
+                          ((int64_t(blockIdx.z) * p.num_slots + seq.slot0 + c) * p.heads + h) * (p.key_tiles * kTile) +
+                          kt * kTile;
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int r = row + m * kRowStep;
+      const float decay = exp2_of(decays[r]);
+      float s[8];
+      load8(state + r * kTile + col, s);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[j] += decay * x[m][j];
+      store8(state + r * kTile + col, s);
+    }
+  }
+
+  // The backward scan's last piece in scan order: dh0 = diag(exp2 D) x + its last state.
+  if (backward && split == 0 && p.dh0.data) {
+    const float* s = summary(0);
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int r = row + m * kRowStep, key = kt * kTile + r;
+      const float decay = exp2_of(s[kTileElems + r]);
+      float last[8];
+      load8(s + r * kTile + col, last);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int value = vt * kTile + col + j;
+        if (key < p.key_dim && value < p.value_dim)
+          static_cast<float*>(p.dh0.data)[offset4(p.dh0, n, h, key, value)] = decay * x[m][j] + last[j];
+      }
+    }
   }
 }
 
@@ -116,9 +284,15 @@ void launch(const Params& p, cudaStream_t stream) {
   const size_t smem = StateScanSmem<T, GT>::bytes;
   check_cuda(cudaFuncSetAttribute(state_scan_kernel<T, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
              "cudaFuncSetAttribute (GLA backward state scan)");
-  const dim3 grid(unsigned(p.num_seqs * p.heads), unsigned(p.key_tiles * p.value_tiles), 2);
+  const unsigned tiles = unsigned(p.key_tiles * p.value_tiles);
+  const dim3 grid(unsigned(p.num_seqs * p.heads), tiles * unsigned(p.scan_splits), 2);
   state_scan_kernel<T, GT><<<grid, kStateThreads, smem, stream>>>(p);
   check_cuda(cudaGetLastError(), "GLA backward state scan launch");
+  if (p.scan_splits > 1) {
+    const dim3 fold_grid(unsigned(p.num_seqs * p.heads), tiles * unsigned(p.scan_splits - 1), 2);
+    fold_kernel<T><<<fold_grid, kStateThreads, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "GLA backward state scan fold launch");
+  }
 }
 
 }  // namespace
@@ -126,6 +300,8 @@ void launch(const Params& p, cudaStream_t stream) {
 size_t state_scan_smem_bytes(Compute c) {
   return c == Compute::f32 ? StateScanSmem<float, double>::bytes : StateScanSmem<bf16, float>::bytes;
 }
+
+int state_scan_blocks_per_sm(Compute c) { return c == Compute::f32 ? kScanBlocksPerSm<float> : kScanBlocksPerSm<bf16>; }
 
 void launch_state_scan(const Params& p, Compute c, cudaStream_t stream) {
   if (c == Compute::f32) launch<float, double>(p, stream);
