@@ -3,9 +3,9 @@
 # sm_90a, the attention GPU tests with each forward kernel forced
 # (FLASHGLA_ATTENTION_KERNEL=hopper first: a wrong mbarrier phase hangs, so
 # every step has a time limit) and with the default choice,
-# compute-sanitizer on small cases with the Hopper forward, the benchmark
+# compute-sanitizer on small cases with the default choice, the benchmark
 # (flashgla next to SDPA flash and cuDNN, one process), and optionally
-# Nsight Compute on the Hopper forward and the portable backward. Logs go to
+# Nsight Compute on the forward and the backward (flashgla command). Logs go to
 # $OUT/attention_logs.tgz (repacked after every step); a summary prints last.
 #   bash bench/device_attention.sh      # BENCH_ARGS="..." to change the benchmark, PROFILE=1 for ncu
 set -u
@@ -40,11 +40,11 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,driver_version 
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl 2>/dev/null && export PYTHONPATH=/tmp/site
 
 step configure 60 cmake -S . -B $BUILD -G Ninja -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHGLA_PYTHON=ON
-targets="flashgla_tests flashgla_python"
+targets="flashgla_tests flashgla_cli flashgla_python"
 if ! grep -q "Generating done" "$LOGS/configure.log"; then  # no nanobind: the tests alone
   step configure_no_python 60 cmake -S . -B $BUILD -G Ninja -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DFLASHGLA_PYTHON=OFF
-  targets=flashgla_tests
+  targets="flashgla_tests flashgla_cli"
 fi
 # shellcheck disable=SC2086
 step build 200 cmake --build $BUILD -j16 --target $targets
@@ -52,13 +52,6 @@ grep -E "error|FAILED" "$LOGS/build.log" | head -20
 
 step tests_hopper 90 env FLASHGLA_ATTENTION_KERNEL=hopper $BUILD/flashgla_tests --gtest_filter="$FAST"
 step tests_default 80 $BUILD/flashgla_tests --gtest_filter="$FAST:*AttentionGenericCuda*"
-# shellcheck disable=SC2086
-step bench ${BENCH_S:-150} env PYTHONPATH=$BUILD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 \
-  python3 bench/bench_attention.py $BENCH_ARGS --json "$LOGS/bench.json"
-step memcheck_hopper 60 env FLASHGLA_ATTENTION_KERNEL=hopper compute-sanitizer --tool memcheck --error-exitcode 9 \
-  $BUILD/flashgla_tests --gtest_filter="$SMALL:AttentionCudaApi.BadDeviceBoundariesStayInBounds"
-step racecheck_hopper 60 env FLASHGLA_ATTENTION_KERNEL=hopper compute-sanitizer --tool racecheck --error-exitcode 9 \
-  $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33"
 if [ -n "${TEST_PORTABLE:-}" ]; then
   step tests_portable 80 env FLASHGLA_ATTENTION_KERNEL=portable $BUILD/flashgla_tests --gtest_filter="$FAST"
 fi
@@ -66,27 +59,26 @@ if [ -n "${TEST_SERIAL:-}" ]; then
   step tests_hopper_serial 80 env FLASHGLA_ATTENTION_KERNEL=hopper-serial $BUILD/flashgla_tests \
     --gtest_filter="Lengths/*:UnequalLengths/*:GroupedHeads/*:Varlen/*"
 fi
-step synccheck_hopper 40 env FLASHGLA_ATTENTION_KERNEL=hopper compute-sanitizer --tool synccheck --error-exitcode 9 \
+# shellcheck disable=SC2086
+step bench ${BENCH_S:-150} env PYTHONPATH=$BUILD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 \
+  python3 bench/bench_attention.py $BENCH_ARGS --json "$LOGS/bench.json"
+step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  $BUILD/flashgla_tests --gtest_filter="$SMALL:AttentionCudaApi.BadDeviceBoundariesStayInBounds"
+step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
+  $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33"
+step synccheck 40 compute-sanitizer --tool synccheck --error-exitcode 9 \
   $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/33"
 
 if [ -n "${PROFILE:-}" ]; then
-  # One launch each (bf16, B=2, T=8K, H=16, d=128, causal): the Hopper forward and the portable backward.
-  cat >/tmp/profile_attention.py <<'PY'
-import os, torch, flashgla
-q, k, v, do = (torch.randn(2, 8192, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-for x in (q, k, v):
-    x.requires_grad_()
-os.environ["FLASHGLA_ATTENTION_KERNEL"] = "hopper"
-for _ in range(2):
-    flashgla.flash_attention(q, k, v, causal=True).backward(do)
-torch.cuda.synchronize()
-PY
-  for kernel in forward_hopper backward_kernel; do
-    step "ncu_$kernel" 60 env PYTHONPATH=$BUILD/python:${PYTHONPATH:-} ncu --kernel-name "regex:attention_$kernel" \
-      --launch-skip 1 --launch-count 1 --set full --import-source yes -f -o /tmp/$kernel python3 /tmp/profile_attention.py
+  # One launch each through the flashgla command (bf16, B=2, T=8K, H=16, d=128, causal): the
+  # forward the library picks and the portable backward.
+  for kernel in forward backward_kernel; do
+    step "ncu_$kernel" 60 ncu --kernel-name "regex:attention_$kernel" --launch-count 1 --set full \
+      --import-source yes -f -o /tmp/$kernel $BUILD/flashgla bench --ops attention -B 2 -T 8192 -H 16 -K 128 -V 128 \
+      --causal --warmup 0 --repeat 1 --pass fwd,bwd
     ncu -i /tmp/$kernel.ncu-rep --page details >"$LOGS/ncu_$kernel.txt" 2>&1
     ncu -i /tmp/$kernel.ncu-rep --page source --csv --print-source sass >"$LOGS/ncu_${kernel}_sass.csv" 2>&1
-    grep -E "Duration|Registers Per|Achieved Occupancy|Executed Ipc A|Issue Slots Busy|No Eligible|Compute \(SM\) Thr|Memory Thr|Warp Cycles Per Issued|Bank Conflicts|L1/TEX Hit|Tensor" \
+    grep -E "Duration|Registers Per|Achieved Occupancy|Executed Ipc A|Issue Slots Busy|No Eligible|Compute \(SM\) Thr|Memory Thr|Warp Cycles Per Issued|Bank Conflicts|L1/TEX Hit|Local" \
       "$LOGS/ncu_$kernel.txt" | head -16
   done
   tar czf "$OUT/attention_logs.tgz" -C "$LOGS" .

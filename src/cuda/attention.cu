@@ -95,12 +95,13 @@ AttentionParams make_params(const TensorView& q, const TensorView& k, const Tens
 // wherever the tensors allow it (an error where the device or build cannot,
 // so a test run with it cannot pass on the portable kernel by accident);
 // unset or "auto": the default below.
-// (Being measured: "hopper-serial" runs the Hopper kernel without overlapping
-// the softmax with the previous tile's P V.)
+// (Being measured: "hopper-serial" runs the Hopper kernel without the
+// ping-pong between its two consumer warpgroups.)
 enum class ForwardKernel { automatic, portable, hopper, hopper_serial };
 
-// The Hopper forward is the default only once it has passed the GPU tests.
-constexpr bool kHopperForwardByDefault = false;
+// The Hopper forward passed the GPU tests on an H100 (2026-11-21) and runs
+// 1.4-1.6x faster than the portable one there.
+constexpr bool kHopperForwardByDefault = true;
 
 ForwardKernel forward_kernel_choice() {
   const char* value = std::getenv("FLASHGLA_ATTENTION_KERNEL");
@@ -156,7 +157,9 @@ void attention_forward(const AttentionForwardArgs& args, const AttentionProblem&
     using T = decltype(type);
     constexpr int D = decltype(dim)::value;
     if constexpr (D <= 128) {
-      if (try_hopper) {
+      // Without queries or keys TMA has nothing to load (and no tensor map to
+      // encode): the portable kernel writes what there is (zeros).
+      if (try_hopper && p.q_len > 0 && p.k_len > 0) {
         const char* refused =
             attn::run_attention_forward_hopper<T, D>(p, stream, choice != ForwardKernel::hopper_serial);
         if (refused == nullptr) return;

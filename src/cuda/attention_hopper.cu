@@ -7,13 +7,12 @@
 // shared-memory stages each, waiting on an "empty" mbarrier before reusing a
 // stage. Each consumer warpgroup owns 64 query rows: S = Q K^T (wgmma, both
 // operands in shared memory), masking and the online softmax in registers
-// (log2 domain), then O += P V (wgmma, P straight from the S registers). At
-// D = 64 the softmax of tile j runs while the tensor cores do tile j − 1's
-// P V (kOverlapSoftmax). The two consumers are not synchronized with each
-// other, so one's softmax also overlaps the other's MMAs. The compiler
-// (CUDA 13.0) gives a thread at most 168 registers here, with or without
-// register reallocation (setmaxnreg), so the producer is one warp and none
-// is reallocated.
+// (log2 domain), then O += P V (wgmma, P straight from the S registers).
+// One warpgroup's softmax overlaps the other's MMAs (with kPingPong they take
+// turns). Overlapping a warpgroup's own softmax with its P V would keep S, P
+// and O live at once: at D = 128 that exceeds the 168 registers the compiler
+// (CUDA 13.0) allows a thread here, with or without register reallocation
+// (setmaxnreg), so the producer is a single warp and nothing is reallocated.
 //
 // Used for bf16/fp16, D in {64, 128}, tensors TMA can address (unit stride
 // along D, 16-byte aligned pointer and strides); the portable kernel runs
@@ -41,7 +40,7 @@ struct HopperForwardConfig {
   static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + 128;
 };
 
-template <class T, int D, bool kOverlapSoftmax>
+template <class T, int D, bool kPingPong>
 __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
     attention_forward_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                                     const __grid_constant__ CUtensorMap map_v, const AttentionParams p) {
@@ -212,56 +211,49 @@ __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
       }
     };
 
+    // Ping-pong (kPingPong): the warpgroups take turns issuing their MMAs
+    // (named barrier 1 + wg opens warpgroup wg's turn), so one's softmax runs
+    // while the other's MMAs do. Warpgroup 0 goes first.
+    auto my_turn = [&] {
+      if constexpr (kPingPong) {
+        if (wg == 0) named_barrier_sync<1>(Cfg::kConsumerThreads);
+        else named_barrier_sync<2>(Cfg::kConsumerThreads);
+      }
+    };
+    auto their_turn = [&] {
+      if constexpr (kPingPong) {
+        if (wg == 0) named_barrier_arrive<2>(Cfg::kConsumerThreads);
+        else named_barrier_arrive<1>(Cfg::kConsumerThreads);
+      }
+    };
     uint32_t pa[BN / 16][4];
     float alpha[2];
     if (num_key_tiles > 0) {
       mbar_wait(q_full, 0);
-      wait_k(0);
+      if (wg == 1) their_turn();
+    }
+    // Per tile j: O += P_{j-1} V_{j-1}, S = Q K_j^T, softmax, O rescaled, P_j packed.
+    for (int j = 0; j < num_key_tiles; ++j) {
+      my_turn();
+      if (j > 0) {
+        wait_v(j - 1);
+        wgmma_fence();
+        issue_pv(j - 1, pa);
+        wgmma_wait<0>();
+        fence_registers(o);
+        fence_registers(pa);
+        release(v_empty((j - 1) % kStages));
+      }
+      wait_k(j);
       wgmma_fence();
-      issue_scores(0);
+      issue_scores(j);
+      // Warpgroup 1 opened warpgroup 0's first turn, so it skips its last hand-over.
+      if (wg == 0 || j + 1 < num_key_tiles) their_turn();
       wgmma_wait<0>();
       fence_registers(sc);
-      release(k_empty(0));
-      softmax(0, alpha);  // O is still 0: no rescale
+      release(k_empty(j % kStages));
+      if (softmax(j, alpha) && j > 0) rescale_o(alpha);
       pack_p(pa);
-    }
-    if constexpr (kOverlapSoftmax) {
-      // Tile j's softmax runs while the tensor cores do tile j − 1's P V.
-      for (int j = 1; j < num_key_tiles; ++j) {
-        wait_k(j);
-        wait_v(j - 1);
-        wgmma_fence();
-        issue_scores(j);
-        issue_pv(j - 1, pa);
-        wgmma_wait<1>();  // S_j done, P V_{j-1} may still run
-        fence_registers(sc);
-        release(k_empty(j % kStages));
-        const bool moved = softmax(j, alpha);
-        wgmma_wait<0>();
-        fence_registers(o);
-        fence_registers(pa);
-        release(v_empty((j - 1) % kStages));
-        if (moved) rescale_o(alpha);
-        pack_p(pa);
-      }
-    } else {
-      for (int j = 1; j < num_key_tiles; ++j) {
-        wait_v(j - 1);
-        wgmma_fence();
-        issue_pv(j - 1, pa);
-        wgmma_wait<0>();
-        fence_registers(o);
-        fence_registers(pa);
-        release(v_empty((j - 1) % kStages));
-        wait_k(j);
-        wgmma_fence();
-        issue_scores(j);
-        wgmma_wait<0>();
-        fence_registers(sc);
-        release(k_empty(j % kStages));
-        if (softmax(j, alpha)) rescale_o(alpha);
-        pack_p(pa);
-      }
     }
     if (num_key_tiles > 0) {
       wait_v(num_key_tiles - 1);
@@ -339,13 +331,9 @@ bool make_tensor_map(CUtensorMap& map, const Strided& t, int64_t batch, int64_t 
 // Launches the Hopper forward; returns nullptr, or (having launched nothing)
 // why this device, build or tensors do not allow it.
 template <class T, int D>
-const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream, bool overlap_softmax) {
+const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream, bool ping_pong) {
   using Cfg = HopperForwardConfig<D>;
-  // At D = 128, S, P and O of the overlapped schedule do not fit the 168
-  // registers the compiler allows a thread of a 288-thread CTA.
-  auto kernel = attention_forward_hopper_kernel<T, D, false>;
-  if constexpr (D == 64)
-    if (overlap_softmax) kernel = attention_forward_hopper_kernel<T, D, true>;
+  auto kernel = ping_pong ? attention_forward_hopper_kernel<T, D, true> : attention_forward_hopper_kernel<T, D, false>;
   int device = 0, major = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");

@@ -48,6 +48,18 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     if (spins > (1u << 24)) __trap();
 }
 
+// ---- named barriers ------------------------------------------------------------
+// Barrier ID (1..15; 0 is __syncthreads) completes once `threads` threads
+// (a multiple of 32) have arrived; sync waits for that, arrive does not.
+template <int ID>
+__device__ __forceinline__ void named_barrier_sync(int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
+}
+template <int ID>
+__device__ __forceinline__ void named_barrier_arrive(int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
+}
+
 // ---- TMA ------------------------------------------------------------------------------
 // A box of a 4-D tensor map at coordinates (c0 innermost .. c3) into shared
 // memory; completion is counted on `bar` in bytes.
