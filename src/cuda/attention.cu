@@ -95,12 +95,10 @@ AttentionParams make_params(const TensorView& q, const TensorView& k, const Tens
 // wherever the tensors allow it (an error where the device or build cannot,
 // so a test run with it cannot pass on the portable kernel by accident);
 // unset or "auto": the default below.
-// (Being measured: "hopper-serial" runs the Hopper kernel without the
-// ping-pong between its two consumer warpgroups.)
-enum class ForwardKernel { automatic, portable, hopper, hopper_serial };
+enum class ForwardKernel { automatic, portable, hopper };
 
 // The Hopper forward passed the GPU tests on an H100 (2026-11-21) and runs
-// 1.4-1.6x faster than the portable one there.
+// 1.4-1.6x faster than the portable one there (bench/results_attention.md).
 constexpr bool kHopperForwardByDefault = true;
 
 ForwardKernel forward_kernel_choice() {
@@ -108,7 +106,6 @@ ForwardKernel forward_kernel_choice() {
   if (value == nullptr || *value == '\0' || std::strcmp(value, "auto") == 0) return ForwardKernel::automatic;
   if (std::strcmp(value, "portable") == 0) return ForwardKernel::portable;
   if (std::strcmp(value, "hopper") == 0) return ForwardKernel::hopper;
-  if (std::strcmp(value, "hopper-serial") == 0) return ForwardKernel::hopper_serial;
   check::fail(ErrorKind::value, "FLASHGLA_ATTENTION_KERNEL",
               std::string("must be auto, portable or hopper, got \"") + value + "\"");
 }
@@ -151,7 +148,7 @@ void attention_forward(const AttentionForwardArgs& args, const AttentionProblem&
     return;
   }
   const ForwardKernel choice = forward_kernel_choice();
-  const bool hopper_required = choice == ForwardKernel::hopper || choice == ForwardKernel::hopper_serial;
+  const bool hopper_required = choice == ForwardKernel::hopper;
   const bool try_hopper = hopper_required || (choice == ForwardKernel::automatic && kHopperForwardByDefault);
   dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
     using T = decltype(type);
@@ -160,8 +157,7 @@ void attention_forward(const AttentionForwardArgs& args, const AttentionProblem&
       // Without queries or keys TMA has nothing to load (and no tensor map to
       // encode): the portable kernel writes what there is (zeros).
       if (try_hopper && p.q_len > 0 && p.k_len > 0) {
-        const char* refused =
-            attn::run_attention_forward_hopper<T, D>(p, stream, choice != ForwardKernel::hopper_serial);
+        const char* refused = attn::run_attention_forward_hopper<T, D>(p, stream);
         if (refused == nullptr) return;
         const bool tensors_fit = p.q.vec16 && p.k.vec16 && p.v.vec16;
         if (hopper_required && tensors_fit)

@@ -8,17 +8,20 @@
 // stage. Each consumer warpgroup owns 64 query rows: S = Q K^T (wgmma, both
 // operands in shared memory), masking and the online softmax in registers
 // (log2 domain), then O += P V (wgmma, P straight from the S registers).
-// One warpgroup's softmax overlaps the other's MMAs (with kPingPong they take
-// turns). Overlapping a warpgroup's own softmax with its P V would keep S, P
-// and O live at once: at D = 128 that exceeds the 168 registers the compiler
-// (CUDA 13.0) allows a thread here, with or without register reallocation
-// (setmaxnreg), so the producer is a single warp and nothing is reallocated.
+// The two warpgroups take turns issuing their MMAs (ping-pong), so one's
+// softmax overlaps the other's MMAs. Overlapping a warpgroup's own softmax
+// with its P V would keep S, P and O live at once: at D = 128 that exceeds
+// the 168 registers the compiler (CUDA 13.0) allows a thread here, with or
+// without register reallocation (setmaxnreg), so the producer is a single
+// warp and nothing is reallocated.
 //
 // Used for bf16/fp16, D in {64, 128}, tensors TMA can address (unit stride
 // along D, 16-byte aligned pointer and strides); the portable kernel runs
 // everything else.
 #include <cuda.h>
 #include <cudaTypedefs.h>
+
+#include <type_traits>
 
 #include "cuda/attention_kernels.cuh"
 #include "cuda/attention_wgmma.cuh"
@@ -32,7 +35,6 @@ struct HopperForwardConfig {
   static constexpr int kStages = 2;
   static constexpr int kConsumerThreads = 256;
   static constexpr int kThreads = kConsumerThreads + 32;
-  static constexpr int kDimBlocks = D / 64;  // 128-byte swizzle blocks along D
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
   static constexpr int kConsumerWarps = 8;
@@ -40,7 +42,7 @@ struct HopperForwardConfig {
   static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + 128;
 };
 
-template <class T, int D, bool kPingPong>
+template <class T, int D>
 __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
     attention_forward_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                                     const __grid_constant__ CUtensorMap map_v, const AttentionParams p) {
@@ -151,10 +153,16 @@ __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
     // Scores of tile j in sc -> unnormalized probabilities in sc (log2
     // domain, masked), running max and sum updated; returns whether some row
     // of the warp has a new maximum, with alpha[h] = exp2(old max − new max).
-    auto softmax = [&](int j, float(&alpha)[2]) {
+    // With a positive scale (`scale_late`), the maximum of the raw scores
+    // gives the scaled one, and the scale folds into exp2's argument (one
+    // FFMA per score instead of FMUL + FADD).
+    auto softmax = [&](auto scale_late, int j, float(&alpha)[2]) {
+      constexpr bool kScaleLate = decltype(scale_late)::value;
       const int64_t k0 = int64_t(j) * BN;
+      if constexpr (!kScaleLate) {
 #pragma unroll
-      for (int i = 0; i < NB * 4; ++i) sc[i] *= p.scale_log2;
+        for (int i = 0; i < NB * 4; ++i) sc[i] *= p.scale_log2;
+      }
       if (j >= first_masked_tile) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -177,6 +185,7 @@ __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
         for (int nb = 0; nb < NB; ++nb) tile_max = fmaxf(tile_max, fmaxf(sc[nb * 4 + 2 * h], sc[nb * 4 + 2 * h + 1]));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        if constexpr (kScaleLate) tile_max *= p.scale_log2;
         const float m_old = row_max[h], m_new = fmaxf(m_old, tile_max);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: all p = 0
         alpha[h] = m_new == m_old ? 1.f : fast_exp2(m_old - m_use);
@@ -185,7 +194,13 @@ __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
         float sum = row_sum[h] * alpha[h];
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
-          const float p0 = fast_exp2(sc[nb * 4 + 2 * h] - m_use), p1 = fast_exp2(sc[nb * 4 + 2 * h + 1] - m_use);
+          float p0, p1;
+          if constexpr (kScaleLate) {
+            p0 = fast_exp2(fmaf(sc[nb * 4 + 2 * h], p.scale_log2, -m_use));
+            p1 = fast_exp2(fmaf(sc[nb * 4 + 2 * h + 1], p.scale_log2, -m_use));
+          } else {
+            p0 = fast_exp2(sc[nb * 4 + 2 * h] - m_use), p1 = fast_exp2(sc[nb * 4 + 2 * h + 1] - m_use);
+          }
           sc[nb * 4 + 2 * h] = p0, sc[nb * 4 + 2 * h + 1] = p1;
           sum += p0 + p1;
         }
@@ -211,23 +226,20 @@ __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
       }
     };
 
-    // Ping-pong (kPingPong): the warpgroups take turns issuing their MMAs
-    // (named barrier 1 + wg opens warpgroup wg's turn), so one's softmax runs
-    // while the other's MMAs do. Warpgroup 0 goes first.
+    // Ping-pong: the warpgroups take turns issuing their MMAs (named barrier
+    // 1 + wg opens warpgroup wg's turn), so one's softmax runs while the
+    // other's MMAs do. Warpgroup 0 goes first.
     auto my_turn = [&] {
-      if constexpr (kPingPong) {
-        if (wg == 0) named_barrier_sync<1>(Cfg::kConsumerThreads);
-        else named_barrier_sync<2>(Cfg::kConsumerThreads);
-      }
+      if (wg == 0) named_barrier_sync<1>(Cfg::kConsumerThreads);
+      else named_barrier_sync<2>(Cfg::kConsumerThreads);
     };
     auto their_turn = [&] {
-      if constexpr (kPingPong) {
-        if (wg == 0) named_barrier_arrive<2>(Cfg::kConsumerThreads);
-        else named_barrier_arrive<1>(Cfg::kConsumerThreads);
-      }
+      if (wg == 0) named_barrier_arrive<2>(Cfg::kConsumerThreads);
+      else named_barrier_arrive<1>(Cfg::kConsumerThreads);
     };
     uint32_t pa[BN / 16][4];
     float alpha[2];
+    const bool positive_scale = p.scale_log2 > 0.f;
     if (num_key_tiles > 0) {
       mbar_wait(q_full, 0);
       if (wg == 1) their_turn();
@@ -252,7 +264,8 @@ __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
       wgmma_wait<0>();
       fence_registers(sc);
       release(k_empty(j % kStages));
-      if (softmax(j, alpha) && j > 0) rescale_o(alpha);
+      const bool moved = positive_scale ? softmax(std::true_type{}, j, alpha) : softmax(std::false_type{}, j, alpha);
+      if (moved && j > 0) rescale_o(alpha);
       pack_p(pa);
     }
     if (num_key_tiles > 0) {
@@ -331,9 +344,9 @@ bool make_tensor_map(CUtensorMap& map, const Strided& t, int64_t batch, int64_t 
 // Launches the Hopper forward; returns nullptr, or (having launched nothing)
 // why this device, build or tensors do not allow it.
 template <class T, int D>
-const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream, bool ping_pong) {
+const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream) {
   using Cfg = HopperForwardConfig<D>;
-  auto kernel = ping_pong ? attention_forward_hopper_kernel<T, D, true> : attention_forward_hopper_kernel<T, D, false>;
+  auto kernel = attention_forward_hopper_kernel<T, D>;
   int device = 0, major = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
@@ -364,9 +377,9 @@ const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream,
   return nullptr;
 }
 
-template const char* run_attention_forward_hopper<__nv_bfloat16, 64>(AttentionParams, cudaStream_t, bool);
-template const char* run_attention_forward_hopper<__half, 64>(AttentionParams, cudaStream_t, bool);
-template const char* run_attention_forward_hopper<__nv_bfloat16, 128>(AttentionParams, cudaStream_t, bool);
-template const char* run_attention_forward_hopper<__half, 128>(AttentionParams, cudaStream_t, bool);
+template const char* run_attention_forward_hopper<__nv_bfloat16, 64>(AttentionParams, cudaStream_t);
+template const char* run_attention_forward_hopper<__half, 64>(AttentionParams, cudaStream_t);
+template const char* run_attention_forward_hopper<__nv_bfloat16, 128>(AttentionParams, cudaStream_t);
+template const char* run_attention_forward_hopper<__half, 128>(AttentionParams, cudaStream_t);
 
 }  // namespace flashgla::cuda::attn

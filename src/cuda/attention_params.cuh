@@ -78,6 +78,6 @@ void run_attention_backward(AttentionParams p, cudaStream_t stream);
 // launched, else why this device, build or tensors do not allow it (and
 // nothing was launched).
 template <class T, int D>
-const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream, bool ping_pong = true);
+const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream);
 
 }  // namespace flashgla::cuda::attn
