@@ -98,7 +98,7 @@ AttentionParams make_params(const TensorView& q, const TensorView& k, const Tens
 enum class ForwardKernel { automatic, portable, hopper };
 
 // The Hopper forward passed the GPU tests on an H100 (2026-11-21) and runs
-// 1.4-1.6x faster than the portable one there (bench/results_attention.md).
+// 1.2-1.8x faster than the portable one there (bench/results_attention.md).
 constexpr bool kHopperForwardByDefault = true;
 
 ForwardKernel forward_kernel_choice() {
