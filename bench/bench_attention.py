@@ -6,9 +6,9 @@ Run on a GPU machine, with flashgla importable (`pip install .`, or a CMake buil
     python bench/bench_attention.py            # accuracy check, then the timing table
     python bench/bench_attention.py --quick    # fewer shapes
 
-"flashgla" is the default dispatch (the portable mma.sync kernels). With --hopper, "flashgla-hopper" is
-added: FLASHGLA_ATTENTION_KERNEL=hopper, the opt-in sm_90a forward for d <= 128 (not yet validated on a
-GPU, hence not run by default); both use the same backward.
+"flashgla" is the default dispatch. --kernels portable,hopper adds "flashgla-portable" and
+"flashgla-hopper": the forward forced to the portable mma.sync kernel or to the sm_90a kernel
+(d <= 128) through FLASHGLA_ATTENTION_KERNEL; all use the same backward.
 
 Shapes follow the FlashAttention-2 paper: B*T = 16K tokens, H = 2048 / d, bf16, layout [B, T, H, d]
 (SDPA gets the transposed [B, H, T, d] views of the same memory). TFLOP/s count 4*B*H*T^2*d for the
@@ -60,13 +60,15 @@ def ours(q, k, v, causal):
     return flashgla.flash_attention(q, k, v, causal=causal)
 
 
-def ours_hopper(q, k, v, causal):
-    """flashgla with its opt-in sm_90a forward (portable elsewhere); the backward is the same."""
-    os.environ["FLASHGLA_ATTENTION_KERNEL"] = "hopper"
-    try:
-        return flashgla.flash_attention(q, k, v, causal=causal)
-    finally:
-        del os.environ["FLASHGLA_ATTENTION_KERNEL"]
+def ours_with(kernel):
+    """flashgla with its forward kernel forced (FLASHGLA_ATTENTION_KERNEL); the backward is the same."""
+    def run(q, k, v, causal):
+        os.environ["FLASHGLA_ATTENTION_KERNEL"] = kernel
+        try:
+            return flashgla.flash_attention(q, k, v, causal=causal)
+        finally:
+            del os.environ["FLASHGLA_ATTENTION_KERNEL"]
+    return run
 
 
 def sdpa(backend):
@@ -83,7 +85,7 @@ IMPLS = {
     "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
 }
-OURS = ["flashgla"]  # checked for accuracy; --hopper adds flashgla-hopper
+OURS = ["flashgla"]  # checked for accuracy; --kernels adds the forced ones
 
 
 def inputs(b, t, h, d, dtype=torch.bfloat16, seed=0):
@@ -152,13 +154,13 @@ def benchmark(ts, ds, tokens=16384):
                     passes = 1.0 if mode == "fwd" else 3.5
                     fmt = lambda ms: "   -   " if ms is None else f"{ms:7.3f}"
                     tf = lambda ms: "  -  " if ms is None else f"{tflops(b, t, h, d, causal, ms, passes):5.0f}"
-                    ratio = lambda ms: "  -  " if ms is None or row["flashgla"] is None else f"{row['flashgla'] / ms:5.2f}"
-                    hop = row.get("flashgla-hopper")
-                    hop_ratio = "  -  " if hop is None or row["sdpa-flash"] is None else f"{hop / row['sdpa-flash']:5.2f}"
+                    ratio = lambda ours, ref: ("  -  " if row[ours] is None or row[ref] is None
+                                               else f"{row[ours] / row[ref]:5.2f}")
                     print(f"T={t:5d} d={d:3d} {'causal' if causal else 'full  '} {mode:7s} | "
                           + " | ".join(f"{n} {fmt(row[n])} ms {tf(row[n])} TF/s" for n in IMPLS)
-                          + f" | ours/flash {ratio(row['sdpa-flash'])} ours/cudnn {ratio(row['sdpa-cudnn'])}"
-                          + (f" hopper/flash {hop_ratio}" if "flashgla-hopper" in IMPLS else ""), flush=True)
+                          + " | /flash " + " ".join(f"{n[len('flashgla'):] or 'default'} {ratio(n, 'sdpa-flash')}"
+                                                    for n in OURS)
+                          + f" | default/cudnn {ratio('flashgla', 'sdpa-cudnn')}", flush=True)
             del q, k, v, do
             torch.cuda.empty_cache()
     return rows
@@ -169,11 +171,12 @@ def main():
     parser.add_argument("--quick", action="store_true", help="T in {2K, 8K} only")
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument("--json", help="write all numbers here")
-    parser.add_argument("--hopper", action="store_true", help="also run the opt-in sm_90a forward")
+    parser.add_argument("--kernels", default="", help="forward kernels to force, e.g. portable,hopper")
+    parser.add_argument("--dims", default="64,128", help="head dims to time")
     args = parser.parse_args()
-    if args.hopper:
-        IMPLS["flashgla-hopper"] = ours_hopper
-        OURS.append("flashgla-hopper")
+    for kernel in filter(None, args.kernels.split(",")):
+        IMPLS[f"flashgla-{kernel}"] = ours_with(kernel)
+        OURS.append(f"flashgla-{kernel}")
 
     props = torch.cuda.get_device_properties(0)
     print(f"# {datetime.date.today()} {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}")
@@ -191,7 +194,7 @@ def main():
         result["check"] = rows
 
     ts = (2048, 8192) if args.quick else (1024, 2048, 4096, 8192, 16384)
-    result["bench"] = benchmark(ts, (64, 128))
+    result["bench"] = benchmark(ts, tuple(int(d) for d in args.dims.split(",")))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -4,13 +4,17 @@
 // fully masked rows, strided (aligned and unaligned) tensors, custom scales,
 // fp16, caller-provided workspace, and bad input. Outputs are poisoned (NaN)
 // before every call, so an element never written fails. The forward checked
-// is the one the library picks: run the binary with
-// FLASHGLA_ATTENTION_KERNEL=hopper to check the (opt-in) sm_90a forward.
+// is the one the library picks; on an H100, run the binary once with
+// FLASHGLA_ATTENTION_KERNEL=portable and once with =hopper to check both
+// forwards (with =hopper, a call whose tensors TMA can address fails instead
+// of falling back, so the sm_90a kernel really ran). Lengths straddle both
+// kernels' tiles (64 and 128 rows).
 // Cases the fast kernels do not take (fp32, other head dims, D != Dv) are in
 // test_attention_generic_cuda.cpp.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,7 +73,7 @@ TEST_P(AttentionCuda, MatchesFp64Reference) { check_case(GetParam()); }
 std::vector<Case> lengths_and_dims() {
   std::vector<Case> cases;
   for (int64_t d : {64, 128, 256})
-    for (int64_t t : {1, 63, 64, 65, 200, 1000})
+    for (int64_t t : {1, 63, 64, 65, 127, 128, 129, 200, 257, 1000})
       for (bool causal : {true, false}) cases.push_back(Case().dim(d).lens(t, t).masked(causal));
   return cases;
 }
@@ -78,7 +82,7 @@ INSTANTIATE_TEST_SUITE_P(Lengths, AttentionCuda, ::testing::ValuesIn(lengths_and
 std::vector<Case> unequal_lengths() {
   std::vector<Case> cases;
   for (int64_t d : {64, 128, 256})
-    for (auto [tq, tk] : std::vector<std::pair<int64_t, int64_t>>{{65, 200}, {200, 65}, {1, 1000}, {1000, 1}, {130, 0}})
+    for (auto [tq, tk] : std::vector<std::pair<int64_t, int64_t>>{{65, 200}, {200, 65}, {130, 400}, {400, 130}, {1, 1000}, {1000, 1}, {130, 0}})
       for (bool causal : {true, false}) cases.push_back(Case().dim(d).lens(tq, tk).masked(causal));
   return cases;
 }
@@ -102,6 +106,7 @@ std::vector<Case> varlen() {
       // An empty sequence, a length-1 one, Tq > Tk (fully masked rows when causal) and Tq < Tk.
       cases.push_back(Case().dim(d).heads(4, 2).masked(causal).varlen({70, 0, 1, 200, 129, 3}, {70, 5, 1, 64, 300, 0}));
       cases.push_back(Case().dim(d).heads(2, 1).masked(causal).varlen({1, 64, 127}, {1, 64, 127}));
+      cases.push_back(Case().dim(d).heads(4, 1).masked(causal).varlen({300, 129, 128, 1}, {300, 129, 128, 1}));
     }
   return cases;
 }
@@ -171,6 +176,24 @@ TEST_F(AttentionCudaApi, CallerWorkspaceGivesTheSameGradients) {
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "workspace");
   }
+}
+
+// The kernel override names itself when its value is unknown; the caller's
+// setting is restored afterwards.
+TEST_F(AttentionCudaApi, UnknownKernelChoiceIsAnError) {
+  const char* previous = std::getenv("FLASHGLA_ATTENTION_KERNEL");
+  const std::string saved = previous != nullptr ? previous : "";
+  setenv("FLASHGLA_ATTENTION_KERNEL", "fastest", 1);
+  const Case c = Case().dim(64).lens(64, 64);
+  const Tensors in = to_device(make_inputs(c, 9), 0);
+  try {
+    run(c, in, kCuda, AttentionAlgorithm::tiled, 0);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "FLASHGLA_ATTENTION_KERNEL");
+  }
+  if (previous != nullptr) setenv("FLASHGLA_ATTENTION_KERNEL", saved.c_str(), 1);
+  else unsetenv("FLASHGLA_ATTENTION_KERNEL");
 }
 
 // Boundaries on the device are not validated by the API: nonsense values must

@@ -1,23 +1,27 @@
 // The Hopper (sm_90a) attention forward, in the spirit of FlashAttention-3:
 // TMA loads, wgmma, warp specialization.
 //
-// One CTA per (128-query tile, query head, batch row or sequence), three
-// warpgroups. Warpgroup 0 is the producer: one thread loads Q once and K, V
-// tile by tile with TMA into two shared-memory stages each, waiting on an
-// "empty" mbarrier before reusing a stage. Warpgroups 1 and 2 consume, each
-// owning 64 query rows: S = Q K^T (wgmma, both operands in shared memory),
-// masking and the online softmax in registers (log2 domain), then O += P V
-// (wgmma, P straight from the S registers). The producer gives up registers
-// (setmaxnreg) so the consumers can hold S and O. The two consumers are not
-// synchronized with each other, so one's softmax overlaps the other's MMAs.
+// One CTA per (128-query tile, query head, batch row or sequence): two
+// consumer warpgroups (warps 0-7) and one producer warp (warp 8). The
+// producer's first lane loads Q once and K, V tile by tile with TMA into two
+// shared-memory stages each, waiting on an "empty" mbarrier before reusing a
+// stage. Each consumer warpgroup owns 64 query rows: S = Q K^T (wgmma, both
+// operands in shared memory), masking and the online softmax in registers
+// (log2 domain), then O += P V (wgmma, P straight from the S registers).
+// The two warpgroups take turns issuing their MMAs (ping-pong), so one's
+// softmax overlaps the other's MMAs. Overlapping a warpgroup's own softmax
+// with its P V would keep S, P and O live at once: at D = 128 that exceeds
+// the 168 registers the compiler (CUDA 13.0) allows a thread here, with or
+// without register reallocation (setmaxnreg), so the producer is a single
+// warp and nothing is reallocated.
 //
 // Used for bf16/fp16, D in {64, 128}, tensors TMA can address (unit stride
 // along D, 16-byte aligned pointer and strides); the portable kernel runs
-// everything else. NOT YET RUN ON A GPU: compiled and its SASS inspected
-// (HGMMA, UTMALDG, setmaxnreg, no spills) only, so it is opt-in
-// (FLASHGLA_ATTENTION_KERNEL=hopper, see attention.cu).
+// everything else.
 #include <cuda.h>
 #include <cudaTypedefs.h>
+
+#include <type_traits>
 
 #include "cuda/attention_kernels.cuh"
 #include "cuda/attention_wgmma.cuh"
@@ -29,8 +33,8 @@ struct HopperForwardConfig {
   static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
-  static constexpr int kThreads = 384;
-  static constexpr int kDimBlocks = D / 64;  // 128-byte swizzle blocks along D
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kThreads = kConsumerThreads + 32;
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
   static constexpr int kConsumerWarps = 8;
@@ -39,7 +43,7 @@ struct HopperForwardConfig {
 };
 
 template <class T, int D>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
     attention_forward_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                                     const __grid_constant__ CUtensorMap map_v, const AttentionParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -86,11 +90,10 @@ __global__ void __launch_bounds__(384, 1)
   }
   __syncthreads();
 
-  if (tid < 128) {
+  if (tid >= Cfg::kConsumerThreads) {
     // Producer. Stage st of tile j: wait until the consumers released it
     // (tile j − kStages), announce the bytes, issue the loads.
-    regs_decrease<24>();
-    if (tid == 0 && num_key_tiles > 0) {
+    if (tid == Cfg::kConsumerThreads && num_key_tiles > 0) {
       const int batch = int(s.batch), head = int(w.head), kv = int(kv_head);
       mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
       for (int db = 0; db < D / 64; ++db)
@@ -110,40 +113,56 @@ __global__ void __launch_bounds__(384, 1)
       }
     }
   } else {
-    regs_increase<240>();
-    const int wg = tid / 128 - 1;  // consumer 0 or 1: tile rows wg * 64 ..
+    const int wg = tid / 128;  // consumer 0 or 1: tile rows wg * 64 ..
     const int lane = tid & 31;
     const int row_base = wg * 64 + ((tid / 32) % 4) * 16 + (lane >> 2);  // rows row_base and row_base + 8
 
-    float o[D / 2], sc[NB * 4];
+    float o[D / 2], sc[NB * 4];  // sc: written by the first k16 step of each S
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < NB * 4; ++i) sc[i] = 0.f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 
-    if (num_key_tiles > 0) mbar_wait(q_full, 0);
-    for (int j = 0; j < num_key_tiles; ++j) {
+    // The tiles of K_j and V_j have landed.
+    auto wait_k = [&](int j) { mbar_wait(k_full(j % kStages), (j / kStages) & 1); };
+    auto wait_v = [&](int j) { mbar_wait(v_full(j % kStages), (j / kStages) & 1); };
+    // S = Q K_j^T over D in k16 steps (32 bytes along a 128-byte row), issued, not awaited.
+    auto issue_scores = [&](int j) {
       const int st = j % kStages;
-      const uint32_t parity = (j / kStages) & 1;
-      const int64_t k0 = int64_t(j) * BN;
-
-      // S = Q K^T over D in k16 steps (32 bytes along a 128-byte row).
-      mbar_wait(k_full(st), parity);
-      wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         const uint32_t a = sQ + (ks / 4) * BM * kRowBytes + wg * 64 * kRowBytes + (ks % 4) * 32;
         const uint32_t b = sK + st * Cfg::kKVBytes + (ks / 4) * BN * kRowBytes + (ks % 4) * 32;
-        wgmma_ss<T, BN>(sc, smem_desc(a, 16, 1024), smem_desc(b, 16, 1024), ks > 0);
+        if (ks == 0) wgmma_ss_first<T, BN>(sc, smem_desc(a, 16, 1024), smem_desc(b, 16, 1024));
+        else wgmma_ss<T, BN>(sc, smem_desc(a, 16, 1024), smem_desc(b, 16, 1024), 1);
       }
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_registers(sc);
-      if (lane == 0) mbar_arrive(k_empty(st));
-
+    };
+    // O += P V_j over the tile's keys in k16 steps (16 rows of V each), issued, not awaited.
+    auto issue_pv = [&](int j, const uint32_t(&pa)[BN / 16][4]) {
+      const int st = j % kStages;
 #pragma unroll
-      for (int i = 0; i < NB * 4; ++i) sc[i] *= p.scale_log2;
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        const uint32_t b = sV + st * Cfg::kKVBytes + kk * 16 * kRowBytes;
+        wgmma_rs_tn<T, D>(o, pa[kk], smem_desc(b, BN * kRowBytes, 1024));
+      }
+      wgmma_commit();
+    };
+    auto release = [&](uint32_t bar) {
+      if (lane == 0) mbar_arrive(bar);
+    };
+    // Scores of tile j in sc -> unnormalized probabilities in sc (log2
+    // domain, masked), running max and sum updated; returns whether some row
+    // of the warp has a new maximum, with alpha[h] = exp2(old max − new max).
+    // With a positive scale (`scale_late`), the maximum of the raw scores
+    // gives the scaled one, and the scale folds into exp2's argument (one
+    // FFMA per score instead of FMUL + FADD).
+    auto softmax = [&](auto scale_late, int j, float(&alpha)[2]) {
+      constexpr bool kScaleLate = decltype(scale_late)::value;
+      const int64_t k0 = int64_t(j) * BN;
+      if constexpr (!kScaleLate) {
+#pragma unroll
+        for (int i = 0; i < NB * 4; ++i) sc[i] *= p.scale_log2;
+      }
       if (j >= first_masked_tile) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -157,8 +176,8 @@ __global__ void __launch_bounds__(384, 1)
               if (nb * 8 + (lane & 3) * 2 + e >= visible) sc[nb * 4 + 2 * h + e] = -INFINITY;
         }
       }
-
-      // Online softmax; the four threads of a quad share a row.
+      bool moved = false;
+      // The four threads of a quad share a row.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float tile_max = -INFINITY;
@@ -166,24 +185,38 @@ __global__ void __launch_bounds__(384, 1)
         for (int nb = 0; nb < NB; ++nb) tile_max = fmaxf(tile_max, fmaxf(sc[nb * 4 + 2 * h], sc[nb * 4 + 2 * h + 1]));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        if constexpr (kScaleLate) tile_max *= p.scale_log2;
         const float m_old = row_max[h], m_new = fmaxf(m_old, tile_max);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha = m_new == m_old ? 1.f : fast_exp2(m_old - m_use);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: all p = 0
+        alpha[h] = m_new == m_old ? 1.f : fast_exp2(m_old - m_use);
+        moved |= m_new != m_old;
         row_max[h] = m_new;
-        float sum = row_sum[h] * alpha;
-        if (__any_sync(0xffffffffu, m_new != m_old)) {  // rescale O only when a row's maximum moved
-#pragma unroll
-          for (int db = 0; db < DB; ++db) o[db * 4 + 2 * h] *= alpha, o[db * 4 + 2 * h + 1] *= alpha;
-        }
+        float sum = row_sum[h] * alpha[h];
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
-          const float p0 = fast_exp2(sc[nb * 4 + 2 * h] - m_use), p1 = fast_exp2(sc[nb * 4 + 2 * h + 1] - m_use);
+          float p0, p1;
+          if constexpr (kScaleLate) {
+            p0 = fast_exp2(fmaf(sc[nb * 4 + 2 * h], p.scale_log2, -m_use));
+            p1 = fast_exp2(fmaf(sc[nb * 4 + 2 * h + 1], p.scale_log2, -m_use));
+          } else {
+            p0 = fast_exp2(sc[nb * 4 + 2 * h] - m_use), p1 = fast_exp2(sc[nb * 4 + 2 * h + 1] - m_use);
+          }
           sc[nb * 4 + 2 * h] = p0, sc[nb * 4 + 2 * h + 1] = p1;
           sum += p0 + p1;
         }
         row_sum[h] = sum;
       }
-      uint32_t pa[BN / 16][4];
+      return __any_sync(0xffffffffu, moved);
+    };
+    auto rescale_o = [&](const float(&alpha)[2]) {
+#pragma unroll
+      for (int db = 0; db < DB; ++db)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) o[db * 4 + 2 * h] *= alpha[h], o[db * 4 + 2 * h + 1] *= alpha[h];
+    };
+    // P as the A fragments of P V: the accumulator layout of two adjacent n8
+    // blocks is the A layout of one k16 step.
+    auto pack_p = [&](uint32_t(&pa)[BN / 16][4]) {
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         pa[kk][0] = pack2<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
@@ -191,20 +224,58 @@ __global__ void __launch_bounds__(384, 1)
         pa[kk][2] = pack2<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
         pa[kk][3] = pack2<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
       }
+    };
 
-      // O += P V over the tile's keys in k16 steps (16 rows of V each).
-      mbar_wait(v_full(st), parity);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        const uint32_t b = sV + st * Cfg::kKVBytes + kk * 16 * kRowBytes;
-        wgmma_rs_tn<T, D>(o, pa[kk], smem_desc(b, BN * kRowBytes, 1024));
+    // Ping-pong: the warpgroups take turns issuing their MMAs (named barrier
+    // 1 + wg opens warpgroup wg's turn), so one's softmax runs while the
+    // other's MMAs do. Warpgroup 0 goes first.
+    auto my_turn = [&] {
+      if (wg == 0) named_barrier_sync<1>(Cfg::kConsumerThreads);
+      else named_barrier_sync<2>(Cfg::kConsumerThreads);
+    };
+    auto their_turn = [&] {
+      if (wg == 0) named_barrier_arrive<2>(Cfg::kConsumerThreads);
+      else named_barrier_arrive<1>(Cfg::kConsumerThreads);
+    };
+    uint32_t pa[BN / 16][4];
+    float alpha[2];
+    const bool positive_scale = p.scale_log2 > 0.f;
+    if (num_key_tiles > 0) {
+      mbar_wait(q_full, 0);
+      if (wg == 1) their_turn();
+    }
+    // Per tile j: O += P_{j-1} V_{j-1}, S = Q K_j^T, softmax, O rescaled, P_j packed.
+    for (int j = 0; j < num_key_tiles; ++j) {
+      my_turn();
+      if (j > 0) {
+        wait_v(j - 1);
+        wgmma_fence();
+        issue_pv(j - 1, pa);
+        wgmma_wait<0>();
+        fence_registers(o);
+        fence_registers(pa);
+        release(v_empty((j - 1) % kStages));
       }
-      wgmma_commit();
+      wait_k(j);
+      wgmma_fence();
+      issue_scores(j);
+      // Warpgroup 1 opened warpgroup 0's first turn, so it skips its last hand-over.
+      if (wg == 0 || j + 1 < num_key_tiles) their_turn();
+      wgmma_wait<0>();
+      fence_registers(sc);
+      release(k_empty(j % kStages));
+      const bool moved = positive_scale ? softmax(std::true_type{}, j, alpha) : softmax(std::false_type{}, j, alpha);
+      if (moved && j > 0) rescale_o(alpha);
+      pack_p(pa);
+    }
+    if (num_key_tiles > 0) {
+      wait_v(num_key_tiles - 1);
+      wgmma_fence();
+      issue_pv(num_key_tiles - 1, pa);
       wgmma_wait<0>();
       fence_registers(o);
       fence_registers(pa);
-      if (lane == 0) mbar_arrive(v_empty(st));
+      release(v_empty((num_key_tiles - 1) % kStages));
     }
 
     // o = O / l (0 for a row that saw no key), lse = ln(l) + max.
@@ -254,7 +325,6 @@ template <class T>
 bool make_tensor_map(CUtensorMap& map, const Strided& t, int64_t batch, int64_t tokens, int64_t heads, int64_t dim,
                      int rows) {
   const auto encode = tensor_map_encoder();
-  if (encode == nullptr || !t.vec16) return false;
   const cuuint64_t dims[4] = {cuuint64_t(dim), cuuint64_t(heads), cuuint64_t(tokens), cuuint64_t(batch)};
   // Byte strides of H, T, B; a dimension of size 1 is never stepped, any valid stride does.
   const int64_t strides_in[3] = {t.head, t.token, t.batch};
@@ -271,41 +341,45 @@ bool make_tensor_map(CUtensorMap& map, const Strided& t, int64_t batch, int64_t 
 
 }  // namespace
 
-// Runs the Hopper forward when this device and these tensors allow it;
-// returns false (having launched nothing) otherwise.
+// Launches the Hopper forward; returns nullptr, or (having launched nothing)
+// why this device, build or tensors do not allow it.
 template <class T, int D>
-bool run_attention_forward_hopper(AttentionParams p, cudaStream_t stream) {
+const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream) {
   using Cfg = HopperForwardConfig<D>;
   auto kernel = attention_forward_hopper_kernel<T, D>;
   int device = 0, major = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-  if (major != 9) return false;
+  if (major != 9) return "the device is not compute capability 9.x";
   cudaFuncAttributes attributes{};
   // The sm_90a machine code must be in this build (an sm_80-only build runs the portable kernel).
   if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess || attributes.binaryVersion != 90) {
     cudaGetLastError();
-    return false;
+    return "this build has no sm_90a machine code";
   }
+  if (!p.q.vec16 || !p.k.vec16 || !p.v.vec16)
+    return "q, k and v need unit stride along D and 16-byte aligned pointers and strides (TMA)";
   constexpr int64_t kIntMax = 0x7fffffff;
-  if (p.q_len > kIntMax || p.k_len > kIntMax || p.batch > kIntMax || p.q_heads > kIntMax) return false;
+  if (p.q_len > kIntMax || p.k_len > kIntMax || p.batch > kIntMax || p.q_heads > kIntMax)
+    return "a length, batch or head count exceeds the 32-bit TMA coordinates";
+  if (tensor_map_encoder() == nullptr) return "the driver offers no cuTensorMapEncodeTiled";
   CUtensorMap map_q, map_k, map_v;
   if (!make_tensor_map<T>(map_q, p.q, p.batch, p.q_len, p.q_heads, D, Cfg::kBlockM) ||
       !make_tensor_map<T>(map_k, p.k, p.batch, p.k_len, p.kv_heads, D, Cfg::kBlockN) ||
       !make_tensor_map<T>(map_v, p.v, p.batch, p.k_len, p.kv_heads, D, Cfg::kBlockN))
-    return false;
+    return "cuTensorMapEncodeTiled rejected a tensor";
 
   const int64_t blocks = plan_grid(p, Cfg::kBlockM, true, p.q_heads);
-  if (blocks == 0) return true;
+  if (blocks == 0) return nullptr;
   prepare_smem(kernel, Cfg::kSmemBytes);
   kernel<<<unsigned(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_q, map_k, map_v, p);
   check_cuda(cudaGetLastError(), "attention forward (Hopper) kernel launch");
-  return true;
+  return nullptr;
 }
 
-template bool run_attention_forward_hopper<__nv_bfloat16, 64>(AttentionParams, cudaStream_t);
-template bool run_attention_forward_hopper<__half, 64>(AttentionParams, cudaStream_t);
-template bool run_attention_forward_hopper<__nv_bfloat16, 128>(AttentionParams, cudaStream_t);
-template bool run_attention_forward_hopper<__half, 128>(AttentionParams, cudaStream_t);
+template const char* run_attention_forward_hopper<__nv_bfloat16, 64>(AttentionParams, cudaStream_t);
+template const char* run_attention_forward_hopper<__half, 64>(AttentionParams, cudaStream_t);
+template const char* run_attention_forward_hopper<__nv_bfloat16, 128>(AttentionParams, cudaStream_t);
+template const char* run_attention_forward_hopper<__half, 128>(AttentionParams, cudaStream_t);
 
 }  // namespace flashgla::cuda::attn

@@ -74,9 +74,10 @@ template <class T, int D>
 void run_attention_forward(AttentionParams p, cudaStream_t stream);
 template <class T, int D>
 void run_attention_backward(AttentionParams p, cudaStream_t stream);
-// The sm_90a forward (attention_hopper.cu, D in {64, 128}): false, having
-// launched nothing, where this device, build or tensors do not allow it.
+// The sm_90a forward (attention_hopper.cu, D in {64, 128}): nullptr once
+// launched, else why this device, build or tensors do not allow it (and
+// nothing was launched).
 template <class T, int D>
-bool run_attention_forward_hopper(AttentionParams p, cudaStream_t stream);
+const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream);
 
 }  // namespace flashgla::cuda::attn
