@@ -15,7 +15,10 @@ inputs (bf16, g = logsigmoid(randn)), as the median of triton's do_bench
   * decode on fp32 states vs a device-to-device copy of the same bytes
     (read + write), i.e. the fraction of copy bandwidth reached.
 --splits times the chunked kernel with FLASHGLA_GLA_SPLITS forced to each
-value as well (the split of long sequences; 0 = the built-in choice).
+value as well (the split of long sequences; 0 = the built-in choice). Each
+chunked line also names the general kernel's time ("old",
+FLASHGLA_GLA_FAST=0) on the same inputs, and the relative difference of the
+two outputs is printed before the table.
 """
 
 import argparse
@@ -86,6 +89,14 @@ def main():
     for B, T, H, K, V, target in ANCHORS:
         q, k, v, g = gla_inputs(B, T, H, K, V)
         reference = sdpa_ms(B, T, H, K, V)
+        # The general kernel (FLASHGLA_GLA_FAST=0) first, as "old", and its output for a consistency check.
+        os.environ["FLASHGLA_GLA_FAST"] = "0"
+        old = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
+        o_old = flashgla.chunk_gla(q, k, v, g)[0].float()
+        os.environ.pop("FLASHGLA_GLA_FAST", None)
+        o_new = flashgla.chunk_gla(q, k, v, g)[0].float()
+        diff = ((o_new - o_old).norm() / o_old.norm()).item()
+        print(f"B{B} T{T} H{H} K{K} V{V}: rel. difference fast vs general output {diff:.2e}", flush=True)
         for splits in args.splits.split(","):
             if splits.strip() == "0":
                 os.environ.pop("FLASHGLA_GLA_SPLITS", None)
@@ -93,13 +104,12 @@ def main():
                 os.environ["FLASHGLA_GLA_SPLITS"] = splits.strip()
             ours = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
             label = "" if splits.strip() == "0" else f" splits={splits.strip()}"
+            name = f"chunk_gla fwd B{B} T{T} H{H} K{K} V{V}{label} (old {old:.4f} ms)"
             if reference is not None:
-                rows.append((f"chunk_gla fwd B{B} T{T} H{H} K{K} V{V}{label}", ours, reference, "SDPA flash causal",
-                             f"{ours / reference:.2f}x", target))
+                rows.append((name, ours, reference, "SDPA flash causal", f"{ours / reference:.2f}x", target))
             else:
                 floor = byte_floor_ms(B, T, H, K, V, bandwidth)
-                rows.append((f"chunk_gla fwd B{B} T{T} H{H} K{K} V{V}{label}", ours, floor, "byte floor",
-                             f"{ours / floor:.2f}x", target))
+                rows.append((name, ours, floor, "byte floor", f"{ours / floor:.2f}x", target))
         os.environ.pop("FLASHGLA_GLA_SPLITS", None)
         del q, k, v, g
 

@@ -20,25 +20,38 @@ cmake -S . -B $BUILD -G Ninja -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a 
   cmake -S . -B $BUILD -G Ninja -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHGLA_PYTHON=OFF \
     >>"$OUT/build.log" 2>&1
 }
-if ! cmake --build $BUILD -j16 --target flashgla_tests >>"$OUT/build.log" 2>&1; then
-  grep -E "error|FAILED" "$OUT/build.log" | head -40
-  exit 1
+targets="flashgla_tests"
+[ "$python_on" = ON ] && targets="flashgla_tests flashgla_python"
+if ! cmake --build $BUILD -j16 --target $targets >>"$OUT/build.log" 2>&1; then
+  if ! cmake --build $BUILD -j16 --target flashgla_tests >>"$OUT/build.log" 2>&1; then
+    grep -E "error|FAILED" "$OUT/build.log" | head -40
+    exit 1
+  fi
+  python_on=OFF
 fi
-note "build (tests): $(($(date +%s) - start)) s, python module: $python_on"
+note "build: $(($(date +%s) - start)) s, python module: $python_on"
 
+# The fast path's own tests first (quick signal), then the benchmark, then every forward test.
 start=$(date +%s)
-timeout 240 $BUILD/flashgla_tests --gtest_filter="$TESTS" >"$OUT/tests.log" 2>&1
-note "tests: rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests.log") failed, $(grep -cE '^\[  SKIPPED \]' "$OUT/tests.log") skipped"
-grep -E '^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$OUT/tests.log" | sort -u | head -40
-grep -E "Failure|error [0-9.e+-]+|Which is|Expected|actual|What|Trace|flashgla:" "$OUT/tests.log" | head -60
+timeout 60 $BUILD/flashgla_tests --gtest_filter="CudaGlaForward.FastPath*:CudaGlaForward.SanitizerFastPath" \
+  >"$OUT/tests_fast.log" 2>&1
+note "fast-path tests: rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests_fast.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests_fast.log") failed"
+grep -E "Failure|error [0-9.e+-]+|Which is|Expected|actual|What|Trace|flashgla:" "$OUT/tests_fast.log" | head -30
 
-if [ "$python_on" = ON ] && cmake --build $BUILD -j16 --target flashgla_python >>"$OUT/build.log" 2>&1; then
+if [ "$python_on" = ON ]; then
   start=$(date +%s)
-  PYTHONPATH=$BUILD/python PYTHONUNBUFFERED=1 timeout 150 python3 bench/bench_gla_fwd.py "$@" >"$OUT/bench.log" 2>&1
+  PYTHONPATH=$BUILD/python PYTHONUNBUFFERED=1 timeout ${BENCH_TIMEOUT:-150} python3 bench/bench_gla_fwd.py "$@" \
+    >"$OUT/bench.log" 2>&1
   note "benchmark: rc=$? in $(($(date +%s) - start)) s"
 else
   note "benchmark: the Python module did not build (see build.log)"
 fi
+
+start=$(date +%s)
+timeout ${TEST_TIMEOUT:-240} $BUILD/flashgla_tests --gtest_filter="$TESTS" >"$OUT/tests.log" 2>&1
+note "tests: rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests.log") failed, $(grep -cE '^\[  SKIPPED \]' "$OUT/tests.log") skipped"
+grep -E '^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$OUT/tests.log" | sort -u | head -40
+grep -E "Failure|error [0-9.e+-]+|Which is|Expected|actual|What|Trace|flashgla:" "$OUT/tests.log" | head -60
 
 start=$(date +%s)
 timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
@@ -46,7 +59,7 @@ timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla
 note "memcheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log")"
 start=$(date +%s)
 timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
-  --gtest_filter="CudaGlaForward.SanitizerSmallCases" >"$OUT/racecheck.log" 2>&1
+  --gtest_filter="CudaGlaForward.SanitizerSmallCases:CudaGlaForward.SanitizerFastPath" >"$OUT/racecheck.log" 2>&1
 note "racecheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log")"
 
 if [ -n "${PROFILE:-}" ] && [ "$python_on" = ON ]; then
@@ -62,7 +75,7 @@ for _ in range(3):
     flashgla.chunk_gla(q, k, v, g)
 torch.cuda.synchronize()
 PY
-  PYTHONPATH=$BUILD/python timeout 150 ncu --kernel-name regex:chunk_forward --launch-skip 2 --launch-count 1 \
+  PYTHONPATH=$BUILD/python timeout 150 ncu --kernel-name "regex:chunk_(forward|kernel)" --launch-skip 2 --launch-count 1 \
     --set full --import-source yes -f -o /tmp/chunk python3 /tmp/profile.py >"$OUT/ncu_details.txt" 2>&1
   ncu -i /tmp/chunk.ncu-rep --page details >>"$OUT/ncu_details.txt" 2>&1
   ncu -i /tmp/chunk.ncu-rep --page source --csv --print-source sass >"$OUT/ncu_sass.csv" 2>&1

@@ -260,6 +260,62 @@ TEST(CudaGlaForward, SequenceSplit) {
     }
 }
 
+// The fast path (bf16/fp16, K ≤ 128, 16-byte rows): key widths below, at and
+// between its two tile sizes, value widths over one and several tiles, every
+// gate kind and range, h0 / final state, and the sequence split (forced piece
+// counts and the host cu_seqlens of a varlen batch).
+TEST(CudaGlaForward, FastPathShapes) {
+  SKIP_WITHOUT_GPU();
+  struct Dims {
+    int64_t K, V;
+  };
+  int i = 0;
+  for (const Dims& d : {Dims{128, 128}, Dims{64, 64}, Dims{128, 64}, Dims{64, 128}, Dims{16, 8}, Dims{96, 200},
+                        Dims{120, 264}, Dims{128, 40}})
+    for (GateValues values : {GateValues::typical, GateValues::near_zero, GateValues::very_negative}) {
+      Case c;
+      c.B = 2, c.T = i % 2 ? 333 : 192, c.H = 2, c.K = d.K, c.V = d.V;
+      c.dtype = i % 3 == 2 ? DType::f16 : DType::bf16, c.gate_dtype = c.dtype;
+      c.gate = i % 4 == 3 ? Gate::scalar : i % 8 == 5 ? Gate::none : Gate::vector;
+      c.gate_values = values, c.h0 = i % 2 == 0, c.final_state = i % 3 != 1;
+      c.row_padding = i % 5 == 4 ? 8 : 0;
+      c.seed = 1500 + i++;
+      check_against_reference(c, Call{});
+    }
+  for (const char* forced : {"2", "5"}) {
+    setenv("FLASHGLA_GLA_SPLITS", forced, 1);
+    for (Gate gate : {Gate::vector, Gate::scalar}) {
+      Case c;
+      c.B = 1, c.T = 700 + 29 * i, c.H = 2, c.K = 128, c.V = 128, c.dtype = DType::bf16, c.gate_dtype = c.dtype;
+      c.gate = gate, c.seed = 1550 + i++;
+      Call call;
+      call.caller_workspace = i % 2;
+      check_against_reference(c, call);
+    }
+    unsetenv("FLASHGLA_GLA_SPLITS");
+  }
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    Case c = varlen_case(dtype, Gate::vector, 1560 + i++);
+    c.K = 128, c.V = 64, c.gate_dtype = dtype;
+    const Buffer host = make_inputs(c).cu_seqlens;
+    Call call;
+    call.cu_seqlens_host = &host;  // lets the host plan a split
+    check_against_reference(c, call);
+  }
+}
+
+// The general kernel on bf16/fp16 inputs, which the fast path takes otherwise.
+TEST(CudaGlaForward, GeneralKernelOnHalfInputs) {
+  SKIP_WITHOUT_GPU();
+  setenv("FLASHGLA_GLA_FAST", "0", 1);
+  int i = 0;
+  for (const Case& base : grid()) {
+    if (base.dtype == DType::f32 || i++ % 2) continue;
+    check_against_reference(base, Call{});
+  }
+  unsetenv("FLASHGLA_GLA_FAST");
+}
+
 TEST(CudaGlaForward, LongSequence) {
   SKIP_WITHOUT_GPU();
   int i = 0;
@@ -474,6 +530,21 @@ TEST(CudaGlaForward, SanitizerSmallCases) {
       check_against_reference(c, call);
       check_against_reference(varlen_case(dtype, Gate::scalar, 1410 + i), call);
     }
+}
+
+// The fast path's small cases (memcheck and racecheck): one tile size each,
+// a partial last chunk, a split, a scalar gate.
+TEST(CudaGlaForward, SanitizerFastPath) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (int64_t K : {64, 128}) {
+    Case c;
+    c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = K == 64 ? 136 : 48, c.dtype = DType::bf16, c.gate_dtype = c.dtype;
+    c.gate = i % 2 ? Gate::scalar : Gate::vector, c.seed = 1600 + i++;
+    setenv("FLASHGLA_GLA_SPLITS", "2", 1);
+    check_against_reference(c, Call{});
+    unsetenv("FLASHGLA_GLA_SPLITS");
+  }
 }
 
 }  // namespace

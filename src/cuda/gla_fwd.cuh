@@ -63,6 +63,7 @@ struct ChunkParams {
   float* split_states = nullptr;  // [N][H][num_splits-1][K][V]: each split's state from a zero start
   float* split_decay = nullptr;   // [N][H][num_splits-1][K]: each split's total decay exp(sum g)
   bool states_only = false;       // the first pass: write split_states/split_decay, no output
+  bool fast = false;              // run the fast path (gla_fwd_fast.cu) instead of the general kernel
   ChunkLayout smem;
 };
 
@@ -70,6 +71,14 @@ struct ChunkParams {
 ChunkLayout chunk_layout(Elem input, Elem gate, Gate gate_kind, int key_dim);
 int chunk_blocks_per_sm(Elem input, const ChunkLayout& layout);
 void launch_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
+
+// The fast path (gla_fwd_fast.cu): bf16/fp16 inputs (a vector gate of the same
+// dtype, or a scalar gate, or none), K ≤ 128, every row 16-byte aligned. One CTA
+// per SM; value tiles of fast_value_tile(V) columns.
+bool fast_chunk_supported(const ChunkParams& p);
+int fast_value_tile(int value_dim);
+int fast_chunk_smem_bytes(int key_dim, int value_dim);
+void launch_fast_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // ---- recurrent forward ---------------------------------------------------------
 struct RecurrentParams {
