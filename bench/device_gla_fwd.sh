@@ -86,3 +86,5 @@ fi
 echo "==== summary"
 printf '%s\n' "${summary[@]}"
 cat "$OUT/bench.log" 2>/dev/null | tail -30
+# At most 8 files come back from the device machine: one archive of the logs.
+(cd "$OUT" && tar czf logs.tgz --remove-files $(ls | grep -v '^logs.tgz$'))
