@@ -19,10 +19,11 @@
 //       rows 16–31 × cols 0–15 and rows 48–63 × cols 32–47 (reference: the
 //       first row of the row block), rows 32–63 × cols 0–31 (row 32), and the
 //       8×8 blocks rows 8–15 × cols 0–7 of each 16-row block (its row 8).
-//   * Loads: q, k, g of the next chunk by cp.async right after this chunk's
-//     operands are built, v double-buffered; all 16-byte pieces (rows16).
-// Per chunk: [wait, B0] P1: α, group totals, diagonal triangles [B1]
-// P2: operands Qg, Kd, the off-diagonal operands, prefetch [B2]
+//   * Loads (cp.async, 16-byte pieces, rows16): q, k, v of the next chunk
+//     a whole chunk ahead (double buffers; Qg and Kd are built over q and k in
+//     place), g of the next chunk once this chunk's operands are built.
+// Per chunk: [wait, B0] (q k v prefetch) P1: α, group totals, diagonal triangles [B1]
+// P2: operands Qg, Kd, the off-diagonal operands [B2] (g prefetch)
 // M: off-diagonal A, O = Qg S, S ← diag(decay) S + Kd^T V [B3]
 // bf16 S, O += A V, o stored.
 // The sequence split and its states pass work as in gla_fwd_chunk.cu.
@@ -42,13 +43,11 @@ constexpr int kScatter = 48;   // kTriangle padded for a 4-level reduce-scatter
 template <int KP, int BV>
 struct FastLayout {
   static constexpr int P = KP + 8, PV = BV + 8, PA = C + 8;
-  static constexpr int q = 0;
-  static constexpr int k = q + C * P * 2;
-  static constexpr int g = k + C * P * 2;             // vector gate, [64][KP]
+  static constexpr int q = 0;                         // two buffers [64][P]: q, then q ⊙ exp Γ in place
+  static constexpr int k = q + 2 * C * P * 2;         // two buffers [64][P]: k, then k ⊙ exp(γ^C − Γ) in place
+  static constexpr int g = k + 2 * C * P * 2;         // vector gate, [64][KP]
   static constexpr int v = g + C * KP * 2;            // two buffers [64][PV]
-  static constexpr int qg = v + 2 * C * PV * 2;       // q ⊙ exp Γ
-  static constexpr int kd = qg + C * P * 2;           // k ⊙ exp(γ^C − Γ)
-  static constexpr int qo = kd + C * P * 2;           // 96 rows: query side of the off-diagonal blocks
+  static constexpr int qo = v + 2 * C * PV * 2;       // 96 rows: query side of the off-diagonal blocks
   static constexpr int ko = qo + 96 * P * 2;          // 96 rows: key side
   static constexpr int s = ko + 96 * P * 2;           // bf16 state [KP][PV]
   static constexpr int a = s + KP * PV * 2;           // A [64][PA]
@@ -145,12 +144,10 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
   };
 
-  E* q_s = reinterpret_cast<E*>(smem + L::q);
-  E* k_s = reinterpret_cast<E*>(smem + L::k);
+  E* q_buf = reinterpret_cast<E*>(smem + L::q);
+  E* k_buf = reinterpret_cast<E*>(smem + L::k);
   E* g_s = reinterpret_cast<E*>(smem + L::g);
   E* v_buf = reinterpret_cast<E*>(smem + L::v);
-  E* qg_s = reinterpret_cast<E*>(smem + L::qg);
-  E* kd_s = reinterpret_cast<E*>(smem + L::kd);
   E* qo_s = reinterpret_cast<E*>(smem + L::qo);
   E* ko_s = reinterpret_cast<E*>(smem + L::ko);
   E* s_s = reinterpret_cast<E*>(smem + L::s);
@@ -175,12 +172,16 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
       cp_async16(dst + r * pitch + piece * 8, from, bytes);
     }
   };
-  auto issue = [&](int64_t c) {
+  // q, k, v go to the buffers of chunk c's parity (issued a chunk ahead); g has one buffer (issued after P2).
+  auto issue_qkv = [&](int64_t c) {
     const int rows_valid = int(min(int64_t(C), seq.len - c * C));
-    if (!p.states_only) load_rows(q_s, P, p.q, c, rows_valid, 0, K, KP);
-    load_rows(k_s, P, p.k, c, rows_valid, 0, K, KP);
-    if (p.gate == Gate::vector) load_rows(g_s, KP, p.g, c, rows_valid, 0, K, KP);
+    if (!p.states_only) load_rows(q_buf + (c & 1) * C * P, P, p.q, c, rows_valid, 0, K, KP);
+    load_rows(k_buf + (c & 1) * C * P, P, p.k, c, rows_valid, 0, K, KP);
     load_rows(v_buf + (c & 1) * C * PV, PV, p.v, c, rows_valid, v0, V, BV);
+  };
+  auto issue_g = [&](int64_t c) {
+    if (p.gate == Gate::vector)
+      load_rows(g_s, KP, p.g, c, int(min(int64_t(C), seq.len - c * C)), 0, K, KP);
   };
   float scalar_g_next = 0.f;  // the scalar gate travels in registers of the first 64 threads, one chunk ahead
   auto fetch_scalar_gate = [&](int64_t c) {
@@ -223,7 +224,8 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   for (int i = tid; i < C * PA; i += NT) a_s[i] = from_float<E>(0.f);
 
   if (c_begin < c_end) {
-    issue(c_begin);
+    issue_qkv(c_begin);
+    issue_g(c_begin);
     fetch_scalar_gate(c_begin);
   }
   cp_async_commit();
@@ -245,10 +247,14 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   for (int64_t c = c_begin; c < c_end; ++c) {
     const int rows_valid = int(min(int64_t(C), seq.len - c * C));
     const E* v_s = v_buf + (c & 1) * C * PV;
+    E* q_s = q_buf + (c & 1) * C * P;  // q, then q ⊙ exp Γ
+    E* k_s = k_buf + (c & 1) * C * P;  // k, then k ⊙ exp(γ^C − Γ)
     if (p.gate == Gate::scalar && tid < C) salpha_s[tid] = __expf(scalar_g_next);
     if (c + 1 < c_end) fetch_scalar_gate(c + 1);
     cp_async_wait_all();
     __syncthreads();  // B0: this chunk's tiles are in; the previous chunk's products are done
+    if (c + 1 < c_end) issue_qkv(c + 1);  // into the buffers the previous chunk has finished with
+    cp_async_commit();
 
     // ---- P1: group totals of α; the diagonal 8×8 triangles of A (fp32, this lane's keys) ----
     {
@@ -310,7 +316,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     }
     __syncthreads();  // B1: totals and triangles visible
 
-    // ---- P2: operands of this chunk ----
+    // ---- P2: operands of this chunk (Qg and Kd over q and k in place: each thread its own elements) ----
     if (!p.states_only && tid < 8 * kTriangle) {
       const int grp = tid / kTriangle, idx = tid - grp * kTriangle;
       int r = 0;
@@ -357,11 +363,11 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         const int r = r0 + j;
         const float kv = to_float(k_s[r * P + key]);
         const float kb = kv * bwd[j];
-        kd_s[r * P + key] = from_float<E>(kb * after);
+        k_s[r * P + key] = from_float<E>(kb * after);
         if (p.states_only) continue;
         const float qv = to_float(q_s[r * P + key]);
         const float inclusive = a[0] * fwd[j];  // Π over this group's rows 0..j
-        qg_s[r * P + key] = from_float<E>(qv * before * inclusive);
+        q_s[r * P + key] = from_float<E>(qv * before * inclusive);
         // Query side (reference: the first row of the row block) ...
         if (sub & 1) qo_s[((sub == 1 ? 0 : 16) + 8 * odd + j) * P + key] = from_float<E>(qv * (odd ? q1_lead * inclusive : fwd[j]));
         if (gr >= 4) qo_s[r * P + key] = from_float<E>(qv * (gr == 4 ? fwd[j] : q2_lead * q2_mid * inclusive));
@@ -373,8 +379,8 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         if (!odd) ko_s[(64 + 8 * sub + j) * P + key] = from_float<E>(kb * kx_first);
       }
     }
-    __syncthreads();  // B2: operands ready; raw q, k, g free
-    if (c + 1 < c_end) issue(c + 1);
+    __syncthreads();  // B2: operands ready; g free
+    if (c + 1 < c_end) issue_g(c + 1);
     cp_async_commit();
 
     // ---- M: off-diagonal blocks of A (one 16×8 product per warp) ----
@@ -408,7 +414,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     if (!p.states_only) {
 #pragma unroll
       for (int ks = 0; ks < KT; ++ks) {
-        const auto af = frag_a(qg_s + 16 * mo * P + 16 * ks, P, lane);
+        const auto af = frag_a(q_s + 16 * mo * P + 16 * ks, P, lane);
 #pragma unroll
         for (int np = 0; np < NO / 2; ++np) {
           typename M::B b0, b1;
@@ -426,7 +432,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
       for (int nt = 0; nt < NS; ++nt) S[nt][0] *= d0, S[nt][1] *= d0, S[nt][2] *= d1, S[nt][3] *= d1;
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) {
-        const auto af = frag_a_t(kd_s + 16 * ks * P + 16 * kt, P, lane);
+        const auto af = frag_a_t(k_s + 16 * ks * P + 16 * kt, P, lane);
 #pragma unroll
         for (int np = 0; np < NS / 2; ++np) {
           typename M::B b0, b1;
