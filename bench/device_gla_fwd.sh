@@ -65,7 +65,7 @@ note "racecheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 -E 'RACECHECK S
 if [ -n "${PROFILE:-}" ] && [ "$python_on" = ON ]; then
   # Nsight Compute on one chunked-kernel launch (bf16 B8 T4096 H16 K=V=128): details and per-SASS stalls.
   start=$(date +%s)
-  cat >/tmp/profile.py <<'PY'
+  cat >/tmp/gla_fwd_profile.py <<'PY'
 import torch, torch.nn.functional as F, flashgla
 B, T, H, K, V = 8, 4096, 16, 128, 128
 q, k = (torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -76,7 +76,7 @@ for _ in range(3):
 torch.cuda.synchronize()
 PY
   PYTHONPATH=$BUILD/python timeout 150 ncu --kernel-name "regex:chunk_(forward|kernel)" --launch-skip 2 --launch-count 1 \
-    --set full --import-source yes -f -o /tmp/chunk python3 /tmp/profile.py >"$OUT/ncu_details.txt" 2>&1
+    --set full --import-source yes -f -o /tmp/chunk python3 /tmp/gla_fwd_profile.py >"$OUT/ncu_details.txt" 2>&1
   ncu -i /tmp/chunk.ncu-rep --page details >>"$OUT/ncu_details.txt" 2>&1
   ncu -i /tmp/chunk.ncu-rep --page source --csv --print-source sass >"$OUT/ncu_sass.csv" 2>&1
   note "profile: $(($(date +%s) - start)) s"

@@ -27,6 +27,8 @@
 // M: off-diagonal A, O = Qg S, S ← diag(decay) S + Kd^T V [B3]
 // bf16 S, O += A V, o stored.
 // The sequence split and its states pass work as in gla_fwd_chunk.cu.
+#include <type_traits>
+
 #include "cuda/common.cuh"
 #include "cuda/gla_device.cuh"
 
@@ -114,7 +116,25 @@ __device__ __forceinline__ void store2(E* p, float lo, float hi) {
   *reinterpret_cast<uint32_t*>(p) = Mma<E>::pack(lo, hi);
 }
 
-template <class E, int KP, int BV>
+// N = 1 or 2 consecutive elements as floats (4-byte aligned for 2), and back.
+template <class E, int N>
+__device__ __forceinline__ void load_keys(const E* p, float (&x)[N]) {
+  if constexpr (N == 2) {
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(p);
+    E pair[2];
+    *reinterpret_cast<uint32_t*>(pair) = w;
+    x[0] = to_float(pair[0]), x[1] = to_float(pair[1]);
+  } else {
+    x[0] = to_float(p[0]);
+  }
+}
+template <class E, int N>
+__device__ __forceinline__ void store_keys(E* p, const float (&x)[N]) {
+  if constexpr (N == 2) store2(p, x[0], x[1]);
+  else p[0] = from_float<E>(x[0]);
+}
+
+template <class E, int KP, int BV, Gate GK>
 __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   using L = FastLayout<KP, BV>;
@@ -159,33 +179,37 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   float* salpha_s = reinterpret_cast<float*>(smem + L::salpha);
 
   // ---- loads of one chunk: 16-byte cp.async pieces, zero outside the sequence / the dims ----
-  auto load_rows = [&](E* dst, int pitch, const View& t, int64_t c, int rows_valid, int col0, int width, int cols) {
-    const int pieces = cols / 8;
-    const E* src = static_cast<const E*>(t.data);
-    const int64_t base = row_offset(t, c * C);
-#pragma unroll 1
-    for (int i = tid; i < C * pieces; i += NT) {
-      const int r = i / pieces, piece = i - r * pieces;
-      const int col = col0 + piece * 8;
-      const int bytes = r < rows_valid ? min(16, max(0, (width - col) * 2)) : 0;
-      const E* from = bytes ? src + base + r * t.stride[1] + col : src;
-      cp_async16(dst + r * pitch + piece * 8, from, bytes);
+  // A tile of COLS columns has COLS / 8 pieces per row; thread tid always takes piece tid % (COLS / 8) of
+  // rows tid / (COLS / 8) + i · NT / (COLS / 8).
+  auto load_rows = [&](auto cols_tag, E* dst, int pitch, const View& t, int64_t c, int rows_valid, int col0, int width) {
+    constexpr int pieces = decltype(cols_tag)::value / 8, rows_per_pass = NT / pieces;
+    const int row = tid / pieces, col = col0 + (tid % pieces) * 8;
+    const int bytes = min(16, max(0, (width - col) * 2));
+    const E* src = static_cast<const E*>(t.data) + row_offset(t, c * C + row) + col;
+    E* to = dst + row * pitch + (tid % pieces) * 8;
+#pragma unroll
+    for (int i = 0; i < C / rows_per_pass; ++i) {
+      const bool valid = row + i * rows_per_pass < rows_valid && bytes > 0;
+      cp_async16(to + i * rows_per_pass * pitch, valid ? src + i * rows_per_pass * t.stride[1] : t.data,
+                 valid ? bytes : 0);
     }
   };
+  using KCols = std::integral_constant<int, KP>;
+  using VCols = std::integral_constant<int, BV>;
   // q, k, v go to the buffers of chunk c's parity (issued a chunk ahead); g has one buffer (issued after P2).
   auto issue_qkv = [&](int64_t c) {
     const int rows_valid = int(min(int64_t(C), seq.len - c * C));
-    if (!p.states_only) load_rows(q_buf + (c & 1) * C * P, P, p.q, c, rows_valid, 0, K, KP);
-    load_rows(k_buf + (c & 1) * C * P, P, p.k, c, rows_valid, 0, K, KP);
-    load_rows(v_buf + (c & 1) * C * PV, PV, p.v, c, rows_valid, v0, V, BV);
+    if (!p.states_only) load_rows(KCols{}, q_buf + (c & 1) * C * P, P, p.q, c, rows_valid, 0, K);
+    load_rows(KCols{}, k_buf + (c & 1) * C * P, P, p.k, c, rows_valid, 0, K);
+    load_rows(VCols{}, v_buf + (c & 1) * C * PV, PV, p.v, c, rows_valid, v0, V);
   };
   auto issue_g = [&](int64_t c) {
-    if (p.gate == Gate::vector)
-      load_rows(g_s, KP, p.g, c, int(min(int64_t(C), seq.len - c * C)), 0, K, KP);
+    if constexpr (GK == Gate::vector)
+      load_rows(KCols{}, g_s, KP, p.g, c, int(min(int64_t(C), seq.len - c * C)), 0, K);
   };
   float scalar_g_next = 0.f;  // the scalar gate travels in registers of the first 64 threads, one chunk ahead
   auto fetch_scalar_gate = [&](int64_t c) {
-    if (p.gate == Gate::scalar && tid < C) {
+    if (GK == Gate::scalar && tid < C) {
       const int64_t t = c * C + tid;
       scalar_g_next = t < seq.len ? load_float(p.g.data, row_offset(p.g, t), p.g.dtype) : 0.f;
     }
@@ -237,11 +261,16 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   float split_decay_acc[KPL];
 #pragma unroll
   for (int e = 0; e < KPL; ++e) split_decay_acc[e] = 1.f;
-  auto alphas = [&](float (&a)[8], int key) {
+  // α of this thread's 8 rows and KPL keys.
+  auto alphas = [&](float (&a)[KPL][8]) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      a[j] = p.gate == Gate::vector ? __expf(to_float(g_s[(r0 + j) * KP + key]))
-           : p.gate == Gate::scalar ? salpha_s[r0 + j] : 1.f;
+    for (int j = 0; j < 8; ++j) {
+      float x[KPL] = {};
+      if constexpr (GK == Gate::vector) load_keys(g_s + (r0 + j) * KP + key0, x);
+#pragma unroll
+      for (int e = 0; e < KPL; ++e)
+        a[e][j] = GK == Gate::vector ? __expf(x[e]) : GK == Gate::scalar ? salpha_s[r0 + j] : 1.f;
+    }
   };
 
   for (int64_t c = c_begin; c < c_end; ++c) {
@@ -249,7 +278,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     const E* v_s = v_buf + (c & 1) * C * PV;
     E* q_s = q_buf + (c & 1) * C * P;  // q, then q ⊙ exp Γ
     E* k_s = k_buf + (c & 1) * C * P;  // k, then k ⊙ exp(γ^C − Γ)
-    if (p.gate == Gate::scalar && tid < C) salpha_s[tid] = __expf(scalar_g_next);
+    if (GK == Gate::scalar && tid < C) salpha_s[tid] = __expf(scalar_g_next);
     if (c + 1 < c_end) fetch_scalar_gate(c + 1);
     cp_async_wait_all();
     __syncthreads();  // B0: this chunk's tiles are in; the previous chunk's products are done
@@ -257,6 +286,8 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     cp_async_commit();
 
     // ---- P1: group totals of α; the diagonal 8×8 triangles of A (fp32, this lane's keys) ----
+    float alpha[KPL][8];  // this thread's α (its 8 rows, its keys), kept for P2
+    alphas(alpha);
     {
       float acc[kScatter];
 #pragma unroll
@@ -264,8 +295,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
 #pragma unroll
       for (int e = 0; e < KPL; ++e) {
         const int key = key0 + e;
-        float a[8];
-        alphas(a, key);
+        const float (&a)[8] = alpha[e];
         float without_first = 1.f;
 #pragma unroll
         for (int j = 1; j < 8; ++j) without_first *= a[j];
@@ -325,58 +355,92 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
       a_s[(8 * grp + r) * PA + 8 * grp + col] =
           from_float<E>(diag_s[grp * kTriangle + idx] + diag_s[(8 + grp) * kTriangle + idx]);
     }
+    {
+      // Products over other groups (tot = α_first · tot_f), picked for this group's operands, per key.
+      float before[KPL], after[KPL], q1_lead[KPL], q2_lead[KPL], k1_mid[KPL], k1_first[KPL], k2_mid[KPL],
+          k2_first[KPL], kx_first[KPL];
+      float bwd[KPL][8];  // Π over this group's rows after j
 #pragma unroll
-    for (int e = 0; e < KPL; ++e) {
-      const int key = key0 + e;
-      // Products over other groups (tot = α_first · tot_f), picked for this group's operands.
-      float before = 1.f, after = 1.f;
-      float q1_lead = 1.f, q2_lead = 1.f, q2_mid = 1.f, k1_mid = 1.f, k1_first = 1.f, k2_mid = 1.f, k2_first = 1.f,
-            kx_first = 1.f;
+      for (int e = 0; e < KPL; ++e) {
+        const int key = key0 + e;
+        auto tot = [&](int i) { return totf_s[i * KP + key] * first_s[i * KP + key]; };
+        before[e] = after[e] = k2_mid[e] = 1.f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float tf = totf_s[i * KP + key], fi = first_s[i * KP + key], t = tf * fi;
-        if (i < gr) before *= t;
-        if (i > gr) after *= t;
-        if (i == gr - 1) q1_lead = tf;
-        if (i == 4) q2_lead = tf, k2_first = fi;
-        if ((i == 5 || i == 6) && i < gr) q2_mid *= t;
-        if (i == gr + 1) k1_mid = t, kx_first = fi;
-        if (i == 2 * sub + 2) k1_first = fi;
-        if (i > gr && i < 4) k2_mid *= t;
+        for (int i = 0; i < 8; ++i) {
+          if (i < gr) before[e] *= tot(i);
+          if (i > gr) after[e] *= tot(i);
+          if (i > gr && i < 4) k2_mid[e] *= tot(i);
+        }
+        // Only the entries this group's operands use (sub, odd: see below); others stay unread.
+        q1_lead[e] = odd ? totf_s[(gr - 1) * KP + key] : 1.f;
+        float q2_mid = gr > 5 ? tot(5) : 1.f;
+        if (gr > 6) q2_mid *= tot(6);
+        q2_lead[e] = gr > 4 ? totf_s[4 * KP + key] : 1.f;
+        k2_first[e] = gr < 4 ? first_s[4 * KP + key] : 1.f;
+        k1_mid[e] = gr < 7 && !odd ? tot(gr + 1) : 1.f;
+        kx_first[e] = !odd ? first_s[(gr + 1) * KP + key] : 1.f;
+        k1_first[e] = !(sub & 1) ? first_s[(2 * sub + 2) * KP + key] : 1.f;
+        q2_lead[e] *= q2_mid;
+        if (gr == 0) {
+          const float chunk_decay = first_s[key] * totf_s[key] * after[e];
+          decay_s[key] = chunk_decay;
+          if (p.states_only) split_decay_acc[e] *= chunk_decay;
+        }
+        bwd[e][7] = 1.f;
+#pragma unroll
+        for (int j = 6; j >= 0; --j) bwd[e][j] = bwd[e][j + 1] * alpha[e][j + 1];
       }
-      if (gr == 0) {
-        const float chunk_decay = first_s[key] * totf_s[key] * after;
-        decay_s[key] = chunk_decay;
-        if (p.states_only) split_decay_acc[e] *= chunk_decay;
-      }
-      float a[8];
-      alphas(a, key);
-      float fwd[8], bwd[8];  // Π over this group's rows 1..j; Π over rows after j
-      fwd[0] = 1.f;
-#pragma unroll
-      for (int j = 1; j < 8; ++j) fwd[j] = fwd[j - 1] * a[j];
-      bwd[7] = 1.f;
-#pragma unroll
-      for (int j = 6; j >= 0; --j) bwd[j] = bwd[j + 1] * a[j + 1];
+      float fwd[KPL];  // Π over this group's rows 1..j
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int r = r0 + j;
-        const float kv = to_float(k_s[r * P + key]);
-        const float kb = kv * bwd[j];
-        k_s[r * P + key] = from_float<E>(kb * after);
+        float kv[KPL], qv[KPL], out[KPL];
+        load_keys(k_s + r * P + key0, kv);
+#pragma unroll
+        for (int e = 0; e < KPL; ++e) {
+          fwd[e] = j == 0 ? 1.f : fwd[e] * alpha[e][j];
+          kv[e] *= bwd[e][j];  // k ⊙ Π after j in this group
+          out[e] = kv[e] * after[e];
+        }
+        store_keys(k_s + r * P + key0, out);
         if (p.states_only) continue;
-        const float qv = to_float(q_s[r * P + key]);
-        const float inclusive = a[0] * fwd[j];  // Π over this group's rows 0..j
-        q_s[r * P + key] = from_float<E>(qv * before * inclusive);
+        load_keys(q_s + r * P + key0, qv);
+        float inclusive[KPL];  // Π over this group's rows 0..j
+#pragma unroll
+        for (int e = 0; e < KPL; ++e) inclusive[e] = alpha[e][0] * fwd[e], out[e] = qv[e] * before[e] * inclusive[e];
+        store_keys(q_s + r * P + key0, out);
         // Query side (reference: the first row of the row block) ...
-        if (sub & 1) qo_s[((sub == 1 ? 0 : 16) + 8 * odd + j) * P + key] = from_float<E>(qv * (odd ? q1_lead * inclusive : fwd[j]));
-        if (gr >= 4) qo_s[r * P + key] = from_float<E>(qv * (gr == 4 ? fwd[j] : q2_lead * q2_mid * inclusive));
-        if (odd) qo_s[(64 + 8 * sub + j) * P + key] = from_float<E>(qv * fwd[j]);
+        if (sub & 1) {
+#pragma unroll
+          for (int e = 0; e < KPL; ++e) out[e] = qv[e] * (odd ? q1_lead[e] * inclusive[e] : fwd[e]);
+          store_keys(qo_s + ((sub == 1 ? 0 : 16) + 8 * odd + j) * P + key0, out);
+        }
+        if (gr >= 4) {
+#pragma unroll
+          for (int e = 0; e < KPL; ++e) out[e] = qv[e] * (gr == 4 ? fwd[e] : q2_lead[e] * inclusive[e]);
+          store_keys(qo_s + r * P + key0, out);
+        }
+        if (odd) {
+#pragma unroll
+          for (int e = 0; e < KPL; ++e) out[e] = qv[e] * fwd[e];
+          store_keys(qo_s + (64 + 8 * sub + j) * P + key0, out);
+        }
         // ... and key side (Π from the column's row to that reference row).
-        if (!(sub & 1))
-          ko_s[((sub == 0 ? 0 : 16) + 8 * odd + j) * P + key] = from_float<E>(kb * (odd ? 1.f : k1_mid) * k1_first);
-        if (gr < 4) ko_s[(32 + r) * P + key] = from_float<E>(kb * k2_mid * k2_first);
-        if (!odd) ko_s[(64 + 8 * sub + j) * P + key] = from_float<E>(kb * kx_first);
+        if (!(sub & 1)) {
+#pragma unroll
+          for (int e = 0; e < KPL; ++e) out[e] = kv[e] * (odd ? 1.f : k1_mid[e]) * k1_first[e];
+          store_keys(ko_s + ((sub == 0 ? 0 : 16) + 8 * odd + j) * P + key0, out);
+        }
+        if (gr < 4) {
+#pragma unroll
+          for (int e = 0; e < KPL; ++e) out[e] = kv[e] * k2_mid[e] * k2_first[e];
+          store_keys(ko_s + (32 + r) * P + key0, out);
+        }
+        if (!odd) {
+#pragma unroll
+          for (int e = 0; e < KPL; ++e) out[e] = kv[e] * kx_first[e];
+          store_keys(ko_s + (64 + 8 * sub + j) * P + key0, out);
+        }
       }
     }
     __syncthreads();  // B2: operands ready; g free
@@ -503,13 +567,22 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   }
 }
 
+template <class E, int KP, int BV, Gate GK>
+void launch_kind(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr int bytes = FastLayout<KP, BV>::bytes;
+  check_cuda(cudaFuncSetAttribute(fast_chunk_kernel<E, KP, BV, GK>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             "cudaFuncSetAttribute (GLA fast chunk kernel)");
+  fast_chunk_kernel<E, KP, BV, GK><<<grid, NT, bytes, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA fast chunk kernel launch");
+}
+
 template <class E, int KP, int BV>
 void launch(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr int bytes = FastLayout<KP, BV>::bytes;
-  check_cuda(cudaFuncSetAttribute(fast_chunk_kernel<E, KP, BV>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-             "cudaFuncSetAttribute (GLA fast chunk kernel)");
-  fast_chunk_kernel<E, KP, BV><<<grid, NT, bytes, stream>>>(p);
-  check_cuda(cudaGetLastError(), "GLA fast chunk kernel launch");
+  switch (p.gate) {
+    case Gate::vector: return launch_kind<E, KP, BV, Gate::vector>(p, grid, stream);
+    case Gate::scalar: return launch_kind<E, KP, BV, Gate::scalar>(p, grid, stream);
+    case Gate::none: return launch_kind<E, KP, BV, Gate::none>(p, grid, stream);
+  }
 }
 
 template <class E>
