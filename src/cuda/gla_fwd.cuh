@@ -1,6 +1,7 @@
 // The CUDA GLA forward, recurrent and decode kernels: their parameter structs
 // and launchers. gla_forward.cu checks, plans and fills these; one .cu file per
-// kernel (gla_fwd_chunk.cu, gla_fwd_recurrent.cu, gla_fwd_decode.cu) defines it.
+// kernel (gla_fwd_chunk.cu, gla_fwd_fast.cu, gla_fwd_recurrent.cu,
+// gla_fwd_decode.cu) defines it.
 #pragma once
 
 #include <cuda_runtime.h>
