@@ -7,9 +7,14 @@ set -u
 OUT=${OUT:-/tmp/gla_fwd_out}
 mkdir -p "$OUT"
 BUILD=build-devfwd
-TESTS="CudaGlaForward.*:CudaGlaDecode.*"
+# The fast-path tests run first, on their own; the rest of the forward and decode tests after the benchmark.
+FAST_TESTS="CudaGlaForward.FastPath*:CudaGlaForward.SanitizerFastPath"
+TESTS="CudaGlaForward.*:CudaGlaDecode.*:-$FAST_TESTS"
 summary=()
 note() { summary+=("$*"); echo "$*"; }
+# Every step's timeout also keeps the whole run under BUDGET seconds (the device call's limit).
+deadline=$(($(date +%s) + ${BUDGET:-400}))
+left() { local l=$((deadline - $(date +%s))); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo $l; }
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 start=$(date +%s)
@@ -33,14 +38,14 @@ note "build: $(($(date +%s) - start)) s, python module: $python_on"
 
 # The fast path's own tests first (quick signal), then the benchmark, then every forward test.
 start=$(date +%s)
-timeout 60 $BUILD/flashgla_tests --gtest_filter="CudaGlaForward.FastPath*:CudaGlaForward.SanitizerFastPath" \
+timeout $(left 90) $BUILD/flashgla_tests --gtest_filter="$FAST_TESTS" \
   >"$OUT/tests_fast.log" 2>&1
 note "fast-path tests: rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests_fast.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests_fast.log") failed"
 grep -E "Failure|error [0-9.e+-]+|Which is|Expected|actual|What|Trace|flashgla:" "$OUT/tests_fast.log" | head -30
 
 if [ "$python_on" = ON ]; then
   start=$(date +%s)
-  PYTHONPATH=$BUILD/python PYTHONUNBUFFERED=1 timeout ${BENCH_TIMEOUT:-150} python3 bench/bench_gla_fwd.py "$@" \
+  PYTHONPATH=$BUILD/python PYTHONUNBUFFERED=1 timeout $(left ${BENCH_TIMEOUT:-130}) python3 bench/bench_gla_fwd.py "$@" \
     >"$OUT/bench.log" 2>&1
   note "benchmark: rc=$? in $(($(date +%s) - start)) s"
 else
@@ -48,18 +53,18 @@ else
 fi
 
 start=$(date +%s)
-timeout ${TEST_TIMEOUT:-240} $BUILD/flashgla_tests --gtest_filter="$TESTS" >"$OUT/tests.log" 2>&1
+timeout $(left ${TEST_TIMEOUT:-240}) $BUILD/flashgla_tests --gtest_filter="$TESTS" >"$OUT/tests.log" 2>&1
 note "tests: rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests.log") failed, $(grep -cE '^\[  SKIPPED \]' "$OUT/tests.log") skipped"
 grep -E '^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$OUT/tests.log" | sort -u | head -40
 grep -E "Failure|error [0-9.e+-]+|Which is|Expected|actual|What|Trace|flashgla:" "$OUT/tests.log" | head -60
 
 start=$(date +%s)
-timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
-  --gtest_filter="CudaGlaForward.Sanitizer*:CudaGlaDecode.*" >"$OUT/memcheck.log" 2>&1
+timeout $(left 60) compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
+  --gtest_filter="${MEMCHECK_TESTS:-CudaGlaForward.SanitizerFastPath}" >"$OUT/memcheck.log" 2>&1
 note "memcheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log")"
 start=$(date +%s)
-timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
-  --gtest_filter="CudaGlaForward.SanitizerSmallCases:CudaGlaForward.SanitizerFastPath" >"$OUT/racecheck.log" 2>&1
+timeout $(left 60) compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
+  --gtest_filter="${RACECHECK_TESTS:-CudaGlaForward.SanitizerFastPath}" >"$OUT/racecheck.log" 2>&1
 note "racecheck: rc=$? in $(($(date +%s) - start)) s; $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log")"
 
 if [ -n "${PROFILE:-}" ] && [ "$python_on" = ON ]; then

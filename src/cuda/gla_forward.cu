@@ -123,7 +123,8 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   const int64_t max_chunks = longest < 0 ? (p.seq_len + gla::kChunk - 1) / gla::kChunk
                                          : (longest + gla::kChunk - 1) / gla::kChunk;
   const int64_t tile = c.fast ? gla::fast_value_tile(c.value_dim) : gla::value_tile(c.q.dtype);
-  const int64_t tiles = p.num_seqs * p.heads * ((p.value_dim + tile - 1) / tile);
+  const int64_t key_parts = c.fast ? gla::fast_key_parts(c.key_dim) : 1;
+  const int64_t tiles = p.num_seqs * p.heads * ((p.value_dim + tile - 1) / tile) * key_parts;
   int64_t splits = 1;
   if (longest > 0 && tiles > 0) {
     constexpr int64_t kMinChunksPerSplit = 4;

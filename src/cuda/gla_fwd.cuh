@@ -74,10 +74,12 @@ int chunk_blocks_per_sm(Elem input, const ChunkLayout& layout);
 void launch_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // The fast path (gla_fwd_fast.cu): bf16/fp16 inputs (a vector gate of the same
-// dtype, or a scalar gate, or none), K ≤ 128, every row 16-byte aligned. One CTA
-// per SM; value tiles of fast_value_tile(V) columns.
+// dtype or fp32, or a scalar gate, or none), K ≤ 256, every row 16-byte aligned.
+// One CTA per SM; value tiles of fast_value_tile(V) columns, fast_key_parts(K)
+// key parts of up to 128 keys (more than one: o is zeroed, then accumulated).
 bool fast_chunk_supported(const ChunkParams& p);
 int fast_value_tile(int value_dim);
+int fast_key_parts(int key_dim);
 int fast_chunk_smem_bytes(int key_dim, int value_dim);
 void launch_fast_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
