@@ -562,8 +562,10 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
       }
     }
     __syncthreads();  // B3: A complete; every warp done reading the bf16 state and the operand area
-    if (kGateInOperands && c + 1 < c_end) issue_g(c + 1);
-    cp_async_commit();
+    if constexpr (kGateInOperands) {
+      if (c + 1 < c_end) issue_g(c + 1);
+      cp_async_commit();
+    }
 
     if (p.states_only) continue;
     store_state_bf16();
