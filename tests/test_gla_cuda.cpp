@@ -343,8 +343,9 @@ TEST(CudaGlaForward, FastPathFloatGate) {
   unsetenv("FLASHGLA_GLA_SPLITS");
 }
 
-// The fast path's key parts (128 < K ≤ 256: two CTAs per value tile, o accumulated):
-// K at, below and just over 256 / 128, every gate kind and range, h0 / final
+// The fast path's key parts (128 < K ≤ 256: two CTAs per value tile, o accumulated;
+// K a multiple of 8, or its rows would not be 16-byte aligned and take the general kernel):
+// K at and below 256 and just over 128, every gate kind and range, h0 / final
 // state, strides, the sequence split (states pass per key part) and varlen.
 TEST(CudaGlaForward, FastPathKeyParts) {
   SKIP_WITHOUT_GPU();
@@ -353,7 +354,7 @@ TEST(CudaGlaForward, FastPathKeyParts) {
     int64_t K, V;
   };
   int i = 0;
-  for (const Dims& d : {Dims{256, 512}, Dims{200, 72}, Dims{129, 128}, Dims{256, 40}})
+  for (const Dims& d : {Dims{256, 512}, Dims{200, 72}, Dims{136, 128}, Dims{256, 40}})
     for (GateValues values : {GateValues::typical, GateValues::very_negative}) {
       Case c;
       c.B = 2, c.T = i % 2 ? 333 : 192, c.H = 2, c.K = d.K, c.V = d.V;

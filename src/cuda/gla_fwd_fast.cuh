@@ -7,8 +7,9 @@
 // (gate factors, the state's rows), so each part runs the K ≤ 128 kernel on its
 // keys and adds its share of o (bf16/fp16 reductions into an o zeroed first:
 // one more rounding of o than with a single part). It walks its chunks of
-// C = 64 tokens in order, with the whole key width (padded to KP = 64 or 128) in every phase:
-// four barriers per chunk instead of three per 32-key slice.
+// C = 64 tokens in order, with the whole key width of its part (padded to
+// KP = 64 or 128) in every phase: four barriers per chunk instead of three per
+// 32-key slice.
 //   * State: S [KP × BV] fp32 lives in registers as mma accumulator fragments
 //     (warp w owns key tile w % (KP/16) and a run of value columns); a bf16
 //     copy in shared memory feeds (Q ⊙ exp Γ) S.
@@ -76,19 +77,19 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_address(p))
-              );
+               : "memory");
 }
 __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_address(p))
-              );
+               : "memory");
 }
 __device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                : "=r"(r[0]), "=r"(r[1])
                : "r"(smem_address(p))
-              );
+               : "memory");
 }
 
 // Fragment loads (lane-dependent addresses, see the mma.sync m16n8k16 layouts).
@@ -166,8 +167,7 @@ __device__ __forceinline__ void add2(__half* p, float lo, float hi) {
 }
 __device__ __forceinline__ void add1(__nv_bfloat16* p, float x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.noftz.bf16 [%0], %1;\n" ::"l"(p), "h"(__bfloat16_as_ushort(__float2bfloat16_rn(x)))
-              );
+  asm volatile("red.global.add.noftz.bf16 [%0], %1;\n" ::"l"(p), "h"(__bfloat16_as_ushort(__float2bfloat16_rn(x))));
 #else
   atomicAdd(p, __float2bfloat16_rn(x));
 #endif
