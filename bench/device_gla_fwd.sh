@@ -36,7 +36,7 @@ if ! cmake --build $BUILD -j16 --target $targets >>"$OUT/build.log" 2>&1; then
 fi
 note "build: $(($(date +%s) - start)) s, python module: $python_on"
 
-# The fast path's own tests first (quick signal), then the benchmark, then every forward test.
+# The fast path's own tests first (quick signal), then the benchmark, then the other forward and decode tests.
 start=$(date +%s)
 timeout $(left 90) $BUILD/flashgla_tests --gtest_filter="$FAST_TESTS" \
   >"$OUT/tests_fast.log" 2>&1
