@@ -304,23 +304,11 @@ TEST(CudaGlaForward, FastPathShapes) {
   }
 }
 
-// Sets an environment variable for one scope.
-struct ScopedEnv {
-  ScopedEnv(const char* name, const char* value) : name(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name); }
-  const char* name;
-};
-
-// The fast path's extensions (fp32 vector gates, K > 128) are opt-in until they
-// have run on a GPU: FLASHGLA_GLA_FAST=2.
-constexpr const char* kFastExtended = "2";
-
 // The fast path with an fp32 vector gate on bf16/fp16 inputs (as the GLA layer
 // calls it): both tile sizes, partial tiles, every gate range, h0 / final state,
 // strides, a forced split.
 TEST(CudaGlaForward, FastPathFloatGate) {
   SKIP_WITHOUT_GPU();
-  const ScopedEnv extended("FLASHGLA_GLA_FAST", kFastExtended);
   struct Dims {
     int64_t K, V;
   };
@@ -349,7 +337,6 @@ TEST(CudaGlaForward, FastPathFloatGate) {
 // state, strides, the sequence split (states pass per key part) and varlen.
 TEST(CudaGlaForward, FastPathKeyParts) {
   SKIP_WITHOUT_GPU();
-  const ScopedEnv extended("FLASHGLA_GLA_FAST", kFastExtended);
   struct Dims {
     int64_t K, V;
   };
@@ -626,7 +613,6 @@ TEST(CudaGlaForward, SanitizerFastPath) {
     unsetenv("FLASHGLA_GLA_SPLITS");
   }
   // An fp32 gate (in the operand area) and key parts (o accumulated), with a split.
-  const ScopedEnv extended("FLASHGLA_GLA_FAST", kFastExtended);
   for (int64_t K : {128, 256}) {
     Case c;
     c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = 72, c.dtype = DType::bf16, c.gate_dtype = DType::f32;

@@ -109,11 +109,10 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   check_cuda(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
              "cudaDeviceGetAttribute");
   // The fast path where it applies; FLASHGLA_GLA_FAST=0 turns it off (benchmarks of both, tests of the general
-  // kernel); FLASHGLA_GLA_FAST=2 also takes its extensions not yet measured on a GPU (fp32 vector gates, K > 128).
+  // kernel).
   const char* fast_env = std::getenv("FLASHGLA_GLA_FAST");
   const bool fast_off = fast_env && std::string(fast_env) == "0";
-  const bool fast_extended = fast_env && std::string(fast_env) == "2";
-  c.fast = gla::fast_chunk_supported(c, fast_extended) && !fast_off &&
+  c.fast = gla::fast_chunk_supported(c) && !fast_off &&
            gla::fast_chunk_smem_bytes(c.key_dim, c.value_dim) <= max_smem;
   FLASHGLA_REQUIRE(c.fast || c.smem.bytes <= max_smem, ErrorKind::unsupported, "q",
                  "K = " + std::to_string(p.key_dim) + " needs " + std::to_string(c.smem.bytes) +

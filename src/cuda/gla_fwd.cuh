@@ -77,9 +77,7 @@ void launch_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t strea
 // dtype or fp32, or a scalar gate, or none), K ≤ 256, every row 16-byte aligned.
 // One CTA per SM; value tiles of fast_value_tile(V) columns, fast_key_parts(K)
 // key parts of up to 128 keys (more than one: o is zeroed, then accumulated).
-// `extended`: also fp32 vector gates and K > 128, which have not run on a GPU
-// yet (opt-in, FLASHGLA_GLA_FAST=2); otherwise a gate of q's dtype and K ≤ 128.
-bool fast_chunk_supported(const ChunkParams& p, bool extended);
+bool fast_chunk_supported(const ChunkParams& p);
 int fast_value_tile(int value_dim);
 int fast_key_parts(int key_dim);
 int fast_chunk_smem_bytes(int key_dim, int value_dim);

@@ -20,11 +20,11 @@ int fast_chunk_smem_bytes(int key_dim, int value_dim) {
   return FastLayout<64, 64>::bytes;
 }
 
-bool fast_chunk_supported(const ChunkParams& p, bool extended) {
+bool fast_chunk_supported(const ChunkParams& p) {
   const bool half_inputs = p.q.dtype == Elem::bf16 || p.q.dtype == Elem::f16;
-  const bool gate_dtype_ok = p.g.dtype == p.q.dtype || (extended && p.g.dtype == Elem::f32);
+  const bool gate_dtype_ok = p.g.dtype == p.q.dtype || p.g.dtype == Elem::f32;
   const bool gate_ok = p.gate != Gate::vector || (gate_dtype_ok && p.g.rows16);
-  return half_inputs && gate_ok && p.key_dim >= 1 && p.key_dim <= (extended ? 256 : 128) && p.value_dim >= 1 &&
+  return half_inputs && gate_ok && p.key_dim >= 1 && p.key_dim <= 256 && p.value_dim >= 1 &&
          p.q.rows16 && p.k.rows16 && p.v.rows16 && p.o.rows16;
 }
 
