@@ -15,7 +15,12 @@ inputs (bf16, g = logsigmoid(randn)), as the median of triton's do_bench
   * decode on fp32 states vs a device-to-device copy of the same bytes
     (read + write), i.e. the fraction of copy bandwidth reached.
 --splits times the chunked kernel with FLASHGLA_GLA_SPLITS forced to each
-value as well (the split of long sequences; 0 = the built-in choice).
+value as well (the split of long sequences; 0 = the built-in choice). Each
+chunked line also names the general kernel's time ("old",
+FLASHGLA_GLA_FAST=0) on the same inputs, and the relative difference of the
+two outputs is printed before the table. "ours" is the default choice: the
+fast path wherever it applies (bf16/fp16 inputs, K ≤ 256, gate in q's dtype or
+fp32).
 """
 
 import argparse
@@ -28,11 +33,17 @@ import triton.testing
 
 import flashgla
 
-ANCHORS = [  # B, T, H, K, V, target (ratio to SDPA, or absolute ms where SDPA does not apply)
-    (8, 4096, 16, 128, 128, "<= 0.35x SDPA"),
-    (8, 2048, 16, 64, 64, "<= 0.6x SDPA"),
-    (4, 4096, 4, 256, 512, "<= 0.25 ms"),
-    (2, 16384, 16, 128, 128, "<= 0.6 ms"),
+F32 = torch.float32
+ANCHORS = [  # B, T, H, K, V, gate dtype (None: as q), target (ratio to SDPA, or absolute ms where SDPA does not apply)
+    (8, 4096, 16, 128, 128, None, "<= 0.35x SDPA"),
+    (8, 2048, 16, 64, 64, None, "<= 0.6x SDPA"),
+    (4, 4096, 4, 256, 512, None, "<= 0.25 ms"),
+    (2, 16384, 16, 128, 128, None, "<= 0.6 ms"),
+    # The GLA layer's calls (issue 7): bf16 q, k, v with an fp32 gate; the 340M model's heads and the default head.
+    (8, 4096, 16, 128, 128, F32, "-"),
+    (8, 2048, 4, 128, 256, F32, "-"),
+    (2, 8192, 4, 128, 256, F32, "-"),
+    (4, 4096, 4, 256, 512, F32, "<= 0.25 ms"),
 ]
 
 
@@ -42,11 +53,11 @@ def median_ms(fn, graph=False):
     return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
-def gla_inputs(B, T, H, K, V, dtype=torch.bfloat16):
+def gla_inputs(B, T, H, K, V, dtype=torch.bfloat16, gate_dtype=None):
     q = torch.randn(B, T, H, K, device="cuda", dtype=dtype)
     k = torch.randn(B, T, H, K, device="cuda", dtype=dtype)
     v = torch.randn(B, T, H, V, device="cuda", dtype=dtype)
-    g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda", dtype=torch.float32)).to(dtype)
+    g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda", dtype=torch.float32)).to(gate_dtype or dtype)
     return q, k, v, g
 
 
@@ -60,9 +71,9 @@ def sdpa_ms(B, T, H, K, V):
         return median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
-def byte_floor_ms(B, T, H, K, V, bandwidth):
+def byte_floor_ms(B, T, H, K, V, bandwidth, gate_bytes=2):
     n = B * T * H
-    return (2 * n * (3 * K + V) + 2 * n * V) / bandwidth * 1e3
+    return (2 * n * (2 * K + V) + gate_bytes * n * K + 2 * n * V) / bandwidth * 1e3
 
 
 def copy_bandwidth():
@@ -83,9 +94,19 @@ def main():
     bandwidth, _ = copy_bandwidth()
     rows = []
 
-    for B, T, H, K, V, target in ANCHORS:
-        q, k, v, g = gla_inputs(B, T, H, K, V)
+    for B, T, H, K, V, gate_dtype, target in ANCHORS:
+        q, k, v, g = gla_inputs(B, T, H, K, V, gate_dtype=gate_dtype)
+        gate_label = " g fp32" if gate_dtype == F32 else ""
         reference = sdpa_ms(B, T, H, K, V)
+        # The general kernel (FLASHGLA_GLA_FAST=0) first, as "old", and its output for a consistency check.
+        os.environ["FLASHGLA_GLA_FAST"] = "0"
+        old = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
+        o_old = flashgla.chunk_gla(q, k, v, g)[0].float()
+        # "ours": the default choice (the fast path where it applies).
+        os.environ.pop("FLASHGLA_GLA_FAST", None)
+        o_new = flashgla.chunk_gla(q, k, v, g)[0].float()
+        diff = ((o_new - o_old).norm() / o_old.norm()).item()
+        print(f"B{B} T{T} H{H} K{K} V{V}{gate_label}: rel. difference fast vs general output {diff:.2e}", flush=True)
         for splits in args.splits.split(","):
             if splits.strip() == "0":
                 os.environ.pop("FLASHGLA_GLA_SPLITS", None)
@@ -93,22 +114,19 @@ def main():
                 os.environ["FLASHGLA_GLA_SPLITS"] = splits.strip()
             ours = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
             label = "" if splits.strip() == "0" else f" splits={splits.strip()}"
+            name = f"chunk_gla fwd B{B} T{T} H{H} K{K} V{V}{gate_label}{label} (old {old:.4f} ms)"
             if reference is not None:
-                rows.append((f"chunk_gla fwd B{B} T{T} H{H} K{K} V{V}{label}", ours, reference, "SDPA flash causal",
-                             f"{ours / reference:.2f}x", target))
+                rows.append((name, ours, reference, "SDPA flash causal", f"{ours / reference:.2f}x", target))
             else:
-                floor = byte_floor_ms(B, T, H, K, V, bandwidth)
-                rows.append((f"chunk_gla fwd B{B} T{T} H{H} K{K} V{V}{label}", ours, floor, "byte floor",
-                             f"{ours / floor:.2f}x", target))
+                floor = byte_floor_ms(B, T, H, K, V, bandwidth, g.element_size())
+                rows.append((name, ours, floor, "byte floor", f"{ours / floor:.2f}x", target))
         os.environ.pop("FLASHGLA_GLA_SPLITS", None)
+        os.environ.pop("FLASHGLA_GLA_FAST", None)
         del q, k, v, g
 
     q, k, v, g = gla_inputs(8, 2048, 16, 64, 64)
     ours = median_ms(lambda: flashgla.fused_recurrent_gla(q, k, v, g))
     rows.append(("fused_recurrent_gla fwd B8 T2048 H16 K64 V64", ours, None, "-", "-", "<= 1.2 ms"))
-    q, k, v, g = gla_inputs(8, 4096, 16, 128, 128)
-    ours = median_ms(lambda: flashgla.chunk_gla(q, k, v, g.float()))
-    rows.append(("chunk_gla fwd B8 T4096 H16 K128 V128 (fp32 gate)", ours, None, "-", "-", "-"))
     q, k, v, _ = gla_inputs(8, 4096, 16, 128, 128, torch.float32)
     g = F.logsigmoid(torch.randn(8, 4096, 16, 128, device="cuda"))
     ours = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))

@@ -260,6 +260,129 @@ TEST(CudaGlaForward, SequenceSplit) {
     }
 }
 
+// The fast path (bf16/fp16, K ≤ 128 here, 16-byte rows): key widths below, at and
+// between its two tile sizes, value widths over one and several tiles, every
+// gate kind and range, h0 / final state, and the sequence split (forced piece
+// counts and the host cu_seqlens of a varlen batch).
+TEST(CudaGlaForward, FastPathShapes) {
+  SKIP_WITHOUT_GPU();
+  struct Dims {
+    int64_t K, V;
+  };
+  int i = 0;
+  for (const Dims& d : {Dims{128, 128}, Dims{64, 64}, Dims{128, 64}, Dims{64, 128}, Dims{16, 8}, Dims{96, 200},
+                        Dims{120, 264}, Dims{128, 40}})
+    for (GateValues values : {GateValues::typical, GateValues::near_zero, GateValues::very_negative}) {
+      Case c;
+      c.B = 2, c.T = i % 2 ? 333 : 192, c.H = 2, c.K = d.K, c.V = d.V;
+      c.dtype = i % 3 == 2 ? DType::f16 : DType::bf16, c.gate_dtype = c.dtype;
+      c.gate = i % 4 == 3 ? Gate::scalar : i % 8 == 5 ? Gate::none : Gate::vector;
+      c.gate_values = values, c.h0 = i % 2 == 0, c.final_state = i % 3 != 1;
+      c.row_padding = i % 5 == 4 ? 8 : 0;
+      c.seed = 1500 + i++;
+      check_against_reference(c, Call{});
+    }
+  for (const char* forced : {"2", "5"}) {
+    setenv("FLASHGLA_GLA_SPLITS", forced, 1);
+    for (Gate gate : {Gate::vector, Gate::scalar}) {
+      Case c;
+      c.B = 1, c.T = 700 + 29 * i, c.H = 2, c.K = 128, c.V = 128, c.dtype = DType::bf16, c.gate_dtype = c.dtype;
+      c.gate = gate, c.seed = 1550 + i++;
+      Call call;
+      call.caller_workspace = i % 2;
+      check_against_reference(c, call);
+    }
+    unsetenv("FLASHGLA_GLA_SPLITS");
+  }
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    Case c = varlen_case(dtype, Gate::vector, 1560 + i++);
+    c.K = 128, c.V = 64, c.gate_dtype = dtype;
+    const Buffer host = make_inputs(c).cu_seqlens;
+    Call call;
+    call.cu_seqlens_host = &host;  // lets the host plan a split
+    check_against_reference(c, call);
+  }
+}
+
+// The fast path with an fp32 vector gate on bf16/fp16 inputs (as the GLA layer
+// calls it): both tile sizes, partial tiles, every gate range, h0 / final state,
+// strides, a forced split.
+TEST(CudaGlaForward, FastPathFloatGate) {
+  SKIP_WITHOUT_GPU();
+  struct Dims {
+    int64_t K, V;
+  };
+  int i = 0;
+  for (const Dims& d : {Dims{128, 256}, Dims{64, 64}, Dims{96, 200}, Dims{16, 8}, Dims{256, 128}})
+    for (GateValues values : {GateValues::typical, GateValues::near_zero, GateValues::very_negative}) {
+      Case c;
+      c.B = 2, c.T = i % 2 ? 333 : 192, c.H = 2, c.K = d.K, c.V = d.V;
+      c.dtype = i % 3 == 2 ? DType::f16 : DType::bf16, c.gate_dtype = DType::f32, c.gate = Gate::vector;
+      c.gate_values = values, c.h0 = i % 2 == 0, c.final_state = i % 3 != 1;
+      c.row_padding = i % 5 == 4 ? 8 : 0;
+      c.seed = 1700 + i++;
+      check_against_reference(c, Call{});
+    }
+  setenv("FLASHGLA_GLA_SPLITS", "3", 1);
+  Case c;
+  c.B = 1, c.T = 900, c.H = 2, c.K = 128, c.V = 128, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
+  c.gate = Gate::vector, c.gate_values = GateValues::very_negative, c.seed = 1750;
+  check_against_reference(c, Call{});
+  unsetenv("FLASHGLA_GLA_SPLITS");
+}
+
+// The fast path's key parts (128 < K ≤ 256: two CTAs per value tile, o accumulated;
+// K a multiple of 8, or its rows would not be 16-byte aligned and take the general kernel):
+// K at and below 256 and just over 128, every gate kind and range, h0 / final
+// state, strides, the sequence split (states pass per key part) and varlen.
+TEST(CudaGlaForward, FastPathKeyParts) {
+  SKIP_WITHOUT_GPU();
+  struct Dims {
+    int64_t K, V;
+  };
+  int i = 0;
+  for (const Dims& d : {Dims{256, 512}, Dims{200, 72}, Dims{136, 128}, Dims{256, 40}})
+    for (GateValues values : {GateValues::typical, GateValues::very_negative}) {
+      Case c;
+      c.B = 2, c.T = i % 2 ? 333 : 192, c.H = 2, c.K = d.K, c.V = d.V;
+      c.dtype = i % 3 == 2 ? DType::f16 : DType::bf16;
+      c.gate = i % 4 == 3 ? Gate::scalar : i % 8 == 5 ? Gate::none : Gate::vector;
+      c.gate_dtype = i % 2 ? DType::f32 : c.dtype;
+      c.gate_values = values, c.h0 = i % 2 == 0, c.final_state = i % 3 != 1;
+      c.row_padding = i % 5 == 4 ? 8 : 0;
+      c.seed = 1800 + i++;
+      check_against_reference(c, Call{});
+    }
+  setenv("FLASHGLA_GLA_SPLITS", "4", 1);
+  for (Gate gate : {Gate::vector, Gate::scalar}) {
+    Case c;
+    c.B = 1, c.T = 700 + 29 * i, c.H = 2, c.K = 256, c.V = 136, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
+    c.gate = gate, c.seed = 1850 + i++;
+    Call call;
+    call.caller_workspace = i % 2;
+    check_against_reference(c, call);
+  }
+  unsetenv("FLASHGLA_GLA_SPLITS");
+  Case c = varlen_case(DType::bf16, Gate::vector, 1860);
+  c.K = 256, c.V = 64, c.gate_dtype = DType::f32;
+  const Buffer host = make_inputs(c).cu_seqlens;
+  Call call;
+  call.cu_seqlens_host = &host;
+  check_against_reference(c, call);
+}
+
+// The general kernel on bf16/fp16 inputs, which the fast path takes otherwise.
+TEST(CudaGlaForward, GeneralKernelOnHalfInputs) {
+  SKIP_WITHOUT_GPU();
+  setenv("FLASHGLA_GLA_FAST", "0", 1);
+  int i = 0;
+  for (const Case& base : grid()) {
+    if (base.dtype == DType::f32 || i++ % 2) continue;
+    check_against_reference(base, Call{});
+  }
+  unsetenv("FLASHGLA_GLA_FAST");
+}
+
 TEST(CudaGlaForward, LongSequence) {
   SKIP_WITHOUT_GPU();
   int i = 0;
@@ -474,6 +597,30 @@ TEST(CudaGlaForward, SanitizerSmallCases) {
       check_against_reference(c, call);
       check_against_reference(varlen_case(dtype, Gate::scalar, 1410 + i), call);
     }
+}
+
+// The fast path's small cases (memcheck and racecheck): one tile size each,
+// a partial last chunk, a split, a scalar gate.
+TEST(CudaGlaForward, SanitizerFastPath) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (int64_t K : {64, 128}) {
+    Case c;
+    c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = K == 64 ? 136 : 48, c.dtype = DType::bf16, c.gate_dtype = c.dtype;
+    c.gate = i % 2 ? Gate::scalar : Gate::vector, c.seed = 1600 + i++;
+    setenv("FLASHGLA_GLA_SPLITS", "2", 1);
+    check_against_reference(c, Call{});
+    unsetenv("FLASHGLA_GLA_SPLITS");
+  }
+  // An fp32 gate (in the operand area) and key parts (o accumulated), with a split.
+  for (int64_t K : {128, 256}) {
+    Case c;
+    c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = 72, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
+    c.gate = Gate::vector, c.h0 = true, c.final_state = true, c.seed = 1600 + i++;
+    setenv("FLASHGLA_GLA_SPLITS", "2", 1);
+    check_against_reference(c, Call{});
+    unsetenv("FLASHGLA_GLA_SPLITS");
+  }
 }
 
 }  // namespace

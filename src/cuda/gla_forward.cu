@@ -108,7 +108,13 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
              "cudaDeviceGetAttribute");
-  FLASHGLA_REQUIRE(c.smem.bytes <= max_smem, ErrorKind::unsupported, "q",
+  // The fast path where it applies; FLASHGLA_GLA_FAST=0 turns it off (benchmarks of both, tests of the general
+  // kernel).
+  const char* fast_env = std::getenv("FLASHGLA_GLA_FAST");
+  const bool fast_off = fast_env && std::string(fast_env) == "0";
+  c.fast = gla::fast_chunk_supported(c) && !fast_off &&
+           gla::fast_chunk_smem_bytes(c.key_dim, c.value_dim) <= max_smem;
+  FLASHGLA_REQUIRE(c.fast || c.smem.bytes <= max_smem, ErrorKind::unsupported, "q",
                  "K = " + std::to_string(p.key_dim) + " needs " + std::to_string(c.smem.bytes) +
                      " bytes of shared memory in the CUDA chunked kernel, more than this device's " +
                      std::to_string(max_smem) + " (K ≤ 512 fits on sm_80 and sm_90)");
@@ -118,12 +124,13 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   const int64_t longest = longest_sequence(a, p);
   const int64_t max_chunks = longest < 0 ? (p.seq_len + gla::kChunk - 1) / gla::kChunk
                                          : (longest + gla::kChunk - 1) / gla::kChunk;
-  const int64_t tile = gla::value_tile(c.q.dtype);
-  const int64_t tiles = p.num_seqs * p.heads * ((p.value_dim + tile - 1) / tile);
+  const int64_t tile = c.fast ? gla::fast_value_tile(c.value_dim) : gla::value_tile(c.q.dtype);
+  const int64_t key_parts = c.fast ? gla::fast_key_parts(c.key_dim) : 1;
+  const int64_t tiles = p.num_seqs * p.heads * ((p.value_dim + tile - 1) / tile) * key_parts;
   int64_t splits = 1;
   if (longest > 0 && tiles > 0) {
     constexpr int64_t kMinChunksPerSplit = 4;
-    const int64_t slots = int64_t(multiprocessors()) * gla::chunk_blocks_per_sm(c.q.dtype, c.smem);
+    const int64_t slots = int64_t(multiprocessors()) * (c.fast ? 1 : gla::chunk_blocks_per_sm(c.q.dtype, c.smem));
     splits = std::max<int64_t>(1, std::min(slots / tiles, max_chunks / kMinChunksPerSplit));
     // FLASHGLA_GLA_SPLITS=<n> overrides the choice (for tuning and tests of the split path).
     if (const char* forced = std::getenv("FLASHGLA_GLA_SPLITS")) splits = std::max<int64_t>(1, std::atoll(forced));
@@ -165,16 +172,17 @@ void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
 
   ChunkPlan plan = plan_chunked(args, problem);
   gla::ChunkParams& c = plan.params;
+  const auto launch = c.fast ? gla::launch_fast_chunk_forward : gla::launch_chunk_forward;
   Scratch workspace(args.workspace, args.workspace_bytes, plan.workspace_bytes, stream, "gla_forward_workspace_bytes");
   if (c.num_splits > 1) {
     c.split_states = workspace.floats();
     c.split_decay = c.split_states + size_t(problem.num_seqs * problem.heads * (c.num_splits - 1)) *
                                          size_t(problem.key_dim) * size_t(problem.value_dim);
     c.states_only = true;
-    gla::launch_chunk_forward(c, plan.num_seqs, stream);
+    launch(c, plan.num_seqs, stream);
     c.states_only = false;
   }
-  gla::launch_chunk_forward(c, plan.num_seqs, stream);
+  launch(c, plan.num_seqs, stream);
 }
 
 void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem) {

@@ -1,6 +1,7 @@
 // The CUDA GLA forward, recurrent and decode kernels: their parameter structs
 // and launchers. gla_forward.cu checks, plans and fills these; one .cu file per
-// kernel (gla_fwd_chunk.cu, gla_fwd_recurrent.cu, gla_fwd_decode.cu) defines it.
+// kernel (gla_fwd_chunk.cu, gla_fwd_fast.cu, gla_fwd_recurrent.cu,
+// gla_fwd_decode.cu) defines it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -63,6 +64,7 @@ struct ChunkParams {
   float* split_states = nullptr;  // [N][H][num_splits-1][K][V]: each split's state from a zero start
   float* split_decay = nullptr;   // [N][H][num_splits-1][K]: each split's total decay exp(sum g)
   bool states_only = false;       // the first pass: write split_states/split_decay, no output
+  bool fast = false;              // run the fast path (gla_fwd_fast.cu) instead of the general kernel
   ChunkLayout smem;
 };
 
@@ -70,6 +72,16 @@ struct ChunkParams {
 ChunkLayout chunk_layout(Elem input, Elem gate, Gate gate_kind, int key_dim);
 int chunk_blocks_per_sm(Elem input, const ChunkLayout& layout);
 void launch_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
+
+// The fast path (gla_fwd_fast.cu): bf16/fp16 inputs (a vector gate of the same
+// dtype or fp32, or a scalar gate, or none), K ≤ 256, every row 16-byte aligned.
+// One CTA per SM; value tiles of fast_value_tile(V) columns, fast_key_parts(K)
+// key parts of up to 128 keys (more than one: o is zeroed, then accumulated).
+bool fast_chunk_supported(const ChunkParams& p);
+int fast_value_tile(int value_dim);
+int fast_key_parts(int key_dim);
+int fast_chunk_smem_bytes(int key_dim, int value_dim);
+void launch_fast_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // ---- recurrent forward ---------------------------------------------------------
 struct RecurrentParams {
