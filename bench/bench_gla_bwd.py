@@ -152,19 +152,23 @@ def main():
              "met | peak MB ours / SDPA |",
              "|---|---|---|---|---|---|---|---|---|"]
     kernels, unsplit, elementwise = [], [], []
-    for B, T, H, K, V, (kind, goal) in ANCHORS + MODEL:
+    print("\n".join(lines), flush=True)
+    for B, T, H, K, V, (kind, goal) in MODEL + ANCHORS:  # each row printed as soon as it is measured
         fwd_ms, bwd_ms, both_ms, peak, (inputs, do) = time_ours(B, T, H, K, V)
         shape = f"B{B} T{T} H{H} K{K} V{V}"
         if args.kernels:
             kernels.append((shape, kernel_times(inputs, do)))
+            print(f"- {shape}: " + ", ".join(f"{n} {t:.3f}" for n, t in kernels[-1][1].items()), flush=True)
         if args.split_compare:
             off_ms, off_kernels = time_bwd_with("FLASHGLA_GLA_BWD_SCAN_SPLIT", "0", inputs, do, args.kernels)
             unsplit.append(f"- {shape}: bwd {bwd_ms:.3f} ms (default), {off_ms:.3f} ms (scans unsplit)"
                            + "".join(f", {n} {t:.3f}" for n, t in off_kernels.items()))
+            print(unsplit[-1], flush=True)
         if args.diag_compare:
             el_ms, el_kernels = time_bwd_with("FLASHGLA_GLA_BWD_DIAG", "elementwise", inputs, do, args.kernels)
             elementwise.append(f"- {shape}: bwd {bwd_ms:.3f} ms (default), {el_ms:.3f} ms (elementwise)"
                                + "".join(f", {n} {t:.3f}" for n, t in el_kernels.items()))
+            print(elementwise[-1], flush=True)
         del inputs, do
         sdpa, sdpa_peak = time_sdpa(B, T, H, K) if K == V else (None, None)
         if kind == "ratio":
@@ -181,6 +185,7 @@ def main():
         peak_text = f"{peak:.0f} / " + ("-" if sdpa_peak is None else f"{sdpa_peak:.0f}")
         lines.append(f"| {B} {T} {H} {K} {V} | {fwd_ms:.3f} | {bwd_ms:.3f} | {both_ms:.3f} | {sdpa_text} | "
                      f"{ratio_text} | {target} | {'-' if met is None else 'yes' if met else 'no'} | {peak_text} |")
+        print(lines[-1], flush=True)
         torch.cuda.empty_cache()
 
     if kernels:
@@ -192,7 +197,7 @@ def main():
     if elementwise:
         lines += ["", "A's sub-chunk pairs: default and FLASHGLA_GLA_BWD_DIAG=elementwise:", ""] + elementwise
     text = "\n".join(lines)
-    print(text)
+    print("\n" + text)
     if args.out:
         with open(args.out, "a") as f:
             f.write(text + "\n\n")
