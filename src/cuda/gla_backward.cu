@@ -70,11 +70,10 @@ int64_t scan_chunks_per_split(const GlaBackwardArgs& a, const GlaProblem& pr) {
 struct Plan {
   size_t states = 0, dstates = 0;                  // chunked
   int64_t chunks_per_split = 0, scan_splits = 1;   // chunked, sequence split of the scans
-  size_t split_summaries = 0, chunk_decays = 0, split_starts = 0;
+  size_t split_summaries = 0, chunk_decays = 0;
   size_t dq_acc = 0, dk_acc = 0, dg_suffix_terms = 0, dg_prefix_terms = 0, dg_final = 0;  // recurrent
   size_t total() const {
-    return aligned(states) + aligned(dstates) + aligned(split_summaries) + aligned(chunk_decays) +
-           aligned(split_starts) + aligned(dq_acc) + aligned(dk_acc) + aligned(dg_suffix_terms) +
+    return aligned(states) + aligned(dstates) + aligned(split_summaries) + aligned(chunk_decays) + aligned(dq_acc) + aligned(dk_acc) + aligned(dg_suffix_terms) +
            aligned(dg_prefix_terms) + aligned(dg_final);
   }
 };
@@ -94,8 +93,6 @@ Plan plan(const GlaBackwardArgs& a, const GlaProblem& pr) {
       plan.split_summaries =
           size_t(2 * pr.num_seqs * pr.heads * plan.scan_splits * tiles) * gla_bwd::kSummaryFloats * sizeof(float);
       plan.chunk_decays = size_t(2 * num_slots(pr) * pr.heads * key_tiles * gla_bwd::kTile) * sizeof(float);
-      plan.split_starts =
-          size_t(2 * pr.num_seqs * pr.heads * plan.scan_splits * tiles) * gla_bwd::kTileElems * sizeof(float);
     }
   } else {
     plan.dq_acc = plan.dk_acc = plan.dg_suffix_terms = plan.dg_prefix_terms =
@@ -186,7 +183,6 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     p.chunks_per_split = sizes.chunks_per_split;
     p.split_summaries = reinterpret_cast<float*>(take(sizes.split_summaries));
     p.chunk_decays = reinterpret_cast<float*>(take(sizes.chunk_decays));
-    p.split_starts = reinterpret_cast<float*>(take(sizes.split_starts));
     gla_bwd::launch_state_scan(p, c, stream);  // also writes dh0
     if (p.num_slots > 0 && pr.seq_len > 0) gla_bwd::launch_chunk(p, c, stream);
   } else {

@@ -11,11 +11,10 @@
 //      When (sequences x heads x tiles) cannot fill the GPU, each sequence is
 //      split into pieces of `chunks_per_split` chunks scanned at once from a
 //      zero state (the true start state for the first piece in scan order);
-//      a fold kernel then computes each piece's missing start state (and
-//      writes dh0). Fixed-length inputs only.
+//      a fold kernel then adds each piece's missing start state, decayed, to
+//      its stored states (and writes dh0). Fixed-length inputs only.
 //   2. gla_bwd_chunk.cu: one block per (chunk, head) computes dA, the
-//      intra-chunk A (recomputed), dv, dq, dk and dg of that chunk; after a
-//      split it adds the piece's start state, decayed, to S and dS as it loads them.
+//      intra-chunk A (recomputed), dv, dq, dk and dg of that chunk.
 // Recurrent backward: one pass forward (states, dq), one pass backward (dS,
 // dk, dv); dg from the closed form without a stored state (see gla_bwd_recurrent.cu).
 #pragma once
@@ -85,7 +84,6 @@ struct Params {
   int64_t chunks_per_split = 0;     // chunks of each piece (the last may have fewer)
   float* split_summaries = nullptr; // [scan][N][H][split][tile]: a piece's last state (64x64) and its total decay (64)
   float* chunk_decays = nullptr;    // [scan][slot][H][64 key_tiles]: decay (log2) from the piece's start to each stored state
-  float* split_starts = nullptr;    // [scan][N][H][split][tile]: a piece's true start state (64x64), from the fold
 
   // Recurrent: fp32 accumulators [B*T, H, K] (zeroed) and one [N, H, K] term;
   // see gla_bwd_recurrent.cu for the three parts of dg.

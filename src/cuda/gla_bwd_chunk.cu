@@ -93,49 +93,6 @@ __device__ __forceinline__ void mark_wide_subchunks(const GT* sG, int* flags, fl
   if ((threadIdx.x & 31) == 0) flags[threadIdx.x / 32] = any_wide;
 }
 
-// After a split of the state scans (gla_bwd_states.cu), the stored states of a
-// piece lack its true start state X (from fold_kernel), decayed: this adds
-// diag(exp2 D) X to state tile (kt, vt) of scan `scan` (0: S, 1: dS) of chunk
-// slot `slot`, D the decay (log2, per key row) from the piece's start. Nothing
-// for the piece that comes first in the scan's order, which started from h0 /
-// dht. Each thread updates the elements that its copy_tile_in copied (same
-// mapping), so it only needs its own cp_async_wait_all() first.
-template <class T>
-__device__ __forceinline__ void add_split_start(T* tile, const Params& p, int scan, int64_t n, int piece,
-                                                int64_t slot, int h, int kt, int vt) {
-  if (piece == (scan == 0 ? 0 : p.scan_splits - 1)) return;
-  const int tiles = p.key_tiles * p.value_tiles;
-  const float* start = p.split_starts +
-                       ((((int64_t(scan) * p.num_seqs + n) * p.heads + h) * p.scan_splits + piece) * tiles +
-                        kt * p.value_tiles + vt) * int64_t(kTileElems);
-  const float* decay = p.chunk_decays + ((int64_t(scan) * p.num_slots + slot) * p.heads + h) * (p.key_tiles * kTile) +
-                       kt * kTile;
-  constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
-#pragma unroll 1  // rare (split scans only): no registers taken from the rest of the kernel
-  for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kChunkThreads) {
-    const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
-    const float d = exp2_of(decay[r]);
-    const float4* x = reinterpret_cast<const float4*>(start + r * kTile + c);
-    T* at = tile + r * kLd<T> + c;
-    if constexpr (sizeof(T) == 4) {
-      float4 v = *reinterpret_cast<float4*>(at);
-      const float4 a = x[0];
-      v.x += d * a.x, v.y += d * a.y, v.z += d * a.z, v.w += d * a.w;
-      *reinterpret_cast<float4*>(at) = v;
-    } else {
-      const uint4 raw = *reinterpret_cast<const uint4*>(at);
-      const float4 a = x[0], e = x[1];
-      const float add[8] = {a.x, a.y, a.z, a.w, e.x, e.y, e.z, e.w};
-      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-      uint32_t out[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        out[k] = pack_bf16(widen<bf16>(w[k] & 0xffffu) + d * add[2 * k], widen<bf16>(w[k] >> 16) + d * add[2 * k + 1]);
-      *reinterpret_cast<uint4*>(at) = make_uint4(out[0], out[1], out[2], out[3]);
-    }
-  }
-}
-
 // Shared memory. R is a work area whose layout changes with the phase:
 //   phase A: dO, V tiles (rows 0-127); then key stage (rows 0-159) and q̂ (160-223);
 //            then the factored part of A's diagonal blocks in fp32;
@@ -175,11 +132,7 @@ __device__ __forceinline__ int diagonal_row(int hc, int m) {
   return 4 * (m >> 1) + (hc == 0 ? ((m & 1) ? 3 : 0) : ((m & 1) ? 2 : 1));
 }
 
-// kSplitStarts: the state scans were split (p.scan_splits > 1), so S and dS
-// get their pieces' start states as they are loaded (add_split_start); a
-// kernel of its own, so that the extra work takes no registers from the
-// unsplit one.
-template <class T, class GT, bool kSplitStarts>
+template <class T, class GT>
 __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p) {
   using Smem = ChunkSmem<T, GT>;
   constexpr int LD = kLd<T>;
@@ -210,7 +163,6 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   const int K = p.key_dim, V = p.value_dim;
   const float scale = p.scale;
   const GT* gamma = sG + (kChunk - 1) * LDF;  // γ: the last row of Γ
-  const int piece = kSplitStarts ? int(chunk / p.chunks_per_split) : 0;  // of the split scans
 
   // ---- phase A: dA --------------------------------------------------------------
   // Warp (s, hc) computes the 16x16 blocks (s, J) for J = hc, hc + 2 with J <= s.
@@ -368,8 +320,6 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
           copy_tile_in<T, kChunkThreads>(sDS + j * kTile * LD,
                                          static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
         cp_async_wait_all();
-        if (kSplitStarts)
-          for (int j = 0; j < group; ++j) add_split_start(sDS + j * kTile * LD, p, 1, b, piece, slot, h, kt, vt0 + j);
         store_gate_cumsum<GT, kChunkThreads>(sG, gate);
         auto k_hat = [=](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
         if (k_plain) transform_tile<T, kChunkThreads>(sKHat, k_hat);
@@ -451,10 +401,6 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         copy_tile_in<T, kChunkThreads>(sS, static_cast<const T*>(p.states) + state_tile_index(p, slot, h, kt, vt));
         copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
         cp_async_wait_all();
-        if (kSplitStarts) {
-          add_split_start(sS, p, 0, b, piece, slot, h, kt, vt);
-          add_split_start(sDS, p, 1, b, piece, slot, h, kt, vt);
-        }
         __syncthreads();
         warp_gemm<4, false, true>(acc_q, sDO + kSub * s * LD, LD, sS + 32 * hc * LD, LD, kTile);
         warp_gemm<4, false, true>(acc_k, sV + kSub * s * LD, LD, sDS + 32 * hc * LD, LD, kTile);
@@ -570,21 +516,14 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     store_as(p.dg.data, offset4(p.dg, b, t0 + threadIdx.x, h, 0), p.dg.dtype, sRowSums[threadIdx.x]);
 }
 
-template <class T, class GT, bool kSplitStarts>
-void launch(const Params& p, cudaStream_t stream) {
-  const size_t smem = ChunkSmem<T, GT>::bytes;
-  check_cuda(cudaFuncSetAttribute(chunk_kernel<T, GT, kSplitStarts>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(smem)),
-             "cudaFuncSetAttribute (GLA backward chunk kernel)");
-  const dim3 grid(unsigned(p.num_slots), unsigned(p.heads));
-  chunk_kernel<T, GT, kSplitStarts><<<grid, kChunkThreads, smem, stream>>>(p);
-  check_cuda(cudaGetLastError(), "GLA backward chunk kernel launch");
-}
-
 template <class T, class GT>
 void launch(const Params& p, cudaStream_t stream) {
-  if (p.scan_splits > 1) launch<T, GT, true>(p, stream);
-  else launch<T, GT, false>(p, stream);
+  const size_t smem = ChunkSmem<T, GT>::bytes;
+  check_cuda(cudaFuncSetAttribute(chunk_kernel<T, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+             "cudaFuncSetAttribute (GLA backward chunk kernel)");
+  const dim3 grid(unsigned(p.num_slots), unsigned(p.heads));
+  chunk_kernel<T, GT><<<grid, kChunkThreads, smem, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA backward chunk kernel launch");
 }
 
 }  // namespace

@@ -17,10 +17,9 @@
 // state it stores, the decay (log2, per key row) accumulated since its start,
 // and at its end its last state and total decay (the summary). fold_kernel
 // then walks the summaries of the earlier pieces in scan order to get each
-// piece's true start state X (p.split_starts); the chunk kernel adds
-// diag(exp2 D) X to the piece's stored states as it loads them, and the
-// backward scan's fold also yields dh0. Exact in real arithmetic: the scan is
-// linear in its start state.
+// piece's true start state X and adds diag(exp2 D) X to the piece's stored
+// states; the backward scan's fold also yields dh0. Exact in real arithmetic:
+// the scan is linear in its start state.
 #include "cuda/common.cuh"
 #include "cuda/gla_bwd_device.cuh"
 
@@ -187,14 +186,25 @@ __device__ __forceinline__ void load8(const float* at, float (&x)[8]) {
   const float4 a = reinterpret_cast<const float4*>(at)[0], b = reinterpret_cast<const float4*>(at)[1];
   x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
 }
+__device__ __forceinline__ void load8(const bf16* at, float (&x)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(at);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+}
 __device__ __forceinline__ void store8(float* at, const float (&x)[8]) {
   reinterpret_cast<float4*>(at)[0] = {x[0], x[1], x[2], x[3]};
   reinterpret_cast<float4*>(at)[1] = {x[4], x[5], x[6], x[7]};
+}
+__device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
+  *reinterpret_cast<uint4*>(at) = {pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]),
+                                   pack_bf16(x[6], x[7])};
 }
 
 // The fold of a split scan: one block per (sequence, head, tile, piece after
 // the first in scan order); blockIdx.z picks the scan as above. Thread t owns
 // 8 columns of rows t / 8 and t / 8 + 32 of the tile.
+template <class T>
 __global__ void __launch_bounds__(kStateThreads) fold_kernel(const Params p) {
   constexpr int kRowStep = kStateThreads / 8;
   const bool backward = blockIdx.z == 1;
@@ -226,13 +236,29 @@ __global__ void __launch_bounds__(kStateThreads) fold_kernel(const Params p) {
     }
   }
 
-  // Its true start, for the chunk kernel to add (decayed) to its stored states.
+  // Its stored states: += diag(exp2 D) x, D the decay from the piece's start.
   const int split = piece(order);
-  float* start = p.split_starts +
-                 ((((int64_t(blockIdx.z) * p.num_seqs + n) * p.heads + h) * p.scan_splits + split) * tiles + tile) *
-                     int64_t(kTileElems);
+  const Seq seq = sequence(p, n);
+  const int64_t first = split * p.chunks_per_split;
+  int64_t chunks = num_chunks(seq.len) - first;
+  if (chunks > p.chunks_per_split) chunks = p.chunks_per_split;
+  T* scratch = static_cast<T*>(backward ? p.dstates : p.states);
+  for (int64_t c = first; c < first + chunks; ++c) {
+    T* state = scratch + state_tile_index(p, seq.slot0 + c, h, kt, vt);
+    const float* decays = p.chunk_decays +
+                          ((int64_t(blockIdx.z) * p.num_slots + seq.slot0 + c) * p.heads + h) * (p.key_tiles * kTile) +
+                          kt * kTile;
 #pragma unroll
-  for (int m = 0; m < 2; ++m) store8(start + (row + m * kRowStep) * kTile + col, x[m]);
+    for (int m = 0; m < 2; ++m) {
+      const int r = row + m * kRowStep;
+      const float decay = exp2_of(decays[r]);
+      float s[8];
+      load8(state + r * kTile + col, s);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[j] += decay * x[m][j];
+      store8(state + r * kTile + col, s);
+    }
+  }
 
   // The backward scan's last piece in scan order: dh0 = diag(exp2 D) x + its last state.
   if (backward && split == 0 && p.dh0.data) {
@@ -264,7 +290,7 @@ void launch(const Params& p, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "GLA backward state scan launch");
   if (p.scan_splits > 1) {
     const dim3 fold_grid(unsigned(p.num_seqs * p.heads), tiles * unsigned(p.scan_splits - 1), 2);
-    fold_kernel<<<fold_grid, kStateThreads, 0, stream>>>(p);
+    fold_kernel<T><<<fold_grid, kStateThreads, 0, stream>>>(p);
     check_cuda(cudaGetLastError(), "GLA backward state scan fold launch");
   }
 }
