@@ -16,7 +16,9 @@ inputs (bf16, g = logsigmoid(randn)), as the median of triton's do_bench:
 --kernels adds the time of each CUDA kernel of our backward (torch.profiler,
 one call after warm-up), so that the state scans and the chunk kernel show
 separately. --split-compare also times our bwd with the state scans' sequence
-split turned off (FLASHGLA_GLA_BWD_SCAN_SPLIT=0), in the same process.
+split turned off (FLASHGLA_GLA_BWD_SCAN_SPLIT=0), --diag-compare with A's
+pairs inside sub-chunks summed element by element (FLASHGLA_GLA_BWD_DIAG=
+elementwise), in the same process.
 MODEL shapes are those of the 340M GLA model (issue 7: H=4, K=128, V=256).
 """
 
@@ -121,11 +123,25 @@ def kernel_times(inputs, do):
     return times
 
 
+def time_bwd_with(env, value, inputs, do, with_kernels):
+    """bwd ms (and per-kernel times) with one environment setting of the backend."""
+    os.environ[env] = value
+    try:
+        o = flashgla.chunk_gla(*inputs)[0]
+        ms = median_ms(lambda: torch.autograd.grad(o, inputs, do, retain_graph=True))
+        del o
+        return ms, kernel_times(inputs, do) if with_kernels else {}
+    finally:
+        del os.environ[env]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="also append the table to this markdown file")
     parser.add_argument("--kernels", action="store_true", help="per-kernel times of the backward")
     parser.add_argument("--split-compare", action="store_true", help="also time bwd with the scans unsplit")
+    parser.add_argument("--diag-compare", action="store_true",
+                        help="also time bwd with A's sub-chunk pairs element by element")
     args = parser.parse_args()
     torch.manual_seed(0)
     card = torch.cuda.get_device_name()
@@ -135,20 +151,24 @@ def main():
              "| B T H K V | ours fwd ms | ours bwd ms | ours fwd+bwd ms | SDPA fwd+bwd ms | ratio | target | "
              "met | peak MB ours / SDPA |",
              "|---|---|---|---|---|---|---|---|---|"]
-    kernels, unsplit = [], []
-    for B, T, H, K, V, (kind, goal) in ANCHORS + MODEL:
+    kernels, unsplit, elementwise = [], [], []
+    print("\n".join(lines), flush=True)
+    for B, T, H, K, V, (kind, goal) in MODEL + ANCHORS:  # each row printed as soon as it is measured
         fwd_ms, bwd_ms, both_ms, peak, (inputs, do) = time_ours(B, T, H, K, V)
         shape = f"B{B} T{T} H{H} K{K} V{V}"
         if args.kernels:
             kernels.append((shape, kernel_times(inputs, do)))
+            print(f"- {shape}: " + ", ".join(f"{n} {t:.3f}" for n, t in kernels[-1][1].items()), flush=True)
         if args.split_compare:
-            os.environ["FLASHGLA_GLA_BWD_SCAN_SPLIT"] = "0"
-            o = flashgla.chunk_gla(*inputs)[0]
-            off_ms = median_ms(lambda: torch.autograd.grad(o, inputs, do, retain_graph=True))
-            off_kernels = kernel_times(inputs, do) if args.kernels else {}
-            del o, os.environ["FLASHGLA_GLA_BWD_SCAN_SPLIT"]
+            off_ms, off_kernels = time_bwd_with("FLASHGLA_GLA_BWD_SCAN_SPLIT", "0", inputs, do, args.kernels)
             unsplit.append(f"- {shape}: bwd {bwd_ms:.3f} ms (default), {off_ms:.3f} ms (scans unsplit)"
                            + "".join(f", {n} {t:.3f}" for n, t in off_kernels.items()))
+            print(unsplit[-1], flush=True)
+        if args.diag_compare:
+            el_ms, el_kernels = time_bwd_with("FLASHGLA_GLA_BWD_DIAG", "elementwise", inputs, do, args.kernels)
+            elementwise.append(f"- {shape}: bwd {bwd_ms:.3f} ms (default), {el_ms:.3f} ms (elementwise)"
+                               + "".join(f", {n} {t:.3f}" for n, t in el_kernels.items()))
+            print(elementwise[-1], flush=True)
         del inputs, do
         sdpa, sdpa_peak = time_sdpa(B, T, H, K) if K == V else (None, None)
         if kind == "ratio":
@@ -165,6 +185,7 @@ def main():
         peak_text = f"{peak:.0f} / " + ("-" if sdpa_peak is None else f"{sdpa_peak:.0f}")
         lines.append(f"| {B} {T} {H} {K} {V} | {fwd_ms:.3f} | {bwd_ms:.3f} | {both_ms:.3f} | {sdpa_text} | "
                      f"{ratio_text} | {target} | {'-' if met is None else 'yes' if met else 'no'} | {peak_text} |")
+        print(lines[-1], flush=True)
         torch.cuda.empty_cache()
 
     if kernels:
@@ -173,8 +194,10 @@ def main():
             lines.append(f"- {shape}: " + ", ".join(f"{n} {t:.3f}" for n, t in times.items()))
     if unsplit:
         lines += ["", "State scans' sequence split on (default) and off:", ""] + unsplit
+    if elementwise:
+        lines += ["", "A's sub-chunk pairs: default and FLASHGLA_GLA_BWD_DIAG=elementwise:", ""] + elementwise
     text = "\n".join(lines)
-    print(text)
+    print("\n" + text)
     if args.out:
         with open(args.out, "a") as f:
             f.write(text + "\n\n")

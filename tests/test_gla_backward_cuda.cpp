@@ -156,18 +156,25 @@ TEST(CudaGlaBackward, ChunkedMatchesReference) {
   for (const Case& c : grid(true)) check_against_reference(c, Call{});
 }
 
-// FLASHGLA_GLA_BWD_DIAG=factored: A's pairs inside a sub-chunk go through
-// the products where its gates span little, else element by element
-// (gla_bwd_chunk.cu). That path on every kind of input.
+// By default A's pairs inside a sub-chunk go through the products where its
+// gates span little, else element by element (gla_bwd_chunk.cu); each path
+// forced on every kind of input (FLASHGLA_GLA_BWD_DIAG=factored: the default,
+// =elementwise: never through the products).
 TEST(CudaGlaBackward, ChunkedFactoredSubChunksMatchReference) {
   SKIP_WITHOUT_GPU();
   const ScopedEnv factored("FLASHGLA_GLA_BWD_DIAG", "factored");
   for (const Case& c : grid(false)) check_against_reference(c, Call{});
 }
 
-// Both paths in one call (FLASHGLA_GLA_BWD_DIAG=factored): sub-chunks 1, 4,
-// 7, ... have gates of about −20 per step in the first 32 key columns (element
-// by element in key tile 0, through the products in key tile 1), the others
+TEST(CudaGlaBackward, ChunkedElementwiseSubChunksMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const ScopedEnv elementwise("FLASHGLA_GLA_BWD_DIAG", "elementwise");
+  for (const Case& c : grid(false)) check_against_reference(c, Call{});
+}
+
+// Both paths in one call (=factored, the default): sub-chunks 1, 4, 7, ...
+// have gates of about −20 per step in the first 32 key columns (element by
+// element in key tile 0, through the products in key tile 1), the others
 // typical gates.
 TEST(CudaGlaBackward, ChunkedMixedSubChunkPaths) {
   SKIP_WITHOUT_GPU();

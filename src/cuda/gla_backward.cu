@@ -152,11 +152,11 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.scale = float(pr.scale);
   p.reverse = a.reverse;
   p.chunks_per_seq = (pr.seq_len + gla_bwd::kChunk - 1) / gla_bwd::kChunk;
-  // FLASHGLA_GLA_BWD_DIAG=factored: A's pairs inside a sub-chunk through the
-  // products where the gates allow (not yet run on a GPU in this form; see
-  // mark_wide_subchunks in gla_bwd_chunk.cu). Default: element by element.
+  // A's pairs inside a sub-chunk go through the products where the gates
+  // allow (see mark_wide_subchunks in gla_bwd_chunk.cu);
+  // FLASHGLA_GLA_BWD_DIAG=elementwise sums them element by element everywhere.
   const char* diag_mode = std::getenv("FLASHGLA_GLA_BWD_DIAG");
-  if (diag_mode && std::string(diag_mode) == "factored") p.diag_factor_limit = 64.f;
+  p.diag_factor_limit = diag_mode && std::string(diag_mode) == "elementwise" ? -1.f : gla_bwd::kDiagFactorLimit;
   p.num_slots = num_slots(pr);
 
   const Plan sizes = plan(a, pr);

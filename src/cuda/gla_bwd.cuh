@@ -32,6 +32,9 @@ inline constexpr int kChunk = 64;  // C: tokens per chunk
 inline constexpr int kSub = 16;    // tokens per secondary sub-chunk
 inline constexpr int kTile = 64;   // key / value columns per tile
 inline constexpr int kTileElems = kTile * kTile;
+// Default diag_factor_limit: operands scaled by factors within 2^±64, which
+// bf16 and fp32 hold.
+inline constexpr float kDiagFactorLimit = 64.f;
 
 inline constexpr int kStateThreads = 256;  // gla_bwd_states.cu: 8 warps, 16 state rows x 32 columns each
 inline constexpr int kChunkThreads = 256;  // gla_bwd_chunk.cu: 8 warps, two per sub-chunk
@@ -66,7 +69,7 @@ struct Params {
   bool reverse = false;  // recurrent only
   // Chunked: the widest span (log2 units) of the gate cumsum inside a 16-token
   // sub-chunk for which its pairs go through the tensor-core products for A
-  // (see mark_wide_subchunks in gla_bwd_chunk.cu); below 0: never (default).
+  // (see mark_wide_subchunks in gla_bwd_chunk.cu); below 0: never.
   float diag_factor_limit = -1.f;
 
   // Chunked: chunk slot of chunk c of sequence n (see sequence() in

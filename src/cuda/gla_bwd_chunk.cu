@@ -16,7 +16,8 @@
 // against a reference row between the two (the first row of the later
 // sub-chunk for A and dq, the last row of the earlier one for dk), so every
 // exponent is <= 0; a pair inside one sub-chunk is summed element by element
-// in fp32 with its own exponent.
+// in fp32 with its own exponent (for A, only where the sub-chunk's gates span
+// too much for the products: see mark_wide_subchunks).
 //
 // dg, chunk-local (seed 002, step 7), written so that nothing cancels: the
 // diagonal terms i = j contribute equally to q ⊙ dq and k ⊙ dk and are left
@@ -71,12 +72,11 @@ __device__ __forceinline__ int between_query_query(int row) {
 // every key column of the tile: the operands are then scaled against a row of
 // the sub-chunk by factors within 2^±limit, which bf16 and fp32 hold. Else
 // (gates of −20 per step, say) those pairs are summed element by element, each
-// with its own exponent. Off by default (limit < 0): measured 11% faster with
-// the same for dq and dk (run 3, notes_gla_bwd.md), where rounding the
-// near-diagonal operands to bf16 raised dg's error 3-4x, past 1e-2; this form
-// (A only) has not yet run on a GPU. Threads 64 s.. cover sub-chunk s; each
-// warp writes whether any of its columns is too wide into flags[warp] (read
-// after a barrier).
+// with its own exponent. On by default (kDiagFactorLimit); dq and dk keep the
+// element-wise sums: factoring them too raised dg's error 3-4x, past 1e-2
+// (run 3, notes_gla_bwd.md), while A feeds only dv. Threads 64 s.. cover
+// sub-chunk s; each warp writes whether any of its columns is too wide into
+// flags[warp] (read after a barrier).
 template <class GT>
 __device__ __forceinline__ void mark_wide_subchunks(const GT* sG, int* flags, float limit) {
   static_assert(kChunkThreads == kSubs * kTile, "one thread per (sub-chunk, column)");
