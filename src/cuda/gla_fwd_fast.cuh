@@ -415,11 +415,11 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
       //   slot 1: gr ≥ 4:  qo row r0 + j,                          else ko row 32 + r0 + j
       //   slot 2: odd:     qo row 64 + 8·sub + j,                  else ko row 64 + 8·sub + j
       // (ko follows qo: its rows count from 96). The empty asm keeps the compiler from hoisting the slots out
-      // of the chunk loop, which would hold 6 more registers through M and spill (without a gate, the key
-      // offset too: ptxas spills 4 bytes otherwise).
+      // of the chunk loop, which would hold 6 more registers through M and spill (the key offset too in the
+      // 128×128 kernels without a gate: ptxas -v shows spills otherwise, and with it in the smaller ones).
       constexpr int kSlots = 3;
       int group = gr, first_key = key0;
-      if constexpr (GK == Gate::none) asm volatile("" : "+r"(group), "+r"(first_key));
+      if constexpr (GK == Gate::none && KP == 128 && BV == 128) asm volatile("" : "+r"(group), "+r"(first_key));
       else asm volatile("" : "+r"(group));
       const bool slot_query[kSlots] = {((group >> 1) & 1) != 0, group >= 4, (group & 1) != 0};
       const int slot_row[kSlots] = {16 * (group >> 2) + 8 * (group & 1), 8 * group + (group >= 4 ? 0 : 32),
