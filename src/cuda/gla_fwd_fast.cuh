@@ -65,9 +65,9 @@ struct FastLayout {
   static constexpr int ko = qo + 96 * P * 2;          // 96 rows: key side
   static constexpr int s = ko + 96 * P * 2;           // bf16 state [KP][PV]
   static constexpr int a = s + KP * PV * 2;           // A [64][PA]
-  static constexpr int tot_f = a + C * PA * 2;        // [8 groups][KP] product of a group's α without its first row
-  static constexpr int first = tot_f + 8 * KP * 4;    // [8 groups][KP] α of a group's first row
-  static constexpr int diag = first + 8 * KP * 4;     // [2 key halves][8 groups][36] partial triangles
+  static constexpr int totals = a + C * PA * 2;       // [8 groups][KP] float2: (Π of the group's α without its
+                                                      // first row, α of its first row)
+  static constexpr int diag = totals + 8 * KP * 8;    // [2 key halves][8 groups][36] partial triangles
   static constexpr int decay = diag + 2 * 8 * kTriangle * 4;  // [KP] exp(γ^C)
   static constexpr int salpha = decay + KP * 4;       // [64] scalar gate α
   static constexpr int bytes = salpha + C * 4;
@@ -223,8 +223,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   E* ko_s = reinterpret_cast<E*>(smem + L::ko);
   E* s_s = reinterpret_cast<E*>(smem + L::s);
   E* a_s = reinterpret_cast<E*>(smem + L::a);
-  float* totf_s = reinterpret_cast<float*>(smem + L::tot_f);
-  float* first_s = reinterpret_cast<float*>(smem + L::first);
+  float2* totals_s = reinterpret_cast<float2*>(smem + L::totals);
   float* diag_s = reinterpret_cast<float*>(smem + L::diag);
   float* decay_s = reinterpret_cast<float*>(smem + L::decay);
   float* salpha_s = reinterpret_cast<float*>(smem + L::salpha);
@@ -354,8 +353,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         float without_first = 1.f;
 #pragma unroll
         for (int j = 1; j < 8; ++j) without_first *= a[j];
-        totf_s[gr * KP + key] = without_first;
-        first_s[gr * KP + key] = a[0];
+        totals_s[gr * KP + key] = make_float2(without_first, a[0]);
         if (!p.states_only) {
           float qv[8], kv[8];
 #pragma unroll
@@ -411,33 +409,53 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
           from_float<E>(diag_s[grp * kTriangle + idx] + diag_s[(8 + grp) * kTriangle + idx]);
     }
     {
-      // Products over other groups (tot = α_first · tot_f), picked for this group's operands, per key.
-      float before[KPL], after[KPL], q1_lead[KPL], q2_lead[KPL], k1_mid[KPL], k1_first[KPL], k2_mid[KPL],
-          k2_first[KPL], kx_first[KPL];
-      float bwd[KPL][8];  // Π over this group's rows after j
+      // The off-diagonal operand rows (used in M) come in three pairs of which every group writes exactly one,
+      // so each thread stores three rows per row j through fixed slots instead of six warp-uniform branches:
+      //   slot 0: sub odd: qo row (sub == 1 ? 0 : 16) + 8·odd + j,  else ko row (sub == 0 ? 0 : 16) + 8·odd + j
+      //   slot 1: gr ≥ 4:  qo row r0 + j,                          else ko row 32 + r0 + j
+      //   slot 2: odd:     qo row 64 + 8·sub + j,                  else ko row 64 + 8·sub + j
+      // (ko follows qo: its rows count from 96). The empty asm keeps the compiler from hoisting the slots out
+      // of the chunk loop, which would hold 6 more registers through M and spill (the key offset too in the
+      // 128×128 kernels without a gate: ptxas -v shows spills otherwise, and with it in the smaller ones).
+      constexpr int kSlots = 3;
+      int group = gr, first_key = key0;
+      if constexpr (GK == Gate::none && KP == 128 && BV == 128) asm volatile("" : "+r"(group), "+r"(first_key));
+      else asm volatile("" : "+r"(group));
+      const bool slot_query[kSlots] = {((group >> 1) & 1) != 0, group >= 4, (group & 1) != 0};
+      const int slot_row[kSlots] = {16 * (group >> 2) + 8 * (group & 1), 8 * group + (group >= 4 ? 0 : 32),
+                                    64 + 4 * (group & ~1)};
+      int slot_offset[kSlots];  // elements from qo_s
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) slot_offset[s] = (slot_row[s] + (slot_query[s] ? 0 : 96)) * P + first_key;
+      // Products over other groups (tot: a group's Π α = first · without_first), per key.
+      float q_scale[KPL];             // Qg row j = q ⊙ fwd_j ⊙ q_scale
+      float after[KPL];               // Kd row j = k ⊙ bwd_j ⊙ after
+      float slot_scale[kSlots][KPL];  // slot s's row j = (q ⊙ fwd_j or k ⊙ bwd_j) ⊙ slot_scale[s]
+      float bwd[KPL][8];              // Π over this group's rows after j
 #pragma unroll
       for (int e = 0; e < KPL; ++e) {
-        const int key = key0 + e;
-        auto tot = [&](int i) { return totf_s[i * KP + key] * first_s[i * KP + key]; };
-        before[e] = after[e] = k2_mid[e] = 1.f;
+        const int key = first_key + e;
+        auto tot = [&](int i) { const float2 t = totals_s[i * KP + key]; return t.x * t.y; };
+        float before = 1.f, k2_mid = 1.f;
+        after[e] = 1.f;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          if (i < gr) before[e] *= tot(i);
+          if (i < gr) before *= tot(i);
           if (i > gr) after[e] *= tot(i);
-          if (i > gr && i < 4) k2_mid[e] *= tot(i);
+          if (i > gr && i < 4) k2_mid *= tot(i);
         }
-        // Only the entries this group's operands use (sub, odd: see below); others stay unread.
-        q1_lead[e] = odd ? totf_s[(gr - 1) * KP + key] : 1.f;
-        float q2_mid = gr > 5 ? tot(5) : 1.f;
-        if (gr > 6) q2_mid *= tot(6);
-        q2_lead[e] = gr > 4 ? totf_s[4 * KP + key] : 1.f;
-        k2_first[e] = gr < 4 ? first_s[4 * KP + key] : 1.f;
-        k1_mid[e] = gr < 7 && !odd ? tot(gr + 1) : 1.f;
-        kx_first[e] = !odd ? first_s[(gr + 1) * KP + key] : 1.f;
-        k1_first[e] = !(sub & 1) ? first_s[(2 * sub + 2) * KP + key] : 1.f;
-        q2_lead[e] *= q2_mid;
+        q_scale[e] = before * alpha[e][0];
+        float q2_lead = gr > 5 ? tot(5) : 1.f;
+        if (gr > 6) q2_lead *= tot(6);
+        q2_lead *= gr > 4 ? totals_s[4 * KP + key].x : 1.f;
+        const float k1_mid = !odd ? tot(gr + 1) : 1.f;
+        // Slot factors (query side: applied to q ⊙ fwd_j; key side: to k ⊙ bwd_j).
+        slot_scale[0][e] = sub & 1 ? (odd ? totals_s[(gr - 1) * KP + key].x * alpha[e][0] : 1.f)
+                                   : k1_mid * totals_s[(2 * sub + 2) * KP + key].y;
+        slot_scale[1][e] = gr >= 4 ? (gr == 4 ? 1.f : q2_lead * alpha[e][0]) : k2_mid * totals_s[4 * KP + key].y;
+        slot_scale[2][e] = odd ? 1.f : totals_s[(gr + 1) * KP + key].y;
         if (gr == 0) {
-          const float chunk_decay = first_s[key] * totf_s[key] * after[e];
+          const float chunk_decay = tot(0) * after[e];
           decay_s[key] = chunk_decay;
           if (p.states_only) split_decay_acc[e] *= chunk_decay;
         }
@@ -460,41 +478,14 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         store_keys(k_s + r * P + key0, out);
         if (p.states_only) continue;
         load_keys(q_s + r * P + key0, qv);
-        float inclusive[KPL];  // Π over this group's rows 0..j
 #pragma unroll
-        for (int e = 0; e < KPL; ++e) inclusive[e] = alpha[e][0] * fwd[e], out[e] = qv[e] * before[e] * inclusive[e];
+        for (int e = 0; e < KPL; ++e) qv[e] *= fwd[e], out[e] = qv[e] * q_scale[e];
         store_keys(q_s + r * P + key0, out);
-        // Query side (reference: the first row of the row block) ...
-        if (sub & 1) {
 #pragma unroll
-          for (int e = 0; e < KPL; ++e) out[e] = qv[e] * (odd ? q1_lead[e] * inclusive[e] : fwd[e]);
-          store_keys(qo_s + ((sub == 1 ? 0 : 16) + 8 * odd + j) * P + key0, out);
-        }
-        if (gr >= 4) {
+        for (int s = 0; s < kSlots; ++s) {
 #pragma unroll
-          for (int e = 0; e < KPL; ++e) out[e] = qv[e] * (gr == 4 ? fwd[e] : q2_lead[e] * inclusive[e]);
-          store_keys(qo_s + r * P + key0, out);
-        }
-        if (odd) {
-#pragma unroll
-          for (int e = 0; e < KPL; ++e) out[e] = qv[e] * fwd[e];
-          store_keys(qo_s + (64 + 8 * sub + j) * P + key0, out);
-        }
-        // ... and key side (Π from the column's row to that reference row).
-        if (!(sub & 1)) {
-#pragma unroll
-          for (int e = 0; e < KPL; ++e) out[e] = kv[e] * (odd ? 1.f : k1_mid[e]) * k1_first[e];
-          store_keys(ko_s + ((sub == 0 ? 0 : 16) + 8 * odd + j) * P + key0, out);
-        }
-        if (gr < 4) {
-#pragma unroll
-          for (int e = 0; e < KPL; ++e) out[e] = kv[e] * k2_mid[e] * k2_first[e];
-          store_keys(ko_s + (32 + r) * P + key0, out);
-        }
-        if (!odd) {
-#pragma unroll
-          for (int e = 0; e < KPL; ++e) out[e] = kv[e] * kx_first[e];
-          store_keys(ko_s + (64 + 8 * sub + j) * P + key0, out);
+          for (int e = 0; e < KPL; ++e) out[e] = (slot_query[s] ? qv[e] : kv[e]) * slot_scale[s][e];
+          store_keys(qo_s + slot_offset[s] + j * P, out);
         }
       }
     }
