@@ -142,8 +142,23 @@ def test_cu_seqlens(gen):
         flashgla.chunk_gla(q2, k2, v2, g2, cu_seqlens=cu([2, 3]))
     with raises(ValueError, "initial_state"):  # one state per sequence
         flashgla.chunk_gla(q, k, v, g, initial_state=h0[:2], cu_seqlens=good)
-    with raises(ValueError, "cu_seqlens_q"):  # the C++ API's name: flash_attention uses it for q and k
+    with raises(ValueError, "cu_seqlens_q"):  # the C++ API's name for flash_attention's cu_seqlens
         flashgla.flash_attention(q, k, v, cu_seqlens=torch.tensor([0, 4, 3, 10]))
+
+
+def test_attention_key_boundaries(gen):
+    q, k, v = randn(gen, 1, 4, H, K), randn(gen, 1, 10, H, K), randn(gen, 1, 10, H, V)
+    cu_q = cu([1, 0, 3])
+    flashgla.flash_attention(q, k, v, cu_seqlens=cu_q, cu_seqlens_k=cu([3, 0, 7]))
+    for bad in (cu([3, 7]),  # another number of sequences than cu_seqlens
+                cu([3, 0, 6]),  # does not end at Tk
+                torch.tensor([0, 7, 3, 10], dtype=torch.int32)):  # decreases
+        with raises(ValueError, "cu_seqlens_k"):
+            flashgla.flash_attention(q, k, v, cu_seqlens=cu_q, cu_seqlens_k=bad)
+    with raises(TypeError, "cu_seqlens_k"):
+        flashgla.flash_attention(q, k, v, cu_seqlens=cu_q, cu_seqlens_k=cu([3, 0, 7]).float())
+    with raises(ValueError, "cu_seqlens_k"):
+        flashgla.flash_attention(q, k, v, cu_seqlens=cu_q, cu_seqlens_k=cu([3, 0, 7]).to("meta"))
 
 
 def test_scale(inputs):
