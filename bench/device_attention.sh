@@ -9,6 +9,8 @@
 # Nsight Compute on the forward and the backward (flashgla command). Logs go to
 # $OUT/attention_logs.tgz (repacked after every step); a summary prints last.
 #   bash bench/device_attention.sh      # BENCH_ARGS="..." to change the benchmark, PROFILE=1 for ncu
+# BWD=hopper (or portable) forces the backward (FLASHGLA_ATTENTION_BACKWARD) in the
+# strict test run and the sanitizers; SKIP_DEFAULT=1 skips the default-choice test run.
 set -u
 OUT=${OUT:-/tmp/attention_out}
 mkdir -p "$OUT"
@@ -51,20 +53,24 @@ fi
 step build 200 cmake --build $BUILD -j16 --target $targets
 grep -E "error|FAILED" "$LOGS/build.log" | head -20
 
+export FLASHGLA_ATTENTION_BACKWARD=${BWD:-auto}
 step tests_hopper 90 env FLASHGLA_ATTENTION_KERNEL=hopper $BUILD/flashgla_tests --gtest_filter="$FAST"
-step tests_default 80 $BUILD/flashgla_tests --gtest_filter="$FAST:*AttentionGenericCuda*"
+if [ -z "${SKIP_DEFAULT:-}" ]; then
+  step tests_default 80 env FLASHGLA_ATTENTION_BACKWARD=auto $BUILD/flashgla_tests \
+    --gtest_filter="$FAST:*AttentionGenericCuda*"
+fi
 if [ -n "${TEST_PORTABLE:-}" ]; then
   step tests_portable 80 env FLASHGLA_ATTENTION_KERNEL=portable $BUILD/flashgla_tests --gtest_filter="$FAST"
 fi
-# shellcheck disable=SC2086
-step bench ${BENCH_S:-150} env PYTHONPATH=$BUILD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 \
-  python3 bench/bench_attention.py $BENCH_ARGS --json "$LOGS/bench.json"
 step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 9 \
   $BUILD/flashgla_tests --gtest_filter="$SMALL:AttentionCudaApi.BadDeviceBoundariesStayInBounds"
 step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
   $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33"
 step synccheck 40 compute-sanitizer --tool synccheck --error-exitcode 9 \
   $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/33"
+# shellcheck disable=SC2086
+step bench ${BENCH_S:-150} env PYTHONPATH=$BUILD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 \
+  python3 bench/bench_attention.py $BENCH_ARGS --json "$LOGS/bench.json"
 
 if [ -n "${PROFILE:-}" ]; then
   # One launch each through the flashgla command (bf16, B=2, T=8K, H=16, d=128, causal): the

@@ -5,7 +5,9 @@
 // case (fp32, any D and Dv up to 512) runs the generic kernels of
 // attention_generic.cu. The Hopper forward (attention_hopper.cu) takes bf16/fp16
 // at D in {64, 128} where it can run; FLASHGLA_ATTENTION_KERNEL in the
-// environment overrides that choice (see forward_kernel_choice).
+// environment overrides that choice (see forward_kernel_choice). The Hopper
+// backward (attention_hopper_bwd.cu) is chosen the same way through
+// FLASHGLA_ATTENTION_BACKWARD (see backward_kernel_choice).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -95,20 +97,26 @@ AttentionParams make_params(const TensorView& q, const TensorView& k, const Tens
 // wherever the tensors allow it (an error where the device or build cannot,
 // so a test run with it cannot pass on the portable kernel by accident);
 // unset or "auto": the default below.
-enum class ForwardKernel { automatic, portable, hopper };
+enum class KernelChoice { automatic, portable, hopper };
 
 // The Hopper forward passed the GPU tests on an H100 (2026-11-21) and runs
 // 1.2-1.8x faster than the portable one there (bench/results_attention.md).
 constexpr bool kHopperForwardByDefault = true;
 
-ForwardKernel forward_kernel_choice() {
-  const char* value = std::getenv("FLASHGLA_ATTENTION_KERNEL");
-  if (value == nullptr || *value == '\0' || std::strcmp(value, "auto") == 0) return ForwardKernel::automatic;
-  if (std::strcmp(value, "portable") == 0) return ForwardKernel::portable;
-  if (std::strcmp(value, "hopper") == 0) return ForwardKernel::hopper;
-  check::fail(ErrorKind::value, "FLASHGLA_ATTENTION_KERNEL",
-              std::string("must be auto, portable or hopper, got \"") + value + "\"");
+KernelChoice kernel_choice(const char* variable) {
+  const char* value = std::getenv(variable);
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "auto") == 0) return KernelChoice::automatic;
+  if (std::strcmp(value, "portable") == 0) return KernelChoice::portable;
+  if (std::strcmp(value, "hopper") == 0) return KernelChoice::hopper;
+  check::fail(ErrorKind::value, variable, std::string("must be auto, portable or hopper, got \"") + value + "\"");
 }
+KernelChoice forward_kernel_choice() { return kernel_choice("FLASHGLA_ATTENTION_KERNEL"); }
+
+// Which backward takes bf16/fp16 at D in {64, 128}: FLASHGLA_ATTENTION_BACKWARD,
+// with the same values and meaning as FLASHGLA_ATTENTION_KERNEL.
+// The Hopper backward has not run on a GPU yet: opt-in only.
+constexpr bool kHopperBackwardByDefault = false;
+KernelChoice backward_kernel_choice() { return kernel_choice("FLASHGLA_ATTENTION_BACKWARD"); }
 
 // Calls fn(T{}, std::integral_constant<int, D>{}) for the dtype and head dim.
 template <class Fn>
@@ -147,9 +155,9 @@ void attention_forward(const AttentionForwardArgs& args, const AttentionProblem&
     attn::run_attention_generic_forward(p, args.q.dtype, int(problem.head_dim), int(problem.value_dim), stream);
     return;
   }
-  const ForwardKernel choice = forward_kernel_choice();
-  const bool hopper_required = choice == ForwardKernel::hopper;
-  const bool try_hopper = hopper_required || (choice == ForwardKernel::automatic && kHopperForwardByDefault);
+  const KernelChoice choice = forward_kernel_choice();
+  const bool hopper_required = choice == KernelChoice::hopper;
+  const bool try_hopper = hopper_required || (choice == KernelChoice::automatic && kHopperForwardByDefault);
   dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
     using T = decltype(type);
     constexpr int D = decltype(dim)::value;
@@ -201,8 +209,23 @@ void attention_backward(const AttentionBackwardArgs& args, const AttentionProble
     } else {
       if (scratch.dq_bytes > 0)
         check_cuda(cudaMemsetAsync(p.dq_accum, 0, scratch.dq_bytes, stream), "cudaMemsetAsync (dq accumulator)");
+      const KernelChoice choice = backward_kernel_choice();
+      const bool hopper_required = choice == KernelChoice::hopper;
+      const bool try_hopper = hopper_required || (choice == KernelChoice::automatic && kHopperBackwardByDefault);
       dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
-        attn::run_attention_backward<decltype(type), decltype(dim)::value>(p, stream);
+        using T = decltype(type);
+        constexpr int D = decltype(dim)::value;
+        if constexpr (D <= 128) {
+          if (try_hopper && p.q_len > 0 && p.k_len > 0) {
+            const char* refused = attn::run_attention_backward_hopper<T, D>(p, stream);
+            if (refused == nullptr) return;
+            const bool tensors_fit = p.q.vec16 && p.k.vec16 && p.v.vec16 && p.d_o.vec16;
+            if (hopper_required && tensors_fit)
+              check::fail(ErrorKind::unsupported, "FLASHGLA_ATTENTION_BACKWARD",
+                          std::string("is hopper, but the Hopper backward cannot run here: ") + refused);
+          }
+        }
+        attn::run_attention_backward<T, D>(p, stream);
       });
     }
   } catch (...) {

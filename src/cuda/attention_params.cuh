@@ -79,5 +79,10 @@ void run_attention_backward(AttentionParams p, cudaStream_t stream);
 // nothing was launched).
 template <class T, int D>
 const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream);
+// The sm_90a backward (attention_hopper_bwd.cu, D in {64, 128}; all three
+// steps, dq_accum zeroed by the caller): nullptr once launched, else why not
+// (and nothing was launched).
+template <class T, int D>
+const char* run_attention_backward_hopper(AttentionParams p, cudaStream_t stream);
 
 }  // namespace flashgla::cuda::attn
