@@ -10,7 +10,8 @@
 # $OUT/attention_logs.tgz (repacked after every step); a summary prints last.
 #   bash bench/device_attention.sh      # BENCH_ARGS="..." to change the benchmark, PROFILE=1 for ncu
 # BWD=hopper (or portable) forces the backward (FLASHGLA_ATTENTION_BACKWARD) in the
-# strict test run and the sanitizers; SKIP_DEFAULT=1 skips the default-choice test run.
+# strict test run and the sanitizers; SKIP_DEFAULT=1 skips the default-choice test run;
+# FWD_VARIANT=hopper-overlap adds a strict test run and sanitizers with that forward.
 set -u
 OUT=${OUT:-/tmp/attention_out}
 mkdir -p "$OUT"
@@ -55,12 +56,20 @@ grep -E "error|FAILED" "$LOGS/build.log" | head -20
 
 export FLASHGLA_ATTENTION_BACKWARD=${BWD:-auto}
 step tests_hopper 90 env FLASHGLA_ATTENTION_KERNEL=hopper $BUILD/flashgla_tests --gtest_filter="$FAST"
+if [ -n "${FWD_VARIANT:-}" ]; then  # e.g. hopper-overlap: the tests and the sanitizers with that forward
+  step "tests_$FWD_VARIANT" 90 env FLASHGLA_ATTENTION_KERNEL=$FWD_VARIANT $BUILD/flashgla_tests --gtest_filter="$FAST"
+  step "memcheck_$FWD_VARIANT" 60 env FLASHGLA_ATTENTION_KERNEL=$FWD_VARIANT compute-sanitizer --tool memcheck \
+    --error-exitcode 9 $BUILD/flashgla_tests --gtest_filter="$SMALL"
+  step "racecheck_$FWD_VARIANT" 60 env FLASHGLA_ATTENTION_KERNEL=$FWD_VARIANT compute-sanitizer --tool racecheck \
+    --error-exitcode 9 $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33"
+fi
 if [ -z "${SKIP_DEFAULT:-}" ]; then
   step tests_default 80 env FLASHGLA_ATTENTION_BACKWARD=auto $BUILD/flashgla_tests \
     --gtest_filter="$FAST:*AttentionGenericCuda*"
 fi
 if [ -n "${TEST_PORTABLE:-}" ]; then
-  step tests_portable 80 env FLASHGLA_ATTENTION_KERNEL=portable $BUILD/flashgla_tests --gtest_filter="$FAST"
+  step tests_portable 80 env FLASHGLA_ATTENTION_KERNEL=portable FLASHGLA_ATTENTION_BACKWARD=portable \
+    $BUILD/flashgla_tests --gtest_filter="$FAST"
 fi
 step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 9 \
   $BUILD/flashgla_tests --gtest_filter="$SMALL:AttentionCudaApi.BadDeviceBoundariesStayInBounds"

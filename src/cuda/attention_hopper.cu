@@ -24,13 +24,17 @@
 
 namespace flashgla::cuda::attn {
 
-template <int D>
+// kOverlap: the variant without a producer warp (256 threads may use 255
+// registers, where ptxas caps the 288-thread kernel at 168): thread 128
+// issues the loads, K and V take three stages, and each warpgroup overlaps
+// its softmax of tile j with its own P V of tile j − 1.
+template <int D, bool kOverlap = false>
 struct HopperForwardConfig {
   static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
   static constexpr int kBlockN = 128;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kOverlap ? 3 : 2;
   static constexpr int kConsumerThreads = 256;
-  static constexpr int kThreads = kConsumerThreads + 32;
+  static constexpr int kThreads = kOverlap ? kConsumerThreads : kConsumerThreads + 32;
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
   static constexpr int kConsumerWarps = 8;
@@ -38,13 +42,13 @@ struct HopperForwardConfig {
   static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + 128;
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
+template <class T, int D, bool kOverlap>
+__global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap>::kThreads, 1)
     attention_forward_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                                     const __grid_constant__ CUtensorMap map_v, const AttentionParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
-  using Cfg = HopperForwardConfig<D>;
+  using Cfg = HopperForwardConfig<D, kOverlap>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, NB = BN / 8, DB = D / 8, kStages = Cfg::kStages;
   constexpr int kRowBytes = 128;  // one swizzle block row: 64 elements
 
@@ -86,27 +90,33 @@ __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
   }
   __syncthreads();
 
-  if (tid >= Cfg::kConsumerThreads) {
-    // Producer. Stage st of tile j: wait until the consumers released it
-    // (tile j − kStages), announce the bytes, issue the loads.
+  // Loads of Q, and of key tile j into stage j % kStages once the consumers
+  // released the stage (tile j − kStages); issued by one thread.
+  const int batch = int(s.batch), kv = int(kv_head);
+  auto load_q = [&] {
+    mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
+    for (int db = 0; db < D / 64; ++db)
+      tma_load_4d(sQ + db * BM * kRowBytes, &map_q, q_full, db * 64, int(w.head), int(s.q_begin + q0), batch);
+  };
+  auto load_kv = [&](int j) {
+    const int st = j % kStages;
+    const uint32_t parity = ((j / kStages) & 1) ^ 1;  // a fresh barrier passes parity 1 at once
+    const int key = int(s.k_begin + int64_t(j) * BN);
+    mbar_wait(k_empty(st), parity);
+    mbar_arrive_expect_tx(k_full(st), Cfg::kKVBytes);
+    for (int db = 0; db < D / 64; ++db)
+      tma_load_4d(sK + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_k, k_full(st), db * 64, kv, key, batch);
+    mbar_wait(v_empty(st), parity);
+    mbar_arrive_expect_tx(v_full(st), Cfg::kKVBytes);
+    for (int db = 0; db < D / 64; ++db)
+      tma_load_4d(sV + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_v, v_full(st), db * 64, kv, key, batch);
+  };
+
+  if (!kOverlap && tid >= Cfg::kConsumerThreads) {
+    // Producer warp: its first lane loads everything.
     if (tid == Cfg::kConsumerThreads && num_key_tiles > 0) {
-      const int batch = int(s.batch), head = int(w.head), kv = int(kv_head);
-      mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
-      for (int db = 0; db < D / 64; ++db)
-        tma_load_4d(sQ + db * BM * kRowBytes, &map_q, q_full, db * 64, head, int(s.q_begin + q0), batch);
-      for (int j = 0; j < num_key_tiles; ++j) {
-        const int st = j % kStages;
-        const uint32_t parity = ((j / kStages) & 1) ^ 1;  // a fresh barrier passes parity 1 at once
-        const int key = int(s.k_begin + int64_t(j) * BN);
-        mbar_wait(k_empty(st), parity);
-        mbar_arrive_expect_tx(k_full(st), Cfg::kKVBytes);
-        for (int db = 0; db < D / 64; ++db)
-          tma_load_4d(sK + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_k, k_full(st), db * 64, kv, key, batch);
-        mbar_wait(v_empty(st), parity);
-        mbar_arrive_expect_tx(v_full(st), Cfg::kKVBytes);
-        for (int db = 0; db < D / 64; ++db)
-          tma_load_4d(sV + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_v, v_full(st), db * 64, kv, key, batch);
-      }
+      load_q();
+      for (int j = 0; j < num_key_tiles; ++j) load_kv(j);
     }
   } else {
     const int wg = tid / 128;  // consumer 0 or 1: tile rows wg * 64 ..
@@ -236,33 +246,65 @@ __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
     uint32_t pa[BN / 16][4];
     float alpha[2];
     const bool positive_scale = p.scale_log2 > 0.f;
+    // kOverlap: warpgroup 1's first thread loads. It runs half a tile behind
+    // warpgroup 0, so when it frees a stage, warpgroup 0 has freed it too.
+    const bool loader = kOverlap && tid == 128;
+    if constexpr (kOverlap) {
+      if (loader && num_key_tiles > 0) {
+        load_q();
+        for (int j = 0; j + 1 < kStages && j < num_key_tiles; ++j) load_kv(j);
+      }
+    }
     if (num_key_tiles > 0) {
       mbar_wait(q_full, 0);
       if (wg == 1) their_turn();
     }
-    // Per tile j: O += P_{j-1} V_{j-1}, S = Q K_j^T, softmax, O rescaled, P_j packed.
+    // Per tile j: O += P_{j-1} V_{j-1}, S = Q K_j^T, softmax, O rescaled, P_j
+    // packed. kOverlap issues S first and runs the softmax while P V runs.
     for (int j = 0; j < num_key_tiles; ++j) {
       my_turn();
-      if (j > 0) {
-        wait_v(j - 1);
-        wgmma_fence();
-        issue_pv(j - 1, pa);
-        wgmma_wait<0>();
-        fence_registers(o);
-        fence_registers(pa);
-        release(v_empty((j - 1) % kStages));
+      if constexpr (!kOverlap) {
+        if (j > 0) {
+          wait_v(j - 1);
+          wgmma_fence();
+          issue_pv(j - 1, pa);
+          wgmma_wait<0>();
+          fence_registers(o);
+          fence_registers(pa);
+          release(v_empty((j - 1) % kStages));
+        }
       }
       wait_k(j);
       wgmma_fence();
       issue_scores(j);
+      if constexpr (kOverlap) {
+        if (j > 0) {
+          wait_v(j - 1);
+          issue_pv(j - 1, pa);
+        }
+      }
       // Warpgroup 1 opened warpgroup 0's first turn, so it skips its last hand-over.
       if (wg == 0 || j + 1 < num_key_tiles) their_turn();
-      wgmma_wait<0>();
+      if (kOverlap && j > 0) wgmma_wait<1>();  // S done, P V may still run
+      else wgmma_wait<0>();
       fence_registers(sc);
       release(k_empty(j % kStages));
       const bool moved = positive_scale ? softmax(std::true_type{}, j, alpha) : softmax(std::false_type{}, j, alpha);
+      if constexpr (kOverlap) {
+        if (j > 0) {
+          wgmma_wait<0>();
+          fence_registers(o);
+          fence_registers(pa);
+          release(v_empty((j - 1) % kStages));
+        }
+      }
       if (moved && j > 0) rescale_o(alpha);
       pack_p(pa);
+      // Tile j + kStages − 1 takes the stage of tile j − 1, free once both
+      // warpgroups finished its P V (warpgroup 0's ran during this softmax).
+      if constexpr (kOverlap) {
+        if (loader && j + kStages - 1 < num_key_tiles) load_kv(j + kStages - 1);
+      }
     }
     if (num_key_tiles > 0) {
       wait_v(num_key_tiles - 1);
@@ -300,10 +342,10 @@ __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
 
 // Launches the Hopper forward; returns nullptr, or (having launched nothing)
 // why this device, build or tensors do not allow it.
-template <class T, int D>
-const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream) {
-  using Cfg = HopperForwardConfig<D>;
-  auto kernel = attention_forward_hopper_kernel<T, D>;
+template <class T, int D, bool kOverlap>
+const char* launch_forward_hopper(AttentionParams p, cudaStream_t stream) {
+  using Cfg = HopperForwardConfig<D, kOverlap>;
+  auto kernel = attention_forward_hopper_kernel<T, D, kOverlap>;
   int device = 0, major = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
@@ -334,9 +376,14 @@ const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream)
   return nullptr;
 }
 
-template const char* run_attention_forward_hopper<__nv_bfloat16, 64>(AttentionParams, cudaStream_t);
-template const char* run_attention_forward_hopper<__half, 64>(AttentionParams, cudaStream_t);
-template const char* run_attention_forward_hopper<__nv_bfloat16, 128>(AttentionParams, cudaStream_t);
-template const char* run_attention_forward_hopper<__half, 128>(AttentionParams, cudaStream_t);
+template <class T, int D>
+const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream, bool overlap) {
+  return overlap ? launch_forward_hopper<T, D, true>(p, stream) : launch_forward_hopper<T, D, false>(p, stream);
+}
+
+template const char* run_attention_forward_hopper<__nv_bfloat16, 64>(AttentionParams, cudaStream_t, bool);
+template const char* run_attention_forward_hopper<__half, 64>(AttentionParams, cudaStream_t, bool);
+template const char* run_attention_forward_hopper<__nv_bfloat16, 128>(AttentionParams, cudaStream_t, bool);
+template const char* run_attention_forward_hopper<__half, 128>(AttentionParams, cudaStream_t, bool);
 
 }  // namespace flashgla::cuda::attn
