@@ -82,12 +82,12 @@ step bench ${BENCH_S:-150} env PYTHONPATH=$BUILD/python:${PYTHONPATH:-} PYTHONUN
   python3 bench/bench_attention.py $BENCH_ARGS --json "$LOGS/bench.json"
 
 if [ -n "${PROFILE:-}" ]; then
-  # One launch each through the flashgla command (bf16, B=2, T=8K, H=16, d=128, causal): the
-  # forward the library picks and the portable backward.
-  for kernel in forward backward_kernel; do
-    step "ncu_$kernel" 60 ncu --kernel-name "regex:attention_$kernel" --launch-count 1 --set full \
-      --import-source yes -f -o /tmp/$kernel $BUILD/flashgla bench --ops attention -B 2 -T 8192 -H 16 -K 128 -V 128 \
-      --causal --warmup 0 --repeat 1 --pass fwd,bwd
+  # One launch each through the flashgla command (bf16, B=2, T=8K, H=16, d=128, causal): the Hopper
+  # forward (FWD_VARIANT if set, else the default) and the Hopper backward's main kernel.
+  for kernel in forward_hopper backward_hopper; do
+    step "ncu_$kernel" 90 env FLASHGLA_ATTENTION_KERNEL=${FWD_VARIANT:-auto} ncu --kernel-name "regex:attention_$kernel" \
+      --launch-count 1 --set full --import-source yes -f -o /tmp/$kernel $BUILD/flashgla bench --ops attention -B 2 \
+      -T 8192 -H 16 -K 128 -V 128 --causal --warmup 0 --repeat 1 --pass fwd,bwd
     ncu -i /tmp/$kernel.ncu-rep --page details >"$LOGS/ncu_$kernel.txt" 2>&1
     ncu -i /tmp/$kernel.ncu-rep --page source --csv --print-source sass >"$LOGS/ncu_${kernel}_sass.csv" 2>&1
     grep -E "Duration|Registers Per|Achieved Occupancy|Executed Ipc A|Issue Slots Busy|No Eligible|Compute \(SM\) Thr|Memory Thr|Warp Cycles Per Issued|Bank Conflicts|L1/TEX Hit|Local" \

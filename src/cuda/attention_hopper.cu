@@ -90,33 +90,36 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap>::kThreads, 1)
   }
   __syncthreads();
 
-  // Loads of Q, and of key tile j into stage j % kStages once the consumers
-  // released the stage (tile j − kStages); issued by one thread.
+  // Loads of Q, and of K or V of key tile j into stage j % kStages once the
+  // consumers released the stage (tile j − kStages); issued by one thread.
   const int batch = int(s.batch), kv = int(kv_head);
   auto load_q = [&] {
     mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
     for (int db = 0; db < D / 64; ++db)
       tma_load_4d(sQ + db * BM * kRowBytes, &map_q, q_full, db * 64, int(w.head), int(s.q_begin + q0), batch);
   };
-  auto load_kv = [&](int j) {
+  auto load_k = [&](int j) {
     const int st = j % kStages;
-    const uint32_t parity = ((j / kStages) & 1) ^ 1;  // a fresh barrier passes parity 1 at once
-    const int key = int(s.k_begin + int64_t(j) * BN);
-    mbar_wait(k_empty(st), parity);
+    mbar_wait(k_empty(st), ((j / kStages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
     mbar_arrive_expect_tx(k_full(st), Cfg::kKVBytes);
     for (int db = 0; db < D / 64; ++db)
-      tma_load_4d(sK + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_k, k_full(st), db * 64, kv, key, batch);
-    mbar_wait(v_empty(st), parity);
+      tma_load_4d(sK + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_k, k_full(st), db * 64, kv,
+                  int(s.k_begin + int64_t(j) * BN), batch);
+  };
+  auto load_v = [&](int j) {
+    const int st = j % kStages;
+    mbar_wait(v_empty(st), ((j / kStages) & 1) ^ 1);
     mbar_arrive_expect_tx(v_full(st), Cfg::kKVBytes);
     for (int db = 0; db < D / 64; ++db)
-      tma_load_4d(sV + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_v, v_full(st), db * 64, kv, key, batch);
+      tma_load_4d(sV + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_v, v_full(st), db * 64, kv,
+                  int(s.k_begin + int64_t(j) * BN), batch);
   };
 
   if (!kOverlap && tid >= Cfg::kConsumerThreads) {
     // Producer warp: its first lane loads everything.
     if (tid == Cfg::kConsumerThreads && num_key_tiles > 0) {
       load_q();
-      for (int j = 0; j < num_key_tiles; ++j) load_kv(j);
+      for (int j = 0; j < num_key_tiles; ++j) load_k(j), load_v(j);
     }
   } else {
     const int wg = tid / 128;  // consumer 0 or 1: tile rows wg * 64 ..
@@ -247,12 +250,15 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap>::kThreads, 1)
     float alpha[2];
     const bool positive_scale = p.scale_log2 > 0.f;
     // kOverlap: warpgroup 1's first thread loads. It runs half a tile behind
-    // warpgroup 0, so when it frees a stage, warpgroup 0 has freed it too.
+    // warpgroup 0, so when it frees a stage, warpgroup 0 has freed it too. K
+    // runs kStages tiles ahead (its stage is free once both S of the previous
+    // tile there are done), V kStages − 1 (free once both P V are done).
     const bool loader = kOverlap && tid == 128;
     if constexpr (kOverlap) {
       if (loader && num_key_tiles > 0) {
         load_q();
-        for (int j = 0; j + 1 < kStages && j < num_key_tiles; ++j) load_kv(j);
+        for (int j = 0; j < kStages && j < num_key_tiles; ++j) load_k(j);
+        for (int j = 0; j + 1 < kStages && j < num_key_tiles; ++j) load_v(j);
       }
     }
     if (num_key_tiles > 0) {
@@ -289,6 +295,9 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap>::kThreads, 1)
       else wgmma_wait<0>();
       fence_registers(sc);
       release(k_empty(j % kStages));
+      if constexpr (kOverlap) {
+        if (loader && j + kStages < num_key_tiles) load_k(j + kStages);
+      }
       const bool moved = positive_scale ? softmax(std::true_type{}, j, alpha) : softmax(std::false_type{}, j, alpha);
       if constexpr (kOverlap) {
         if (j > 0) {
@@ -300,10 +309,10 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap>::kThreads, 1)
       }
       if (moved && j > 0) rescale_o(alpha);
       pack_p(pa);
-      // Tile j + kStages − 1 takes the stage of tile j − 1, free once both
+      // V of tile j + kStages − 1 takes the stage of tile j − 1, free once both
       // warpgroups finished its P V (warpgroup 0's ran during this softmax).
       if constexpr (kOverlap) {
-        if (loader && j + kStages - 1 < num_key_tiles) load_kv(j + kStages - 1);
+        if (loader && j + kStages - 1 < num_key_tiles) load_v(j + kStages - 1);
       }
     }
     if (num_key_tiles > 0) {
