@@ -103,8 +103,9 @@ enum class KernelChoice { automatic, portable, hopper, hopper_overlap };
 // The Hopper forward passed the GPU tests on an H100 (2026-11-21) and runs
 // 1.2-1.8x faster than the portable one there (bench/results_attention.md).
 constexpr bool kHopperForwardByDefault = true;
-// The overlapping variant passed the GPU tests but ran 1.1-1.35x slower than
-// the default one on an H100 (2026-11-21): opt-in only.
+// The overlapping variant: its first version passed the GPU tests but ran
+// 1.1-1.35x slower (ptxas had serialized its wgmmas); the fixed version has
+// not run on a GPU. Opt-in only.
 constexpr bool kHopperOverlapByDefault = false;
 
 KernelChoice kernel_choice(const char* variable, bool has_overlap) {

@@ -115,6 +115,8 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap>::kThreads, 1)
                   int(s.k_begin + int64_t(j) * BN), batch);
   };
 
+  // kOverlap: warpgroup 1's first thread loads.
+  const bool loader = kOverlap && tid == 128;
   if (!kOverlap && tid >= Cfg::kConsumerThreads) {
     // Producer warp: its first lane loads everything.
     if (tid == Cfg::kConsumerThreads && num_key_tiles > 0) {
@@ -249,27 +251,21 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap>::kThreads, 1)
     uint32_t pa[BN / 16][4];
     float alpha[2];
     const bool positive_scale = p.scale_log2 > 0.f;
-    // kOverlap: warpgroup 1's first thread loads. It runs half a tile behind
-    // warpgroup 0, so when it frees a stage, warpgroup 0 has freed it too. K
-    // runs kStages tiles ahead (its stage is free once both S of the previous
-    // tile there are done), V kStages − 1 (free once both P V are done).
-    const bool loader = kOverlap && tid == 128;
-    if constexpr (kOverlap) {
-      if (loader && num_key_tiles > 0) {
-        load_q();
-        for (int j = 0; j < kStages && j < num_key_tiles; ++j) load_k(j);
-        for (int j = 0; j + 1 < kStages && j < num_key_tiles; ++j) load_v(j);
-      }
-    }
     if (num_key_tiles > 0) {
+      if constexpr (kOverlap) {
+        if (loader) {
+          load_q();
+          for (int j = 0; j < kStages && j < num_key_tiles; ++j) load_k(j);
+          for (int j = 0; j + 1 < kStages && j < num_key_tiles; ++j) load_v(j);
+        }
+      }
       mbar_wait(q_full, 0);
       if (wg == 1) their_turn();
     }
-    // Per tile j: O += P_{j-1} V_{j-1}, S = Q K_j^T, softmax, O rescaled, P_j
-    // packed. kOverlap issues S first and runs the softmax while P V runs.
-    for (int j = 0; j < num_key_tiles; ++j) {
-      my_turn();
-      if constexpr (!kOverlap) {
+    if constexpr (!kOverlap) {
+      // Per tile j: O += P_{j-1} V_{j-1}, S = Q K_j^T, softmax, O rescaled, P_j packed.
+      for (int j = 0; j < num_key_tiles; ++j) {
+        my_turn();
         if (j > 0) {
           wait_v(j - 1);
           wgmma_fence();
@@ -279,40 +275,64 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap>::kThreads, 1)
           fence_registers(pa);
           release(v_empty((j - 1) % kStages));
         }
+        wait_k(j);
+        wgmma_fence();
+        issue_scores(j);
+        // Warpgroup 1 opened warpgroup 0's first turn, so it skips its last hand-over.
+        if (wg == 0 || j + 1 < num_key_tiles) their_turn();
+        wgmma_wait<0>();
+        fence_registers(sc);
+        release(k_empty(j % kStages));
+        const bool moved = positive_scale ? softmax(std::true_type{}, j, alpha) : softmax(std::false_type{}, j, alpha);
+        if (moved && j > 0) rescale_o(alpha);
+        pack_p(pa);
       }
-      wait_k(j);
-      wgmma_fence();
-      issue_scores(j);
-      if constexpr (kOverlap) {
-        if (j > 0) {
-          wait_v(j - 1);
-          issue_pv(j - 1, pa);
+    } else {
+      // Per tile j: S = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the
+      // softmax of tile j while P V runs, then O rescaled and P_j packed. No
+      // divergent code (the loader, the releases) may run while a wgmma is in
+      // flight: ptxas would serialize every wgmma (C7520). So tile 0 is peeled,
+      // and the stages are released, and refilled, at the end of each tile.
+      // The loader runs half a tile behind warpgroup 0, so the stages it
+      // refills (K of tile j, V of tile j − 1) are free by then; K runs
+      // kStages tiles ahead, V kStages − 1 (it is used one tile later).
+      auto finish_tile = [&](int j) {
+        release(k_empty(j % kStages));
+        if (j > 0) release(v_empty((j - 1) % kStages));
+        if (loader) {
+          if (j + kStages < num_key_tiles) load_k(j + kStages);
+          if (j > 0 && j + kStages - 1 < num_key_tiles) load_v(j + kStages - 1);
         }
+      };
+      if (num_key_tiles > 0) {
+        my_turn();
+        wait_k(0);
+        wgmma_fence();
+        issue_scores(0);
+        if (wg == 0 || num_key_tiles > 1) their_turn();
+        wgmma_wait<0>();
+        fence_registers(sc);
+        positive_scale ? softmax(std::true_type{}, 0, alpha) : softmax(std::false_type{}, 0, alpha);
+        pack_p(pa);
+        finish_tile(0);
       }
-      // Warpgroup 1 opened warpgroup 0's first turn, so it skips its last hand-over.
-      if (wg == 0 || j + 1 < num_key_tiles) their_turn();
-      if (kOverlap && j > 0) wgmma_wait<1>();  // S done, P V may still run
-      else wgmma_wait<0>();
-      fence_registers(sc);
-      release(k_empty(j % kStages));
-      if constexpr (kOverlap) {
-        if (loader && j + kStages < num_key_tiles) load_k(j + kStages);
-      }
-      const bool moved = positive_scale ? softmax(std::true_type{}, j, alpha) : softmax(std::false_type{}, j, alpha);
-      if constexpr (kOverlap) {
-        if (j > 0) {
-          wgmma_wait<0>();
-          fence_registers(o);
-          fence_registers(pa);
-          release(v_empty((j - 1) % kStages));
-        }
-      }
-      if (moved && j > 0) rescale_o(alpha);
-      pack_p(pa);
-      // V of tile j + kStages − 1 takes the stage of tile j − 1, free once both
-      // warpgroups finished its P V (warpgroup 0's ran during this softmax).
-      if constexpr (kOverlap) {
-        if (loader && j + kStages - 1 < num_key_tiles) load_v(j + kStages - 1);
+      for (int j = 1; j < num_key_tiles; ++j) {
+        my_turn();
+        wait_k(j);
+        wait_v(j - 1);
+        wgmma_fence();
+        issue_scores(j);
+        issue_pv(j - 1, pa);
+        if (wg == 0 || j + 1 < num_key_tiles) their_turn();
+        wgmma_wait<1>();  // S done, P V may still run
+        fence_registers(sc);
+        const bool moved = positive_scale ? softmax(std::true_type{}, j, alpha) : softmax(std::false_type{}, j, alpha);
+        wgmma_wait<0>();
+        fence_registers(o);
+        fence_registers(pa);
+        if (moved) rescale_o(alpha);
+        pack_p(pa);
+        finish_tile(j);
       }
     }
     if (num_key_tiles > 0) {
