@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap>::kThreads, 1)
         if (j > 0) release(v_empty((j - 1) % kStages));
         if (loader) {
           if (j + kStages < num_key_tiles) load_k(j + kStages);
-          if (j > 0 && j + kStages - 1 < num_key_tiles) load_v(j + kStages - 1);
+          if (j + kStages - 1 < num_key_tiles) load_v(j + kStages - 1);  // j = 0: a fresh stage
         }
       };
       if (num_key_tiles > 0) {
