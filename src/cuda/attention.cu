@@ -114,9 +114,8 @@ KernelChoice kernel_choice(const char* variable, bool has_overlap) {
   if (std::strcmp(value, "portable") == 0) return KernelChoice::portable;
   if (std::strcmp(value, "hopper") == 0) return KernelChoice::hopper;
   if (has_overlap && std::strcmp(value, "hopper-overlap") == 0) return KernelChoice::hopper_overlap;
-  check::fail(ErrorKind::value, variable,
-              std::string(has_overlap ? "must be auto, portable, hopper or hopper-overlap" : "must be auto, portable or hopper") +
-                  ", got \"" + value + "\"");
+  const char* allowed = has_overlap ? "auto, portable, hopper or hopper-overlap" : "auto, portable or hopper";
+  check::fail(ErrorKind::value, variable, std::string("must be ") + allowed + ", got \"" + value + "\"");
 }
 KernelChoice forward_kernel_choice() { return kernel_choice("FLASHGLA_ATTENTION_KERNEL", true); }
 

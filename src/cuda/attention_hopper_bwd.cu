@@ -52,7 +52,8 @@ struct HopperBackwardConfig {
 
 template <class T, int D>
 __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
-    attention_backward_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+    attention_backward_hopper_kernel(const __grid_constant__ CUtensorMap map_q,
+                                     const __grid_constant__ CUtensorMap map_k,
                                      const __grid_constant__ CUtensorMap map_v,
                                      const __grid_constant__ CUtensorMap map_do, const AttentionParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
