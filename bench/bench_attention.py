@@ -8,7 +8,9 @@ Run on a GPU machine, with flashgla importable (`pip install .`, or a CMake buil
 
 "flashgla" is the default dispatch. --kernels portable,hopper adds "flashgla-portable" and
 "flashgla-hopper": the forward forced to the portable mma.sync kernel or to the sm_90a kernel
-(d <= 128) through FLASHGLA_ATTENTION_KERNEL; all use the same backward.
+(d <= 128) through FLASHGLA_ATTENTION_KERNEL, with the default backward. --backward portable,hopper
+adds "flashgla-bwd-portable" and "flashgla-bwd-hopper": the default forward with the backward forced
+through FLASHGLA_ATTENTION_BACKWARD (read when .backward() runs, so each call sets or clears it).
 
 Shapes follow the FlashAttention-2 paper: B*T = 16K tokens, H = 2048 / d, bf16, layout [B, T, H, d]
 (SDPA gets the transposed [B, H, T, d] views of the same memory). TFLOP/s count 4*B*H*T^2*d for the
@@ -57,12 +59,22 @@ import flashgla  # noqa: E402
 
 
 def ours(q, k, v, causal):
+    os.environ.pop("FLASHGLA_ATTENTION_BACKWARD", None)
     return flashgla.flash_attention(q, k, v, causal=causal)
 
 
-def ours_with(kernel):
-    """flashgla with its forward kernel forced (FLASHGLA_ATTENTION_KERNEL); the backward is the same."""
+def ours_backward(kernel):
+    """flashgla with its backward kernel forced (FLASHGLA_ATTENTION_BACKWARD, left set for .backward())."""
     def run(q, k, v, causal):
+        os.environ["FLASHGLA_ATTENTION_BACKWARD"] = kernel
+        return flashgla.flash_attention(q, k, v, causal=causal)
+    return run
+
+
+def ours_with(kernel):
+    """flashgla with its forward kernel forced (FLASHGLA_ATTENTION_KERNEL); the default backward."""
+    def run(q, k, v, causal):
+        os.environ.pop("FLASHGLA_ATTENTION_BACKWARD", None)
         os.environ["FLASHGLA_ATTENTION_KERNEL"] = kernel
         try:
             return flashgla.flash_attention(q, k, v, causal=causal)
@@ -172,11 +184,16 @@ def main():
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument("--json", help="write all numbers here")
     parser.add_argument("--kernels", default="", help="forward kernels to force, e.g. portable,hopper")
+    parser.add_argument("--backward", default="", help="backward kernels to force, e.g. portable,hopper")
     parser.add_argument("--dims", default="64,128", help="head dims to time")
+    parser.add_argument("--ts", default="", help="sequence lengths to time, e.g. 2048,8192 (overrides --quick)")
     args = parser.parse_args()
     for kernel in filter(None, args.kernels.split(",")):
         IMPLS[f"flashgla-{kernel}"] = ours_with(kernel)
         OURS.append(f"flashgla-{kernel}")
+    for kernel in filter(None, args.backward.split(",")):
+        IMPLS[f"flashgla-bwd-{kernel}"] = ours_backward(kernel)
+        OURS.append(f"flashgla-bwd-{kernel}")
 
     props = torch.cuda.get_device_properties(0)
     print(f"# {datetime.date.today()} {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}")
@@ -194,6 +211,8 @@ def main():
         result["check"] = rows
 
     ts = (2048, 8192) if args.quick else (1024, 2048, 4096, 8192, 16384)
+    if args.ts:
+        ts = tuple(int(t) for t in args.ts.split(","))
     result["bench"] = benchmark(ts, tuple(int(d) for d in args.dims.split(",")))
     if args.json:
         with open(args.json, "w") as f:

@@ -9,6 +9,9 @@
 # Nsight Compute on the forward and the backward (flashgla command). Logs go to
 # $OUT/attention_logs.tgz (repacked after every step); a summary prints last.
 #   bash bench/device_attention.sh      # BENCH_ARGS="..." to change the benchmark, PROFILE=1 for ncu
+# BWD=hopper (or portable) forces the backward (FLASHGLA_ATTENTION_BACKWARD) in the
+# strict test run and the sanitizers; SKIP_DEFAULT=1 skips the default-choice test run;
+# FWD_VARIANT=hopper-overlap adds a strict test run and sanitizers with that forward.
 set -u
 OUT=${OUT:-/tmp/attention_out}
 mkdir -p "$OUT"
@@ -51,28 +54,40 @@ fi
 step build 200 cmake --build $BUILD -j16 --target $targets
 grep -E "error|FAILED" "$LOGS/build.log" | head -20
 
+export FLASHGLA_ATTENTION_BACKWARD=${BWD:-auto}
 step tests_hopper 90 env FLASHGLA_ATTENTION_KERNEL=hopper $BUILD/flashgla_tests --gtest_filter="$FAST"
-step tests_default 80 $BUILD/flashgla_tests --gtest_filter="$FAST:*AttentionGenericCuda*"
-if [ -n "${TEST_PORTABLE:-}" ]; then
-  step tests_portable 80 env FLASHGLA_ATTENTION_KERNEL=portable $BUILD/flashgla_tests --gtest_filter="$FAST"
+if [ -n "${FWD_VARIANT:-}" ]; then  # e.g. hopper-overlap: the tests and the sanitizers with that forward
+  step "tests_$FWD_VARIANT" 90 env FLASHGLA_ATTENTION_KERNEL=$FWD_VARIANT $BUILD/flashgla_tests --gtest_filter="$FAST"
+  step "memcheck_$FWD_VARIANT" 60 env FLASHGLA_ATTENTION_KERNEL=$FWD_VARIANT compute-sanitizer --tool memcheck \
+    --error-exitcode 9 $BUILD/flashgla_tests --gtest_filter="$SMALL"
+  step "racecheck_$FWD_VARIANT" 60 env FLASHGLA_ATTENTION_KERNEL=$FWD_VARIANT compute-sanitizer --tool racecheck \
+    --error-exitcode 9 $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33"
 fi
-# shellcheck disable=SC2086
-step bench ${BENCH_S:-150} env PYTHONPATH=$BUILD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 \
-  python3 bench/bench_attention.py $BENCH_ARGS --json "$LOGS/bench.json"
+if [ -z "${SKIP_DEFAULT:-}" ]; then
+  step tests_default 80 env FLASHGLA_ATTENTION_BACKWARD=auto $BUILD/flashgla_tests \
+    --gtest_filter="$FAST:*AttentionGenericCuda*"
+fi
+if [ -n "${TEST_PORTABLE:-}" ]; then
+  step tests_portable 80 env FLASHGLA_ATTENTION_KERNEL=portable FLASHGLA_ATTENTION_BACKWARD=portable \
+    $BUILD/flashgla_tests --gtest_filter="$FAST"
+fi
 step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 9 \
   $BUILD/flashgla_tests --gtest_filter="$SMALL:AttentionCudaApi.BadDeviceBoundariesStayInBounds"
 step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
   $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33"
 step synccheck 40 compute-sanitizer --tool synccheck --error-exitcode 9 \
   $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/33"
+# shellcheck disable=SC2086
+step bench ${BENCH_S:-150} env PYTHONPATH=$BUILD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 \
+  python3 bench/bench_attention.py $BENCH_ARGS --json "$LOGS/bench.json"
 
 if [ -n "${PROFILE:-}" ]; then
-  # One launch each through the flashgla command (bf16, B=2, T=8K, H=16, d=128, causal): the
-  # forward the library picks and the portable backward.
-  for kernel in forward backward_kernel; do
-    step "ncu_$kernel" 60 ncu --kernel-name "regex:attention_$kernel" --launch-count 1 --set full \
-      --import-source yes -f -o /tmp/$kernel $BUILD/flashgla bench --ops attention -B 2 -T 8192 -H 16 -K 128 -V 128 \
-      --causal --warmup 0 --repeat 1 --pass fwd,bwd
+  # One launch each through the flashgla command (bf16, B=2, T=8K, H=16, d=128, causal): the Hopper
+  # forward (FWD_VARIANT if set, else the default) and the Hopper backward's main kernel.
+  for kernel in forward_hopper backward_hopper; do
+    step "ncu_$kernel" 90 env FLASHGLA_ATTENTION_KERNEL=${FWD_VARIANT:-auto} ncu --kernel-name "regex:attention_$kernel" \
+      --launch-count 1 --set full --import-source yes -f -o /tmp/$kernel $BUILD/flashgla bench --ops attention -B 2 \
+      -T 8192 -H 16 -K 128 -V 128 --causal --warmup 0 --repeat 1 --pass fwd,bwd
     ncu -i /tmp/$kernel.ncu-rep --page details >"$LOGS/ncu_$kernel.txt" 2>&1
     ncu -i /tmp/$kernel.ncu-rep --page source --csv --print-source sass >"$LOGS/ncu_${kernel}_sass.csv" 2>&1
     grep -E "Duration|Registers Per|Achieved Occupancy|Executed Ipc A|Issue Slots Busy|No Eligible|Compute \(SM\) Thr|Memory Thr|Warp Cycles Per Issued|Bank Conflicts|L1/TEX Hit|Local" \

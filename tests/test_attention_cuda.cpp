@@ -7,8 +7,9 @@
 // is the one the library picks; on an H100, run the binary once with
 // FLASHGLA_ATTENTION_KERNEL=portable and once with =hopper to check both
 // forwards (with =hopper, a call whose tensors TMA can address fails instead
-// of falling back, so the sm_90a kernel really ran). Lengths straddle both
-// kernels' tiles (64 and 128 rows).
+// of falling back, so the sm_90a kernel really ran); FLASHGLA_ATTENTION_BACKWARD
+// does the same for the backward. Lengths straddle the kernels' tiles (64 and
+// 128 rows).
 // Cases the fast kernels do not take (fp32, other head dims, D != Dv) are in
 // test_attention_generic_cuda.cpp.
 #include <gtest/gtest.h>
@@ -178,23 +179,26 @@ TEST_F(AttentionCudaApi, CallerWorkspaceGivesTheSameGradients) {
   }
 }
 
-// The kernel override names itself when its value is unknown; the caller's
-// setting is restored afterwards.
-TEST_F(AttentionCudaApi, UnknownKernelChoiceIsAnError) {
-  const char* previous = std::getenv("FLASHGLA_ATTENTION_KERNEL");
+// The kernel overrides name themselves when their value is unknown; the
+// caller's setting is restored afterwards.
+void expect_unknown_choice_error(const char* variable) {
+  const char* previous = std::getenv(variable);
   const std::string saved = previous != nullptr ? previous : "";
-  setenv("FLASHGLA_ATTENTION_KERNEL", "fastest", 1);
+  setenv(variable, "fastest", 1);
   const Case c = Case().dim(64).lens(64, 64);
   const Tensors in = to_device(make_inputs(c, 9), 0);
   try {
     run(c, in, kCuda, AttentionAlgorithm::tiled, 0);
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "FLASHGLA_ATTENTION_KERNEL");
+    EXPECT_EQ(e.argument(), variable);
   }
-  if (previous != nullptr) setenv("FLASHGLA_ATTENTION_KERNEL", saved.c_str(), 1);
-  else unsetenv("FLASHGLA_ATTENTION_KERNEL");
+  if (previous != nullptr) setenv(variable, saved.c_str(), 1);
+  else unsetenv(variable);
 }
+
+TEST_F(AttentionCudaApi, UnknownKernelChoiceIsAnError) { expect_unknown_choice_error("FLASHGLA_ATTENTION_KERNEL"); }
+TEST_F(AttentionCudaApi, UnknownBackwardChoiceIsAnError) { expect_unknown_choice_error("FLASHGLA_ATTENTION_BACKWARD"); }
 
 // Boundaries on the device are not validated by the API: nonsense values must
 // still stay inside the tensors (compute-sanitizer memcheck watches this).

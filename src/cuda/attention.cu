@@ -5,7 +5,9 @@
 // case (fp32, any D and Dv up to 512) runs the generic kernels of
 // attention_generic.cu. The Hopper forward (attention_hopper.cu) takes bf16/fp16
 // at D in {64, 128} where it can run; FLASHGLA_ATTENTION_KERNEL in the
-// environment overrides that choice (see forward_kernel_choice).
+// environment overrides that choice (see forward_kernel_choice). The Hopper
+// backward (attention_hopper_bwd.cu) is chosen the same way through
+// FLASHGLA_ATTENTION_BACKWARD (see backward_kernel_choice).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -93,22 +95,37 @@ AttentionParams make_params(const TensorView& q, const TensorView& k, const Tens
 // Which forward takes bf16/fp16 at D in {64, 128}. FLASHGLA_ATTENTION_KERNEL:
 // "portable" runs the mma.sync kernel; "hopper" requires the sm_90a kernel
 // wherever the tensors allow it (an error where the device or build cannot,
-// so a test run with it cannot pass on the portable kernel by accident);
-// unset or "auto": the default below.
-enum class ForwardKernel { automatic, portable, hopper };
+// so a test run with it cannot pass on the portable kernel by accident), in
+// its default variant; "hopper-overlap" the same with the variant that
+// overlaps the softmax with P V; unset or "auto": the defaults below.
+enum class KernelChoice { automatic, portable, hopper, hopper_overlap };
 
 // The Hopper forward passed the GPU tests on an H100 (2026-11-21) and runs
 // 1.2-1.8x faster than the portable one there (bench/results_attention.md).
 constexpr bool kHopperForwardByDefault = true;
+// The overlapping variant: its first version passed the GPU tests but ran
+// 1.1-1.35x slower (ptxas had serialized its wgmmas); the fixed version has
+// not run on a GPU. Opt-in only.
+constexpr bool kHopperOverlapByDefault = false;
 
-ForwardKernel forward_kernel_choice() {
-  const char* value = std::getenv("FLASHGLA_ATTENTION_KERNEL");
-  if (value == nullptr || *value == '\0' || std::strcmp(value, "auto") == 0) return ForwardKernel::automatic;
-  if (std::strcmp(value, "portable") == 0) return ForwardKernel::portable;
-  if (std::strcmp(value, "hopper") == 0) return ForwardKernel::hopper;
-  check::fail(ErrorKind::value, "FLASHGLA_ATTENTION_KERNEL",
-              std::string("must be auto, portable or hopper, got \"") + value + "\"");
+KernelChoice kernel_choice(const char* variable, bool has_overlap) {
+  const char* value = std::getenv(variable);
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "auto") == 0) return KernelChoice::automatic;
+  if (std::strcmp(value, "portable") == 0) return KernelChoice::portable;
+  if (std::strcmp(value, "hopper") == 0) return KernelChoice::hopper;
+  if (has_overlap && std::strcmp(value, "hopper-overlap") == 0) return KernelChoice::hopper_overlap;
+  const char* allowed = has_overlap ? "auto, portable, hopper or hopper-overlap" : "auto, portable or hopper";
+  check::fail(ErrorKind::value, variable, std::string("must be ") + allowed + ", got \"" + value + "\"");
 }
+KernelChoice forward_kernel_choice() { return kernel_choice("FLASHGLA_ATTENTION_KERNEL", true); }
+
+// Which backward takes bf16/fp16 at D in {64, 128}: FLASHGLA_ATTENTION_BACKWARD,
+// with the same values and meaning as FLASHGLA_ATTENTION_KERNEL.
+// The Hopper backward passed the GPU tests and sanitizers on an H100
+// (2026-11-21) and ran 1.4-1.8x faster than the portable one there
+// (bench/results_attention.md).
+constexpr bool kHopperBackwardByDefault = true;
+KernelChoice backward_kernel_choice() { return kernel_choice("FLASHGLA_ATTENTION_BACKWARD", false); }
 
 // Calls fn(T{}, std::integral_constant<int, D>{}) for the dtype and head dim.
 template <class Fn>
@@ -147,9 +164,11 @@ void attention_forward(const AttentionForwardArgs& args, const AttentionProblem&
     attn::run_attention_generic_forward(p, args.q.dtype, int(problem.head_dim), int(problem.value_dim), stream);
     return;
   }
-  const ForwardKernel choice = forward_kernel_choice();
-  const bool hopper_required = choice == ForwardKernel::hopper;
-  const bool try_hopper = hopper_required || (choice == ForwardKernel::automatic && kHopperForwardByDefault);
+  const KernelChoice choice = forward_kernel_choice();
+  const bool hopper_required = choice == KernelChoice::hopper || choice == KernelChoice::hopper_overlap;
+  const bool try_hopper = hopper_required || (choice == KernelChoice::automatic && kHopperForwardByDefault);
+  const bool overlap =
+      choice == KernelChoice::hopper_overlap || (choice == KernelChoice::automatic && kHopperOverlapByDefault);
   dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
     using T = decltype(type);
     constexpr int D = decltype(dim)::value;
@@ -157,12 +176,12 @@ void attention_forward(const AttentionForwardArgs& args, const AttentionProblem&
       // Without queries or keys TMA has nothing to load (and no tensor map to
       // encode): the portable kernel writes what there is (zeros).
       if (try_hopper && p.q_len > 0 && p.k_len > 0) {
-        const char* refused = attn::run_attention_forward_hopper<T, D>(p, stream);
+        const char* refused = attn::run_attention_forward_hopper<T, D>(p, stream, overlap);
         if (refused == nullptr) return;
         const bool tensors_fit = p.q.vec16 && p.k.vec16 && p.v.vec16;
         if (hopper_required && tensors_fit)
           check::fail(ErrorKind::unsupported, "FLASHGLA_ATTENTION_KERNEL",
-                      std::string("is hopper, but the Hopper forward cannot run here: ") + refused);
+                      std::string("asks for the Hopper forward, which cannot run here: ") + refused);
       }
     }
     attn::run_attention_forward<T, D>(p, stream);
@@ -201,8 +220,23 @@ void attention_backward(const AttentionBackwardArgs& args, const AttentionProble
     } else {
       if (scratch.dq_bytes > 0)
         check_cuda(cudaMemsetAsync(p.dq_accum, 0, scratch.dq_bytes, stream), "cudaMemsetAsync (dq accumulator)");
+      const KernelChoice choice = backward_kernel_choice();
+      const bool hopper_required = choice == KernelChoice::hopper;
+      const bool try_hopper = hopper_required || (choice == KernelChoice::automatic && kHopperBackwardByDefault);
       dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
-        attn::run_attention_backward<decltype(type), decltype(dim)::value>(p, stream);
+        using T = decltype(type);
+        constexpr int D = decltype(dim)::value;
+        if constexpr (D <= 128) {
+          if (try_hopper && p.q_len > 0 && p.k_len > 0) {
+            const char* refused = attn::run_attention_backward_hopper<T, D>(p, stream);
+            if (refused == nullptr) return;
+            const bool tensors_fit = p.q.vec16 && p.k.vec16 && p.v.vec16 && p.d_o.vec16;
+            if (hopper_required && tensors_fit)
+              check::fail(ErrorKind::unsupported, "FLASHGLA_ATTENTION_BACKWARD",
+                          std::string("is hopper, but the Hopper backward cannot run here: ") + refused);
+          }
+        }
+        attn::run_attention_backward<T, D>(p, stream);
       });
     }
   } catch (...) {

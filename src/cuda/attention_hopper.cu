@@ -18,23 +18,23 @@
 // Used for bf16/fp16, D in {64, 128}, tensors TMA can address (unit stride
 // along D, 16-byte aligned pointer and strides); the portable kernel runs
 // everything else.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
-#include <type_traits>
-
 #include "cuda/attention_kernels.cuh"
+#include "cuda/attention_tma.cuh"
 #include "cuda/attention_wgmma.cuh"
 
 namespace flashgla::cuda::attn {
 
-template <int D>
+// kOverlap: the variant without a producer warp (256 threads may use 255
+// registers, where ptxas caps the 288-thread kernel at 168): thread 128
+// issues the loads, K and V take three stages, and each warpgroup overlaps
+// its softmax of tile j with its own P V of tile j − 1.
+template <int D, bool kOverlap = false>
 struct HopperForwardConfig {
   static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
   static constexpr int kBlockN = 128;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kOverlap ? 3 : 2;
   static constexpr int kConsumerThreads = 256;
-  static constexpr int kThreads = kConsumerThreads + 32;
+  static constexpr int kThreads = kOverlap ? kConsumerThreads : kConsumerThreads + 32;
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
   static constexpr int kConsumerWarps = 8;
@@ -42,13 +42,13 @@ struct HopperForwardConfig {
   static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + 128;
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
+template <class T, int D, bool kOverlap>
+__global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap>::kThreads, 1)
     attention_forward_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                                     const __grid_constant__ CUtensorMap map_v, const AttentionParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
-  using Cfg = HopperForwardConfig<D>;
+  using Cfg = HopperForwardConfig<D, kOverlap>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, NB = BN / 8, DB = D / 8, kStages = Cfg::kStages;
   constexpr int kRowBytes = 128;  // one swizzle block row: 64 elements
 
@@ -90,27 +90,38 @@ __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
   }
   __syncthreads();
 
-  if (tid >= Cfg::kConsumerThreads) {
-    // Producer. Stage st of tile j: wait until the consumers released it
-    // (tile j − kStages), announce the bytes, issue the loads.
+  // Loads of Q, and of K or V of key tile j into stage j % kStages once the
+  // consumers released the stage (tile j − kStages); issued by one thread.
+  const int batch = int(s.batch), kv = int(kv_head);
+  auto load_q = [&] {
+    mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
+    for (int db = 0; db < D / 64; ++db)
+      tma_load_4d(sQ + db * BM * kRowBytes, &map_q, q_full, db * 64, int(w.head), int(s.q_begin + q0), batch);
+  };
+  auto load_k = [&](int j) {
+    const int st = j % kStages;
+    mbar_wait(k_empty(st), ((j / kStages) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+    mbar_arrive_expect_tx(k_full(st), Cfg::kKVBytes);
+    for (int db = 0; db < D / 64; ++db)
+      tma_load_4d(sK + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_k, k_full(st), db * 64, kv,
+                  int(s.k_begin + int64_t(j) * BN), batch);
+  };
+  auto load_v = [&](int j) {
+    const int st = j % kStages;
+    mbar_wait(v_empty(st), ((j / kStages) & 1) ^ 1);
+    mbar_arrive_expect_tx(v_full(st), Cfg::kKVBytes);
+    for (int db = 0; db < D / 64; ++db)
+      tma_load_4d(sV + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_v, v_full(st), db * 64, kv,
+                  int(s.k_begin + int64_t(j) * BN), batch);
+  };
+
+  // kOverlap: warpgroup 1's first thread loads.
+  const bool loader = kOverlap && tid == 128;
+  if (!kOverlap && tid >= Cfg::kConsumerThreads) {
+    // Producer warp: its first lane loads everything.
     if (tid == Cfg::kConsumerThreads && num_key_tiles > 0) {
-      const int batch = int(s.batch), head = int(w.head), kv = int(kv_head);
-      mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
-      for (int db = 0; db < D / 64; ++db)
-        tma_load_4d(sQ + db * BM * kRowBytes, &map_q, q_full, db * 64, head, int(s.q_begin + q0), batch);
-      for (int j = 0; j < num_key_tiles; ++j) {
-        const int st = j % kStages;
-        const uint32_t parity = ((j / kStages) & 1) ^ 1;  // a fresh barrier passes parity 1 at once
-        const int key = int(s.k_begin + int64_t(j) * BN);
-        mbar_wait(k_empty(st), parity);
-        mbar_arrive_expect_tx(k_full(st), Cfg::kKVBytes);
-        for (int db = 0; db < D / 64; ++db)
-          tma_load_4d(sK + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_k, k_full(st), db * 64, kv, key, batch);
-        mbar_wait(v_empty(st), parity);
-        mbar_arrive_expect_tx(v_full(st), Cfg::kKVBytes);
-        for (int db = 0; db < D / 64; ++db)
-          tma_load_4d(sV + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_v, v_full(st), db * 64, kv, key, batch);
-      }
+      load_q();
+      for (int j = 0; j < num_key_tiles; ++j) load_k(j), load_v(j);
     }
   } else {
     const int wg = tid / 128;  // consumer 0 or 1: tile rows wg * 64 ..
@@ -241,32 +252,88 @@ __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
     float alpha[2];
     const bool positive_scale = p.scale_log2 > 0.f;
     if (num_key_tiles > 0) {
+      if constexpr (kOverlap) {
+        if (loader) {
+          load_q();
+          for (int j = 0; j < kStages && j < num_key_tiles; ++j) load_k(j);
+          for (int j = 0; j + 1 < kStages && j < num_key_tiles; ++j) load_v(j);
+        }
+      }
       mbar_wait(q_full, 0);
       if (wg == 1) their_turn();
     }
-    // Per tile j: O += P_{j-1} V_{j-1}, S = Q K_j^T, softmax, O rescaled, P_j packed.
-    for (int j = 0; j < num_key_tiles; ++j) {
-      my_turn();
-      if (j > 0) {
+    if constexpr (!kOverlap) {
+      // Per tile j: O += P_{j-1} V_{j-1}, S = Q K_j^T, softmax, O rescaled, P_j packed.
+      for (int j = 0; j < num_key_tiles; ++j) {
+        my_turn();
+        if (j > 0) {
+          wait_v(j - 1);
+          wgmma_fence();
+          issue_pv(j - 1, pa);
+          wgmma_wait<0>();
+          fence_registers(o);
+          fence_registers(pa);
+          release(v_empty((j - 1) % kStages));
+        }
+        wait_k(j);
+        wgmma_fence();
+        issue_scores(j);
+        // Warpgroup 1 opened warpgroup 0's first turn, so it skips its last hand-over.
+        if (wg == 0 || j + 1 < num_key_tiles) their_turn();
+        wgmma_wait<0>();
+        fence_registers(sc);
+        release(k_empty(j % kStages));
+        const bool moved = positive_scale ? softmax(std::true_type{}, j, alpha) : softmax(std::false_type{}, j, alpha);
+        if (moved && j > 0) rescale_o(alpha);
+        pack_p(pa);
+      }
+    } else {
+      // Per tile j: S = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the
+      // softmax of tile j while P V runs, then O rescaled and P_j packed. No
+      // divergent code (the loader, the releases) may run while a wgmma is in
+      // flight: ptxas would serialize every wgmma (C7520). So tile 0 is peeled,
+      // and the stages are released, and refilled, at the end of each tile.
+      // The loader runs half a tile behind warpgroup 0, so the stages it
+      // refills (K of tile j, V of tile j − 1) are free by then; K runs
+      // kStages tiles ahead, V kStages − 1 (it is used one tile later).
+      auto finish_tile = [&](int j) {
+        release(k_empty(j % kStages));
+        if (j > 0) release(v_empty((j - 1) % kStages));
+        if (loader) {
+          if (j + kStages < num_key_tiles) load_k(j + kStages);
+          if (j + kStages - 1 < num_key_tiles) load_v(j + kStages - 1);  // j = 0: a fresh stage
+        }
+      };
+      if (num_key_tiles > 0) {
+        my_turn();
+        wait_k(0);
+        wgmma_fence();
+        issue_scores(0);
+        if (wg == 0 || num_key_tiles > 1) their_turn();
+        wgmma_wait<0>();
+        fence_registers(sc);
+        positive_scale ? softmax(std::true_type{}, 0, alpha) : softmax(std::false_type{}, 0, alpha);
+        pack_p(pa);
+        finish_tile(0);
+      }
+      for (int j = 1; j < num_key_tiles; ++j) {
+        my_turn();
+        wait_k(j);
         wait_v(j - 1);
         wgmma_fence();
+        issue_scores(j);
         issue_pv(j - 1, pa);
+        if (wg == 0 || j + 1 < num_key_tiles) their_turn();
+        wgmma_wait<1>();  // S done, P V may still run
+        fence_registers(sc);
+        const bool moved = positive_scale ? softmax(std::true_type{}, j, alpha) : softmax(std::false_type{}, j, alpha);
         wgmma_wait<0>();
         fence_registers(o);
         fence_registers(pa);
-        release(v_empty((j - 1) % kStages));
+        if (moved) rescale_o(alpha);
+        pack_p(pa);
+        finish_tile(j);
       }
-      wait_k(j);
-      wgmma_fence();
-      issue_scores(j);
-      // Warpgroup 1 opened warpgroup 0's first turn, so it skips its last hand-over.
-      if (wg == 0 || j + 1 < num_key_tiles) their_turn();
-      wgmma_wait<0>();
-      fence_registers(sc);
-      release(k_empty(j % kStages));
-      const bool moved = positive_scale ? softmax(std::true_type{}, j, alpha) : softmax(std::false_type{}, j, alpha);
-      if (moved && j > 0) rescale_o(alpha);
-      pack_p(pa);
     }
     if (num_key_tiles > 0) {
       wait_v(num_key_tiles - 1);
@@ -302,51 +369,12 @@ __global__ void __launch_bounds__(HopperForwardConfig<D>::kThreads, 1)
 #endif
 }
 
-namespace {
-
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encoder;
-}
-
-// A 4-D map over a [B, T, H, D] tensor (dims innermost first: D, H, T, B)
-// whose box is 64 elements of D (one 128-byte swizzle row) x `rows` tokens.
-template <class T>
-bool make_tensor_map(CUtensorMap& map, const Strided& t, int64_t batch, int64_t tokens, int64_t heads, int64_t dim,
-                     int rows) {
-  const auto encode = tensor_map_encoder();
-  const cuuint64_t dims[4] = {cuuint64_t(dim), cuuint64_t(heads), cuuint64_t(tokens), cuuint64_t(batch)};
-  // Byte strides of H, T, B; a dimension of size 1 is never stepped, any valid stride does.
-  const int64_t strides_in[3] = {t.head, t.token, t.batch};
-  cuuint64_t strides[3];
-  for (int i = 0; i < 3; ++i) strides[i] = dims[i + 1] > 1 ? cuuint64_t(strides_in[i]) * sizeof(T) : 16;
-  const cuuint32_t box[4] = {64, 1, cuuint32_t(rows), 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type =
-      std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return encode(&map, type, 4, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-}  // namespace
-
 // Launches the Hopper forward; returns nullptr, or (having launched nothing)
 // why this device, build or tensors do not allow it.
-template <class T, int D>
-const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream) {
-  using Cfg = HopperForwardConfig<D>;
-  auto kernel = attention_forward_hopper_kernel<T, D>;
+template <class T, int D, bool kOverlap>
+const char* launch_forward_hopper(AttentionParams p, cudaStream_t stream) {
+  using Cfg = HopperForwardConfig<D, kOverlap>;
+  auto kernel = attention_forward_hopper_kernel<T, D, kOverlap>;
   int device = 0, major = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
@@ -377,9 +405,14 @@ const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream)
   return nullptr;
 }
 
-template const char* run_attention_forward_hopper<__nv_bfloat16, 64>(AttentionParams, cudaStream_t);
-template const char* run_attention_forward_hopper<__half, 64>(AttentionParams, cudaStream_t);
-template const char* run_attention_forward_hopper<__nv_bfloat16, 128>(AttentionParams, cudaStream_t);
-template const char* run_attention_forward_hopper<__half, 128>(AttentionParams, cudaStream_t);
+template <class T, int D>
+const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream, bool overlap) {
+  return overlap ? launch_forward_hopper<T, D, true>(p, stream) : launch_forward_hopper<T, D, false>(p, stream);
+}
+
+template const char* run_attention_forward_hopper<__nv_bfloat16, 64>(AttentionParams, cudaStream_t, bool);
+template const char* run_attention_forward_hopper<__half, 64>(AttentionParams, cudaStream_t, bool);
+template const char* run_attention_forward_hopper<__nv_bfloat16, 128>(AttentionParams, cudaStream_t, bool);
+template const char* run_attention_forward_hopper<__half, 128>(AttentionParams, cudaStream_t, bool);
 
 }  // namespace flashgla::cuda::attn

@@ -76,8 +76,14 @@ template <class T, int D>
 void run_attention_backward(AttentionParams p, cudaStream_t stream);
 // The sm_90a forward (attention_hopper.cu, D in {64, 128}): nullptr once
 // launched, else why this device, build or tensors do not allow it (and
-// nothing was launched).
+// nothing was launched). `overlap`: the variant without a producer warp that
+// overlaps each warpgroup's softmax with its own P V.
 template <class T, int D>
-const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream);
+const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream, bool overlap);
+// The sm_90a backward (attention_hopper_bwd.cu, D in {64, 128}; all three
+// steps, dq_accum zeroed by the caller): nullptr once launched, else why not
+// (and nothing was launched).
+template <class T, int D>
+const char* run_attention_backward_hopper(AttentionParams p, cudaStream_t stream);
 
 }  // namespace flashgla::cuda::attn
