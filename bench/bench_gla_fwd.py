@@ -87,7 +87,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--splits", default="0", help="comma-separated FLASHGLA_GLA_SPLITS values (0 = default)")
     parser.add_argument("--out", default=None, help="also append the table to this markdown file")
+    parser.add_argument("--hopper", action="store_true",
+                        help="only the chunked lines: the default path vs the Hopper path (FLASHGLA_GLA_HOPPER=1)")
     args = parser.parse_args()
+    if args.hopper:
+        return hopper_table(args)
     torch.manual_seed(0)
     card = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
@@ -155,6 +159,42 @@ def main():
     for name, ours, ref, ref_name, ratio, target in rows:
         ref_text = "-" if ref is None else f"{ref:.4f}"
         lines.append(f"| {name} | {ours:.4f} | {ref_text} | {ref_name} | {ratio} | {target} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(text + "\n\n")
+
+
+def hopper_table(args):
+    """The chunked lines, default path ("fast") vs the Hopper path, in this process."""
+    torch.manual_seed(0)
+    card = torch.cuda.get_device_name()
+    bandwidth, _ = copy_bandwidth()
+    shapes = ANCHORS + [(8, 2048, 16, 64, 64, F32, "-"), (2, 16384, 16, 128, 128, F32, "<= 0.6 ms")]
+    lines = [f"{datetime.date.today().isoformat()}, {card}", "",
+             "| shape | fast ms | hopper ms | hopper/fast | reference ms | reference | hopper ratio | target |",
+             "|---|---|---|---|---|---|---|---|"]
+    for B, T, H, K, V, gate_dtype, target in shapes:
+        q, k, v, g = gla_inputs(B, T, H, K, V, gate_dtype=gate_dtype)
+        gate_label = " g fp32" if gate_dtype == F32 else ""
+        os.environ.pop("FLASHGLA_GLA_HOPPER", None)
+        fast = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
+        o_fast = flashgla.chunk_gla(q, k, v, g)[0].float()
+        os.environ["FLASHGLA_GLA_HOPPER"] = "1"
+        hopper = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
+        o_hopper = flashgla.chunk_gla(q, k, v, g)[0].float()
+        os.environ.pop("FLASHGLA_GLA_HOPPER", None)
+        diff = ((o_hopper - o_fast).norm() / o_fast.norm()).item()
+        print(f"B{B} T{T} H{H} K{K} V{V}{gate_label}: fast {fast:.4f} ms, hopper {hopper:.4f} ms, "
+              f"rel. difference {diff:.2e}", flush=True)
+        reference = sdpa_ms(B, T, H, K, V)
+        ref_name = "SDPA flash causal"
+        if reference is None:
+            reference, ref_name = byte_floor_ms(B, T, H, K, V, bandwidth, g.element_size()), "byte floor"
+        lines.append(f"| chunk_gla fwd B{B} T{T} H{H} K{K} V{V}{gate_label} | {fast:.4f} | {hopper:.4f} | "
+                     f"{hopper / fast:.2f} | {reference:.4f} | {ref_name} | {hopper / reference:.2f}x | {target} |")
+        del q, k, v, g, o_fast, o_hopper
     text = "\n".join(lines)
     print(text)
     if args.out:
