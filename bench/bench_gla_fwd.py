@@ -166,6 +166,25 @@ def main():
             f.write(text + "\n\n")
 
 
+def kernel_times(fn, calls=5):
+    """Mean device time per call of each kernel `fn` launches (torch.profiler), as text."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    parts = []
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if total and "flashgla" in event.key:
+            name = event.key.split("(")[0].split("<")[0].split("::")[-1]
+            parts.append(f"{name} {total / calls / 1e3:.4f} ms")
+    return ", ".join(parts)
+
+
 def hopper_table(args):
     """The chunked lines, default path ("fast") vs the Hopper path, in this process."""
     torch.manual_seed(0)
@@ -184,6 +203,7 @@ def hopper_table(args):
         os.environ["FLASHGLA_GLA_HOPPER"] = "1"
         hopper = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
         o_hopper = flashgla.chunk_gla(q, k, v, g)[0].float()
+        print(f"  Hopper kernels: {kernel_times(lambda: flashgla.chunk_gla(q, k, v, g))}", flush=True)
         os.environ.pop("FLASHGLA_GLA_HOPPER", None)
         diff = ((o_hopper - o_fast).norm() / o_fast.norm()).item()
         print(f"B{B} T{T} H{H} K{K} V{V}{gate_label}: fast {fast:.4f} ms, hopper {hopper:.4f} ms, "

@@ -34,6 +34,7 @@
 
 #include <cstdint>
 
+#include "cuda/attention_wgmma.cuh"
 #include "cuda/common.cuh"
 #include "cuda/gla_device.cuh"
 #include "cuda/gla_fwd.cuh"
@@ -42,7 +43,8 @@ namespace flashgla::cuda::gla::hopper {
 
 constexpr int C = kChunk;
 constexpr int kPrepThreads = 256;
-constexpr int kPitch = 68;  // floats per row of the chunk pass's fp32 tiles (16-byte rows, spread banks)
+constexpr int kPitch = 68;   // floats per row of the chunk pass's factor tiles (float4 rows)
+constexpr int kPitchS = 65;  // floats per row of its q, k, Γ tiles (read by column: odd, no bank conflicts)
 
 // Byte offsets inside one workspace slot (one chunk of one head); every tile
 // starts 1024-byte aligned, as the 128-byte swizzle needs.
@@ -83,13 +85,46 @@ __device__ __forceinline__ void pair_of(int b, int& I, int& J) {
   J = b - I * (I - 1) / 2;
 }
 
+// Eight consecutive elements of a row (element offset `base`, or none: base < 0) from key0 on, zero past
+// `width`, as floats: 16-byte loads where the rows allow them.
+__device__ __forceinline__ void load8(const View& t, int64_t base, int key0, int width, float (&x)[8]) {
+  if (base < 0) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = 0.f;
+    return;
+  }
+  if (t.rows16 && key0 + 8 <= width && t.dtype != Elem::f64) {
+    if (t.dtype == Elem::f32) {
+      const float4* at = reinterpret_cast<const float4*>(static_cast<const float*>(t.data) + base + key0);
+      const float4 a = at[0], b = at[1];
+      x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+      return;
+    }
+    const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(t.data) + base + key0);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (t.dtype == Elem::bf16) {
+        const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(&words[i]);
+        x[2 * i] = __low2float(pair), x[2 * i + 1] = __high2float(pair);
+      } else {
+        const __half2 pair = *reinterpret_cast<const __half2*>(&words[i]);
+        x[2 * i] = __low2float(pair), x[2 * i + 1] = __high2float(pair);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) x[e] = key0 + e < width ? load_float(t.data, base + (key0 + e) * t.stride[3], t.dtype) : 0.f;
+}
+
 template <class E>
 __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep_kernel(const ChunkParams p) {
   extern __shared__ __align__(16) float fsm[];
-  float* qs = fsm;                // [64][kPitch] q (after the last slice: A)
-  float* ks = qs + C * kPitch;    // [64][kPitch] k
-  float* gs = ks + C * kPitch;    // [64][kPitch] g, then Γ
-  float* qe = gs + C * kPitch;    // [48][kPitch] rows 16..63: q_i exp(Γ_i − Γ_{16I})
+  float* qs = fsm;                // [64][kPitchS] q (after the last slice: A)
+  float* ks = qs + C * kPitchS;   // [64][kPitchS] k
+  float* gs = ks + C * kPitchS;   // [64][kPitchS] g, then Γ
+  float* qe = gs + C * kPitchS;   // [48][kPitch] rows 16..63: q_i exp(Γ_i − Γ_{16I})
   float* ki = qe + 48 * kPitch;   // [6 blocks][16][kPitch]: k_j exp(Γ_{16I} − Γ_j)
   float* totals = ki + 96 * kPitch;  // [4][64] scan totals
   const int tid = threadIdx.x;
@@ -128,18 +163,31 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep_kernel(const Chun
   for (int e = 0; e < 16; ++e) acc[e] = 0.f;
 
   for (int s = 0; s < KP / 64; ++s) {
-    // ---- q, k, g of this slice of 64 keys (zero outside the sequence and K) ----
-    for (int i = tid; i < C * 64; i += kPrepThreads) {
-      const int r = i >> 6, col = i & 63, key = 64 * s + col;
-      float qv = 0.f, kv = 0.f, gv = 0.f;
-      if (r < rows_valid && key < K) {
+    // ---- q, k, g of this slice of 64 keys (zero outside the sequence and K): 8 keys per piece ----
+    {
+      constexpr int kPieces = C * 8 / kPrepThreads;
+      float qv[kPieces][8], kv[kPieces][8], gv[kPieces][8];
+#pragma unroll
+      for (int u = 0; u < kPieces; ++u) {
+        const int piece = tid + kPrepThreads * u, r = piece >> 3, key0 = 64 * s + 8 * (piece & 7);
+        const bool valid = r < rows_valid;
         const int64_t t = c * C + r;
-        qv = load_float(p.q.data, row_offset(p.q, t) + key * p.q.stride[3], p.q.dtype);
-        kv = load_float(p.k.data, row_offset(p.k, t) + key * p.k.stride[3], p.k.dtype);
-        if (p.gate == Gate::vector) gv = load_float(p.g.data, row_offset(p.g, t) + key * p.g.stride[3], p.g.dtype);
-        else if (p.gate == Gate::scalar) gv = load_float(p.g.data, row_offset(p.g, t), p.g.dtype);
+        load8(p.q, valid ? row_offset(p.q, t) : -1, key0, K, qv[u]);
+        load8(p.k, valid ? row_offset(p.k, t) : -1, key0, K, kv[u]);
+        if (p.gate == Gate::vector) {
+          load8(p.g, valid ? row_offset(p.g, t) : -1, key0, K, gv[u]);
+        } else {
+          const float scalar = p.gate == Gate::scalar && valid ? load_float(p.g.data, row_offset(p.g, t), p.g.dtype) : 0.f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) gv[u][e] = scalar;
+        }
       }
-      qs[r * kPitch + col] = qv, ks[r * kPitch + col] = kv, gs[r * kPitch + col] = gv;
+#pragma unroll
+      for (int u = 0; u < kPieces; ++u) {
+        const int piece = tid + kPrepThreads * u, at = (piece >> 3) * kPitchS + 8 * (piece & 7);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) qs[at + e] = qv[u][e], ks[at + e] = kv[u][e], gs[at + e] = gv[u][e];
+      }
     }
     __syncthreads();
     // ---- Γ: inclusive sums over the rows, per key (4 quarters of 16 rows, then their prefixes) ----
@@ -147,7 +195,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep_kernel(const Chun
       const int col = tid & 63, quarter = tid >> 6;
       float run = 0.f;
       for (int j = 0; j < 16; ++j) {
-        float& x = gs[(16 * quarter + j) * kPitch + col];
+        float& x = gs[(16 * quarter + j) * kPitchS + col];
         run += x;
         x = run;
       }
@@ -156,38 +204,38 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep_kernel(const Chun
       float before = 0.f;
       for (int j = 0; j < quarter; ++j) before += totals[j * 64 + col];
       if (quarter)
-        for (int j = 0; j < 16; ++j) gs[(16 * quarter + j) * kPitch + col] += before;
+        for (int j = 0; j < 16; ++j) gs[(16 * quarter + j) * kPitchS + col] += before;
     }
     __syncthreads();
     // ---- factors of the off-diagonal blocks; Q̃, K̃ᵀ and the decay into the slot ----
     for (int i = tid; i < 48 * 64; i += kPrepThreads) {
       const int r = 16 + (i >> 6), col = i & 63, ref = r & ~15;
-      qe[(r - 16) * kPitch + col] = qs[r * kPitch + col] * __expf(gs[r * kPitch + col] - gs[ref * kPitch + col]);
+      qe[(r - 16) * kPitch + col] = qs[r * kPitchS + col] * __expf(gs[r * kPitchS + col] - gs[ref * kPitchS + col]);
     }
     for (int i = tid; i < 96 * 64; i += kPrepThreads) {
       const int b = i / (16 * 64), jj = (i >> 6) & 15, col = i & 63;
       int I, J;
       pair_of(b, I, J);
       const int j = 16 * J + jj;
-      ki[(16 * b + jj) * kPitch + col] = ks[j * kPitch + col] * __expf(gs[16 * I * kPitch + col] - gs[j * kPitch + col]);
+      ki[(16 * b + jj) * kPitch + col] = ks[j * kPitchS + col] * __expf(gs[16 * I * kPitchS + col] - gs[j * kPitchS + col]);
     }
     for (int piece = tid; piece < C * 8; piece += kPrepThreads) {
       const int r = piece >> 3, p8 = piece & 7;
       float x[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) x[e] = qs[r * kPitch + 8 * p8 + e] * __expf(gs[r * kPitch + 8 * p8 + e]);
+      for (int e = 0; e < 8; ++e) x[e] = qs[r * kPitchS + 8 * p8 + e] * __expf(gs[r * kPitchS + 8 * p8 + e]);
       *reinterpret_cast<uint4*>(slot + L.q() + s * C * 128 + swizzled(r, 8 * p8)) = pack8<E>(x);
     }
     for (int piece = tid; piece < 64 * 8; piece += kPrepThreads) {
       const int kr = piece & 63, t8 = piece >> 6, row = 64 * s + kr;
-      const float last = gs[(C - 1) * kPitch + kr];
+      const float last = gs[(C - 1) * kPitchS + kr];
       float x[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) x[e] = ks[(8 * t8 + e) * kPitch + kr] * __expf(last - gs[(8 * t8 + e) * kPitch + kr]);
+      for (int e = 0; e < 8; ++e) x[e] = ks[(8 * t8 + e) * kPitchS + kr] * __expf(last - gs[(8 * t8 + e) * kPitchS + kr]);
       *reinterpret_cast<uint4*>(slot + L.kt() + swizzled(row, 8 * t8)) = pack8<E>(x);
     }
     if (tid < 64)
-      reinterpret_cast<float*>(slot + L.decay())[64 * s + tid] = __expf(gs[(C - 1) * kPitch + tid]);
+      reinterpret_cast<float*>(slot + L.decay())[64 * s + tid] = __expf(gs[(C - 1) * kPitchS + tid]);
     __syncthreads();
     // ---- A over this slice's keys ----
     if (off_role) {
@@ -215,10 +263,10 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep_kernel(const Chun
       for (int kk = 16 * key_q; kk < 16 * key_q + 16; ++kk) {
         float kj[4], gj[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) kj[j] = ks[(col0 + j) * kPitch + kk], gj[j] = gs[(col0 + j) * kPitch + kk];
+        for (int j = 0; j < 4; ++j) kj[j] = ks[(col0 + j) * kPitchS + kk], gj[j] = gs[(col0 + j) * kPitchS + kk];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const float qi = qs[(row0 + r) * kPitch + kk], gi = gs[(row0 + r) * kPitch + kk];
+          const float qi = qs[(row0 + r) * kPitchS + kk], gi = gs[(row0 + r) * kPitchS + kk];
 #pragma unroll
           for (int j = 0; j < 4; ++j)
             if (col0 + j <= row0 + r) acc[4 * r + j] = fmaf(qi * kj[j], __expf(gi - gj[j]), acc[4 * r + j]);
@@ -230,13 +278,13 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep_kernel(const Chun
 
   // ---- A into the slot (fp32 in qs first: the diagonal tiles' key quarters add up there) ----
   float* as = qs;
-  for (int i = tid; i < C * kPitch; i += kPrepThreads) as[i] = 0.f;
+  for (int i = tid; i < C * kPitchS; i += kPrepThreads) as[i] = 0.f;
   __syncthreads();
 #pragma unroll
   for (int r = 0; r < 4; ++r)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      float* at = as + (row0 + r) * kPitch + col0 + j;
+      float* at = as + (row0 + r) * kPitchS + col0 + j;
       if (off_role) *at = acc[4 * r + j];
       else if (col0 + j <= row0 + r) atomicAdd(at, acc[4 * r + j]);
     }
@@ -245,17 +293,23 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep_kernel(const Chun
     const int r = piece >> 3, p8 = piece & 7;
     float x[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = as[r * kPitch + 8 * p8 + e];
+    for (int e = 0; e < 8; ++e) x[e] = as[r * kPitchS + 8 * p8 + e];
     *reinterpret_cast<uint4*>(slot + L.a() + swizzled(r, 8 * p8)) = pack8<E>(x);
   }
 }
 
-inline constexpr int prep_smem_bytes() { return (3 * C + 48 + 96) * kPitch * 4 + 4 * 64 * 4; }
+inline constexpr int prep_smem_bytes() { return 3 * C * kPitchS * 4 + (48 + 96) * kPitch * 4 + 4 * 64 * 4; }
 
 // ---- sm_90a primitives not in attention_wgmma.cuh ----------------------------------------
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
   return uint64_t((addr & 0x3ffff) >> 4) | (uint64_t(leading_bytes >> 4) << 16) |
          (uint64_t(stride_bytes >> 4) << 32) | (uint64_t(1) << 62);
+}
+// `bytes` (a multiple of 16) from global to shared memory in one bulk copy, completion counted on `bar`.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -299,7 +353,8 @@ struct MainLayout {
   static constexpr int stage = v + C * 128;
   static constexpr int hs = 2 * stage;                  // bf16 H [KP][64] (B operand of Q̃ H)
   static constexpr int xchg = hs + KP * 128;            // [2][16][128] fp32 partial outputs
-  static constexpr int bytes = xchg + (kWarpgroups == 2 ? 2 * 16 * 128 * 4 : 0);
+  static constexpr int barriers = xchg + (kWarpgroups == 2 ? 2 * 16 * 128 * 4 : 0);  // [2 stages] mbarriers
+  static constexpr int bytes = barriers + 16;
   static constexpr int alloc = bytes + 1024;            // slack to align the base to 1024 bytes
 };
 
@@ -363,11 +418,22 @@ __global__ void __launch_bounds__(MainLayout<KP>::kThreads, 1) hopper_chunk_kern
         *reinterpret_cast<uint32_t*>(smem + L::hs + swizzled(key, acc_col(e))) = pack2<E>(H[mt][e], H[mt][e + 1]);
       }
   };
+  // The slot image of chunk c in one bulk copy (its K̃ᵀ and decay only in the states pass), V by cp.async.
+  const uint32_t full_bar = sbase + L::barriers;  // + 8 · stage
+  if (tid == 0) {
+    attn::sm90::mbar_init(full_bar, 1);
+    attn::sm90::mbar_init(full_bar + 8, 1);
+    attn::sm90::mbar_init_fence();
+  }
+  __syncthreads();
   auto issue = [&](int64_t c, int stage) {
     unsigned char* dst = smem + stage * L::stage;
-    const unsigned char* src = p.prep + (slot_index(p, seq, n, c) * p.heads + h) * int64_t(L::slot.bytes());
-    const int pieces = (p.states_only ? L::slot.q() : L::slot.bytes()) / 16;
-    for (int i = tid; i < pieces; i += NT) cp_async16(dst + 16 * i, src + 16 * i, 16);
+    if (tid == 0) {
+      const unsigned char* src = p.prep + (slot_index(p, seq, n, c) * p.heads + h) * int64_t(L::slot.bytes());
+      const uint32_t bytes = p.states_only ? L::slot.q() : L::slot.bytes();
+      attn::sm90::mbar_arrive_expect_tx(full_bar + 8 * stage, bytes);
+      bulk_copy(sbase + stage * L::stage, src, bytes, full_bar + 8 * stage);
+    }
     const int rows_valid = int(min(int64_t(C), seq.len - c * C));
     for (int i = tid; i < C * 8; i += NT) {
       const int r = i >> 3, col = v0 + 8 * (i & 7);
@@ -385,6 +451,7 @@ __global__ void __launch_bounds__(MainLayout<KP>::kThreads, 1) hopper_chunk_kern
 
   for (int64_t c = c_begin; c < c_end; ++c) {
     const int stage = int((c - c_begin) & 1);
+    attn::sm90::mbar_wait(full_bar + 8 * stage, uint32_t((c - c_begin) >> 1) & 1u);
     cp_async_wait_all();
     fence_proxy_async();
     __syncthreads();  // B0: chunk c's slot and V in; the bf16 state written; the other stage free
