@@ -204,6 +204,11 @@ def hopper_table(args):
         hopper = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
         o_hopper = flashgla.chunk_gla(q, k, v, g)[0].float()
         print(f"  Hopper kernels: {kernel_times(lambda: flashgla.chunk_gla(q, k, v, g))}", flush=True)
+        if T >= 8192:  # the sequence split of long sequences: other piece counts
+            for splits in ("1", "4", "8"):
+                os.environ["FLASHGLA_GLA_SPLITS"] = splits
+                print(f"  Hopper splits={splits}: {median_ms(lambda: flashgla.chunk_gla(q, k, v, g)):.4f} ms", flush=True)
+            os.environ.pop("FLASHGLA_GLA_SPLITS", None)
         os.environ.pop("FLASHGLA_GLA_HOPPER", None)
         diff = ((o_hopper - o_fast).norm() / o_fast.norm()).item()
         print(f"B{B} T{T} H{H} K{K} V{V}{gate_label}: fast {fast:.4f} ms, hopper {hopper:.4f} ms, "
