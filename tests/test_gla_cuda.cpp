@@ -309,6 +309,7 @@ TEST(CudaGlaForward, FastPathShapes) {
 // strides, a forced split.
 TEST(CudaGlaForward, FastPathFloatGate) {
   SKIP_WITHOUT_GPU();
+  setenv("FLASHGLA_GLA_HOPPER", "0", 1);  // K = 256 takes the Hopper path by default on sm_90
   struct Dims {
     int64_t K, V;
   };
@@ -329,6 +330,7 @@ TEST(CudaGlaForward, FastPathFloatGate) {
   c.gate = Gate::vector, c.gate_values = GateValues::very_negative, c.seed = 1750;
   check_against_reference(c, Call{});
   unsetenv("FLASHGLA_GLA_SPLITS");
+  unsetenv("FLASHGLA_GLA_HOPPER");
 }
 
 // The fast path's key parts (128 < K ≤ 256: two CTAs per value tile, o accumulated;
@@ -337,6 +339,7 @@ TEST(CudaGlaForward, FastPathFloatGate) {
 // state, strides, the sequence split (states pass per key part) and varlen.
 TEST(CudaGlaForward, FastPathKeyParts) {
   SKIP_WITHOUT_GPU();
+  setenv("FLASHGLA_GLA_HOPPER", "0", 1);  // on sm_90 the Hopper path takes K > 128 by default
   struct Dims {
     int64_t K, V;
   };
@@ -369,6 +372,7 @@ TEST(CudaGlaForward, FastPathKeyParts) {
   Call call;
   call.cu_seqlens_host = &host;
   check_against_reference(c, call);
+  unsetenv("FLASHGLA_GLA_HOPPER");
 }
 
 // The Hopper path (FLASHGLA_GLA_HOPPER=1; on other GPUs the default path runs):
@@ -665,6 +669,7 @@ TEST(CudaGlaForward, SanitizerSmallCases) {
 // a partial last chunk, a split, a scalar gate.
 TEST(CudaGlaForward, SanitizerFastPath) {
   SKIP_WITHOUT_GPU();
+  setenv("FLASHGLA_GLA_HOPPER", "0", 1);  // K = 256 takes the Hopper path by default on sm_90
   int i = 0;
   for (int64_t K : {64, 128}) {
     Case c;
@@ -683,6 +688,7 @@ TEST(CudaGlaForward, SanitizerFastPath) {
     check_against_reference(c, Call{});
     unsetenv("FLASHGLA_GLA_SPLITS");
   }
+  unsetenv("FLASHGLA_GLA_HOPPER");
 }
 
 // The Hopper path's small cases (memcheck and racecheck): both warpgroup

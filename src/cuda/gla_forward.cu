@@ -116,13 +116,15 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   const bool fast_off = fast_env && std::string(fast_env) == "0";
   c.fast = gla::fast_chunk_supported(c) && !fast_off &&
            gla::fast_chunk_smem_bytes(c.key_dim, c.value_dim) <= max_smem;
-  // The Hopper path (sm_90 only) where FLASHGLA_GLA_HOPPER=1 asks for it.
+  // The Hopper path on sm_90: by default where it measured faster than the fast path (128 < K ≤ 256, e.g. the
+  // GLA layer's K256 V512 heads: bench/results_gla_forward.md); FLASHGLA_GLA_HOPPER=1 wherever it applies, =0 never.
   const char* hopper_env = std::getenv("FLASHGLA_GLA_HOPPER");
-  const bool hopper_on = hopper_env && std::string(hopper_env) == "1";
+  const std::string hopper_choice = hopper_env ? hopper_env : "";
+  const bool hopper_wanted = hopper_choice == "1" || (hopper_choice != "0" && c.key_dim > 128);
   int major = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
   const int64_t chunks_of_t = (p.seq_len + gla::kChunk - 1) / gla::kChunk;
-  if (hopper_on && major == 9 && gla::hopper_chunk_supported(c) && chunks_of_t <= 65535) {
+  if (hopper_wanted && major == 9 && gla::hopper_chunk_supported(c) && chunks_of_t <= 65535) {
     c.hopper = true, c.fast = false;
     c.prep_key_pad = gla::hopper_key_pad(c.key_dim);
     c.prep_chunks = chunks_of_t;

@@ -142,21 +142,26 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep_kernel(const Chun
     return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
   };
 
-  // Roles for A: threads 0..95 one 4×4 tile of an off-diagonal block (all keys);
-  // threads 96..255 one 4×4 tile of a diagonal block (lower tiles only) and a quarter of the keys.
-  const bool off_role = tid < 96;
+  // Roles for A, warp-uniform: threads 0..95 one 4×4 tile of an off-diagonal 16×16 block (all keys);
+  // the rest one 4×4 tile inside a diagonal 16×16 block and a quarter of the slice's keys: threads
+  // 96..159 the tiles on the diagonal (i, j in the same 4 rows), threads 160..255 the tiles below it.
+  const bool off_role = tid < 96, diagonal_tile = tid >= 96 && tid < 160;
   int row0, col0, key_q = 0, block = 0;
   if (off_role) {
     int I, J;
     block = tid / 16;
     pair_of(block, I, J);
     row0 = 16 * I + 4 * ((tid % 16) / 4), col0 = 16 * J + 4 * (tid % 4);
+  } else if (diagonal_tile) {
+    const int tile = (tid - 96) >> 2;  // 16: block tile / 4, 4-row group tile % 4
+    key_q = tid & 3;
+    row0 = col0 = 16 * (tile / 4) + 4 * (tile % 4);
   } else {
-    const int u = tid - 96, tile = u >> 2, t10 = tile % 10;
-    key_q = u & 3;
-    const int ti = t10 < 1 ? 0 : t10 < 3 ? 1 : t10 < 6 ? 2 : 3;
-    const int tj = t10 - ti * (ti + 1) / 2;
-    row0 = 16 * (tile / 10) + 4 * ti, col0 = 16 * (tile / 10) + 4 * tj;
+    const int tile = (tid - 160) >> 2;  // 24: block tile / 6, 4-row groups (ti, tj) as the blocks' pairs
+    key_q = tid & 3;
+    int ti, tj;
+    pair_of(tile % 6, ti, tj);
+    row0 = 16 * (tile / 6) + 4 * ti, col0 = 16 * (tile / 6) + 4 * tj;
   }
   float acc[16];
 #pragma unroll
@@ -259,18 +264,42 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep_kernel(const Chun
             x = fmaf(a[r].w, b[j].w, x);
           }
       }
-    } else {
+    } else if (diagonal_tile) {
+      // exp(Γ_i − Γ_j) for j ≤ i in the same 4 rows: products of α_r = exp(Γ_r − Γ_{r−1}) ≤ 1.
       for (int kk = 16 * key_q; kk < 16 * key_q + 16; ++kk) {
-        float kj[4], gj[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) kj[j] = ks[(col0 + j) * kPitchS + kk], gj[j] = gs[(col0 + j) * kPitchS + kk];
+        float qv[4], kv[4], gv[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const float qi = qs[(row0 + r) * kPitchS + kk], gi = gs[(row0 + r) * kPitchS + kk];
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            if (col0 + j <= row0 + r) acc[4 * r + j] = fmaf(qi * kj[j], __expf(gi - gj[j]), acc[4 * r + j]);
+          const int at = (row0 + r) * kPitchS + kk;
+          qv[r] = qs[at], kv[r] = ks[at], gv[r] = gs[at];
         }
+        const float a1 = __expf(gv[1] - gv[0]), a2 = __expf(gv[2] - gv[1]), a3 = __expf(gv[3] - gv[2]);
+        const float a12 = a1 * a2, a23 = a2 * a3;
+        const float decay[4][4] = {{1.f, 0.f, 0.f, 0.f}, {a1, 1.f, 0.f, 0.f}, {a12, a2, 1.f, 0.f}, {a12 * a3, a23, a3, 1.f}};
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int j = 0; j <= r; ++j) acc[4 * r + j] = fmaf(qv[r] * kv[j], decay[r][j], acc[4 * r + j]);
+      }
+    } else {
+      // Rows below the key rows: reference row0 (the first query row), both factors ≤ 1.
+      for (int kk = 16 * key_q; kk < 16 * key_q + 16; ++kk) {
+        const float g_ref = gs[row0 * kPitchS + kk];
+        float qf[4], kf[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int at = (row0 + r) * kPitchS + kk;
+          qf[r] = qs[at] * __expf(gs[at] - g_ref);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int at = (col0 + j) * kPitchS + kk;
+          kf[j] = ks[at] * __expf(g_ref - gs[at]);
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[4 * r + j] = fmaf(qf[r], kf[j], acc[4 * r + j]);
       }
     }
     __syncthreads();
