@@ -20,7 +20,10 @@ chunked line also names the general kernel's time ("old",
 FLASHGLA_GLA_FAST=0) on the same inputs, and the relative difference of the
 two outputs is printed before the table. "ours" is the default choice: the
 fast path wherever it applies (bf16/fp16 inputs, K ≤ 256, gate in q's dtype or
-fp32).
+fp32), on sm_90 the Hopper path for 128 < K ≤ 256.
+--hopper prints only the chunked lines: the default path vs the Hopper path
+(FLASHGLA_GLA_HOPPER=1) in this process, with torch.profiler times of the
+Hopper path's two kernels and, for long sequences, other split counts.
 """
 
 import argparse
