@@ -20,7 +20,10 @@ chunked line also names the general kernel's time ("old",
 FLASHGLA_GLA_FAST=0) on the same inputs, and the relative difference of the
 two outputs is printed before the table. "ours" is the default choice: the
 fast path wherever it applies (bf16/fp16 inputs, K ≤ 256, gate in q's dtype or
-fp32).
+fp32), on sm_90 the Hopper path for 128 < K ≤ 256.
+--hopper prints only the chunked lines: the default path vs the Hopper path
+(FLASHGLA_GLA_HOPPER=1) in this process, with torch.profiler times of the
+Hopper path's two kernels and, for long sequences, other split counts.
 """
 
 import argparse
@@ -87,7 +90,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--splits", default="0", help="comma-separated FLASHGLA_GLA_SPLITS values (0 = default)")
     parser.add_argument("--out", default=None, help="also append the table to this markdown file")
+    parser.add_argument("--hopper", action="store_true",
+                        help="only the chunked lines: the default path vs the Hopper path (FLASHGLA_GLA_HOPPER=1)")
     args = parser.parse_args()
+    if args.hopper:
+        return hopper_table(args)
     torch.manual_seed(0)
     card = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
@@ -155,6 +162,67 @@ def main():
     for name, ours, ref, ref_name, ratio, target in rows:
         ref_text = "-" if ref is None else f"{ref:.4f}"
         lines.append(f"| {name} | {ours:.4f} | {ref_text} | {ref_name} | {ratio} | {target} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(text + "\n\n")
+
+
+def kernel_times(fn, calls=5):
+    """Mean device time per call of each kernel `fn` launches (torch.profiler), as text."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    parts = []
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if total and "flashgla" in event.key:
+            name = event.key.split("(")[0].split("<")[0].split("::")[-1]
+            parts.append(f"{name} {total / calls / 1e3:.4f} ms")
+    return ", ".join(parts)
+
+
+def hopper_table(args):
+    """The chunked lines, default path ("fast") vs the Hopper path, in this process."""
+    torch.manual_seed(0)
+    card = torch.cuda.get_device_name()
+    bandwidth, _ = copy_bandwidth()
+    shapes = ANCHORS + [(8, 2048, 16, 64, 64, F32, "-"), (2, 16384, 16, 128, 128, F32, "<= 0.6 ms")]
+    lines = [f"{datetime.date.today().isoformat()}, {card}", "",
+             "| shape | fast ms | hopper ms | hopper/fast | reference ms | reference | hopper ratio | target |",
+             "|---|---|---|---|---|---|---|---|"]
+    for B, T, H, K, V, gate_dtype, target in shapes:
+        q, k, v, g = gla_inputs(B, T, H, K, V, gate_dtype=gate_dtype)
+        gate_label = " g fp32" if gate_dtype == F32 else ""
+        os.environ.pop("FLASHGLA_GLA_HOPPER", None)
+        fast = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
+        o_fast = flashgla.chunk_gla(q, k, v, g)[0].float()
+        os.environ["FLASHGLA_GLA_HOPPER"] = "1"
+        hopper = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
+        o_hopper = flashgla.chunk_gla(q, k, v, g)[0].float()
+        print(f"  Hopper kernels: {kernel_times(lambda: flashgla.chunk_gla(q, k, v, g))}", flush=True)
+        if T >= 8192:  # the sequence split of long sequences: other piece counts
+            for splits in ("1", "4", "8"):
+                os.environ["FLASHGLA_GLA_SPLITS"] = splits
+                print(f"  Hopper splits={splits}: {median_ms(lambda: flashgla.chunk_gla(q, k, v, g)):.4f} ms", flush=True)
+            os.environ.pop("FLASHGLA_GLA_SPLITS", None)
+        os.environ.pop("FLASHGLA_GLA_HOPPER", None)
+        diff = ((o_hopper - o_fast).norm() / o_fast.norm()).item()
+        print(f"B{B} T{T} H{H} K{K} V{V}{gate_label}: fast {fast:.4f} ms, hopper {hopper:.4f} ms, "
+              f"rel. difference {diff:.2e}", flush=True)
+        reference = sdpa_ms(B, T, H, K, V)
+        ref_name = "SDPA flash causal"
+        if reference is None:
+            reference, ref_name = byte_floor_ms(B, T, H, K, V, bandwidth, g.element_size()), "byte floor"
+        lines.append(f"| chunk_gla fwd B{B} T{T} H{H} K{K} V{V}{gate_label} | {fast:.4f} | {hopper:.4f} | "
+                     f"{hopper / fast:.2f} | {reference:.4f} | {ref_name} | {hopper / reference:.2f}x | {target} |")
+        del q, k, v, g, o_fast, o_hopper
     text = "\n".join(lines)
     print(text)
     if args.out:

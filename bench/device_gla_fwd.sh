@@ -8,8 +8,9 @@ OUT=${OUT:-/tmp/gla_fwd_out}
 mkdir -p "$OUT"
 BUILD=build-devfwd
 # The fast-path tests run first, on their own; the rest of the forward and decode tests after the benchmark.
-FAST_TESTS="CudaGlaForward.FastPath*:CudaGlaForward.SanitizerFastPath"
-TESTS="CudaGlaForward.*:CudaGlaDecode.*:-$FAST_TESTS"
+# FAST_TESTS / TESTS override the filters (e.g. the Hopper path's tests first: see bench/notes_gla_fwd.md).
+FAST_TESTS=${FAST_TESTS:-"CudaGlaForward.FastPath*:CudaGlaForward.SanitizerFastPath"}
+TESTS=${TESTS:-"CudaGlaForward.*:CudaGlaDecode.*:-$FAST_TESTS"}
 summary=()
 note() { summary+=("$*"); echo "$*"; }
 # Every step's timeout also keeps the whole run under BUDGET seconds (the device call's limit).
@@ -18,6 +19,11 @@ left() { local l=$((deadline - $(date +%s))); [ "$l" -gt "$1" ] && l=$1; [ "$l" 
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 start=$(date +%s)
+# nanobind for the Python module, where the machine lacks it (the wheels travel in .deps).
+if ls .deps/wheels/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl >/dev/null 2>&1 &&
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 python_on=ON
 cmake -S . -B $BUILD -G Ninja -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHGLA_PYTHON=ON \
   >"$OUT/build.log" 2>&1 || {
@@ -38,14 +44,14 @@ note "build: $(($(date +%s) - start)) s, python module: $python_on"
 
 # The fast path's own tests first (quick signal), then the benchmark, then the other forward and decode tests.
 start=$(date +%s)
-timeout $(left 90) $BUILD/flashgla_tests --gtest_filter="$FAST_TESTS" \
+timeout $(left ${FAST_TIMEOUT:-90}) $BUILD/flashgla_tests --gtest_filter="$FAST_TESTS" \
   >"$OUT/tests_fast.log" 2>&1
 note "fast-path tests: rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests_fast.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests_fast.log") failed"
 grep -E "Failure|error [0-9.e+-]+|Which is|Expected|actual|What|Trace|flashgla:" "$OUT/tests_fast.log" | head -30
 
 if [ "$python_on" = ON ]; then
   start=$(date +%s)
-  PYTHONPATH=$BUILD/python PYTHONUNBUFFERED=1 timeout $(left ${BENCH_TIMEOUT:-130}) python3 bench/bench_gla_fwd.py "$@" \
+  PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 timeout $(left ${BENCH_TIMEOUT:-130}) python3 bench/bench_gla_fwd.py "$@" \
     >"$OUT/bench.log" 2>&1
   note "benchmark: rc=$? in $(($(date +%s) - start)) s"
 else

@@ -309,6 +309,7 @@ TEST(CudaGlaForward, FastPathShapes) {
 // strides, a forced split.
 TEST(CudaGlaForward, FastPathFloatGate) {
   SKIP_WITHOUT_GPU();
+  setenv("FLASHGLA_GLA_HOPPER", "0", 1);  // K = 256 takes the Hopper path by default on sm_90
   struct Dims {
     int64_t K, V;
   };
@@ -329,6 +330,7 @@ TEST(CudaGlaForward, FastPathFloatGate) {
   c.gate = Gate::vector, c.gate_values = GateValues::very_negative, c.seed = 1750;
   check_against_reference(c, Call{});
   unsetenv("FLASHGLA_GLA_SPLITS");
+  unsetenv("FLASHGLA_GLA_HOPPER");
 }
 
 // The fast path's key parts (128 < K ≤ 256: two CTAs per value tile, o accumulated;
@@ -337,6 +339,7 @@ TEST(CudaGlaForward, FastPathFloatGate) {
 // state, strides, the sequence split (states pass per key part) and varlen.
 TEST(CudaGlaForward, FastPathKeyParts) {
   SKIP_WITHOUT_GPU();
+  setenv("FLASHGLA_GLA_HOPPER", "0", 1);  // on sm_90 the Hopper path takes K > 128 by default
   struct Dims {
     int64_t K, V;
   };
@@ -369,6 +372,69 @@ TEST(CudaGlaForward, FastPathKeyParts) {
   Call call;
   call.cu_seqlens_host = &host;
   check_against_reference(c, call);
+  unsetenv("FLASHGLA_GLA_HOPPER");
+}
+
+// The Hopper path (FLASHGLA_GLA_HOPPER=1; on other GPUs the default path runs):
+// every key pad (64, 128, 256) with K at and below it, V over one and several
+// 64-column tiles and partial ones, every gate kind, range and dtype, T below,
+// at and over a chunk, h0 / final state, strides, forced splits (states pass)
+// with the caller's workspace, varlen with and without host cu_seqlens.
+void opt_in_hopper() { setenv("FLASHGLA_GLA_HOPPER", "1", 1); }
+void opt_out_hopper() { unsetenv("FLASHGLA_GLA_HOPPER"); }
+
+TEST(CudaGlaForward, HopperPathShapes) {
+  SKIP_WITHOUT_GPU();
+  opt_in_hopper();
+  struct Dims {
+    int64_t K, V;
+  };
+  const int64_t lengths[] = {192, 333, 1, 64, 65, 63};
+  int i = 0;
+  for (const Dims& d : {Dims{256, 512}, Dims{128, 128}, Dims{64, 64}, Dims{200, 72}, Dims{16, 8}, Dims{96, 200},
+                        Dims{256, 40}, Dims{128, 64}})
+    for (GateValues values : {GateValues::typical, GateValues::near_zero, GateValues::very_negative}) {
+      Case c;
+      c.B = 2, c.T = lengths[i % 6], c.H = 2, c.K = d.K, c.V = d.V;
+      c.dtype = i % 3 == 2 ? DType::f16 : DType::bf16;
+      c.gate = i % 4 == 3 ? Gate::scalar : i % 8 == 5 ? Gate::none : Gate::vector;
+      c.gate_dtype = i % 2 ? DType::f32 : c.dtype;
+      c.gate_values = values, c.h0 = i % 2 == 0, c.final_state = i % 3 != 1;
+      c.row_padding = i % 5 == 4 ? 8 : 0;
+      c.seed = 2100 + i++;
+      check_against_reference(c, Call{});
+    }
+  opt_out_hopper();
+}
+
+TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
+  SKIP_WITHOUT_GPU();
+  opt_in_hopper();
+  int i = 0;
+  for (const char* forced : {"2", "5"})
+    for (int64_t K : {256, 128, 64}) {
+      setenv("FLASHGLA_GLA_SPLITS", forced, 1);
+      Case c;
+      c.B = 1, c.T = 700 + 29 * i, c.H = 2, c.K = K, c.V = K == 256 ? 136 : 128, c.dtype = DType::bf16;
+      c.gate_dtype = i % 2 ? DType::f32 : c.dtype;
+      c.gate = i % 3 == 1 ? Gate::scalar : Gate::vector, c.h0 = true, c.final_state = true;
+      c.gate_values = i % 3 == 2 ? GateValues::very_negative : GateValues::typical;
+      c.seed = 2200 + i++;
+      Call call;
+      call.caller_workspace = i % 2;
+      check_against_reference(c, call);
+      unsetenv("FLASHGLA_GLA_SPLITS");
+    }
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (int64_t K : {256, 128}) {
+      Case c = varlen_case(dtype, Gate::vector, 2250 + i++);
+      c.K = K, c.V = 72, c.gate_dtype = DType::f32;
+      const Buffer host = make_inputs(c).cu_seqlens;
+      Call call;
+      if (K == 256) call.cu_seqlens_host = &host;  // lets the host plan a split
+      check_against_reference(c, call);
+    }
+  opt_out_hopper();
 }
 
 // The general kernel on bf16/fp16 inputs, which the fast path takes otherwise.
@@ -603,6 +669,7 @@ TEST(CudaGlaForward, SanitizerSmallCases) {
 // a partial last chunk, a split, a scalar gate.
 TEST(CudaGlaForward, SanitizerFastPath) {
   SKIP_WITHOUT_GPU();
+  setenv("FLASHGLA_GLA_HOPPER", "0", 1);  // K = 256 takes the Hopper path by default on sm_90
   int i = 0;
   for (int64_t K : {64, 128}) {
     Case c;
@@ -621,6 +688,25 @@ TEST(CudaGlaForward, SanitizerFastPath) {
     check_against_reference(c, Call{});
     unsetenv("FLASHGLA_GLA_SPLITS");
   }
+  unsetenv("FLASHGLA_GLA_HOPPER");
+}
+
+// The Hopper path's small cases (memcheck and racecheck): both warpgroup
+// counts, a partial last chunk, a split, varlen.
+TEST(CudaGlaForward, SanitizerHopperPath) {
+  SKIP_WITHOUT_GPU();
+  opt_in_hopper();
+  int i = 0;
+  for (int64_t K : {64, 256}) {
+    Case c;
+    c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = 72, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
+    c.gate = i % 2 ? Gate::scalar : Gate::vector, c.h0 = true, c.final_state = true, c.seed = 2300 + i++;
+    setenv("FLASHGLA_GLA_SPLITS", "2", 1);
+    check_against_reference(c, Call{});
+    unsetenv("FLASHGLA_GLA_SPLITS");
+  }
+  check_against_reference(varlen_case(DType::bf16, Gate::vector, 2310), Call{});
+  opt_out_hopper();
 }
 
 }  // namespace

@@ -75,6 +75,8 @@ struct ChunkPlan {
   gla::ChunkParams params;
   int num_seqs = 0;
   size_t workspace_bytes = 0;
+  size_t prep_offset = 0;        // Hopper path: where its slots start in the workspace (then aligned to 1024)
+  int64_t prep_grid_chunks = 0;  // Hopper path: chunks of the longest sequence (or of T)
 };
 
 int64_t longest_sequence(const GlaForwardArgs& a, const GlaProblem& p) {
@@ -114,7 +116,20 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   const bool fast_off = fast_env && std::string(fast_env) == "0";
   c.fast = gla::fast_chunk_supported(c) && !fast_off &&
            gla::fast_chunk_smem_bytes(c.key_dim, c.value_dim) <= max_smem;
-  FLASHGLA_REQUIRE(c.fast || c.smem.bytes <= max_smem, ErrorKind::unsupported, "q",
+  // The Hopper path on sm_90: by default where it measured faster than the fast path (128 < K ≤ 256, e.g. the
+  // GLA layer's K256 V512 heads: bench/results_gla_forward.md); FLASHGLA_GLA_HOPPER=1 wherever it applies, =0 never.
+  const char* hopper_env = std::getenv("FLASHGLA_GLA_HOPPER");
+  const std::string hopper_choice = hopper_env ? hopper_env : "";
+  const bool hopper_wanted = hopper_choice == "1" || (hopper_choice != "0" && c.key_dim > 128);
+  int major = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  const int64_t chunks_of_t = (p.seq_len + gla::kChunk - 1) / gla::kChunk;
+  if (hopper_wanted && major == 9 && gla::hopper_chunk_supported(c) && chunks_of_t <= 65535) {
+    c.hopper = true, c.fast = false;
+    c.prep_key_pad = gla::hopper_key_pad(c.key_dim);
+    c.prep_chunks = chunks_of_t;
+  }
+  FLASHGLA_REQUIRE(c.fast || c.hopper || c.smem.bytes <= max_smem, ErrorKind::unsupported, "q",
                  "K = " + std::to_string(p.key_dim) + " needs " + std::to_string(c.smem.bytes) +
                      " bytes of shared memory in the CUDA chunked kernel, more than this device's " +
                      std::to_string(max_smem) + " (K ≤ 512 fits on sm_80 and sm_90)");
@@ -124,13 +139,15 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   const int64_t longest = longest_sequence(a, p);
   const int64_t max_chunks = longest < 0 ? (p.seq_len + gla::kChunk - 1) / gla::kChunk
                                          : (longest + gla::kChunk - 1) / gla::kChunk;
-  const int64_t tile = c.fast ? gla::fast_value_tile(c.value_dim) : gla::value_tile(c.q.dtype);
+  const int64_t tile =
+      c.hopper ? 64 : c.fast ? gla::fast_value_tile(c.value_dim) : gla::value_tile(c.q.dtype);
   const int64_t key_parts = c.fast ? gla::fast_key_parts(c.key_dim) : 1;
   const int64_t tiles = p.num_seqs * p.heads * ((p.value_dim + tile - 1) / tile) * key_parts;
   int64_t splits = 1;
   if (longest > 0 && tiles > 0) {
     constexpr int64_t kMinChunksPerSplit = 4;
-    const int64_t slots = int64_t(multiprocessors()) * (c.fast ? 1 : gla::chunk_blocks_per_sm(c.q.dtype, c.smem));
+    const int64_t slots =
+        int64_t(multiprocessors()) * (c.fast || c.hopper ? 1 : gla::chunk_blocks_per_sm(c.q.dtype, c.smem));
     splits = std::max<int64_t>(1, std::min(slots / tiles, max_chunks / kMinChunksPerSplit));
     // FLASHGLA_GLA_SPLITS=<n> overrides the choice (for tuning and tests of the split path).
     if (const char* forced = std::getenv("FLASHGLA_GLA_SPLITS")) splits = std::max<int64_t>(1, std::atoll(forced));
@@ -141,6 +158,11 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   if (c.num_splits > 1)
     plan.workspace_bytes =
         size_t(p.num_seqs * p.heads * (c.num_splits - 1)) * size_t(p.key_dim) * size_t(p.value_dim + 1) * sizeof(float);
+  if (c.hopper) {
+    plan.prep_offset = plan.workspace_bytes;
+    plan.prep_grid_chunks = std::max<int64_t>(1, max_chunks);
+    plan.workspace_bytes += gla::hopper_prep_bytes(c, p.num_seqs);
+  }
   return plan;
 }
 
@@ -172,8 +194,15 @@ void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
 
   ChunkPlan plan = plan_chunked(args, problem);
   gla::ChunkParams& c = plan.params;
-  const auto launch = c.fast ? gla::launch_fast_chunk_forward : gla::launch_chunk_forward;
+  const auto launch = c.hopper ? gla::launch_hopper_chunk_forward
+                     : c.fast   ? gla::launch_fast_chunk_forward
+                                : gla::launch_chunk_forward;
   Scratch workspace(args.workspace, args.workspace_bytes, plan.workspace_bytes, stream, "gla_forward_workspace_bytes");
+  if (c.hopper) {
+    const auto start = reinterpret_cast<uintptr_t>(workspace.bytes() + plan.prep_offset);
+    c.prep = reinterpret_cast<unsigned char*>((start + 1023) & ~uintptr_t(1023));
+    gla::launch_hopper_prep(c, plan.num_seqs, plan.prep_grid_chunks, stream);
+  }
   if (c.num_splits > 1) {
     c.split_states = workspace.floats();
     c.split_decay = c.split_states + size_t(problem.num_seqs * problem.heads * (c.num_splits - 1)) *

@@ -65,6 +65,12 @@ struct ChunkParams {
   float* split_decay = nullptr;   // [N][H][num_splits-1][K]: each split's total decay exp(sum g)
   bool states_only = false;       // the first pass: write split_states/split_decay, no output
   bool fast = false;              // run the fast path (gla_fwd_fast.cu) instead of the general kernel
+  // The Hopper path (gla_fwd_hopper.cu): a chunk pass writes one slot per (chunk, head) to `prep`, the state
+  // kernel reads them.
+  bool hopper = false;
+  unsigned char* prep = nullptr;  // 1024-byte aligned
+  int prep_key_pad = 0;           // K padded to 64, 128 or 256
+  int64_t prep_chunks = 0;        // ceil(T / 64): slots per sequence of a fixed-length batch
   ChunkLayout smem;
 };
 
@@ -82,6 +88,17 @@ int fast_value_tile(int value_dim);
 int fast_key_parts(int key_dim);
 int fast_chunk_smem_bytes(int key_dim, int value_dim);
 void launch_fast_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
+
+// The Hopper path (gla_fwd_hopper.cu): bf16/fp16 q, k, v, any gate, K ≤ 256,
+// v and o rows 16-byte aligned; sm_90a only. Value tiles of 64 columns.
+bool hopper_chunk_supported(const ChunkParams& p);
+int hopper_key_pad(int key_dim);
+// Workspace bytes of the chunk pass's slots (with 1024 bytes of alignment slack).
+size_t hopper_prep_bytes(const ChunkParams& p, int64_t num_seqs);
+// The chunk pass (grid: sequences × heads × `max_chunks`), then nothing else: call
+// launch_hopper_chunk_forward for the states pass and the output pass.
+void launch_hopper_prep(const ChunkParams& p, int num_seqs, int64_t max_chunks, cudaStream_t stream);
+void launch_hopper_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // ---- recurrent forward ---------------------------------------------------------
 struct RecurrentParams {

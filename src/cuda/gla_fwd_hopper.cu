@@ -1,0 +1,71 @@
+// Chunked GLA forward, Hopper path: host side (support, workspace, launches) and
+// the bf16/fp16 instantiations of the kernels in gla_fwd_hopper.cuh.
+#include "cuda/gla_fwd_hopper.cuh"
+
+namespace flashgla::cuda::gla {
+
+using hopper::MainLayout;
+using hopper::Slot;
+
+int hopper_key_pad(int key_dim) { return key_dim <= 64 ? 64 : key_dim <= 128 ? 128 : 256; }
+
+bool hopper_chunk_supported(const ChunkParams& p) {
+  const bool half_inputs = p.q.dtype == Elem::bf16 || p.q.dtype == Elem::f16;
+  return half_inputs && p.key_dim >= 1 && p.key_dim <= 256 && p.value_dim >= 1 && p.v.rows16 && p.o.rows16;
+}
+
+size_t hopper_prep_bytes(const ChunkParams& p, int64_t num_seqs) {
+  const int64_t chunks = (p.seqs.total_len + kChunk - 1) / kChunk;
+  const int64_t slots = p.seqs.cu_seqlens ? num_seqs + chunks + 1 : num_seqs * chunks;
+  return size_t(slots) * size_t(p.heads) * size_t(Slot{hopper_key_pad(p.key_dim)}.bytes()) + 1024;
+}
+
+namespace {
+
+template <class E>
+void launch_prep_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr int bytes = hopper::prep_smem_bytes();
+  auto kernel = hopper::hopper_prep_kernel<E>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             "cudaFuncSetAttribute (GLA Hopper chunk pass)");
+  kernel<<<grid, hopper::kPrepThreads, bytes, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA Hopper chunk pass launch");
+}
+
+template <class E, int KP>
+void launch_main_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+  using L = MainLayout<KP>;
+  auto kernel = hopper::hopper_chunk_kernel<E, KP>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::alloc),
+             "cudaFuncSetAttribute (GLA Hopper state kernel)");
+  kernel<<<grid, L::kThreads, L::alloc, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA Hopper state kernel launch");
+}
+
+template <class E>
+void launch_main_dims(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+  switch (p.prep_key_pad) {
+    case 64: return launch_main_typed<E, 64>(p, grid, stream);
+    case 128: return launch_main_typed<E, 128>(p, grid, stream);
+    default: return launch_main_typed<E, 256>(p, grid, stream);
+  }
+}
+
+}  // namespace
+
+void launch_hopper_prep(const ChunkParams& p, int num_seqs, int64_t max_chunks, cudaStream_t stream) {
+  const dim3 grid(unsigned(int64_t(num_seqs) * p.heads), unsigned(max_chunks));
+  if (grid.x == 0 || grid.y == 0) return;
+  if (p.q.dtype == Elem::bf16) return launch_prep_typed<__nv_bfloat16>(p, grid, stream);
+  return launch_prep_typed<__half>(p, grid, stream);
+}
+
+void launch_hopper_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream) {
+  const int splits = p.states_only ? p.num_splits - 1 : p.num_splits;
+  const dim3 grid(unsigned(int64_t(num_seqs) * p.heads), unsigned((p.value_dim + 63) / 64), unsigned(splits));
+  if (grid.x == 0 || grid.z == 0) return;
+  if (p.q.dtype == Elem::bf16) return launch_main_dims<__nv_bfloat16>(p, grid, stream);
+  return launch_main_dims<__half>(p, grid, stream);
+}
+
+}  // namespace flashgla::cuda::gla
