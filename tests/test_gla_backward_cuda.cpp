@@ -81,9 +81,18 @@ void expect_grads_close(const Grads& out, const Grads& ref, double tol) {
   expect_close("dh0", out.dh0, ref.dh0, tol);
 }
 
+// The backend paths forced by the environment, for the error lines.
+std::string forced_paths() {
+  std::string out;
+  for (const char* name : {"FLASHGLA_GLA_BWD_DIAG", "FLASHGLA_GLA_BWD_DQK_DIAG", "FLASHGLA_GLA_BWD_SCAN_SPLIT",
+                           "FLASHGLA_GLA_BWD_OVERLAP", "FLASHGLA_GLA_BWD_PREFETCH"})
+    if (const char* value = std::getenv(name)) out += std::string(" ") + (name + 17) + "=" + value;
+  return out;
+}
+
 void check_against_reference(const Case& c, const Call& call, const Inputs& in) {
-  const std::string name =
-      describe(c) + (call.algorithm == kChunked ? " chunked" : " recurrent") + (call.reverse ? " reverse" : "");
+  const std::string name = describe(c) + (call.algorithm == kChunked ? " chunked" : " recurrent") +
+                           (call.reverse ? " reverse" : "") + forced_paths();
   SCOPED_TRACE(name);
   const Grads ref = reference(c, in, call.reverse);
   const Grads out = backward(c, to_device(c, in, gpu()), call);
@@ -180,7 +189,10 @@ TEST(CudaGlaBackward, ChunkedMixedSubChunkPaths) {
   SKIP_WITHOUT_GPU();
   const ScopedEnv factored("FLASHGLA_GLA_BWD_DIAG", "factored");
   int i = 0;
+  for (const char* dqk : {"elementwise", "factored"})
   for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    const ScopedEnv dqk_diag("FLASHGLA_GLA_BWD_DQK_DIAG", dqk);
+    SCOPED_TRACE(std::string("dq, dk pairs inside sub-chunks: ") + dqk);
     Case c;
     c.B = 2, c.T = 200, c.H = 2, c.K = 128, c.V = 64, c.dtype = dtype, c.gate_dtype = DType::f32;
     c.seed = 2200 + i++;
@@ -193,6 +205,31 @@ TEST(CudaGlaBackward, ChunkedMixedSubChunkPaths) {
             if (t / 16 % 3 == 1) g[size_t(((b * c.T + t) * c.H + h) * c.K + k)] = -20.0;
     in.g.set_values(g);
     check_against_reference(c, Call{}, in);
+  }
+}
+
+// FLASHGLA_GLA_BWD_DQK_DIAG=factored: dq's and dk's pairs inside a sub-chunk
+// summed in fp32 with the gate factored against the sub-chunk's first row where
+// its gates span little, else element by element; every kind of input, and
+// both paths in one call (the mixed gates of ChunkedMixedSubChunkPaths).
+TEST(CudaGlaBackward, ChunkedFactoredDqkMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const ScopedEnv factored("FLASHGLA_GLA_BWD_DQK_DIAG", "factored");
+  for (const Case& c : grid(true)) check_against_reference(c, Call{});
+}
+
+// FLASHGLA_GLA_BWD_OVERLAP=1 (the chunk kernel launched to overlap the state
+// scans, waiting for them before it reads a state) and
+// FLASHGLA_GLA_BWD_PREFETCH=1 (its inputs and states prefetched into L2),
+// with the scans whole and split (the chunk kernel then follows the fold).
+TEST(CudaGlaBackward, ChunkedOverlapAndPrefetchMatchReference) {
+  SKIP_WITHOUT_GPU();
+  const ScopedEnv overlap("FLASHGLA_GLA_BWD_OVERLAP", "1");
+  const ScopedEnv prefetch("FLASHGLA_GLA_BWD_PREFETCH", "1");
+  for (const char* chunks_per_split : {"0", "3"}) {
+    const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
+    SCOPED_TRACE(std::string("chunks per split ") + chunks_per_split);
+    for (const Case& c : grid(false)) check_against_reference(c, Call{});
   }
 }
 
@@ -461,6 +498,12 @@ TEST(CudaGlaBackward, SanitizerSmallCases) {
       check_against_reference(varlen_case(dtype, Gate::scalar, 8100 + i), call);
       if (algorithm == kChunked) {  // the state scans split into pieces of one chunk
         const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "1");
+        check_against_reference(c, call);
+      }
+      if (algorithm == kChunked) {  // the opt-in paths of the chunk kernel
+        const ScopedEnv dqk_diag("FLASHGLA_GLA_BWD_DQK_DIAG", "factored");
+        const ScopedEnv overlap("FLASHGLA_GLA_BWD_OVERLAP", "1");
+        const ScopedEnv prefetch("FLASHGLA_GLA_BWD_PREFETCH", "1");
         check_against_reference(c, call);
       }
     }

@@ -30,6 +30,11 @@ Compute compute_type(const GlaBackwardArgs& a) {
   }
 }
 
+bool env_is(const char* name, const char* value) {
+  const char* set = std::getenv(name);
+  return set && std::string(set) == value;
+}
+
 int64_t num_slots(const GlaProblem& pr) {
   const int64_t C = gla_bwd::kChunk;
   return pr.varlen ? pr.seq_len / C + pr.num_seqs + 1 : pr.batch * ((pr.seq_len + C - 1) / C);
@@ -157,6 +162,11 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   // FLASHGLA_GLA_BWD_DIAG=elementwise sums them element by element everywhere.
   const char* diag_mode = std::getenv("FLASHGLA_GLA_BWD_DIAG");
   p.diag_factor_limit = diag_mode && std::string(diag_mode) == "elementwise" ? -1.f : gla_bwd::kDiagFactorLimit;
+  // The same for dq's and dk's pairs inside a sub-chunk (in fp32):
+  // FLASHGLA_GLA_BWD_DQK_DIAG=factored; element by element by default.
+  p.dqk_factor_limit = env_is("FLASHGLA_GLA_BWD_DQK_DIAG", "factored") ? gla_bwd::kDiagFactorLimit : -1.f;
+  // FLASHGLA_GLA_BWD_PREFETCH=1: the chunk kernel prefetches its inputs and states into L2.
+  p.prefetch_l2 = env_is("FLASHGLA_GLA_BWD_PREFETCH", "1");
   p.num_slots = num_slots(pr);
 
   const Plan sizes = plan(a, pr);
@@ -184,7 +194,12 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     p.split_summaries = reinterpret_cast<float*>(take(sizes.split_summaries));
     p.chunk_decays = reinterpret_cast<float*>(take(sizes.chunk_decays));
     gla_bwd::launch_state_scan(p, c, stream);  // also writes dh0
-    if (p.num_slots > 0 && pr.seq_len > 0) gla_bwd::launch_chunk(p, c, stream);
+    // FLASHGLA_GLA_BWD_OVERLAP=1 (sm_90+): the chunk kernel starts as the scans' blocks retire.
+    int major = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.q.device.index),
+               "cudaDeviceGetAttribute");
+    const bool overlap = major >= 9 && env_is("FLASHGLA_GLA_BWD_OVERLAP", "1");
+    if (p.num_slots > 0 && pr.seq_len > 0) gla_bwd::launch_chunk(p, c, overlap, stream);
   } else {
     p.dq_acc = reinterpret_cast<float*>(take(sizes.dq_acc));
     p.dk_acc = reinterpret_cast<float*>(take(sizes.dk_acc));

@@ -71,6 +71,13 @@ struct Params {
   // sub-chunk for which its pairs go through the tensor-core products for A
   // (see mark_wide_subchunks in gla_bwd_chunk.cu); below 0: never.
   float diag_factor_limit = -1.f;
+  // Chunked, phase C: the same for the pairs inside a sub-chunk of dq and dk,
+  // summed in fp32 with the gate factored against the sub-chunk's first row
+  // (no exponential per pair; see within_subchunk in gla_bwd_chunk.cu); below 0: never.
+  float dqk_factor_limit = -1.f;
+  // Chunked: the chunk kernel prefetches its chunk's inputs (at its start) and
+  // states (after the scans) into L2, so that later tile loads wait for L2 only.
+  bool prefetch_l2 = false;
 
   // Chunked: chunk slot of chunk c of sequence n (see sequence() in
   // gla_bwd_device.cuh); the scratch states hold one 64x64 tile per
@@ -103,7 +110,10 @@ int state_scan_blocks_per_sm(Compute c);  // resident state-scan blocks per SM (
 inline constexpr int kSummaryFloats = kTileElems + kTile;  // one piece's summary: state tile and decay
 size_t chunk_smem_bytes(Compute c);
 void launch_state_scan(const Params& p, Compute c, cudaStream_t stream);
-void launch_chunk(const Params& p, Compute c, cudaStream_t stream);
+// overlap_scans (sm_90+): a programmatic dependent launch; the chunk kernel's
+// blocks start as the state scans' blocks retire, compute dA and A, and wait
+// for the scans (griddepcontrol.wait) before they read a state or write.
+void launch_chunk(const Params& p, Compute c, bool overlap_scans, cudaStream_t stream);
 void launch_recurrent(const Params& p, cudaStream_t stream);
 
 }  // namespace flashgla::cuda::gla_bwd

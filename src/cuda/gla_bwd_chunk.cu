@@ -132,7 +132,25 @@ __device__ __forceinline__ int diagonal_row(int hc, int m) {
   return 4 * (m >> 1) + (hc == 0 ? ((m & 1) ? 3 : 0) : ((m & 1) ? 2 : 1));
 }
 
-template <class T, class GT>
+// Rows t0.. (rows of them) of x, every column, into L2 (one row tile per step).
+__device__ __forceinline__ void prefetch_rows_l2(const Tensor& x, int64_t b, int64_t t0, int rows, int64_t h, int D) {
+  const int tiles = (D + kTile - 1) / kTile;
+  for (int idx = threadIdx.x; idx < rows * tiles; idx += kChunkThreads)
+    prefetch_row_l2(x, b, t0 + idx / tiles, h, (idx % tiles) * kTile, D);
+}
+
+// The state tiles of one (slot, head), contiguous in the scratch, into L2.
+template <class T>
+__device__ __forceinline__ void prefetch_states_l2(const Params& p, const void* states, int64_t slot, int64_t h) {
+  const char* first = static_cast<const char*>(states) + state_tile_index(p, slot, h, 0, 0) * int64_t(sizeof(T));
+  const int lines = p.key_tiles * p.value_tiles * kTileElems * int(sizeof(T)) / 128;
+  for (int line = threadIdx.x; line < lines; line += kChunkThreads)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(first + int64_t(line) * 128));
+}
+
+// kFactorDqk: an instantiation of its own for p.dqk_factor_limit >= 0 (its
+// extra code costs the other one registers).
+template <class T, class GT, bool kFactorDqk>
 __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p) {
   using Smem = ChunkSmem<T, GT>;
   constexpr int LD = kLd<T>;
@@ -163,6 +181,13 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   const int K = p.key_dim, V = p.value_dim;
   const float scale = p.scale;
   const GT* gamma = sG + (kChunk - 1) * LDF;  // γ: the last row of Γ
+  if (p.prefetch_l2) {
+    prefetch_rows_l2(p.q, b, t0, rows, h, K);
+    prefetch_rows_l2(p.k, b, t0, rows, h, K);
+    prefetch_rows_l2(p.v, b, t0, rows, h, V);
+    prefetch_rows_l2(p.d_o, b, t0, rows, h, V);
+    if (p.gate != GateKind::none) prefetch_rows_l2(p.g, b, t0, rows, h, p.gate == GateKind::vector ? K : 1);
+  }
 
   // ---- phase A: dA --------------------------------------------------------------
   // Warp (s, hc) computes the 16x16 blocks (s, J) for J = hc, hc + 2 with J <= s.
@@ -288,6 +313,13 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     }
   }
   __syncthreads();
+
+  // Everything below reads the scans' states or writes outputs.
+  wait_for_previous_grid();
+  if (p.prefetch_l2) {
+    prefetch_states_l2<T>(p, p.dstates, slot, h);
+    prefetch_states_l2<T>(p, p.states, slot, h);
+  }
 
   // ---- phase B: dv ----------------------------------------------------------------
   // Warp (s, hc): rows of sub-chunk s, value columns 32 hc.. of each value tile;
@@ -447,14 +479,51 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         g_reg[i] = sG[(kSub * s + i) * LDF + col];
         dq_d[i] = dk_d[i] = 0.f;
       }
+      bool factored = false;  // see Params::dqk_factor_limit
+      if constexpr (kFactorDqk) {
+        GT lo = g_reg[0], hi = g_reg[0];
 #pragma unroll
-      for (int i = 1; i < kSub; ++i)
-#pragma unroll
-        for (int j = 0; j < i; ++j) {
-          const float w = sdAd[(kSub * s + i) * LDD + j] * exp2_of(g_reg[i] - g_reg[j]);
-          dq_d[i] += w * k_reg[j];
-          dk_d[j] += w * q_reg[i];
+        for (int i = 1; i < kSub; ++i) {
+          lo = g_reg[i] < lo ? g_reg[i] : lo;
+          hi = g_reg[i] > hi ? g_reg[i] : hi;
         }
+        factored = hi - lo <= GT(p.dqk_factor_limit);  // false for NaN
+      }
+      if (factored) {
+        // exp2(Γ_i − Γ_j) = exp2(Γ_i − r) exp2(r − Γ_j), r = Γ of the first row: all
+        // factors within 2^±limit in fp32, and every term of a sum is the exact
+        // path's term times one common factor, so nothing new cancels.
+        const GT ref = g_reg[0];
+#pragma unroll
+        for (int i = 0; i < kSub; ++i) {
+          k_reg[i] *= exp2_of(ref - g_reg[i]);
+          q_reg[i] *= exp2_of(g_reg[i] - ref);
+        }
+#pragma unroll
+        for (int i = 1; i < kSub; ++i)
+#pragma unroll
+          for (int j = 0; j < i; ++j) {
+            const float a = sdAd[(kSub * s + i) * LDD + j];
+            dq_d[i] += a * k_reg[j];
+            dk_d[j] += a * q_reg[i];
+          }
+#pragma unroll
+        for (int i = 0; i < kSub; ++i) {  // k and q again from shared memory: fewer live registers above
+          dq_d[i] *= exp2_of(g_reg[i] - ref);
+          dk_d[i] *= exp2_of(ref - g_reg[i]);
+          k_reg[i] = to_float(sK[(kSub * s + i) * LD + col]);
+          q_reg[i] = to_float(sQ[(kSub * s + i) * LD + col]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 1; i < kSub; ++i)
+#pragma unroll
+          for (int j = 0; j < i; ++j) {
+            const float w = sdAd[(kSub * s + i) * LDD + j] * exp2_of(g_reg[i] - g_reg[j]);
+            dq_d[i] += w * k_reg[j];
+            dk_d[j] += w * q_reg[i];
+          }
+      }
       // dq and dk replace dq' and dk^{(A)'} in shared memory (this thread's
       // elements) and are stored below, whole rows at a time.
       // a_i = q_i ⊙ dq'_i − k_i ⊙ dk^{(A)'}_i goes to dq_d[i], b_i = k_i ⊙ dk^{(S)}_i to dk_d[i].
@@ -517,13 +586,22 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
 }
 
 template <class T, class GT>
-void launch(const Params& p, cudaStream_t stream) {
+void launch(const Params& p, bool overlap_scans, cudaStream_t stream) {
   const size_t smem = ChunkSmem<T, GT>::bytes;
-  check_cuda(cudaFuncSetAttribute(chunk_kernel<T, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+  auto kernel = p.dqk_factor_limit >= 0.f ? chunk_kernel<T, GT, true> : chunk_kernel<T, GT, false>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
              "cudaFuncSetAttribute (GLA backward chunk kernel)");
-  const dim3 grid(unsigned(p.num_slots), unsigned(p.heads));
-  chunk_kernel<T, GT><<<grid, kChunkThreads, smem, stream>>>(p);
-  check_cuda(cudaGetLastError(), "GLA backward chunk kernel launch");
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(p.num_slots), unsigned(p.heads));
+  config.blockDim = dim3(kChunkThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute overlap;
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &overlap;
+  config.numAttrs = overlap_scans ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&config, kernel, p), "GLA backward chunk kernel launch");
 }
 
 }  // namespace
@@ -532,9 +610,9 @@ size_t chunk_smem_bytes(Compute c) {
   return c == Compute::f32 ? ChunkSmem<float, double>::bytes : ChunkSmem<bf16, float>::bytes;
 }
 
-void launch_chunk(const Params& p, Compute c, cudaStream_t stream) {
-  if (c == Compute::f32) launch<float, double>(p, stream);
-  else launch<bf16, float>(p, stream);
+void launch_chunk(const Params& p, Compute c, bool overlap_scans, cudaStream_t stream) {
+  if (c == Compute::f32) launch<float, double>(p, overlap_scans, stream);
+  else launch<bf16, float>(p, overlap_scans, stream);
 }
 
 }  // namespace flashgla::cuda::gla_bwd
