@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/gla_bwd_out}
 L=/tmp/gla_bwd_logs
 mkdir -p "$OUT" "$L"
 BUILD=build-devbwd
-COMPARE=${COMPARE:-"FLASHGLA_GLA_BWD_DQK_DIAG=factored FLASHGLA_GLA_BWD_OVERLAP=1 FLASHGLA_GLA_BWD_PREFETCH=1"}
+COMPARE=${COMPARE:-"FLASHGLA_GLA_BWD_GATE=registers FLASHGLA_GLA_BWD_LAYOUT=general FLASHGLA_GLA_BWD_LAYOUT=general,FLASHGLA_GLA_BWD_OVERLAP=0"}
 summary=()
 note() { summary+=("$*"); echo "$*"; tar czf "$OUT/logs.tgz" -C "$L" .; }
 counts() {  # ok / failed / skipped tests of a gtest log

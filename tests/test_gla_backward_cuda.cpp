@@ -84,8 +84,8 @@ void expect_grads_close(const Grads& out, const Grads& ref, double tol) {
 // The backend paths forced by the environment, for the error lines.
 std::string forced_paths() {
   std::string out;
-  for (const char* name : {"FLASHGLA_GLA_BWD_DIAG", "FLASHGLA_GLA_BWD_DQK_DIAG", "FLASHGLA_GLA_BWD_SCAN_SPLIT",
-                           "FLASHGLA_GLA_BWD_OVERLAP", "FLASHGLA_GLA_BWD_PREFETCH"})
+  for (const char* name : {"FLASHGLA_GLA_BWD_DIAG", "FLASHGLA_GLA_BWD_SCAN_SPLIT", "FLASHGLA_GLA_BWD_OVERLAP",
+                           "FLASHGLA_GLA_BWD_LAYOUT", "FLASHGLA_GLA_BWD_GATE"})
     if (const char* value = std::getenv(name)) out += std::string(" ") + (name + 17) + "=" + value;
   return out;
 }
@@ -189,10 +189,7 @@ TEST(CudaGlaBackward, ChunkedMixedSubChunkPaths) {
   SKIP_WITHOUT_GPU();
   const ScopedEnv factored("FLASHGLA_GLA_BWD_DIAG", "factored");
   int i = 0;
-  for (const char* dqk : {"elementwise", "factored"})
   for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
-    const ScopedEnv dqk_diag("FLASHGLA_GLA_BWD_DQK_DIAG", dqk);
-    SCOPED_TRACE(std::string("dq, dk pairs inside sub-chunks: ") + dqk);
     Case c;
     c.B = 2, c.T = 200, c.H = 2, c.K = 128, c.V = 64, c.dtype = dtype, c.gate_dtype = DType::f32;
     c.seed = 2200 + i++;
@@ -208,28 +205,26 @@ TEST(CudaGlaBackward, ChunkedMixedSubChunkPaths) {
   }
 }
 
-// FLASHGLA_GLA_BWD_DQK_DIAG=factored: dq's and dk's pairs inside a sub-chunk
-// summed in fp32 with the gate factored against the sub-chunk's first row where
-// its gates span little, else element by element; every kind of input, and
-// both paths in one call (the mixed gates of ChunkedMixedSubChunkPaths).
-TEST(CudaGlaBackward, ChunkedFactoredDqkMatchReference) {
+// By default bf16 inputs in whole aligned rows run the chunk kernel's plain
+// instantiation (the grid's other cases, fp16 or odd sizes, the general one);
+// FLASHGLA_GLA_BWD_LAYOUT=general forces the general one everywhere.
+TEST(CudaGlaBackward, ChunkedGeneralLayoutMatchesReference) {
   SKIP_WITHOUT_GPU();
-  const ScopedEnv factored("FLASHGLA_GLA_BWD_DQK_DIAG", "factored");
-  for (const Case& c : grid(true)) check_against_reference(c, Call{});
+  const ScopedEnv general("FLASHGLA_GLA_BWD_LAYOUT", "general");
+  for (const Case& c : grid(false)) check_against_reference(c, Call{});
 }
 
-// FLASHGLA_GLA_BWD_OVERLAP=1 (the chunk kernel launched to overlap the state
-// scans, waiting for them before it reads a state) and
-// FLASHGLA_GLA_BWD_PREFETCH=1 (its inputs and states prefetched into L2),
-// with the scans whole and split (the chunk kernel then follows the fold).
-TEST(CudaGlaBackward, ChunkedOverlapAndPrefetchMatchReference) {
+// On sm_90 the chunk kernel overlaps the state scans (programmatic dependent
+// launch) by default when they are not split; FLASHGLA_GLA_BWD_OVERLAP=0 turns
+// that off, =1 also overlaps the fold of split scans.
+TEST(CudaGlaBackward, ChunkedOverlapOnAndOffMatchReference) {
   SKIP_WITHOUT_GPU();
-  const ScopedEnv overlap("FLASHGLA_GLA_BWD_OVERLAP", "1");
-  const ScopedEnv prefetch("FLASHGLA_GLA_BWD_PREFETCH", "1");
-  for (const char* chunks_per_split : {"0", "3"}) {
-    const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
-    SCOPED_TRACE(std::string("chunks per split ") + chunks_per_split);
-    for (const Case& c : grid(false)) check_against_reference(c, Call{});
+  for (const char* overlap_mode : {"0", "1"}) {
+    const ScopedEnv overlap("FLASHGLA_GLA_BWD_OVERLAP", overlap_mode);
+    for (const char* chunks_per_split : {"0", "3"}) {
+      const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
+      for (const Case& c : grid(false)) check_against_reference(c, Call{});
+    }
   }
 }
 
@@ -329,6 +324,36 @@ TEST(CudaGlaBackward, VarlenMatchesReference) {
         call.reverse = algorithm == kRecurrent && i % 2;
         check_against_reference(varlen_case(dtype, gate, 3000 + i++), call);
       }
+}
+
+// The plain instantiation on every kind of input it takes: bf16 in whole rows
+// (K, V multiples of 64), dg in bf16, any gate kind, range and dtype, fixed
+// length and varlen, with and without h0 / dht.
+TEST(CudaGlaBackward, ChunkedPlainLayoutMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  struct Dims {
+    int64_t K, V;
+  };
+  int i = 0;
+  for (const char* gate_path : {"async", "registers"})  // FLASHGLA_GLA_BWD_GATE: how a vector gate is loaded
+  for (int64_t T : {1, 63, 64, 65, 200, 1000})
+    for (const Dims& d : {Dims{64, 64}, Dims{128, 128}, Dims{64, 192}, Dims{256, 128}}) {
+      Case c;
+      c.B = T <= 200 ? 2 : 1, c.T = T, c.H = 2, c.K = d.K, c.V = d.V, c.dtype = DType::bf16;
+      c.gate = Gate(i % 3);
+      c.gate_values = GateValues(i / 3 % 3);
+      c.gate_dtype = i % 2 ? DType::bf16 : DType::f32;
+      c.dg_dtype = DType::bf16;
+      c.h0 = i % 4 != 1, c.dht = i % 4 != 2;
+      c.seed = 5000 + i++;
+      const ScopedEnv gate_loads("FLASHGLA_GLA_BWD_GATE", gate_path);
+      check_against_reference(c, Call{});
+    }
+  for (Gate gate : {Gate::vector, Gate::scalar, Gate::none}) {
+    Case c = varlen_case(DType::bf16, gate, 5100 + i++);
+    c.V = 64, c.gate_dtype = c.dg_dtype = DType::bf16;
+    check_against_reference(c, Call{});
+  }
 }
 
 TEST(CudaGlaBackward, StridedInputsWithAlignedRows) {
@@ -500,11 +525,12 @@ TEST(CudaGlaBackward, SanitizerSmallCases) {
         const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "1");
         check_against_reference(c, call);
       }
-      if (algorithm == kChunked) {  // the opt-in paths of the chunk kernel
-        const ScopedEnv dqk_diag("FLASHGLA_GLA_BWD_DQK_DIAG", "factored");
+      if (algorithm == kChunked) {  // the chunk kernel overlapping the split scans' fold, and bf16 rows of K, V = 64
         const ScopedEnv overlap("FLASHGLA_GLA_BWD_OVERLAP", "1");
-        const ScopedEnv prefetch("FLASHGLA_GLA_BWD_PREFETCH", "1");
-        check_against_reference(c, call);
+        const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "1");
+        Case plain = c;
+        plain.K = plain.V = 64, plain.gate_dtype = plain.dg_dtype = dtype;
+        check_against_reference(plain, call);
       }
     }
 }

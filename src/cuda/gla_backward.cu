@@ -162,11 +162,11 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   // FLASHGLA_GLA_BWD_DIAG=elementwise sums them element by element everywhere.
   const char* diag_mode = std::getenv("FLASHGLA_GLA_BWD_DIAG");
   p.diag_factor_limit = diag_mode && std::string(diag_mode) == "elementwise" ? -1.f : gla_bwd::kDiagFactorLimit;
-  // The same for dq's and dk's pairs inside a sub-chunk (in fp32):
-  // FLASHGLA_GLA_BWD_DQK_DIAG=factored; element by element by default.
-  p.dqk_factor_limit = env_is("FLASHGLA_GLA_BWD_DQK_DIAG", "factored") ? gla_bwd::kDiagFactorLimit : -1.f;
-  // FLASHGLA_GLA_BWD_PREFETCH=1: the chunk kernel prefetches its inputs and states into L2.
-  p.prefetch_l2 = env_is("FLASHGLA_GLA_BWD_PREFETCH", "1");
+  // FLASHGLA_GLA_BWD_LAYOUT=general: the chunk kernel's general instantiation
+  // even for plain bf16 rows.
+  p.general_layout = env_is("FLASHGLA_GLA_BWD_LAYOUT", "general");
+  // FLASHGLA_GLA_BWD_GATE=registers: that one loads a vector gate into registers.
+  p.gate_in_registers = env_is("FLASHGLA_GLA_BWD_GATE", "registers");
   p.num_slots = num_slots(pr);
 
   const Plan sizes = plan(a, pr);
@@ -194,11 +194,15 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     p.split_summaries = reinterpret_cast<float*>(take(sizes.split_summaries));
     p.chunk_decays = reinterpret_cast<float*>(take(sizes.chunk_decays));
     gla_bwd::launch_state_scan(p, c, stream);  // also writes dh0
-    // FLASHGLA_GLA_BWD_OVERLAP=1 (sm_90+): the chunk kernel starts as the scans' blocks retire.
+    // On sm_90+ the chunk kernel starts as the scans' blocks retire, when it
+    // follows the scans themselves (not a fold): 0.5-3% faster in run 6.
+    // FLASHGLA_GLA_BWD_OVERLAP=0 turns that off, =1 on after a fold too.
     int major = 0;
     check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.q.device.index),
                "cudaDeviceGetAttribute");
-    const bool overlap = major >= 9 && env_is("FLASHGLA_GLA_BWD_OVERLAP", "1");
+    const char* overlap_mode = std::getenv("FLASHGLA_GLA_BWD_OVERLAP");
+    const bool overlap = major >= 9 && (overlap_mode && *overlap_mode ? std::string(overlap_mode) != "0"
+                                                                      : p.scan_splits == 1);
     if (p.num_slots > 0 && pr.seq_len > 0) gla_bwd::launch_chunk(p, c, overlap, stream);
   } else {
     p.dq_acc = reinterpret_cast<float*>(take(sizes.dq_acc));

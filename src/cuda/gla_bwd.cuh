@@ -71,13 +71,12 @@ struct Params {
   // sub-chunk for which its pairs go through the tensor-core products for A
   // (see mark_wide_subchunks in gla_bwd_chunk.cu); below 0: never.
   float diag_factor_limit = -1.f;
-  // Chunked, phase C: the same for the pairs inside a sub-chunk of dq and dk,
-  // summed in fp32 with the gate factored against the sub-chunk's first row
-  // (no exponential per pair; see within_subchunk in gla_bwd_chunk.cu); below 0: never.
-  float dqk_factor_limit = -1.f;
-  // Chunked: the chunk kernel prefetches its chunk's inputs (at its start) and
-  // states (after the scans) into L2, so that later tile loads wait for L2 only.
-  bool prefetch_l2 = false;
+  // Chunked: run the chunk kernel's general instantiation even where the
+  // layout allows the plain one (tests; see chunk_kernel's kPlain).
+  bool general_layout = false;
+  // Chunked, plain instantiation: load a vector gate into registers rather
+  // than by asynchronous copies (see start_gate_tile).
+  bool gate_in_registers = false;
 
   // Chunked: chunk slot of chunk c of sequence n (see sequence() in
   // gla_bwd_device.cuh); the scratch states hold one 64x64 tile per

@@ -119,6 +119,9 @@ struct ChunkSmem {
   static_assert(size_t(2 * kBetweenRows) * kLd<T> * sizeof(T) <= r_bytes, "phase C: both stages in R");
   static_assert(size_t(kStageRows + kChunk) * kLd<T> * sizeof(T) <= r_bytes, "phase A: key stage and q̂ in R");
   static_assert(kValueGroup * tile_f <= r_bytes, "phase B stages dv (fp32) in R");
+  static_assert(size_t(kTile) * kLdF * sizeof(GT) >= size_t(kTileElems) * sizeof(float),
+                "the gates' buffer holds a raw f32 gate tile (start_gate_tile)");
+  static_assert(gates % 16 == 0, "cp.async into the gates' buffer");
   static constexpr size_t totals = r + r_bytes;                // dg: per sub-chunk sums, 2 x [4][64]
   static constexpr size_t state_term = totals + 2 * kSubs * kTile * sizeof(float);  // [64]
   static constexpr size_t row_sums = state_term + kTile * sizeof(float);           // [64], scalar gate
@@ -132,25 +135,57 @@ __device__ __forceinline__ int diagonal_row(int hc, int m) {
   return 4 * (m >> 1) + (hc == 0 ? ((m & 1) ? 3 : 0) : ((m & 1) ? 2 : 1));
 }
 
-// Rows t0.. (rows of them) of x, every column, into L2 (one row tile per step).
-__device__ __forceinline__ void prefetch_rows_l2(const Tensor& x, int64_t b, int64_t t0, int rows, int64_t h, int D) {
-  const int tiles = (D + kTile - 1) / kTile;
-  for (int idx = threadIdx.x; idx < rows * tiles; idx += kChunkThreads)
-    prefetch_row_l2(x, b, t0 + idx / tiles, h, (idx % tiles) * kTile, D);
+// The gate tile of key columns c0.. as Γ in sG, in two steps around the
+// caller's cp_async_wait_all(): with kPlain and a vector gate, its rows are
+// copied asynchronously (in the gate's dtype, bf16 or f32) into sG itself,
+// with the other tiles, then read back and summed; else loaded into registers
+// (load_gate_tile). Waiting on per-thread register loads of the gate was the
+// largest single stall of the kernel (run 6: about a sixth of the samples),
+// while the asynchronous tile copies beside them hardly waited. sG must be
+// free (no reader left) when start_gate_tile is called.
+template <class GT, bool kPlain>
+__device__ __forceinline__ GateTile<GT, kChunkThreads> start_gate_tile(const Params& p, GT* sG, int64_t b, int64_t t0,
+                                                                       int rows, int64_t h, int c0) {
+  if (kPlain && p.gate == GateKind::vector && !p.gate_in_registers) {
+    const int esize = p.g.dtype == DType::f32 ? 4 : 2;
+    const int pieces = kTile * esize / 16;  // 16-byte pieces per row
+    const char* src = static_cast<const char*>(p.g.data) + offset4(p.g, b, t0, h, c0) * esize;
+    char* raw = reinterpret_cast<char*>(sG);
+    for (int idx = threadIdx.x; idx < kTile * pieces; idx += kChunkThreads) {
+      const int r = idx / pieces, piece = idx % pieces;  // rows past `rows`: zero, a flat Γ
+      cp_async16(raw + (r * pieces + piece) * 16, r < rows ? src + (r * p.g.stride[1] * esize + piece * 16) : src,
+                 r < rows ? 16 : 0);
+    }
+    return {};
+  }
+  return load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, c0);
 }
 
-// The state tiles of one (slot, head), contiguous in the scratch, into L2.
-template <class T>
-__device__ __forceinline__ void prefetch_states_l2(const Params& p, const void* states, int64_t slot, int64_t h) {
-  const char* first = static_cast<const char*>(states) + state_tile_index(p, slot, h, 0, 0) * int64_t(sizeof(T));
-  const int lines = p.key_tiles * p.value_tiles * kTileElems * int(sizeof(T)) / 128;
-  for (int line = threadIdx.x; line < lines; line += kChunkThreads)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(first + int64_t(line) * 128));
+template <class GT, bool kPlain>
+__device__ __forceinline__ void finish_gate_tile(const Params& p, GT* sG, GateTile<GT, kChunkThreads>& gate) {
+  if (kPlain && p.gate == GateKind::vector && !p.gate_in_registers) {
+    __syncthreads();  // every thread's copies have landed
+    using Tile = GateTile<GT, kChunkThreads>;
+    const int c = threadIdx.x % kTile, first = (threadIdx.x / kTile) * Tile::kRows;
+    if (p.g.dtype == DType::f32) {
+      const float* raw = reinterpret_cast<const float*>(sG);
+#pragma unroll
+      for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
+    } else {
+      const bf16* raw = reinterpret_cast<const bf16*>(sG);
+#pragma unroll
+      for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
+    }
+  }
+  store_gate_cumsum<GT, kChunkThreads>(sG, gate);  // its first barrier ends the reads above
 }
 
-// kFactorDqk: an instantiation of its own for p.dqk_factor_limit >= 0 (its
-// extra code costs the other one registers).
-template <class T, class GT, bool kFactorDqk>
+// kPlain (bf16 only): every tile of q, k, v, dO and of the outputs is whole
+// aligned 16-byte rows of bf16 (see plain_layout), so the kernel holds only the
+// asynchronous copies and vector stores, none of the converting or
+// element-wise fallbacks: half the code, fewer instruction-cache misses (21%
+// of the stalls of the general kernel in run 6).
+template <class T, class GT, bool kPlain>
 __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p) {
   using Smem = ChunkSmem<T, GT>;
   constexpr int LD = kLd<T>;
@@ -181,13 +216,6 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   const int K = p.key_dim, V = p.value_dim;
   const float scale = p.scale;
   const GT* gamma = sG + (kChunk - 1) * LDF;  // γ: the last row of Γ
-  if (p.prefetch_l2) {
-    prefetch_rows_l2(p.q, b, t0, rows, h, K);
-    prefetch_rows_l2(p.k, b, t0, rows, h, K);
-    prefetch_rows_l2(p.v, b, t0, rows, h, V);
-    prefetch_rows_l2(p.d_o, b, t0, rows, h, V);
-    if (p.gate != GateKind::none) prefetch_rows_l2(p.g, b, t0, rows, h, p.gate == GateKind::vector ? K : 1);
-  }
 
   // ---- phase A: dA --------------------------------------------------------------
   // Warp (s, hc) computes the 16x16 blocks (s, J) for J = hc, hc + 2 with J <= s.
@@ -198,8 +226,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     T* sDO = R;
     T* sV = R + kTile * LD;
     for (int vt = 0; vt < p.value_tiles; ++vt) {
-      load_tile_async<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
-      load_tile_async<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+      load_tile_async<T, kChunkThreads, kPlain>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+      load_tile_async<T, kChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
       cp_async_wait_all();
       __syncthreads();
 #pragma unroll
@@ -239,11 +267,11 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     T* sKStage = R;                       // key_stage rows
     T* sQHat = R + kStageRows * LD;       // row i: q_i exp(Γ_i − Γ_{16 s(i)})
     for (int kt = 0; kt < p.key_tiles; ++kt) {
-      auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
-      load_tile_async<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
-      load_tile_async<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+      auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+      load_tile_async<T, kChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+      load_tile_async<T, kChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
       cp_async_wait_all();
-      store_gate_cumsum<GT, kChunkThreads>(sG, gate);
+      finish_gate_tile<GT, kPlain>(p, sG, gate);
       mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
       map_rows<T, kChunkThreads>(sKStage, sK, kStageRows, key_stage_key, [&](int row, int col, float x) {
         return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + col] - sG[key_stage_key(row) * LDF + col]);
@@ -316,10 +344,6 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
 
   // Everything below reads the scans' states or writes outputs.
   wait_for_previous_grid();
-  if (p.prefetch_l2) {
-    prefetch_states_l2<T>(p, p.dstates, slot, h);
-    prefetch_states_l2<T>(p, p.states, slot, h);
-  }
 
   // ---- phase B: dv ----------------------------------------------------------------
   // Warp (s, hc): rows of sub-chunk s, value columns 32 hc.. of each value tile;
@@ -332,7 +356,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     for (int vt0 = 0; vt0 < p.value_tiles; vt0 += kGroup) {
       const int group = p.value_tiles - vt0 < kGroup ? p.value_tiles - vt0 : kGroup;
       for (int j = 0; j < group; ++j)
-        load_tile_async<T, kChunkThreads>(sDO + j * kTile * LD, p.d_o, b, t0, rows, h, (vt0 + j) * kTile, V);
+        load_tile_async<T, kChunkThreads, kPlain>(sDO + j * kTile * LD, p.d_o, b, t0, rows, h, (vt0 + j) * kTile, V);
       cp_async_wait_all();
       __syncthreads();
       float acc[kGroup][4][4];
@@ -345,14 +369,14 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
                                     sDO + j * kTile * LD + kSub * s * LD + 32 * hc, LD, kChunk - kSub * s);
       }
       for (int kt = 0; kt < p.key_tiles; ++kt) {
-        auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
-        const bool k_plain = plain_tile<T>(p.k, b, t0, h, kt * kTile, K);  // else loaded scaled, below
-        if (k_plain) load_tile_async<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K);
+        auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+        const bool k_plain = kPlain || plain_tile<T>(p.k, b, t0, h, kt * kTile, K);  // else loaded scaled, below
+        if (k_plain) load_tile_async<T, kChunkThreads, kPlain>(sKHat, p.k, b, t0, rows, h, kt * kTile, K);
         for (int j = 0; j < group; ++j)
           copy_tile_in<T, kChunkThreads>(sDS + j * kTile * LD,
                                          static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
         cp_async_wait_all();
-        store_gate_cumsum<GT, kChunkThreads>(sG, gate);
+        finish_gate_tile<GT, kPlain>(p, sG, gate);
         auto k_hat = [=](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
         if (k_plain) transform_tile<T, kChunkThreads>(sKHat, k_hat);
         else load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, k_hat);
@@ -375,7 +399,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
                        acc[j][nt][e + 1]);
       __syncthreads();
       for (int j = 0; j < group; ++j)
-        store_tile<kChunkThreads>(p.dv, b, t0, rows, h, (vt0 + j) * kTile, V, sDV + j * kTile * LDF);
+        store_tile<kChunkThreads, kPlain>(p.dv, b, t0, rows, h, (vt0 + j) * kTile, V, sDV + j * kTile * LDF);
       __syncthreads();  // R is read by the stores above
     }
   }
@@ -384,11 +408,11 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   if (threadIdx.x < kTile) sRowSums[threadIdx.x] = 0.f;
   for (int kt = 0; kt < p.key_tiles; ++kt) {
     const int col = 32 * hc + lane;  // this lane's column in the element-wise steps
-    auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
-    load_tile_async<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
-    load_tile_async<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+    auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+    load_tile_async<T, kChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+    load_tile_async<T, kChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
     cp_async_wait_all();
-    store_gate_cumsum<GT, kChunkThreads>(sG, gate);
+    finish_gate_tile<GT, kPlain>(p, sG, gate);
 
     // Between sub-chunks, on the products (accumulators kept until the epilogue):
     //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J).
@@ -428,8 +452,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       float state_term = 0.f;
       for (int vt = 0; vt < p.value_tiles; ++vt) {
         __syncthreads();  // the stages (first tile) or the previous tiles are no longer read
-        load_tile_async<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
-        load_tile_async<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+        load_tile_async<T, kChunkThreads, kPlain>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+        load_tile_async<T, kChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
         copy_tile_in<T, kChunkThreads>(sS, static_cast<const T*>(p.states) + state_tile_index(p, slot, h, kt, vt));
         copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
         cp_async_wait_all();
@@ -479,51 +503,14 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         g_reg[i] = sG[(kSub * s + i) * LDF + col];
         dq_d[i] = dk_d[i] = 0.f;
       }
-      bool factored = false;  // see Params::dqk_factor_limit
-      if constexpr (kFactorDqk) {
-        GT lo = g_reg[0], hi = g_reg[0];
 #pragma unroll
-        for (int i = 1; i < kSub; ++i) {
-          lo = g_reg[i] < lo ? g_reg[i] : lo;
-          hi = g_reg[i] > hi ? g_reg[i] : hi;
+      for (int i = 1; i < kSub; ++i)
+#pragma unroll
+        for (int j = 0; j < i; ++j) {
+          const float w = sdAd[(kSub * s + i) * LDD + j] * exp2_of(g_reg[i] - g_reg[j]);
+          dq_d[i] += w * k_reg[j];
+          dk_d[j] += w * q_reg[i];
         }
-        factored = hi - lo <= GT(p.dqk_factor_limit);  // false for NaN
-      }
-      if (factored) {
-        // exp2(Γ_i − Γ_j) = exp2(Γ_i − r) exp2(r − Γ_j), r = Γ of the first row: all
-        // factors within 2^±limit in fp32, and every term of a sum is the exact
-        // path's term times one common factor, so nothing new cancels.
-        const GT ref = g_reg[0];
-#pragma unroll
-        for (int i = 0; i < kSub; ++i) {
-          k_reg[i] *= exp2_of(ref - g_reg[i]);
-          q_reg[i] *= exp2_of(g_reg[i] - ref);
-        }
-#pragma unroll
-        for (int i = 1; i < kSub; ++i)
-#pragma unroll
-          for (int j = 0; j < i; ++j) {
-            const float a = sdAd[(kSub * s + i) * LDD + j];
-            dq_d[i] += a * k_reg[j];
-            dk_d[j] += a * q_reg[i];
-          }
-#pragma unroll
-        for (int i = 0; i < kSub; ++i) {  // k and q again from shared memory: fewer live registers above
-          dq_d[i] *= exp2_of(g_reg[i] - ref);
-          dk_d[i] *= exp2_of(ref - g_reg[i]);
-          k_reg[i] = to_float(sK[(kSub * s + i) * LD + col]);
-          q_reg[i] = to_float(sQ[(kSub * s + i) * LD + col]);
-        }
-      } else {
-#pragma unroll
-        for (int i = 1; i < kSub; ++i)
-#pragma unroll
-          for (int j = 0; j < i; ++j) {
-            const float w = sdAd[(kSub * s + i) * LDD + j] * exp2_of(g_reg[i] - g_reg[j]);
-            dq_d[i] += w * k_reg[j];
-            dk_d[j] += w * q_reg[i];
-          }
-      }
       // dq and dk replace dq' and dk^{(A)'} in shared memory (this thread's
       // elements) and are stored below, whole rows at a time.
       // a_i = q_i ⊙ dq'_i − k_i ⊙ dk^{(A)'}_i goes to dq_d[i], b_i = k_i ⊙ dk^{(S)}_i to dk_d[i].
@@ -575,9 +562,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       }
     }
     __syncthreads();
-    store_tile<kChunkThreads>(p.dq, b, t0, rows, h, kt * kTile, K, sDQ);
-    store_tile<kChunkThreads>(p.dk, b, t0, rows, h, kt * kTile, K, sDKA);
-    if (p.gate == GateKind::vector) store_tile<kChunkThreads>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
+    store_tile<kChunkThreads, kPlain>(p.dq, b, t0, rows, h, kt * kTile, K, sDQ);
+    store_tile<kChunkThreads, kPlain>(p.dk, b, t0, rows, h, kt * kTile, K, sDKA);
+    if (p.gate == GateKind::vector) store_tile<kChunkThreads, kPlain>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
     __syncthreads();  // R is read by the stores above
   }
 
@@ -585,10 +572,34 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     store_as(p.dg.data, offset4(p.dg, b, t0 + threadIdx.x, h, 0), p.dg.dtype, sRowSums[threadIdx.x]);
 }
 
-template <class T, class GT>
+// Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16.
+bool bf16_rows(const Tensor& t, int D) {
+  constexpr int kVec = 8;
+  return t.dtype == DType::bf16 && t.stride[3] == 1 && D % kTile == 0 && t.stride[0] % kVec == 0 &&
+         t.stride[1] % kVec == 0 && t.stride[2] % kVec == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+}
+
+// Whether every tile of a vector gate is whole aligned 16-byte rows of bf16 or f32.
+bool gate_rows(const Tensor& g, int K) {
+  if (g.dtype != DType::bf16 && g.dtype != DType::f32) return false;
+  const int vec = g.dtype == DType::f32 ? 4 : 8;
+  return g.stride[3] == 1 && K % kTile == 0 && g.stride[0] % vec == 0 && g.stride[1] % vec == 0 &&
+         g.stride[2] % vec == 0 && reinterpret_cast<uintptr_t>(g.data) % 16 == 0;
+}
+
+// The layout of chunk_kernel<bf16, float, true>: q, k, v, dO, dq, dk, dv all
+// in bf16 rows; a vector gate in bf16 or f32 rows and its dg in bf16 rows.
+bool plain_layout(const Params& p) {
+  const int K = p.key_dim, V = p.value_dim;
+  return bf16_rows(p.q, K) && bf16_rows(p.k, K) && bf16_rows(p.v, V) && bf16_rows(p.d_o, V) && bf16_rows(p.dq, K) &&
+         bf16_rows(p.dk, K) && bf16_rows(p.dv, V) &&
+         (p.gate != GateKind::vector || (gate_rows(p.g, K) && bf16_rows(p.dg, K)));
+}
+
+template <class T, class GT, bool kPlain>
 void launch(const Params& p, bool overlap_scans, cudaStream_t stream) {
   const size_t smem = ChunkSmem<T, GT>::bytes;
-  auto kernel = p.dqk_factor_limit >= 0.f ? chunk_kernel<T, GT, true> : chunk_kernel<T, GT, false>;
+  auto kernel = chunk_kernel<T, GT, kPlain>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
              "cudaFuncSetAttribute (GLA backward chunk kernel)");
   cudaLaunchConfig_t config = {};
@@ -611,8 +622,9 @@ size_t chunk_smem_bytes(Compute c) {
 }
 
 void launch_chunk(const Params& p, Compute c, bool overlap_scans, cudaStream_t stream) {
-  if (c == Compute::f32) launch<float, double>(p, overlap_scans, stream);
-  else launch<bf16, float>(p, overlap_scans, stream);
+  if (c == Compute::f32) launch<float, double, false>(p, overlap_scans, stream);
+  else if (p.general_layout || !plain_layout(p)) launch<bf16, float, false>(p, overlap_scans, stream);
+  else launch<bf16, float, true>(p, overlap_scans, stream);
 }
 
 }  // namespace flashgla::cuda::gla_bwd
