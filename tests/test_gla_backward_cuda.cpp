@@ -327,8 +327,9 @@ TEST(CudaGlaBackward, VarlenMatchesReference) {
 }
 
 // The plain instantiation on every kind of input it takes: bf16 in whole rows
-// (K, V multiples of 64), dg in bf16, any gate kind, range and dtype, fixed
-// length and varlen, with and without h0 / dht.
+// (K, V multiples of 64), a vector gate and its dg in bf16, any gate kind and
+// range, fixed length and varlen, with and without h0 / dht; a vector gate
+// copied asynchronously (the default) and loaded into registers.
 TEST(CudaGlaBackward, ChunkedPlainLayoutMatchesReference) {
   SKIP_WITHOUT_GPU();
   struct Dims {
@@ -342,8 +343,7 @@ TEST(CudaGlaBackward, ChunkedPlainLayoutMatchesReference) {
       c.B = T <= 200 ? 2 : 1, c.T = T, c.H = 2, c.K = d.K, c.V = d.V, c.dtype = DType::bf16;
       c.gate = Gate(i % 3);
       c.gate_values = GateValues(i / 3 % 3);
-      c.gate_dtype = i % 2 ? DType::bf16 : DType::f32;
-      c.dg_dtype = DType::bf16;
+      c.gate_dtype = c.dg_dtype = DType::bf16;  // dg takes f32 or g's dtype; the plain kernel bf16
       c.h0 = i % 4 != 1, c.dht = i % 4 != 2;
       c.seed = 5000 + i++;
       const ScopedEnv gate_loads("FLASHGLA_GLA_BWD_GATE", gate_path);

@@ -119,8 +119,8 @@ struct ChunkSmem {
   static_assert(size_t(2 * kBetweenRows) * kLd<T> * sizeof(T) <= r_bytes, "phase C: both stages in R");
   static_assert(size_t(kStageRows + kChunk) * kLd<T> * sizeof(T) <= r_bytes, "phase A: key stage and q̂ in R");
   static_assert(kValueGroup * tile_f <= r_bytes, "phase B stages dv (fp32) in R");
-  static_assert(size_t(kTile) * kLdF * sizeof(GT) >= size_t(kTileElems) * sizeof(float),
-                "the gates' buffer holds a raw f32 gate tile (start_gate_tile)");
+  static_assert(size_t(kTile) * kLdF * sizeof(GT) >= size_t(kTileElems) * sizeof(bf16),
+                "the gates' buffer holds a raw bf16 gate tile (start_gate_tile)");
   static_assert(gates % 16 == 0, "cp.async into the gates' buffer");
   static constexpr size_t totals = r + r_bytes;                // dg: per sub-chunk sums, 2 x [4][64]
   static constexpr size_t state_term = totals + 2 * kSubs * kTile * sizeof(float);  // [64]
@@ -136,25 +136,23 @@ __device__ __forceinline__ int diagonal_row(int hc, int m) {
 }
 
 // The gate tile of key columns c0.. as Γ in sG, in two steps around the
-// caller's cp_async_wait_all(): with kPlain and a vector gate, its rows are
-// copied asynchronously (in the gate's dtype, bf16 or f32) into sG itself,
-// with the other tiles, then read back and summed; else loaded into registers
-// (load_gate_tile). Waiting on per-thread register loads of the gate was the
-// largest single stall of the kernel (run 6: about a sixth of the samples),
-// while the asynchronous tile copies beside them hardly waited. sG must be
-// free (no reader left) when start_gate_tile is called.
+// caller's cp_async_wait_all(): with kPlain and a vector gate (bf16 rows, as
+// its dg), its rows are copied asynchronously into sG itself, with the other
+// tiles, then read back and summed; else (or with p.gate_in_registers) loaded
+// into registers (load_gate_tile). Waiting on the register loads of the gate
+// was the largest single stall of the general kernel (run 6: long scoreboard
+// on them, about a sixth of the samples); the copies cost one more barrier.
+// sG must be free (no reader left) when start_gate_tile is called.
 template <class GT, bool kPlain>
 __device__ __forceinline__ GateTile<GT, kChunkThreads> start_gate_tile(const Params& p, GT* sG, int64_t b, int64_t t0,
                                                                        int rows, int64_t h, int c0) {
   if (kPlain && p.gate == GateKind::vector && !p.gate_in_registers) {
-    const int esize = p.g.dtype == DType::f32 ? 4 : 2;
-    const int pieces = kTile * esize / 16;  // 16-byte pieces per row
-    const char* src = static_cast<const char*>(p.g.data) + offset4(p.g, b, t0, h, c0) * esize;
-    char* raw = reinterpret_cast<char*>(sG);
-    for (int idx = threadIdx.x; idx < kTile * pieces; idx += kChunkThreads) {
-      const int r = idx / pieces, piece = idx % pieces;  // rows past `rows`: zero, a flat Γ
-      cp_async16(raw + (r * pieces + piece) * 16, r < rows ? src + (r * p.g.stride[1] * esize + piece * 16) : src,
-                 r < rows ? 16 : 0);
+    constexpr int kPieces = kTile * sizeof(bf16) / 16;  // 16-byte pieces per row
+    const bf16* src = static_cast<const bf16*>(p.g.data) + offset4(p.g, b, t0, h, c0);
+    bf16* raw = reinterpret_cast<bf16*>(sG);
+    for (int idx = threadIdx.x; idx < kTile * kPieces; idx += kChunkThreads) {
+      const int r = idx / kPieces, c = idx % kPieces * 8;  // rows past `rows`: zero, a flat Γ
+      cp_async16(raw + r * kTile + c, r < rows ? src + r * p.g.stride[1] + c : src, r < rows ? 16 : 0);
     }
     return {};
   }
@@ -167,15 +165,9 @@ __device__ __forceinline__ void finish_gate_tile(const Params& p, GT* sG, GateTi
     __syncthreads();  // every thread's copies have landed
     using Tile = GateTile<GT, kChunkThreads>;
     const int c = threadIdx.x % kTile, first = (threadIdx.x / kTile) * Tile::kRows;
-    if (p.g.dtype == DType::f32) {
-      const float* raw = reinterpret_cast<const float*>(sG);
+    const bf16* raw = reinterpret_cast<const bf16*>(sG);
 #pragma unroll
-      for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
-    } else {
-      const bf16* raw = reinterpret_cast<const bf16*>(sG);
-#pragma unroll
-      for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
-    }
+    for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
   }
   store_gate_cumsum<GT, kChunkThreads>(sG, gate);  // its first barrier ends the reads above
 }
@@ -579,21 +571,13 @@ bool bf16_rows(const Tensor& t, int D) {
          t.stride[1] % kVec == 0 && t.stride[2] % kVec == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
 }
 
-// Whether every tile of a vector gate is whole aligned 16-byte rows of bf16 or f32.
-bool gate_rows(const Tensor& g, int K) {
-  if (g.dtype != DType::bf16 && g.dtype != DType::f32) return false;
-  const int vec = g.dtype == DType::f32 ? 4 : 8;
-  return g.stride[3] == 1 && K % kTile == 0 && g.stride[0] % vec == 0 && g.stride[1] % vec == 0 &&
-         g.stride[2] % vec == 0 && reinterpret_cast<uintptr_t>(g.data) % 16 == 0;
-}
-
-// The layout of chunk_kernel<bf16, float, true>: q, k, v, dO, dq, dk, dv all
-// in bf16 rows; a vector gate in bf16 or f32 rows and its dg in bf16 rows.
+// The layout of chunk_kernel<bf16, float, true>: q, k, v, dO, dq, dk, dv and a
+// vector gate and its dg all in bf16 rows (dg in bf16 implies g in bf16).
 bool plain_layout(const Params& p) {
   const int K = p.key_dim, V = p.value_dim;
   return bf16_rows(p.q, K) && bf16_rows(p.k, K) && bf16_rows(p.v, V) && bf16_rows(p.d_o, V) && bf16_rows(p.dq, K) &&
          bf16_rows(p.dk, K) && bf16_rows(p.dv, V) &&
-         (p.gate != GateKind::vector || (gate_rows(p.g, K) && bf16_rows(p.dg, K)));
+         (p.gate != GateKind::vector || (bf16_rows(p.g, K) && bf16_rows(p.dg, K)));
 }
 
 template <class T, class GT, bool kPlain>
