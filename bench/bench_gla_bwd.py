@@ -18,7 +18,8 @@ one call after warm-up), so that the state scans and the chunk kernel show
 separately. --split-compare also times our bwd with the state scans' sequence
 split turned off (FLASHGLA_GLA_BWD_SCAN_SPLIT=0), --diag-compare with A's
 pairs inside sub-chunks summed element by element (FLASHGLA_GLA_BWD_DIAG=
-elementwise), in the same process.
+elementwise), in the same process; --compare NAME=VALUE[,NAME=VALUE] (repeatable)
+with any backend environment settings, e.g. FLASHGLA_GLA_BWD_GATE=registers.
 MODEL shapes are those of the 340M GLA model (issue 7: H=4, K=128, V=256).
 """
 
