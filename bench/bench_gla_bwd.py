@@ -18,7 +18,8 @@ one call after warm-up), so that the state scans and the chunk kernel show
 separately. --split-compare also times our bwd with the state scans' sequence
 split turned off (FLASHGLA_GLA_BWD_SCAN_SPLIT=0), --diag-compare with A's
 pairs inside sub-chunks summed element by element (FLASHGLA_GLA_BWD_DIAG=
-elementwise), in the same process.
+elementwise), in the same process; --compare NAME=VALUE[,NAME=VALUE] (repeatable)
+with any backend environment settings, e.g. FLASHGLA_GLA_BWD_GATE=registers.
 MODEL shapes are those of the 340M GLA model (issue 7: H=4, K=128, V=256).
 """
 
@@ -125,14 +126,24 @@ def kernel_times(inputs, do):
 
 def time_bwd_with(env, value, inputs, do, with_kernels):
     """bwd ms (and per-kernel times) with one environment setting of the backend."""
-    os.environ[env] = value
+    return time_bwd_with_settings({env: value}, inputs, do, with_kernels)
+
+
+def time_bwd_with_settings(settings, inputs, do, with_kernels):
+    """bwd ms (and per-kernel times) with environment settings {name: value} of the backend."""
+    old = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     try:
         o = flashgla.chunk_gla(*inputs)[0]
         ms = median_ms(lambda: torch.autograd.grad(o, inputs, do, retain_graph=True))
         del o
         return ms, kernel_times(inputs, do) if with_kernels else {}
     finally:
-        del os.environ[env]
+        for name, value in old.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def main():
@@ -142,6 +153,8 @@ def main():
     parser.add_argument("--split-compare", action="store_true", help="also time bwd with the scans unsplit")
     parser.add_argument("--diag-compare", action="store_true",
                         help="also time bwd with A's sub-chunk pairs element by element")
+    parser.add_argument("--compare", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
+                        help="also time bwd with these backend environment settings (repeatable)")
     args = parser.parse_args()
     torch.manual_seed(0)
     card = torch.cuda.get_device_name()
@@ -151,7 +164,7 @@ def main():
              "| B T H K V | ours fwd ms | ours bwd ms | ours fwd+bwd ms | SDPA fwd+bwd ms | ratio | target | "
              "met | peak MB ours / SDPA |",
              "|---|---|---|---|---|---|---|---|---|"]
-    kernels, unsplit, elementwise = [], [], []
+    kernels, unsplit, elementwise, compared = [], [], [], []
     print("\n".join(lines), flush=True)
     for B, T, H, K, V, (kind, goal) in MODEL + ANCHORS:  # each row printed as soon as it is measured
         fwd_ms, bwd_ms, both_ms, peak, (inputs, do) = time_ours(B, T, H, K, V)
@@ -169,6 +182,12 @@ def main():
             elementwise.append(f"- {shape}: bwd {bwd_ms:.3f} ms (default), {el_ms:.3f} ms (elementwise)"
                                + "".join(f", {n} {t:.3f}" for n, t in el_kernels.items()))
             print(elementwise[-1], flush=True)
+        for setting in args.compare:
+            settings = dict(item.split("=", 1) for item in setting.split(","))
+            with_ms, with_kernels = time_bwd_with_settings(settings, inputs, do, args.kernels)
+            compared.append(f"- {shape}: bwd {bwd_ms:.3f} ms (default), {with_ms:.3f} ms ({setting})"
+                            + "".join(f", {n} {t:.3f}" for n, t in with_kernels.items()))
+            print(compared[-1], flush=True)
         del inputs, do
         sdpa, sdpa_peak = time_sdpa(B, T, H, K) if K == V else (None, None)
         if kind == "ratio":
@@ -196,6 +215,8 @@ def main():
         lines += ["", "State scans' sequence split on (default) and off:", ""] + unsplit
     if elementwise:
         lines += ["", "A's sub-chunk pairs: default and FLASHGLA_GLA_BWD_DIAG=elementwise:", ""] + elementwise
+    if compared:
+        lines += ["", "Default and other backend settings (same process):", ""] + compared
     text = "\n".join(lines)
     print("\n" + text)
     if args.out:

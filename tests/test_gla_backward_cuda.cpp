@@ -81,9 +81,18 @@ void expect_grads_close(const Grads& out, const Grads& ref, double tol) {
   expect_close("dh0", out.dh0, ref.dh0, tol);
 }
 
+// The backend paths forced by the environment, for the error lines.
+std::string forced_paths() {
+  std::string out;
+  for (const char* name : {"FLASHGLA_GLA_BWD_DIAG", "FLASHGLA_GLA_BWD_SCAN_SPLIT", "FLASHGLA_GLA_BWD_OVERLAP",
+                           "FLASHGLA_GLA_BWD_LAYOUT", "FLASHGLA_GLA_BWD_GATE"})
+    if (const char* value = std::getenv(name)) out += std::string(" ") + (name + 17) + "=" + value;
+  return out;
+}
+
 void check_against_reference(const Case& c, const Call& call, const Inputs& in) {
-  const std::string name =
-      describe(c) + (call.algorithm == kChunked ? " chunked" : " recurrent") + (call.reverse ? " reverse" : "");
+  const std::string name = describe(c) + (call.algorithm == kChunked ? " chunked" : " recurrent") +
+                           (call.reverse ? " reverse" : "") + forced_paths();
   SCOPED_TRACE(name);
   const Grads ref = reference(c, in, call.reverse);
   const Grads out = backward(c, to_device(c, in, gpu()), call);
@@ -196,6 +205,29 @@ TEST(CudaGlaBackward, ChunkedMixedSubChunkPaths) {
   }
 }
 
+// By default bf16 inputs in whole aligned rows run the chunk kernel's plain
+// instantiation (the grid's other cases, fp16 or odd sizes, the general one);
+// FLASHGLA_GLA_BWD_LAYOUT=general forces the general one everywhere.
+TEST(CudaGlaBackward, ChunkedGeneralLayoutMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const ScopedEnv general("FLASHGLA_GLA_BWD_LAYOUT", "general");
+  for (const Case& c : grid(false)) check_against_reference(c, Call{});
+}
+
+// On sm_90 the chunk kernel overlaps the state scans (programmatic dependent
+// launch) by default when they are not split; FLASHGLA_GLA_BWD_OVERLAP=0 turns
+// that off, =1 also overlaps the fold of split scans.
+TEST(CudaGlaBackward, ChunkedOverlapOnAndOffMatchReference) {
+  SKIP_WITHOUT_GPU();
+  for (const char* overlap_mode : {"0", "1"}) {
+    const ScopedEnv overlap("FLASHGLA_GLA_BWD_OVERLAP", overlap_mode);
+    for (const char* chunks_per_split : {"0", "3"}) {
+      const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
+      for (const Case& c : grid(false)) check_against_reference(c, Call{});
+    }
+  }
+}
+
 // FLASHGLA_GLA_BWD_SCAN_SPLIT=N: the state scans split every sequence into
 // pieces of N chunks, folded afterwards (gla_bwd_states.cu); by default only
 // when few (sequence, head, tile) blocks would run, e.g. T = 1000 here.
@@ -292,6 +324,36 @@ TEST(CudaGlaBackward, VarlenMatchesReference) {
         call.reverse = algorithm == kRecurrent && i % 2;
         check_against_reference(varlen_case(dtype, gate, 3000 + i++), call);
       }
+}
+
+// The plain instantiation on every kind of input it takes: bf16 in whole rows
+// (K, V multiples of 64), a vector gate and its dg in bf16, any gate kind and
+// range, fixed length and varlen, with and without h0 / dht; a vector gate
+// copied asynchronously (the default) and loaded into registers.
+TEST(CudaGlaBackward, ChunkedPlainLayoutMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  struct Dims {
+    int64_t K, V;
+  };
+  int i = 0;
+  for (const char* gate_path : {"async", "registers"})  // FLASHGLA_GLA_BWD_GATE: how a vector gate is loaded
+  for (int64_t T : {1, 63, 64, 65, 200, 1000})
+    for (const Dims& d : {Dims{64, 64}, Dims{128, 128}, Dims{64, 192}, Dims{256, 128}}) {
+      Case c;
+      c.B = T <= 200 ? 2 : 1, c.T = T, c.H = 2, c.K = d.K, c.V = d.V, c.dtype = DType::bf16;
+      c.gate = Gate(i % 3);
+      c.gate_values = GateValues(i / 3 % 3);
+      c.gate_dtype = c.dg_dtype = DType::bf16;  // dg takes f32 or g's dtype; the plain kernel bf16
+      c.h0 = i % 4 != 1, c.dht = i % 4 != 2;
+      c.seed = 5000 + i++;
+      const ScopedEnv gate_loads("FLASHGLA_GLA_BWD_GATE", gate_path);
+      check_against_reference(c, Call{});
+    }
+  for (Gate gate : {Gate::vector, Gate::scalar, Gate::none}) {
+    Case c = varlen_case(DType::bf16, gate, 5100 + i++);
+    c.V = 64, c.gate_dtype = c.dg_dtype = DType::bf16;
+    check_against_reference(c, Call{});
+  }
 }
 
 TEST(CudaGlaBackward, StridedInputsWithAlignedRows) {
@@ -462,6 +524,13 @@ TEST(CudaGlaBackward, SanitizerSmallCases) {
       if (algorithm == kChunked) {  // the state scans split into pieces of one chunk
         const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "1");
         check_against_reference(c, call);
+      }
+      if (algorithm == kChunked) {  // the chunk kernel overlapping the split scans' fold, and bf16 rows of K, V = 64
+        const ScopedEnv overlap("FLASHGLA_GLA_BWD_OVERLAP", "1");
+        const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "1");
+        Case plain = c;
+        plain.K = plain.V = 64, plain.gate_dtype = plain.dg_dtype = dtype;
+        check_against_reference(plain, call);
       }
     }
 }

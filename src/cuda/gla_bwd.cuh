@@ -71,6 +71,12 @@ struct Params {
   // sub-chunk for which its pairs go through the tensor-core products for A
   // (see mark_wide_subchunks in gla_bwd_chunk.cu); below 0: never.
   float diag_factor_limit = -1.f;
+  // Chunked: run the chunk kernel's general instantiation even where the
+  // layout allows the plain one (tests; see chunk_kernel's kPlain).
+  bool general_layout = false;
+  // Chunked, plain instantiation: load a vector gate into registers rather
+  // than by asynchronous copies (see start_gate_tile).
+  bool gate_in_registers = false;
 
   // Chunked: chunk slot of chunk c of sequence n (see sequence() in
   // gla_bwd_device.cuh); the scratch states hold one 64x64 tile per
@@ -103,7 +109,10 @@ int state_scan_blocks_per_sm(Compute c);  // resident state-scan blocks per SM (
 inline constexpr int kSummaryFloats = kTileElems + kTile;  // one piece's summary: state tile and decay
 size_t chunk_smem_bytes(Compute c);
 void launch_state_scan(const Params& p, Compute c, cudaStream_t stream);
-void launch_chunk(const Params& p, Compute c, cudaStream_t stream);
+// overlap_scans (sm_90+): a programmatic dependent launch; the chunk kernel's
+// blocks start as the state scans' blocks retire, compute dA and A, and wait
+// for the scans (griddepcontrol.wait) before they read a state or write.
+void launch_chunk(const Params& p, Compute c, bool overlap_scans, cudaStream_t stream);
 void launch_recurrent(const Params& p, cudaStream_t stream);
 
 }  // namespace flashgla::cuda::gla_bwd

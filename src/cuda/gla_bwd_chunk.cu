@@ -119,6 +119,9 @@ struct ChunkSmem {
   static_assert(size_t(2 * kBetweenRows) * kLd<T> * sizeof(T) <= r_bytes, "phase C: both stages in R");
   static_assert(size_t(kStageRows + kChunk) * kLd<T> * sizeof(T) <= r_bytes, "phase A: key stage and q̂ in R");
   static_assert(kValueGroup * tile_f <= r_bytes, "phase B stages dv (fp32) in R");
+  static_assert(size_t(kTile) * kLdF * sizeof(GT) >= size_t(kTileElems) * sizeof(bf16),
+                "the gates' buffer holds a raw bf16 gate tile (start_gate_tile)");
+  static_assert(gates % 16 == 0, "cp.async into the gates' buffer");
   static constexpr size_t totals = r + r_bytes;                // dg: per sub-chunk sums, 2 x [4][64]
   static constexpr size_t state_term = totals + 2 * kSubs * kTile * sizeof(float);  // [64]
   static constexpr size_t row_sums = state_term + kTile * sizeof(float);           // [64], scalar gate
@@ -132,7 +135,49 @@ __device__ __forceinline__ int diagonal_row(int hc, int m) {
   return 4 * (m >> 1) + (hc == 0 ? ((m & 1) ? 3 : 0) : ((m & 1) ? 2 : 1));
 }
 
-template <class T, class GT>
+// The gate tile of key columns c0.. as Γ in sG, in two steps around the
+// caller's cp_async_wait_all(): with kPlain and a vector gate (bf16 rows, as
+// its dg), its rows are copied asynchronously into sG itself, with the other
+// tiles, then read back and summed; else (or with p.gate_in_registers) loaded
+// into registers (load_gate_tile). Waiting on the register loads of the gate
+// was the largest single stall of the general kernel (run 6: long scoreboard
+// on them, about a sixth of the samples); the copies cost one more barrier.
+// sG must be free (no reader left) when start_gate_tile is called.
+template <class GT, bool kPlain>
+__device__ __forceinline__ GateTile<GT, kChunkThreads> start_gate_tile(const Params& p, GT* sG, int64_t b, int64_t t0,
+                                                                       int rows, int64_t h, int c0) {
+  if (kPlain && p.gate == GateKind::vector && !p.gate_in_registers) {
+    constexpr int kPieces = kTile * sizeof(bf16) / 16;  // 16-byte pieces per row
+    const bf16* src = static_cast<const bf16*>(p.g.data) + offset4(p.g, b, t0, h, c0);
+    bf16* raw = reinterpret_cast<bf16*>(sG);
+    for (int idx = threadIdx.x; idx < kTile * kPieces; idx += kChunkThreads) {
+      const int r = idx / kPieces, c = idx % kPieces * 8;  // rows past `rows`: zero, a flat Γ
+      cp_async16(raw + r * kTile + c, r < rows ? src + r * p.g.stride[1] + c : src, r < rows ? 16 : 0);
+    }
+    return {};
+  }
+  return load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, c0);
+}
+
+template <class GT, bool kPlain>
+__device__ __forceinline__ void finish_gate_tile(const Params& p, GT* sG, GateTile<GT, kChunkThreads>& gate) {
+  if (kPlain && p.gate == GateKind::vector && !p.gate_in_registers) {
+    __syncthreads();  // every thread's copies have landed
+    using Tile = GateTile<GT, kChunkThreads>;
+    const int c = threadIdx.x % kTile, first = (threadIdx.x / kTile) * Tile::kRows;
+    const bf16* raw = reinterpret_cast<const bf16*>(sG);
+#pragma unroll
+    for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
+  }
+  store_gate_cumsum<GT, kChunkThreads>(sG, gate);  // its first barrier ends the reads above
+}
+
+// kPlain (bf16 only): every tile of q, k, v, dO and of the outputs is whole
+// aligned 16-byte rows of bf16 (see plain_layout), so the kernel holds only the
+// asynchronous copies and vector stores, none of the converting or
+// element-wise fallbacks: half the code, fewer instruction-cache misses (21%
+// of the stalls of the general kernel in run 6).
+template <class T, class GT, bool kPlain>
 __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p) {
   using Smem = ChunkSmem<T, GT>;
   constexpr int LD = kLd<T>;
@@ -173,8 +218,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     T* sDO = R;
     T* sV = R + kTile * LD;
     for (int vt = 0; vt < p.value_tiles; ++vt) {
-      load_tile_async<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
-      load_tile_async<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+      load_tile_async<T, kChunkThreads, kPlain>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+      load_tile_async<T, kChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
       cp_async_wait_all();
       __syncthreads();
 #pragma unroll
@@ -214,11 +259,11 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     T* sKStage = R;                       // key_stage rows
     T* sQHat = R + kStageRows * LD;       // row i: q_i exp(Γ_i − Γ_{16 s(i)})
     for (int kt = 0; kt < p.key_tiles; ++kt) {
-      auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
-      load_tile_async<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
-      load_tile_async<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+      auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+      load_tile_async<T, kChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+      load_tile_async<T, kChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
       cp_async_wait_all();
-      store_gate_cumsum<GT, kChunkThreads>(sG, gate);
+      finish_gate_tile<GT, kPlain>(p, sG, gate);
       mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
       map_rows<T, kChunkThreads>(sKStage, sK, kStageRows, key_stage_key, [&](int row, int col, float x) {
         return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + col] - sG[key_stage_key(row) * LDF + col]);
@@ -289,6 +334,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   }
   __syncthreads();
 
+  // Everything below reads the scans' states or writes outputs.
+  wait_for_previous_grid();
+
   // ---- phase B: dv ----------------------------------------------------------------
   // Warp (s, hc): rows of sub-chunk s, value columns 32 hc.. of each value tile;
   // kGroup value tiles at a time, so that k̂ = k ⊙ exp(γ − Γ) is built once per group.
@@ -300,7 +348,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     for (int vt0 = 0; vt0 < p.value_tiles; vt0 += kGroup) {
       const int group = p.value_tiles - vt0 < kGroup ? p.value_tiles - vt0 : kGroup;
       for (int j = 0; j < group; ++j)
-        load_tile_async<T, kChunkThreads>(sDO + j * kTile * LD, p.d_o, b, t0, rows, h, (vt0 + j) * kTile, V);
+        load_tile_async<T, kChunkThreads, kPlain>(sDO + j * kTile * LD, p.d_o, b, t0, rows, h, (vt0 + j) * kTile, V);
       cp_async_wait_all();
       __syncthreads();
       float acc[kGroup][4][4];
@@ -313,14 +361,14 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
                                     sDO + j * kTile * LD + kSub * s * LD + 32 * hc, LD, kChunk - kSub * s);
       }
       for (int kt = 0; kt < p.key_tiles; ++kt) {
-        auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
-        const bool k_plain = plain_tile<T>(p.k, b, t0, h, kt * kTile, K);  // else loaded scaled, below
-        if (k_plain) load_tile_async<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K);
+        auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+        const bool k_plain = kPlain || plain_tile<T>(p.k, b, t0, h, kt * kTile, K);  // else loaded scaled, below
+        if (k_plain) load_tile_async<T, kChunkThreads, kPlain>(sKHat, p.k, b, t0, rows, h, kt * kTile, K);
         for (int j = 0; j < group; ++j)
           copy_tile_in<T, kChunkThreads>(sDS + j * kTile * LD,
                                          static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
         cp_async_wait_all();
-        store_gate_cumsum<GT, kChunkThreads>(sG, gate);
+        finish_gate_tile<GT, kPlain>(p, sG, gate);
         auto k_hat = [=](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
         if (k_plain) transform_tile<T, kChunkThreads>(sKHat, k_hat);
         else load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, k_hat);
@@ -343,7 +391,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
                        acc[j][nt][e + 1]);
       __syncthreads();
       for (int j = 0; j < group; ++j)
-        store_tile<kChunkThreads>(p.dv, b, t0, rows, h, (vt0 + j) * kTile, V, sDV + j * kTile * LDF);
+        store_tile<kChunkThreads, kPlain>(p.dv, b, t0, rows, h, (vt0 + j) * kTile, V, sDV + j * kTile * LDF);
       __syncthreads();  // R is read by the stores above
     }
   }
@@ -352,11 +400,11 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   if (threadIdx.x < kTile) sRowSums[threadIdx.x] = 0.f;
   for (int kt = 0; kt < p.key_tiles; ++kt) {
     const int col = 32 * hc + lane;  // this lane's column in the element-wise steps
-    auto gate = load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, kt * kTile);
-    load_tile_async<T, kChunkThreads>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
-    load_tile_async<T, kChunkThreads>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+    auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+    load_tile_async<T, kChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+    load_tile_async<T, kChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
     cp_async_wait_all();
-    store_gate_cumsum<GT, kChunkThreads>(sG, gate);
+    finish_gate_tile<GT, kPlain>(p, sG, gate);
 
     // Between sub-chunks, on the products (accumulators kept until the epilogue):
     //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J).
@@ -396,8 +444,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       float state_term = 0.f;
       for (int vt = 0; vt < p.value_tiles; ++vt) {
         __syncthreads();  // the stages (first tile) or the previous tiles are no longer read
-        load_tile_async<T, kChunkThreads>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
-        load_tile_async<T, kChunkThreads>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+        load_tile_async<T, kChunkThreads, kPlain>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+        load_tile_async<T, kChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
         copy_tile_in<T, kChunkThreads>(sS, static_cast<const T*>(p.states) + state_tile_index(p, slot, h, kt, vt));
         copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
         cp_async_wait_all();
@@ -506,9 +554,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       }
     }
     __syncthreads();
-    store_tile<kChunkThreads>(p.dq, b, t0, rows, h, kt * kTile, K, sDQ);
-    store_tile<kChunkThreads>(p.dk, b, t0, rows, h, kt * kTile, K, sDKA);
-    if (p.gate == GateKind::vector) store_tile<kChunkThreads>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
+    store_tile<kChunkThreads, kPlain>(p.dq, b, t0, rows, h, kt * kTile, K, sDQ);
+    store_tile<kChunkThreads, kPlain>(p.dk, b, t0, rows, h, kt * kTile, K, sDKA);
+    if (p.gate == GateKind::vector) store_tile<kChunkThreads, kPlain>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
     __syncthreads();  // R is read by the stores above
   }
 
@@ -516,14 +564,39 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     store_as(p.dg.data, offset4(p.dg, b, t0 + threadIdx.x, h, 0), p.dg.dtype, sRowSums[threadIdx.x]);
 }
 
-template <class T, class GT>
-void launch(const Params& p, cudaStream_t stream) {
+// Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16.
+bool bf16_rows(const Tensor& t, int D) {
+  constexpr int kVec = 8;
+  return t.dtype == DType::bf16 && t.stride[3] == 1 && D % kTile == 0 && t.stride[0] % kVec == 0 &&
+         t.stride[1] % kVec == 0 && t.stride[2] % kVec == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+}
+
+// The layout of chunk_kernel<bf16, float, true>: q, k, v, dO, dq, dk, dv and a
+// vector gate and its dg all in bf16 rows (dg in bf16 implies g in bf16).
+bool plain_layout(const Params& p) {
+  const int K = p.key_dim, V = p.value_dim;
+  return bf16_rows(p.q, K) && bf16_rows(p.k, K) && bf16_rows(p.v, V) && bf16_rows(p.d_o, V) && bf16_rows(p.dq, K) &&
+         bf16_rows(p.dk, K) && bf16_rows(p.dv, V) &&
+         (p.gate != GateKind::vector || (bf16_rows(p.g, K) && bf16_rows(p.dg, K)));
+}
+
+template <class T, class GT, bool kPlain>
+void launch(const Params& p, bool overlap_scans, cudaStream_t stream) {
   const size_t smem = ChunkSmem<T, GT>::bytes;
-  check_cuda(cudaFuncSetAttribute(chunk_kernel<T, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+  auto kernel = chunk_kernel<T, GT, kPlain>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
              "cudaFuncSetAttribute (GLA backward chunk kernel)");
-  const dim3 grid(unsigned(p.num_slots), unsigned(p.heads));
-  chunk_kernel<T, GT><<<grid, kChunkThreads, smem, stream>>>(p);
-  check_cuda(cudaGetLastError(), "GLA backward chunk kernel launch");
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(p.num_slots), unsigned(p.heads));
+  config.blockDim = dim3(kChunkThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute overlap;
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &overlap;
+  config.numAttrs = overlap_scans ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&config, kernel, p), "GLA backward chunk kernel launch");
 }
 
 }  // namespace
@@ -532,9 +605,10 @@ size_t chunk_smem_bytes(Compute c) {
   return c == Compute::f32 ? ChunkSmem<float, double>::bytes : ChunkSmem<bf16, float>::bytes;
 }
 
-void launch_chunk(const Params& p, Compute c, cudaStream_t stream) {
-  if (c == Compute::f32) launch<float, double>(p, stream);
-  else launch<bf16, float>(p, stream);
+void launch_chunk(const Params& p, Compute c, bool overlap_scans, cudaStream_t stream) {
+  if (c == Compute::f32) launch<float, double, false>(p, overlap_scans, stream);
+  else if (p.general_layout || !plain_layout(p)) launch<bf16, float, false>(p, overlap_scans, stream);
+  else launch<bf16, float, true>(p, overlap_scans, stream);
 }
 
 }  // namespace flashgla::cuda::gla_bwd

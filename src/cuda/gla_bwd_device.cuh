@@ -63,6 +63,21 @@ __device__ __forceinline__ int64_t offset4(const Tensor& t, int64_t b, int64_t s
   return b * t.stride[0] + s * t.stride[1] + h * t.stride[2] + d * t.stride[3];
 }
 
+// Programmatic dependent launch (sm_90+): a kernel lets the next one start
+// (launch_dependents), and that one waits for it to finish and its writes to
+// be visible (wait) before it reads them. Both return at once when the launch
+// was an ordinary one.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ---- sequences -----------------------------------------------------------------
 struct Seq {
   int64_t batch;  // row of the batch dimension
@@ -251,19 +266,20 @@ __device__ __forceinline__ bool plain_tile(const Tensor& x, int64_t b, int64_t t
          (reinterpret_cast<uintptr_t>(src) & 15) == 0;
 }
 
-template <class T, int kThreads>
+// kKnownPlain: the caller knows the tile is plain (no check, no fallback code).
+template <class T, int kThreads, bool kKnownPlain = false>
 __device__ __forceinline__ void load_tile_async(T* s, const Tensor& x, int64_t b, int64_t t0, int rows, int64_t h,
                                                 int c0, int D) {
   constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
   const T* src = static_cast<const T*>(x.data) + offset4(x, b, t0, h, c0);
   const int64_t row_stride = x.stride[1];
-  if (plain_tile<T>(x, b, t0, h, c0, D)) {
+  if (kKnownPlain || plain_tile<T>(x, b, t0, h, c0, D)) {
 #pragma unroll
     for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
       const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
       cp_async16(s + r * kLd<T> + c, r < rows ? src + r * row_stride + c : src, r < rows ? 16 : 0);
     }
-  } else {
+  } else if constexpr (!kKnownPlain) {
     load_tile<T, kThreads>(s, x, b, t0, rows, h, c0, D);
   }
 }
@@ -282,41 +298,54 @@ __device__ __forceinline__ void store_tile_elements(const Tensor& x, int64_t bas
   }
 }
 
+// Rows of a 64x64 fp32 tile of shared memory (row stride kLdF) to a bf16 or
+// fp16 output in whole aligned 16-byte rows, rows r < rows.
+template <int kThreads>
+__device__ __forceinline__ void store_rows_16bit(const Tensor& x, int64_t base, int64_t row_stride, int rows, bool bf,
+                                                 const float* s) {
+  for (int idx = threadIdx.x; idx < kTile * 8; idx += kThreads) {
+    const int r = idx / 8, c = (idx % 8) * 8;
+    if (r >= rows) continue;
+    const float4 lo = *reinterpret_cast<const float4*>(s + r * kLdF + c);
+    const float4 hi = *reinterpret_cast<const float4*>(s + r * kLdF + c + 4);
+    const uint4 out = bf ? make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
+                                      pack_bf16(hi.z, hi.w))
+                         : make_uint4(pack_f16(lo.x, lo.y), pack_f16(lo.z, lo.w), pack_f16(hi.x, hi.y),
+                                      pack_f16(hi.z, hi.w));
+    *reinterpret_cast<uint4*>(static_cast<unsigned short*>(x.data) + base + r * row_stride + c) = out;
+  }
+}
+
 // x[b, t0 + r, h, c0 + c] = s[r][c] for r < rows, c0 + c < D, from a 64x64
 // fp32 tile of shared memory (row stride kLdF): 16-byte stores where whole
 // aligned rows of a bf16, fp16 or f32 output allow, else element by element.
-template <int kThreads>
+// kKnownBf16Rows: the caller knows the output is bf16 in whole aligned 16-byte
+// rows (only that path is compiled).
+template <int kThreads, bool kKnownBf16Rows = false>
 __device__ __forceinline__ void store_tile(const Tensor& x, int64_t b, int64_t t0, int rows, int64_t h, int c0, int D,
                                            const float* s) {
-  const int cols = D - c0 < kTile ? D - c0 : kTile;
   const int64_t base = offset4(x, b, t0, h, c0), row_stride = x.stride[1];
-  const bool half = x.dtype == DType::bf16 || x.dtype == DType::f16;
-  const int vec = half ? 8 : 4;  // elements per 16 bytes
-  const char* first = static_cast<const char*>(x.data) + base * (half ? 2 : 4);
-  const bool vector = (half || x.dtype == DType::f32) && x.stride[3] == 1 && cols == kTile &&
-                      row_stride % vec == 0 && (reinterpret_cast<uintptr_t>(first) & 15) == 0;
-  if (vector && half) {
-    const bool bf = x.dtype == DType::bf16;
-    for (int idx = threadIdx.x; idx < kTile * 8; idx += kThreads) {
-      const int r = idx / 8, c = (idx % 8) * 8;
-      if (r >= rows) continue;
-      const float4 lo = *reinterpret_cast<const float4*>(s + r * kLdF + c);
-      const float4 hi = *reinterpret_cast<const float4*>(s + r * kLdF + c + 4);
-      const uint4 out = bf ? make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
-                                        pack_bf16(hi.z, hi.w))
-                           : make_uint4(pack_f16(lo.x, lo.y), pack_f16(lo.z, lo.w), pack_f16(hi.x, hi.y),
-                                        pack_f16(hi.z, hi.w));
-      *reinterpret_cast<uint4*>(static_cast<unsigned short*>(x.data) + base + r * row_stride + c) = out;
-    }
-  } else if (vector) {
-    for (int idx = threadIdx.x; idx < kTile * 16; idx += kThreads) {
-      const int r = idx / 16, c = (idx % 16) * 4;
-      if (r < rows)
-        *reinterpret_cast<float4*>(static_cast<float*>(x.data) + base + r * row_stride + c) =
-            *reinterpret_cast<const float4*>(s + r * kLdF + c);
-    }
+  if constexpr (kKnownBf16Rows) {
+    store_rows_16bit<kThreads>(x, base, row_stride, rows, true, s);
   } else {
-    store_tile_elements<kThreads>(x, base, rows, cols, s);
+    const int cols = D - c0 < kTile ? D - c0 : kTile;
+    const bool half = x.dtype == DType::bf16 || x.dtype == DType::f16;
+    const int vec = half ? 8 : 4;  // elements per 16 bytes
+    const char* first = static_cast<const char*>(x.data) + base * (half ? 2 : 4);
+    const bool vector = (half || x.dtype == DType::f32) && x.stride[3] == 1 && cols == kTile &&
+                        row_stride % vec == 0 && (reinterpret_cast<uintptr_t>(first) & 15) == 0;
+    if (vector && half) {
+      store_rows_16bit<kThreads>(x, base, row_stride, rows, x.dtype == DType::bf16, s);
+    } else if (vector) {
+      for (int idx = threadIdx.x; idx < kTile * 16; idx += kThreads) {
+        const int r = idx / 16, c = (idx % 16) * 4;
+        if (r < rows)
+          *reinterpret_cast<float4*>(static_cast<float*>(x.data) + base + r * row_stride + c) =
+              *reinterpret_cast<const float4*>(s + r * kLdF + c);
+      }
+    } else {
+      store_tile_elements<kThreads>(x, base, rows, cols, s);
+    }
   }
 }
 

@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(kStateThreads, kScanBlocksPerSm<T>) state_scan
   T* sStage = reinterpret_cast<T*>(smem + Smem::stage);
   GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
 
+  allow_dependent_launch();  // the chunk kernel's blocks may take the slots that retiring blocks free
   const bool backward = blockIdx.z == 1;
   const int64_t n = blockIdx.x / p.heads;
   const int h = int(blockIdx.x % p.heads);
@@ -206,6 +207,7 @@ __device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
 // 8 columns of rows t / 8 and t / 8 + 32 of the tile.
 template <class T>
 __global__ void __launch_bounds__(kStateThreads) fold_kernel(const Params p) {
+  allow_dependent_launch();
   constexpr int kRowStep = kStateThreads / 8;
   const bool backward = blockIdx.z == 1;
   const int64_t n = blockIdx.x / p.heads;
