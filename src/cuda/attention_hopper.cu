@@ -18,6 +18,10 @@
 // Used for bf16/fp16, D in {64, 128}, tensors TMA can address (unit stride
 // along D, 16-byte aligned pointer and strides); the portable kernel runs
 // everything else.
+//
+// A second variant (kOverlap, below) drops the producer warp to get the
+// registers for overlapping each warpgroup's softmax with its own P V; with
+// 176-key tiles at D = 128 it is the default for Tk >= 8K (attention.cu).
 #include "cuda/attention_kernels.cuh"
 #include "cuda/attention_tma.cuh"
 #include "cuda/attention_wgmma.cuh"
