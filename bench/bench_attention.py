@@ -141,7 +141,7 @@ def tflops(b, t, h, d, causal, ms, passes):
     return flops / (ms * 1e-3) / 1e12
 
 
-def benchmark(ts, ds, tokens=16384):
+def benchmark(ts, ds, modes=("fwd", "fwd+bwd"), tokens=16384):
     rows = []
     for d in ds:
         h = 2048 // d
@@ -149,7 +149,7 @@ def benchmark(ts, ds, tokens=16384):
             b = max(1, tokens // t)
             q, k, v, do = inputs(b, t, h, d)
             for causal in (False, True):
-                for mode in ("fwd", "fwd+bwd"):
+                for mode in modes:
                     row = dict(b=b, t=t, h=h, d=d, causal=causal, mode=mode)
                     for name, fn in IMPLS.items():
                         try:
@@ -187,6 +187,7 @@ def main():
     parser.add_argument("--backward", default="", help="backward kernels to force, e.g. portable,hopper")
     parser.add_argument("--dims", default="64,128", help="head dims to time")
     parser.add_argument("--ts", default="", help="sequence lengths to time, e.g. 2048,8192 (overrides --quick)")
+    parser.add_argument("--modes", default="fwd,fwd+bwd", help="passes to time: fwd, fwd+bwd or both")
     args = parser.parse_args()
     for kernel in filter(None, args.kernels.split(",")):
         IMPLS[f"flashgla-{kernel}"] = ours_with(kernel)
@@ -213,7 +214,7 @@ def main():
     ts = (2048, 8192) if args.quick else (1024, 2048, 4096, 8192, 16384)
     if args.ts:
         ts = tuple(int(t) for t in args.ts.split(","))
-    result["bench"] = benchmark(ts, tuple(int(d) for d in args.dims.split(",")))
+    result["bench"] = benchmark(ts, tuple(int(d) for d in args.dims.split(",")), tuple(args.modes.split(",")))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -10,8 +10,9 @@
 # $OUT/attention_logs.tgz (repacked after every step); a summary prints last.
 #   bash bench/device_attention.sh      # BENCH_ARGS="..." to change the benchmark, PROFILE=1 for ncu
 # BWD=hopper (or portable) forces the backward (FLASHGLA_ATTENTION_BACKWARD) in the
-# strict test run and the sanitizers; SKIP_DEFAULT=1 skips the default-choice test run;
-# FWD_VARIANT=hopper-overlap adds a strict test run and sanitizers with that forward.
+# strict test run and the sanitizers; SKIP_DEFAULT=1 skips the default-choice tests and sanitizers;
+# FWD_VARIANT=hopper-overlap (or several, space-separated) adds a strict test run and sanitizers with
+# each of those forwards (before the benchmark; the default choice's tests and sanitizers come after it).
 set -u
 OUT=${OUT:-/tmp/attention_out}
 mkdir -p "$OUT"
@@ -56,36 +57,40 @@ grep -E "error|FAILED" "$LOGS/build.log" | head -20
 
 export FLASHGLA_ATTENTION_BACKWARD=${BWD:-auto}
 step tests_hopper 90 env FLASHGLA_ATTENTION_KERNEL=hopper $BUILD/flashgla_tests --gtest_filter="$FAST"
-if [ -n "${FWD_VARIANT:-}" ]; then  # e.g. hopper-overlap: the tests and the sanitizers with that forward
-  step "tests_$FWD_VARIANT" 90 env FLASHGLA_ATTENTION_KERNEL=$FWD_VARIANT $BUILD/flashgla_tests --gtest_filter="$FAST"
-  step "memcheck_$FWD_VARIANT" 60 env FLASHGLA_ATTENTION_KERNEL=$FWD_VARIANT compute-sanitizer --tool memcheck \
-    --error-exitcode 9 $BUILD/flashgla_tests --gtest_filter="$SMALL"
-  step "racecheck_$FWD_VARIANT" 60 env FLASHGLA_ATTENTION_KERNEL=$FWD_VARIANT compute-sanitizer --tool racecheck \
-    --error-exitcode 9 $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33"
-fi
-if [ -z "${SKIP_DEFAULT:-}" ]; then
-  step tests_default 80 env FLASHGLA_ATTENTION_BACKWARD=auto $BUILD/flashgla_tests \
-    --gtest_filter="$FAST:*AttentionGenericCuda*"
-fi
+for variant in ${FWD_VARIANT:-}; do  # e.g. hopper-overlap: the tests and the sanitizers with that forward
+  step "tests_$variant" 90 env FLASHGLA_ATTENTION_KERNEL=$variant $BUILD/flashgla_tests --gtest_filter="$FAST"
+  # Lengths 39: d=128 T=1000 full, 8 key tiles per query tile (the stages' barriers wrap around).
+  step "memcheck_$variant" 60 env FLASHGLA_ATTENTION_KERNEL=$variant compute-sanitizer --tool memcheck \
+    --error-exitcode 9 $BUILD/flashgla_tests --gtest_filter="$SMALL:Lengths/AttentionCuda.*/39"
+  step "racecheck_$variant" 60 env FLASHGLA_ATTENTION_KERNEL=$variant compute-sanitizer --tool racecheck \
+    --error-exitcode 9 $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33:Lengths/AttentionCuda.*/39"
+done
+# shellcheck disable=SC2086
+step bench ${BENCH_S:-150} env PYTHONPATH=$BUILD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 \
+  python3 bench/bench_attention.py $BENCH_ARGS --json "$LOGS/bench.json"
 if [ -n "${TEST_PORTABLE:-}" ]; then
   step tests_portable 80 env FLASHGLA_ATTENTION_KERNEL=portable FLASHGLA_ATTENTION_BACKWARD=portable \
     $BUILD/flashgla_tests --gtest_filter="$FAST"
 fi
-step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 9 \
-  $BUILD/flashgla_tests --gtest_filter="$SMALL:AttentionCudaApi.BadDeviceBoundariesStayInBounds"
-step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
-  $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33"
-step synccheck 40 compute-sanitizer --tool synccheck --error-exitcode 9 \
-  $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/33"
-# shellcheck disable=SC2086
-step bench ${BENCH_S:-150} env PYTHONPATH=$BUILD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 \
-  python3 bench/bench_attention.py $BENCH_ARGS --json "$LOGS/bench.json"
+# The default choice (tests incl. the generic kernels, sanitizers); SKIP_DEFAULT=1 skips all of it
+# (tests_hopper above already ran the default kernels, strict).
+if [ -z "${SKIP_DEFAULT:-}" ]; then
+  step tests_default 80 env FLASHGLA_ATTENTION_BACKWARD=auto $BUILD/flashgla_tests \
+    --gtest_filter="$FAST:*AttentionGenericCuda*"
+  step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    $BUILD/flashgla_tests --gtest_filter="$SMALL:AttentionCudaApi.BadDeviceBoundariesStayInBounds"
+  step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
+    $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33"
+  step synccheck 40 compute-sanitizer --tool synccheck --error-exitcode 9 \
+    $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/33"
+fi
 
 if [ -n "${PROFILE:-}" ]; then
   # One launch each through the flashgla command (bf16, B=2, T=8K, H=16, d=128, causal): the Hopper
-  # forward (FWD_VARIANT if set, else the default) and the Hopper backward's main kernel.
+  # forward (the first FWD_VARIANT if set, else the default) and the Hopper backward's main kernel.
+  profiled=${FWD_VARIANT:-auto}
   for kernel in forward_hopper backward_hopper; do
-    step "ncu_$kernel" 90 env FLASHGLA_ATTENTION_KERNEL=${FWD_VARIANT:-auto} ncu --kernel-name "regex:attention_$kernel" \
+    step "ncu_$kernel" 90 env FLASHGLA_ATTENTION_KERNEL=${profiled%% *} ncu --kernel-name "regex:attention_$kernel" \
       --launch-count 1 --set full --import-source yes -f -o /tmp/$kernel $BUILD/flashgla bench --ops attention -B 2 \
       -T 8192 -H 16 -K 128 -V 128 --causal --warmup 0 --repeat 1 --pass fwd,bwd
     ncu -i /tmp/$kernel.ncu-rep --page details >"$LOGS/ncu_$kernel.txt" 2>&1

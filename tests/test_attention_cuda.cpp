@@ -125,6 +125,8 @@ std::vector<Case> strided_and_more() {
   cases.push_back(Case().dim(128).lens(300, 300).with_scale(0.37));
   cases.push_back(Case().dim(64).lens(100, 120).masked(false).with_scale(-0.2));
   cases.push_back(Case().dim(128).lens(2048, 2048).with_batch(1).heads(2, 1));
+  // Many key tiles for every query tile: each K/V stage's mbarriers go through several phases.
+  for (int64_t d : {64, 128}) cases.push_back(Case().dim(d).lens(1500, 1500).with_batch(1).heads(2, 1).masked(false));
   return cases;
 }
 INSTANTIATE_TEST_SUITE_P(StridesDtypesScales, AttentionCuda, ::testing::ValuesIn(strided_and_more()));

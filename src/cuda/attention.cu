@@ -96,17 +96,27 @@ AttentionParams make_params(const TensorView& q, const TensorView& k, const Tens
 // "portable" runs the mma.sync kernel; "hopper" requires the sm_90a kernel
 // wherever the tensors allow it (an error where the device or build cannot,
 // so a test run with it cannot pass on the portable kernel by accident), in
-// its default variant; "hopper-overlap" the same with the variant that
-// overlaps the softmax with P V; unset or "auto": the defaults below.
-enum class KernelChoice { automatic, portable, hopper, hopper_overlap };
+// its ping-pong variant; "hopper-overlap" the same with the variant that
+// overlaps the softmax with P V, "hopper-overlap-wide" that variant with
+// 176-key tiles at D = 128; unset or "auto": the defaults below.
+enum class KernelChoice { automatic, portable, hopper, hopper_overlap, hopper_overlap_wide };
 
 // The Hopper forward passed the GPU tests on an H100 (2026-11-21) and runs
 // 1.2-1.8x faster than the portable one there (bench/results_attention.md).
 constexpr bool kHopperForwardByDefault = true;
-// The overlapping variant: its first version passed the GPU tests but ran
-// 1.1-1.35x slower (ptxas had serialized its wgmmas); the fixed version has
-// not run on a GPU. Opt-in only.
-constexpr bool kHopperOverlapByDefault = false;
+// Which Hopper forward variant "auto" runs. H100, 2026-11-21, all variants in
+// one process (bench/results_attention.md): hopper-overlap (128-key tiles) is
+// 0-7% slower than the ping-pong kernel everywhere; hopper-overlap-wide at
+// D = 128 is 0.1-3.4% faster for Tk >= 8K (causal T=8K: 1.119 vs 1.158 ms)
+// and within about 1% either way below, so it is the default for D = 128 and
+// Tk >= 8K. Fixed-length batches only: with cu_seqlens the host does not know
+// the sequences' lengths (varlen was not timed).
+constexpr int64_t kWideKeyTilesFromKeys = 8192;
+attn::HopperForwardVariant default_hopper_variant(const AttentionProblem& problem) {
+  const bool long_keys = !problem.varlen && problem.k_len >= kWideKeyTilesFromKeys;
+  return problem.head_dim == 128 && long_keys ? attn::HopperForwardVariant::overlap_wide
+                                              : attn::HopperForwardVariant::ping_pong;
+}
 
 KernelChoice kernel_choice(const char* variable, bool has_overlap) {
   const char* value = std::getenv(variable);
@@ -114,7 +124,9 @@ KernelChoice kernel_choice(const char* variable, bool has_overlap) {
   if (std::strcmp(value, "portable") == 0) return KernelChoice::portable;
   if (std::strcmp(value, "hopper") == 0) return KernelChoice::hopper;
   if (has_overlap && std::strcmp(value, "hopper-overlap") == 0) return KernelChoice::hopper_overlap;
-  const char* allowed = has_overlap ? "auto, portable, hopper or hopper-overlap" : "auto, portable or hopper";
+  if (has_overlap && std::strcmp(value, "hopper-overlap-wide") == 0) return KernelChoice::hopper_overlap_wide;
+  const char* allowed =
+      has_overlap ? "auto, portable, hopper, hopper-overlap or hopper-overlap-wide" : "auto, portable or hopper";
   check::fail(ErrorKind::value, variable, std::string("must be ") + allowed + ", got \"" + value + "\"");
 }
 KernelChoice forward_kernel_choice() { return kernel_choice("FLASHGLA_ATTENTION_KERNEL", true); }
@@ -165,10 +177,13 @@ void attention_forward(const AttentionForwardArgs& args, const AttentionProblem&
     return;
   }
   const KernelChoice choice = forward_kernel_choice();
-  const bool hopper_required = choice == KernelChoice::hopper || choice == KernelChoice::hopper_overlap;
+  const bool hopper_required = choice == KernelChoice::hopper || choice == KernelChoice::hopper_overlap ||
+                               choice == KernelChoice::hopper_overlap_wide;
   const bool try_hopper = hopper_required || (choice == KernelChoice::automatic && kHopperForwardByDefault);
-  const bool overlap =
-      choice == KernelChoice::hopper_overlap || (choice == KernelChoice::automatic && kHopperOverlapByDefault);
+  using Variant = attn::HopperForwardVariant;
+  Variant variant = choice == KernelChoice::automatic ? default_hopper_variant(problem) : Variant::ping_pong;
+  if (choice == KernelChoice::hopper_overlap) variant = Variant::overlap;
+  if (choice == KernelChoice::hopper_overlap_wide) variant = Variant::overlap_wide;
   dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
     using T = decltype(type);
     constexpr int D = decltype(dim)::value;
@@ -176,7 +191,7 @@ void attention_forward(const AttentionForwardArgs& args, const AttentionProblem&
       // Without queries or keys TMA has nothing to load (and no tensor map to
       // encode): the portable kernel writes what there is (zeros).
       if (try_hopper && p.q_len > 0 && p.k_len > 0) {
-        const char* refused = attn::run_attention_forward_hopper<T, D>(p, stream, overlap);
+        const char* refused = attn::run_attention_forward_hopper<T, D>(p, stream, variant);
         if (refused == nullptr) return;
         const bool tensors_fit = p.q.vec16 && p.k.vec16 && p.v.vec16;
         if (hopper_required && tensors_fit)

@@ -18,6 +18,10 @@
 // Used for bf16/fp16, D in {64, 128}, tensors TMA can address (unit stride
 // along D, 16-byte aligned pointer and strides); the portable kernel runs
 // everything else.
+//
+// A second variant (kOverlap, below) drops the producer warp to get the
+// registers for overlapping each warpgroup's softmax with its own P V; with
+// 176-key tiles at D = 128 it is the default for Tk >= 8K (attention.cu).
 #include "cuda/attention_kernels.cuh"
 #include "cuda/attention_tma.cuh"
 #include "cuda/attention_wgmma.cuh"
@@ -26,13 +30,15 @@ namespace flashgla::cuda::attn {
 
 // kOverlap: the variant without a producer warp (256 threads may use 255
 // registers, where ptxas caps the 288-thread kernel at 168): thread 128
-// issues the loads, K and V take three stages, and each warpgroup overlaps
-// its softmax of tile j with its own P V of tile j − 1.
-template <int D, bool kOverlap = false>
+// issues the loads, and each warpgroup overlaps its softmax of tile j with
+// its own P V of tile j − 1. K and V take three stages of 128 keys, or two of
+// wider key tiles (kBlockN = 176 at D = 128: fewer tiles, so fewer barrier
+// handshakes per key; three would not fit in shared memory).
+template <int D, bool kOverlap = false, int BlockN = 128>
 struct HopperForwardConfig {
   static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
-  static constexpr int kBlockN = 128;
-  static constexpr int kStages = kOverlap ? 3 : 2;
+  static constexpr int kBlockN = BlockN;
+  static constexpr int kStages = kOverlap && BlockN == 128 ? 3 : 2;
   static constexpr int kConsumerThreads = 256;
   static constexpr int kThreads = kOverlap ? kConsumerThreads : kConsumerThreads + 32;
   static constexpr int kQBytes = kBlockM * D * 2;
@@ -42,13 +48,13 @@ struct HopperForwardConfig {
   static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + 128;
 };
 
-template <class T, int D, bool kOverlap>
-__global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap>::kThreads, 1)
+template <class T, int D, bool kOverlap, int BlockN>
+__global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap, BlockN>::kThreads, 1)
     attention_forward_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                                     const __grid_constant__ CUtensorMap map_v, const AttentionParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
-  using Cfg = HopperForwardConfig<D, kOverlap>;
+  using Cfg = HopperForwardConfig<D, kOverlap, BlockN>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, NB = BN / 8, DB = D / 8, kStages = Cfg::kStages;
   constexpr int kRowBytes = 128;  // one swizzle block row: 64 elements
 
@@ -371,10 +377,11 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap>::kThreads, 1)
 
 // Launches the Hopper forward; returns nullptr, or (having launched nothing)
 // why this device, build or tensors do not allow it.
-template <class T, int D, bool kOverlap>
+template <class T, int D, bool kOverlap, int BlockN = 128>
 const char* launch_forward_hopper(AttentionParams p, cudaStream_t stream) {
-  using Cfg = HopperForwardConfig<D, kOverlap>;
-  auto kernel = attention_forward_hopper_kernel<T, D, kOverlap>;
+  using Cfg = HopperForwardConfig<D, kOverlap, BlockN>;
+  static_assert(Cfg::kSmemBytes <= 227 * 1024, "shared memory");
+  auto kernel = attention_forward_hopper_kernel<T, D, kOverlap, BlockN>;
   int device = 0, major = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
@@ -406,13 +413,25 @@ const char* launch_forward_hopper(AttentionParams p, cudaStream_t stream) {
 }
 
 template <class T, int D>
-const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream, bool overlap) {
-  return overlap ? launch_forward_hopper<T, D, true>(p, stream) : launch_forward_hopper<T, D, false>(p, stream);
+const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream, HopperForwardVariant variant) {
+  switch (variant) {
+    case HopperForwardVariant::ping_pong: return launch_forward_hopper<T, D, false>(p, stream);
+    case HopperForwardVariant::overlap: return launch_forward_hopper<T, D, true>(p, stream);
+    case HopperForwardVariant::overlap_wide:
+      // D = 64 keeps 128 keys: its tiles are cheap already, and the wide
+      // variant was written for D = 128.
+      if constexpr (D == 128) return launch_forward_hopper<T, D, true, 176>(p, stream);
+      else return launch_forward_hopper<T, D, true>(p, stream);
+  }
+  return "unknown Hopper forward variant";
 }
 
-template const char* run_attention_forward_hopper<__nv_bfloat16, 64>(AttentionParams, cudaStream_t, bool);
-template const char* run_attention_forward_hopper<__half, 64>(AttentionParams, cudaStream_t, bool);
-template const char* run_attention_forward_hopper<__nv_bfloat16, 128>(AttentionParams, cudaStream_t, bool);
-template const char* run_attention_forward_hopper<__half, 128>(AttentionParams, cudaStream_t, bool);
+#define FLASHGLA_HOPPER_FORWARD(T, D) \
+  template const char* run_attention_forward_hopper<T, D>(AttentionParams, cudaStream_t, HopperForwardVariant);
+FLASHGLA_HOPPER_FORWARD(__nv_bfloat16, 64)
+FLASHGLA_HOPPER_FORWARD(__half, 64)
+FLASHGLA_HOPPER_FORWARD(__nv_bfloat16, 128)
+FLASHGLA_HOPPER_FORWARD(__half, 128)
+#undef FLASHGLA_HOPPER_FORWARD
 
 }  // namespace flashgla::cuda::attn
