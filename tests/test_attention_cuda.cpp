@@ -90,6 +90,16 @@ std::vector<Case> unequal_lengths() {
 // Causal with Tq > Tk leaves the first Tq − Tk rows without a key (o = 0, lse = −inf, dq = 0).
 INSTANTIATE_TEST_SUITE_P(UnequalLengths, AttentionCuda, ::testing::ValuesIn(unequal_lengths()));
 
+// Tk >= 8K at d = 128: the default forward there is the 176-key-tile variant
+// (attention.cu, default_hopper_variant); a few queries keep the fp64
+// reference cheap.
+std::vector<Case> long_keys() {
+  std::vector<Case> cases;
+  for (bool causal : {true, false}) cases.push_back(Case().dim(128).lens(200, 8300).heads(2, 1).masked(causal));
+  return cases;
+}
+INSTANTIATE_TEST_SUITE_P(LongKeys, AttentionCuda, ::testing::ValuesIn(long_keys()));
+
 std::vector<Case> grouped_heads() {
   std::vector<Case> cases;
   for (int64_t d : {64, 128})
