@@ -74,30 +74,28 @@ __device__ __forceinline__ void load_pairs(const View& t, int64_t at, int rows, 
     x[j] = w;
   }
 }
-// The same for a vector gate of any dtype, as floats.
-__device__ __forceinline__ void load_gate_pairs(const View& t, int64_t at, int rows, int key0, int K,
-                                                float (&x)[8][2]) {
+// The same for a vector gate of any dtype, kept as loaded so that a prefetch does not wait for it: returns
+// true for packed 2-byte pairs in x[0..7], false for float bits (x[2j], x[2j + 1]; converted at once where
+// the rows need element loads or the gate is f64).
+__device__ __forceinline__ bool load_gate_pairs(const View& t, int64_t at, int rows, int key0, int K, uint32_t (&x)[16]) {
   const bool vector = t.rows16 && key0 + 2 <= K && t.dtype != Elem::f64;
+  const bool packed = vector && t.dtype != Elem::f32;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    float lo = 0.f, hi = 0.f;
-    if (j < rows) {
-      const int64_t row = at + j * t.stride[1];
-      if (vector && t.dtype == Elem::f32) {
-        const float2 w = *reinterpret_cast<const float2*>(static_cast<const float*>(t.data) + row);
-        lo = w.x, hi = w.y;
-      } else if (vector) {
-        const uint32_t w = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(t.data) + row);
-        const float2 f = t.dtype == Elem::bf16 ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w))
-                                               : __half22float2(*reinterpret_cast<const __half2*>(&w));
-        lo = f.x, hi = f.y;
-      } else {
-        lo = key0 < K ? load_float(t.data, row, t.dtype) : 0.f;
-        hi = key0 + 1 < K ? load_float(t.data, row + t.stride[3], t.dtype) : 0.f;
-      }
+    const int64_t row = at + j * t.stride[1];
+    if (packed) {
+      x[j] = j < rows ? *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(t.data) + row) : 0u;
+      x[8 + j] = 0u;
+    } else if (vector) {
+      const float2 w = j < rows ? *reinterpret_cast<const float2*>(static_cast<const float*>(t.data) + row)
+                                : make_float2(0.f, 0.f);
+      x[2 * j] = __float_as_uint(w.x), x[2 * j + 1] = __float_as_uint(w.y);
+    } else {
+      x[2 * j] = __float_as_uint(j < rows && key0 < K ? load_float(t.data, row, t.dtype) : 0.f);
+      x[2 * j + 1] = __float_as_uint(j < rows && key0 + 1 < K ? load_float(t.data, row + t.stride[3], t.dtype) : 0.f);
     }
-    x[j][0] = lo, x[j][1] = hi;
   }
+  return packed;
 }
 
 template <class E>
@@ -138,8 +136,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
 
   // Tile role: 4×4 tile `job` of A (rows out_row.., columns out_col..) over the float4 key groups of
   // parity `half`; factor rows arow.. (query side) and brow.. (key side). In the off-diagonal blocks the
-  // 16 tiles of a block are ordered so that a quarter warp reads 2 query and 2 key row groups (no bank
-  // conflicts at kP = 68).
+  // 16 tiles of a block are ordered so that a quarter warp reads 2 query and 2 key row groups, in distinct
+  // banks at kP = 68 (a whole warp's 8 rows of a side: 2-way).
   const bool has_job = (tid >> 1) < kJobs;
   const int job = min(tid >> 1, kJobs - 1), half = tid & 1;
   int arow, brow, out_row, out_col;
@@ -162,21 +160,41 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
 #pragma unroll
   for (int e = 0; e < kDiag; ++e) diag[e] = 0.f;
 
+  // g of a slice (as loaded) is prefetched while the previous slice computes its tiles; q and k (packed
+  // pairs) load at the start of the slice, their latency covered by the scan and the first barrier.
+  uint32_t gw[16];
+  bool g_packed = false;
+  auto load_gate = [&](int s) {
+    const int key0 = 64 * s + 2 * pair, rows = key0 < K ? eighth_rows : 0;
+    if (p.gate == Gate::vector) {
+      g_packed = load_gate_pairs(p.g, row_offset(p.g, token0) + key0 * p.g.stride[3], rows, key0, K, gw);
+    } else {
+      g_packed = false;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)  // a scalar gate applies to every key column, as in the first version
+        gw[2 * j] = gw[2 * j + 1] = __float_as_uint(
+            p.gate == Gate::scalar && j < eighth_rows ? load_float(p.g.data, row_offset(p.g, token0 + j), p.g.dtype) : 0.f);
+    }
+  };
+  load_gate(0);
+
   for (int s = 0; s < KP / 64; ++s) {
     const int key0 = 64 * s + 2 * pair;
-    uint32_t qw[8], kw[8];  // packed (key0, key0 + 1) pairs of q and k
-    float G[8][2];
+    uint32_t qw[8], kw[8];
     {
       const int rows = key0 < K ? eighth_rows : 0;
       load_pairs(p.q, row_offset(p.q, token0) + key0 * p.q.stride[3], rows, key0, K, qw);
       load_pairs(p.k, row_offset(p.k, token0) + key0 * p.k.stride[3], rows, key0, K, kw);
-      if (p.gate == Gate::vector) {
-        load_gate_pairs(p.g, row_offset(p.g, token0) + key0 * p.g.stride[3], rows, key0, K, G);
-      } else {
+    }
+    float G[8][2];
 #pragma unroll
-        for (int j = 0; j < 8; ++j)  // a scalar gate applies to every key column, as in the first version
-          G[j][0] = G[j][1] =
-              p.gate == Gate::scalar && j < eighth_rows ? load_float(p.g.data, row_offset(p.g, token0 + j), p.g.dtype) : 0.f;
+    for (int j = 0; j < 8; ++j) {
+      if (g_packed) {
+        const float2 f = p.g.dtype == Elem::bf16 ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&gw[j]))
+                                                 : __half22float2(*reinterpret_cast<const __half2*>(&gw[j]));
+        G[j][0] = f.x, G[j][1] = f.y;
+      } else {
+        G[j][0] = __uint_as_float(gw[2 * j]), G[j][1] = __uint_as_float(gw[2 * j + 1]);
       }
     }
     // ---- G = Γ · log2 e: inclusive sums over the eighth's rows, then the earlier eighths' totals ----
@@ -284,6 +302,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
     if (eighth == 7)
       *reinterpret_cast<float2*>(slot + L.decay() + 4 * key0) = make_float2(exp2_ftz(G[7][0]), exp2_ftz(G[7][1]));
     __syncthreads();  // B2: factor rows written
+    if (s + 1 < KP / 64) load_gate(s + 1);
 
     // ---- A below the diagonal tiles: this thread's 4×4 tile over its key groups ----
     float acc[16];
@@ -292,23 +311,23 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
     if (has_job) {
       const float* qa = fac + arow * kP + 4 * half;
       const float* kb = fac + brow * kP + 4 * half;
-#pragma unroll 2
+#pragma unroll 1
       for (int kk = 0; kk < 64; kk += 8) {
-        float4 a[4], b[4];
+        float4 a[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) a[r] = *reinterpret_cast<const float4*>(qa + r * kP + kk);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const float4*>(kb + j * kP + kk);
+        for (int j = 0; j < 4; ++j) {
+          const float4 b = *reinterpret_cast<const float4*>(kb + j * kP + kk);
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
+          for (int r = 0; r < 4; ++r) {
             float& x = acc[4 * r + j];
-            x = fmaf(a[r].x, b[j].x, x);
-            x = fmaf(a[r].y, b[j].y, x);
-            x = fmaf(a[r].z, b[j].z, x);
-            x = fmaf(a[r].w, b[j].w, x);
+            x = fmaf(a[r].x, b.x, x);
+            x = fmaf(a[r].y, b.y, x);
+            x = fmaf(a[r].z, b.z, x);
+            x = fmaf(a[r].w, b.w, x);
           }
+        }
       }
     }
     // The two key halves: thread half 0 adds rows 0–1 of the tile, half 1 rows 2–3.
