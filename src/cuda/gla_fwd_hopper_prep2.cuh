@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
     if (has_job) {
       const float* qa = fac + arow * kP + 4 * half;
       const float* kb = fac + brow * kP + 4 * half;
-#pragma unroll 1
+#pragma unroll 2
       for (int kk = 0; kk < 64; kk += 8) {
         float4 a[4];
 #pragma unroll
