@@ -24,9 +24,9 @@ fp32), on sm_90 the Hopper path for 128 < K ≤ 256.
 --hopper prints only the chunked lines: the default path vs the Hopper path
 (FLASHGLA_GLA_HOPPER=1) in this process, with torch.profiler times of the
 Hopper path's two kernels and, for long sequences, other split counts.
---prep2 compares the Hopper path's two chunk passes (FLASHGLA_GLA_HOPPER_PREP=v2 or
-not) with the default path, in this process: whole forward and chunk-pass kernel
-times, and the relative difference of the two chunk passes' outputs.
+--prep2 compares the Hopper path's two chunk passes (FLASHGLA_GLA_HOPPER_PREP=v1 or
+v2, the default) with the default path, in this process: whole forward and
+chunk-pass kernel times, and the relative difference of the two passes' outputs.
 """
 
 import argparse
@@ -96,7 +96,7 @@ def main():
     parser.add_argument("--hopper", action="store_true",
                         help="only the chunked lines: the default path vs the Hopper path (FLASHGLA_GLA_HOPPER=1)")
     parser.add_argument("--prep2", action="store_true",
-                        help="the Hopper path's chunk pass v1 vs v2 (FLASHGLA_GLA_HOPPER_PREP=v2) and the default path")
+                        help="the Hopper path's chunk pass v1 vs v2 (FLASHGLA_GLA_HOPPER_PREP) and the default path")
     args = parser.parse_args()
     if args.hopper:
         return hopper_table(args)
@@ -227,6 +227,7 @@ def prep2_table(args):
             os.environ.pop(name, None)
         default = median_ms(call)
         os.environ["FLASHGLA_GLA_HOPPER"] = "1"
+        os.environ["FLASHGLA_GLA_HOPPER_PREP"] = "v1"
         v1 = median_ms(call)
         prep_v1 = kernel_ms(call, "hopper_prep_kernel")
         o_v1 = call()[0].float()

@@ -380,15 +380,16 @@ TEST(CudaGlaForward, FastPathKeyParts) {
 // 64-column tiles and partial ones, every gate kind, range and dtype, T below,
 // at and over a chunk, h0 / final state, strides, forced splits (states pass)
 // with the caller's workspace, varlen with and without host cu_seqlens.
-// The *PrepV2 tests run the same cases with the second chunk pass (FLASHGLA_GLA_HOPPER_PREP=v2).
+// The chunk pass is the second one (gla_fwd_hopper_prep2.cuh) by default; the *PrepV1 tests run the same
+// cases with the first (FLASHGLA_GLA_HOPPER_PREP=v1).
 void opt_in_hopper() { setenv("FLASHGLA_GLA_HOPPER", "1", 1); }
 void opt_out_hopper() {
   unsetenv("FLASHGLA_GLA_HOPPER");
   unsetenv("FLASHGLA_GLA_HOPPER_PREP");
 }
-struct PrepV2 {  // set for the test's scope, also when an assertion returns early
-  PrepV2() { setenv("FLASHGLA_GLA_HOPPER_PREP", "v2", 1); }
-  ~PrepV2() { unsetenv("FLASHGLA_GLA_HOPPER_PREP"); }
+struct PrepV1 {  // set for the test's scope, also when an assertion returns early
+  PrepV1() { setenv("FLASHGLA_GLA_HOPPER_PREP", "v1", 1); }
+  ~PrepV1() { unsetenv("FLASHGLA_GLA_HOPPER_PREP"); }
 };
 
 void hopper_path_shapes() {
@@ -419,9 +420,9 @@ TEST(CudaGlaForward, HopperPathShapes) {
   hopper_path_shapes();
 }
 
-TEST(CudaGlaForward, HopperPrepV2Shapes) {
+TEST(CudaGlaForward, HopperPrepV1Shapes) {
   SKIP_WITHOUT_GPU();
-  const PrepV2 prep_v2;
+  const PrepV1 prep_v1;
   hopper_path_shapes();
 }
 
@@ -459,9 +460,9 @@ TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
   hopper_path_splits_and_varlen();
 }
 
-TEST(CudaGlaForward, HopperPrepV2SplitsAndVarlen) {
+TEST(CudaGlaForward, HopperPrepV1SplitsAndVarlen) {
   SKIP_WITHOUT_GPU();
-  const PrepV2 prep_v2;
+  const PrepV1 prep_v1;
   hopper_path_splits_and_varlen();
 }
 
@@ -741,9 +742,9 @@ TEST(CudaGlaForward, SanitizerHopperPath) {
   sanitizer_hopper_path();
 }
 
-TEST(CudaGlaForward, SanitizerHopperPrepV2) {
+TEST(CudaGlaForward, SanitizerHopperPrepV1) {
   SKIP_WITHOUT_GPU();
-  const PrepV2 prep_v2;
+  const PrepV1 prep_v1;
   sanitizer_hopper_path();
 }
 

@@ -27,16 +27,16 @@ size_t hopper_prep_bytes(const ChunkParams& p, int64_t num_seqs) {
 
 namespace {
 
-// FLASHGLA_GLA_HOPPER_PREP=v2 takes the second chunk pass (gla_fwd_hopper_prep2.cuh; not yet the default:
-// written after the last GPU run, see bench/notes_gla_fwd.md).
-bool prep_v2_wanted() {
+// The second chunk pass (gla_fwd_hopper_prep2.cuh) by default: 2.1x faster in run 11
+// (bench/results_gla_forward.md); FLASHGLA_GLA_HOPPER_PREP=v1 takes the first one.
+bool prep_v1_wanted() {
   const char* choice = std::getenv("FLASHGLA_GLA_HOPPER_PREP");
-  return choice && std::strcmp(choice, "v2") == 0;
+  return choice && std::strcmp(choice, "v1") == 0;
 }
 
 template <class E>
 void launch_prep_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
-  const bool v2 = prep_v2_wanted();
+  const bool v2 = !prep_v1_wanted();
   const int bytes = v2 ? hopper::prep2_smem_bytes() : hopper::prep_smem_bytes();
   auto kernel = v2 ? hopper::hopper_prep2_kernel<E> : hopper::hopper_prep_kernel<E>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),

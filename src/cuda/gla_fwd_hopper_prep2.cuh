@@ -1,5 +1,6 @@
-// The Hopper path's chunk pass, second version (opt-in: FLASHGLA_GLA_HOPPER_PREP=v2): the same slot
-// (Q̃, K̃ᵀ, decay, A: gla_fwd_hopper.cuh) from the same factors, with a third of the instructions.
+// The Hopper path's chunk pass, second version (the default since run 11; FLASHGLA_GLA_HOPPER_PREP=v1 takes
+// the first): the same slot (Q̃, K̃ᵀ, decay, A: gla_fwd_hopper.cuh) from the same factors, with about half
+// the instructions (2.1x faster at K256 V512: bench/results_gla_forward.md).
 //
 // Why (static SASS of hopper_prep_kernel, bf16, sm_90a; bench/notes_gla_fwd.md, "Chunk pass v2"):
 // every __expf is 5 instructions (FMUL by log2 e, a denormal range test, two predicated FMULs, MUFU); the
