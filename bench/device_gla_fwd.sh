@@ -57,7 +57,7 @@ if [ "${1:-}" = "--prep2" ]; then
   fi
   echo "==== summary"
   printf '%s\n' "${summary[@]}"
-  tail -n 9 "$OUT/bench.log"
+  tail -n 11 "$OUT/bench.log"
   (cd "$OUT" && tar czf logs.tgz --remove-files $(ls | grep -v '^logs.tgz$'))
   exit 0
 fi
