@@ -24,6 +24,9 @@ fp32), on sm_90 the Hopper path for 128 < K ≤ 256.
 --hopper prints only the chunked lines: the default path vs the Hopper path
 (FLASHGLA_GLA_HOPPER=1) in this process, with torch.profiler times of the
 Hopper path's two kernels and, for long sequences, other split counts.
+--prep2 compares the Hopper path's two chunk passes (FLASHGLA_GLA_HOPPER_PREP=v1 or
+v2, the default) with the default path, in this process: whole forward and
+chunk-pass kernel times, and the relative difference of the two passes' outputs.
 """
 
 import argparse
@@ -92,9 +95,13 @@ def main():
     parser.add_argument("--out", default=None, help="also append the table to this markdown file")
     parser.add_argument("--hopper", action="store_true",
                         help="only the chunked lines: the default path vs the Hopper path (FLASHGLA_GLA_HOPPER=1)")
+    parser.add_argument("--prep2", action="store_true",
+                        help="the Hopper path's chunk pass v1 vs v2 (FLASHGLA_GLA_HOPPER_PREP) and the default path")
     args = parser.parse_args()
     if args.hopper:
         return hopper_table(args)
+    if args.prep2:
+        return prep2_table(args)
     torch.manual_seed(0)
     card = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
@@ -186,6 +193,65 @@ def kernel_times(fn, calls=5):
             name = event.key.split("(")[0].split("<")[0].split("::")[-1]
             parts.append(f"{name} {total / calls / 1e3:.4f} ms")
     return ", ".join(parts)
+
+
+def kernel_ms(fn, name_part, calls=5):
+    """Mean device time per call of the kernels of `fn` whose name contains name_part (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for event in prof.key_averages():
+        if name_part in event.key:
+            total += getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+    return total / calls / 1e3
+
+
+def prep2_table(args):
+    """Default path vs the Hopper path with chunk pass v1 and v2, in this process."""
+    torch.manual_seed(0)
+    card = torch.cuda.get_device_name()
+    # K256 V512 (the Hopper path's default shapes) and K128 lines where the Hopper path may now beat the
+    # default fast path (the 340M model's heads: run 10 had v1 on par there).
+    shapes = [(4, 4096, 4, 256, 512, None), (4, 4096, 4, 256, 512, F32), (8, 4096, 16, 128, 128, None),
+              (8, 2048, 4, 128, 256, F32), (2, 8192, 4, 128, 256, F32)]
+    lines = [f"{datetime.date.today().isoformat()}, {card}", "",
+             "| shape | default ms | hopper v1 ms | hopper v2 ms | v2/v1 | chunk pass v1 ms | chunk pass v2 ms | v2/v1 | rel. diff v2 vs v1 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for B, T, H, K, V, gate_dtype in shapes:
+        q, k, v, g = gla_inputs(B, T, H, K, V, gate_dtype=gate_dtype)
+        call = lambda: flashgla.chunk_gla(q, k, v, g)
+        for name in ("FLASHGLA_GLA_HOPPER", "FLASHGLA_GLA_HOPPER_PREP"):
+            os.environ.pop(name, None)
+        default = median_ms(call)
+        os.environ["FLASHGLA_GLA_HOPPER"] = "1"
+        os.environ["FLASHGLA_GLA_HOPPER_PREP"] = "v1"
+        v1 = median_ms(call)
+        prep_v1 = kernel_ms(call, "hopper_prep_kernel")
+        o_v1 = call()[0].float()
+        os.environ["FLASHGLA_GLA_HOPPER_PREP"] = "v2"
+        v2 = median_ms(call)
+        prep_v2 = kernel_ms(call, "hopper_prep2_kernel")
+        o_v2 = call()[0].float()
+        for name in ("FLASHGLA_GLA_HOPPER", "FLASHGLA_GLA_HOPPER_PREP"):
+            os.environ.pop(name, None)
+        diff = ((o_v2 - o_v1).norm() / o_v1.norm()).item()
+        label = f"B{B} T{T} H{H} K{K} V{V}" + (" g fp32" if gate_dtype == F32 else "")
+        print(f"{label}: default {default:.4f}, v1 {v1:.4f} (chunk pass {prep_v1:.4f}), "
+              f"v2 {v2:.4f} (chunk pass {prep_v2:.4f}) ms, rel. diff {diff:.2e}", flush=True)
+        lines.append(f"| chunk_gla fwd {label} | {default:.4f} | {v1:.4f} | {v2:.4f} | {v2 / v1:.2f} | "
+                     f"{prep_v1:.4f} | {prep_v2:.4f} | {prep_v2 / max(prep_v1, 1e-9):.2f} | {diff:.1e} |")
+        del q, k, v, g, o_v1, o_v2
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(text + "\n\n")
 
 
 def hopper_table(args):

@@ -3,10 +3,11 @@
 # tests, the benchmark, compute-sanitizer (memcheck, racecheck) on small
 # cases; logs under $OUT, a short summary last.
 #   bash bench/device_gla_fwd.sh [benchmark arguments...]
+#   BUDGET=150 bash bench/device_gla_fwd.sh --prep2   (the Hopper chunk passes: see bench/notes_gla_fwd.md)
 set -u
 OUT=${OUT:-/tmp/gla_fwd_out}
 mkdir -p "$OUT"
-BUILD=build-devfwd
+BUILD=${BUILD:-build-devfwd}
 # The fast-path tests run first, on their own; the rest of the forward and decode tests after the benchmark.
 # FAST_TESTS / TESTS override the filters (e.g. the Hopper path's tests first: see bench/notes_gla_fwd.md).
 FAST_TESTS=${FAST_TESTS:-"CudaGlaForward.FastPath*:CudaGlaForward.SanitizerFastPath"}
@@ -18,6 +19,49 @@ deadline=$(($(date +%s) + ${BUDGET:-400}))
 left() { local l=$((deadline - $(date +%s))); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo $l; }
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+
+if [ "${1:-}" = "--prep2" ]; then
+  # The Hopper chunk passes in about BUDGET (150) seconds: build the tests and the Python module, the Hopper
+  # tests (chunk pass v2, the default) and their v1 twins (FLASHGLA_GLA_HOPPER_PREP=v1), memcheck (then
+  # racecheck, if time is left) on SanitizerHopperPath, the benchmark (default vs v1 vs v2), a table last.
+  start=$(date +%s)
+  if ls .deps/wheels/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl >/dev/null 2>&1 &&
+      export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  cmake -S . -B $BUILD -G Ninja -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHGLA_PYTHON=ON >"$OUT/build.log" 2>&1
+  timeout $(left 110) cmake --build $BUILD -j16 --target flashgla_tests flashgla_python >>"$OUT/build.log" 2>&1
+  note "build: rc=$? in $(($(date +%s) - start)) s"
+  start=$(date +%s)
+  timeout $(left 40) $BUILD/flashgla_tests \
+    --gtest_filter="CudaGlaForward.HopperPath*:CudaGlaForward.SanitizerHopperPath:CudaGlaForward.HopperPrepV1*:CudaGlaForward.SanitizerHopperPrepV1" \
+    >"$OUT/tests_prep2.log" 2>&1
+  note "tests (v2, v1 forced): rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests_prep2.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests_prep2.log") failed"
+  grep -E '^\[       OK \]|^\[  FAILED  \]' "$OUT/tests_prep2.log" | sort -u
+  grep -E "Failure|error [0-9.e+-]+|Which is|Expected|actual|What" "$OUT/tests_prep2.log" | head -20
+  start=$(date +%s)
+  timeout $(left 40) compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
+    --gtest_filter=CudaGlaForward.SanitizerHopperPath >"$OUT/memcheck.log" 2>&1
+  note "memcheck (SanitizerHopperPath): rc=$? in $(($(date +%s) - start)) s; $(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log")"
+  start=$(date +%s)
+  PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 timeout $(left 45) \
+    python3 bench/bench_gla_fwd.py --prep2 >"$OUT/bench.log" 2>&1
+  note "benchmark: rc=$? in $(($(date +%s) - start)) s"
+  if [ $((deadline - $(date +%s))) -gt 25 ]; then
+    start=$(date +%s)
+    timeout $(left 40) compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
+      --gtest_filter=CudaGlaForward.SanitizerHopperPath >"$OUT/racecheck.log" 2>&1
+    note "racecheck (SanitizerHopperPath): rc=$? in $(($(date +%s) - start)) s; $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log")"
+  else
+    note "racecheck: skipped (budget)"
+  fi
+  echo "==== summary"
+  printf '%s\n' "${summary[@]}"
+  tail -n 11 "$OUT/bench.log"
+  (cd "$OUT" && tar czf logs.tgz --remove-files $(ls | grep -v '^logs.tgz$'))
+  exit 0
+fi
+
 start=$(date +%s)
 # nanobind for the Python module, where the machine lacks it (the wheels travel in .deps).
 if ls .deps/wheels/*.whl >/dev/null 2>&1; then

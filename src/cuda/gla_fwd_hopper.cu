@@ -2,6 +2,11 @@
 // the bf16/fp16 instantiations of the kernels in gla_fwd_hopper.cuh.
 #include "cuda/gla_fwd_hopper.cuh"
 
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/gla_fwd_hopper_prep2.cuh"
+
 namespace flashgla::cuda::gla {
 
 using hopper::MainLayout;
@@ -22,10 +27,18 @@ size_t hopper_prep_bytes(const ChunkParams& p, int64_t num_seqs) {
 
 namespace {
 
+// The second chunk pass (gla_fwd_hopper_prep2.cuh) by default: 2.1x faster in run 11
+// (bench/results_gla_forward.md); FLASHGLA_GLA_HOPPER_PREP=v1 takes the first one.
+bool prep_v1_wanted() {
+  const char* choice = std::getenv("FLASHGLA_GLA_HOPPER_PREP");
+  return choice && std::strcmp(choice, "v1") == 0;
+}
+
 template <class E>
 void launch_prep_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr int bytes = hopper::prep_smem_bytes();
-  auto kernel = hopper::hopper_prep_kernel<E>;
+  const bool v2 = !prep_v1_wanted();
+  const int bytes = v2 ? hopper::prep2_smem_bytes() : hopper::prep_smem_bytes();
+  auto kernel = v2 ? hopper::hopper_prep2_kernel<E> : hopper::hopper_prep_kernel<E>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "cudaFuncSetAttribute (GLA Hopper chunk pass)");
   kernel<<<grid, hopper::kPrepThreads, bytes, stream>>>(p);

@@ -30,7 +30,9 @@
 //    tile (cp.async) load while this one computes. The sequence split and its
 //    states pass work as in gla_fwd_chunk.cu.
 // Measured (bench/results_gla_forward.md, runs 8–10): the state kernel is
-// fast (0.08 ms for B4 T4096 H4 K256 V512); the chunk pass dominates.
+// fast (0.08 ms for B4 T4096 H4 K256 V512); the chunk pass dominates. The
+// chunk pass here is the first version (FLASHGLA_GLA_HOPPER_PREP=v1); the
+// default since run 11 is the second, gla_fwd_hopper_prep2.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
