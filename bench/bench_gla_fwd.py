@@ -24,9 +24,9 @@ fp32), on sm_90 the Hopper path for 128 < K ≤ 256.
 --hopper prints only the chunked lines: the default path vs the Hopper path
 (FLASHGLA_GLA_HOPPER=1) in this process, with torch.profiler times of the
 Hopper path's two kernels and, for long sequences, other split counts.
---prep2 compares the Hopper path's two chunk passes (FLASHGLA_GLA_HOPPER_PREP=v1 or
-v2, the default) with the default path, in this process: whole forward and
-chunk-pass kernel times, and the relative difference of the two passes' outputs.
+--quick times only K256 V512 (bf16 and fp32 gate): the default (on sm_90 the
+Hopper path) with its chunk-pass kernel time vs FLASHGLA_GLA_HOPPER=0 (the fast
+path), and the relative difference of the two outputs.
 """
 
 import argparse
@@ -95,13 +95,13 @@ def main():
     parser.add_argument("--out", default=None, help="also append the table to this markdown file")
     parser.add_argument("--hopper", action="store_true",
                         help="only the chunked lines: the default path vs the Hopper path (FLASHGLA_GLA_HOPPER=1)")
-    parser.add_argument("--prep2", action="store_true",
-                        help="the Hopper path's chunk pass v1 vs v2 (FLASHGLA_GLA_HOPPER_PREP) and the default path")
+    parser.add_argument("--quick", action="store_true",
+                        help="only K256 V512: the default (Hopper path on sm_90) vs FLASHGLA_GLA_HOPPER=0")
     args = parser.parse_args()
     if args.hopper:
         return hopper_table(args)
-    if args.prep2:
-        return prep2_table(args)
+    if args.quick:
+        return quick_table(args)
     torch.manual_seed(0)
     card = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
@@ -212,41 +212,32 @@ def kernel_ms(fn, name_part, calls=5):
     return total / calls / 1e3
 
 
-def prep2_table(args):
-    """Default path vs the Hopper path with chunk pass v1 and v2, in this process."""
+def quick_table(args):
+    """K256 V512: the default path (on sm_90 the Hopper path) vs FLASHGLA_GLA_HOPPER=0, in this process."""
     torch.manual_seed(0)
     card = torch.cuda.get_device_name()
-    # K256 V512 (the Hopper path's default shapes) and K128 lines where the Hopper path may now beat the
-    # default fast path (the 340M model's heads: run 10 had v1 on par there).
-    shapes = [(4, 4096, 4, 256, 512, None), (4, 4096, 4, 256, 512, F32), (8, 4096, 16, 128, 128, None),
-              (8, 2048, 4, 128, 256, F32), (2, 8192, 4, 128, 256, F32)]
     lines = [f"{datetime.date.today().isoformat()}, {card}", "",
-             "| shape | default ms | hopper v1 ms | hopper v2 ms | v2/v1 | chunk pass v1 ms | chunk pass v2 ms | v2/v1 | rel. diff v2 vs v1 |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for B, T, H, K, V, gate_dtype in shapes:
+             "| shape | default ms | chunk pass ms | FLASHGLA_GLA_HOPPER=0 ms | default/off | rel. diff |",
+             "|---|---|---|---|---|---|"]
+    for gate_dtype in (None, F32):
+        B, T, H, K, V = 4, 4096, 4, 256, 512
         q, k, v, g = gla_inputs(B, T, H, K, V, gate_dtype=gate_dtype)
         call = lambda: flashgla.chunk_gla(q, k, v, g)
-        for name in ("FLASHGLA_GLA_HOPPER", "FLASHGLA_GLA_HOPPER_PREP"):
-            os.environ.pop(name, None)
+        os.environ.pop("FLASHGLA_GLA_HOPPER", None)
         default = median_ms(call)
-        os.environ["FLASHGLA_GLA_HOPPER"] = "1"
-        os.environ["FLASHGLA_GLA_HOPPER_PREP"] = "v1"
-        v1 = median_ms(call)
-        prep_v1 = kernel_ms(call, "hopper_prep_kernel")
-        o_v1 = call()[0].float()
-        os.environ["FLASHGLA_GLA_HOPPER_PREP"] = "v2"
-        v2 = median_ms(call)
-        prep_v2 = kernel_ms(call, "hopper_prep2_kernel")
-        o_v2 = call()[0].float()
-        for name in ("FLASHGLA_GLA_HOPPER", "FLASHGLA_GLA_HOPPER_PREP"):
-            os.environ.pop(name, None)
-        diff = ((o_v2 - o_v1).norm() / o_v1.norm()).item()
+        prep = kernel_ms(call, "hopper_prep2_kernel")  # 0 where the default is not the Hopper path
+        o_default = call()[0].float()
+        os.environ["FLASHGLA_GLA_HOPPER"] = "0"
+        off = median_ms(call)
+        o_off = call()[0].float()
+        os.environ.pop("FLASHGLA_GLA_HOPPER", None)
+        diff = ((o_default - o_off).norm() / o_off.norm()).item()
         label = f"B{B} T{T} H{H} K{K} V{V}" + (" g fp32" if gate_dtype == F32 else "")
-        print(f"{label}: default {default:.4f}, v1 {v1:.4f} (chunk pass {prep_v1:.4f}), "
-              f"v2 {v2:.4f} (chunk pass {prep_v2:.4f}) ms, rel. diff {diff:.2e}", flush=True)
-        lines.append(f"| chunk_gla fwd {label} | {default:.4f} | {v1:.4f} | {v2:.4f} | {v2 / v1:.2f} | "
-                     f"{prep_v1:.4f} | {prep_v2:.4f} | {prep_v2 / max(prep_v1, 1e-9):.2f} | {diff:.1e} |")
-        del q, k, v, g, o_v1, o_v2
+        print(f"{label}: default {default:.4f} (chunk pass {prep:.4f}), FLASHGLA_GLA_HOPPER=0 {off:.4f} ms, "
+              f"rel. diff {diff:.2e}", flush=True)
+        lines.append(f"| chunk_gla fwd {label} | {default:.4f} | {prep:.4f} | {off:.4f} | {default / off:.2f} | "
+                     f"{diff:.1e} |")
+        del q, k, v, g, o_default, o_off
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -3,7 +3,7 @@
 # tests, the benchmark, compute-sanitizer (memcheck, racecheck) on small
 # cases; logs under $OUT, a short summary last.
 #   bash bench/device_gla_fwd.sh [benchmark arguments...]
-#   BUDGET=150 bash bench/device_gla_fwd.sh --prep2   (the Hopper chunk passes: see bench/notes_gla_fwd.md)
+#   BUDGET=150 bash bench/device_gla_fwd.sh --quick   (the Hopper path only: see bench/notes_gla_fwd.md)
 set -u
 OUT=${OUT:-/tmp/gla_fwd_out}
 mkdir -p "$OUT"
@@ -20,10 +20,10 @@ left() { local l=$((deadline - $(date +%s))); [ "$l" -gt "$1" ] && l=$1; [ "$l" 
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 
-if [ "${1:-}" = "--prep2" ]; then
-  # The Hopper chunk passes in about BUDGET (150) seconds: build the tests and the Python module, the Hopper
-  # tests (chunk pass v2, the default) and their v1 twins (FLASHGLA_GLA_HOPPER_PREP=v1), memcheck (then
-  # racecheck, if time is left) on SanitizerHopperPath, the benchmark (default vs v1 vs v2), a table last.
+if [ "${1:-}" = "--quick" ]; then
+  # The Hopper path in about BUDGET (150) seconds: build the tests and the Python module, the Hopper tests,
+  # memcheck (then racecheck, if time is left) on SanitizerHopperPath, the benchmark at K256 V512 (default vs
+  # FLASHGLA_GLA_HOPPER=0), a table last.
   start=$(date +%s)
   if ls .deps/wheels/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl >/dev/null 2>&1 &&
@@ -34,18 +34,17 @@ if [ "${1:-}" = "--prep2" ]; then
   note "build: rc=$? in $(($(date +%s) - start)) s"
   start=$(date +%s)
   timeout $(left 40) $BUILD/flashgla_tests \
-    --gtest_filter="CudaGlaForward.HopperPath*:CudaGlaForward.SanitizerHopperPath:CudaGlaForward.HopperPrepV1*:CudaGlaForward.SanitizerHopperPrepV1" \
-    >"$OUT/tests_prep2.log" 2>&1
-  note "tests (v2, v1 forced): rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests_prep2.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests_prep2.log") failed"
-  grep -E '^\[       OK \]|^\[  FAILED  \]' "$OUT/tests_prep2.log" | sort -u
-  grep -E "Failure|error [0-9.e+-]+|Which is|Expected|actual|What" "$OUT/tests_prep2.log" | head -20
+    --gtest_filter="CudaGlaForward.HopperPath*:CudaGlaForward.SanitizerHopperPath" >"$OUT/tests_hopper.log" 2>&1
+  note "Hopper tests: rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests_hopper.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests_hopper.log") failed"
+  grep -E '^\[       OK \]|^\[  FAILED  \]' "$OUT/tests_hopper.log" | sort -u
+  grep -E "Failure|error [0-9.e+-]+|Which is|Expected|actual|What" "$OUT/tests_hopper.log" | head -20
   start=$(date +%s)
   timeout $(left 40) compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
     --gtest_filter=CudaGlaForward.SanitizerHopperPath >"$OUT/memcheck.log" 2>&1
   note "memcheck (SanitizerHopperPath): rc=$? in $(($(date +%s) - start)) s; $(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log")"
   start=$(date +%s)
   PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 timeout $(left 45) \
-    python3 bench/bench_gla_fwd.py --prep2 >"$OUT/bench.log" 2>&1
+    python3 bench/bench_gla_fwd.py --quick >"$OUT/bench.log" 2>&1
   note "benchmark: rc=$? in $(($(date +%s) - start)) s"
   if [ $((deadline - $(date +%s))) -gt 25 ]; then
     start=$(date +%s)

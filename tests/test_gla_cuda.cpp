@@ -380,19 +380,11 @@ TEST(CudaGlaForward, FastPathKeyParts) {
 // 64-column tiles and partial ones, every gate kind, range and dtype, T below,
 // at and over a chunk, h0 / final state, strides, forced splits (states pass)
 // with the caller's workspace, varlen with and without host cu_seqlens.
-// The chunk pass is the second one (gla_fwd_hopper_prep2.cuh) by default; the *PrepV1 tests run the same
-// cases with the first (FLASHGLA_GLA_HOPPER_PREP=v1).
 void opt_in_hopper() { setenv("FLASHGLA_GLA_HOPPER", "1", 1); }
-void opt_out_hopper() {
-  unsetenv("FLASHGLA_GLA_HOPPER");
-  unsetenv("FLASHGLA_GLA_HOPPER_PREP");
-}
-struct PrepV1 {  // set for the test's scope, also when an assertion returns early
-  PrepV1() { setenv("FLASHGLA_GLA_HOPPER_PREP", "v1", 1); }
-  ~PrepV1() { unsetenv("FLASHGLA_GLA_HOPPER_PREP"); }
-};
+void opt_out_hopper() { unsetenv("FLASHGLA_GLA_HOPPER"); }
 
-void hopper_path_shapes() {
+TEST(CudaGlaForward, HopperPathShapes) {
+  SKIP_WITHOUT_GPU();
   opt_in_hopper();
   struct Dims {
     int64_t K, V;
@@ -415,18 +407,8 @@ void hopper_path_shapes() {
   opt_out_hopper();
 }
 
-TEST(CudaGlaForward, HopperPathShapes) {
+TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
   SKIP_WITHOUT_GPU();
-  hopper_path_shapes();
-}
-
-TEST(CudaGlaForward, HopperPrepV1Shapes) {
-  SKIP_WITHOUT_GPU();
-  const PrepV1 prep_v1;
-  hopper_path_shapes();
-}
-
-void hopper_path_splits_and_varlen() {
   opt_in_hopper();
   int i = 0;
   for (const char* forced : {"2", "5"})
@@ -453,17 +435,6 @@ void hopper_path_splits_and_varlen() {
       check_against_reference(c, call);
     }
   opt_out_hopper();
-}
-
-TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
-  SKIP_WITHOUT_GPU();
-  hopper_path_splits_and_varlen();
-}
-
-TEST(CudaGlaForward, HopperPrepV1SplitsAndVarlen) {
-  SKIP_WITHOUT_GPU();
-  const PrepV1 prep_v1;
-  hopper_path_splits_and_varlen();
 }
 
 // The general kernel on bf16/fp16 inputs, which the fast path takes otherwise.
@@ -722,7 +693,8 @@ TEST(CudaGlaForward, SanitizerFastPath) {
 
 // The Hopper path's small cases (memcheck and racecheck): both warpgroup
 // counts, a partial last chunk, a split, varlen.
-void sanitizer_hopper_path() {
+TEST(CudaGlaForward, SanitizerHopperPath) {
+  SKIP_WITHOUT_GPU();
   opt_in_hopper();
   int i = 0;
   for (int64_t K : {64, 256}) {
@@ -735,17 +707,6 @@ void sanitizer_hopper_path() {
   }
   check_against_reference(varlen_case(DType::bf16, Gate::vector, 2310), Call{});
   opt_out_hopper();
-}
-
-TEST(CudaGlaForward, SanitizerHopperPath) {
-  SKIP_WITHOUT_GPU();
-  sanitizer_hopper_path();
-}
-
-TEST(CudaGlaForward, SanitizerHopperPrepV1) {
-  SKIP_WITHOUT_GPU();
-  const PrepV1 prep_v1;
-  sanitizer_hopper_path();
 }
 
 }  // namespace

@@ -1,10 +1,6 @@
 // Chunked GLA forward, Hopper path: host side (support, workspace, launches) and
-// the bf16/fp16 instantiations of the kernels in gla_fwd_hopper.cuh.
+// the bf16/fp16 instantiations of the kernels in gla_fwd_hopper.cuh and gla_fwd_hopper_prep2.cuh.
 #include "cuda/gla_fwd_hopper.cuh"
-
-#include <cstdlib>
-#include <cstring>
-
 #include "cuda/gla_fwd_hopper_prep2.cuh"
 
 namespace flashgla::cuda::gla {
@@ -27,18 +23,10 @@ size_t hopper_prep_bytes(const ChunkParams& p, int64_t num_seqs) {
 
 namespace {
 
-// The second chunk pass (gla_fwd_hopper_prep2.cuh) by default: 2.1x faster in run 11
-// (bench/results_gla_forward.md); FLASHGLA_GLA_HOPPER_PREP=v1 takes the first one.
-bool prep_v1_wanted() {
-  const char* choice = std::getenv("FLASHGLA_GLA_HOPPER_PREP");
-  return choice && std::strcmp(choice, "v1") == 0;
-}
-
 template <class E>
 void launch_prep_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
-  const bool v2 = !prep_v1_wanted();
-  const int bytes = v2 ? hopper::prep2_smem_bytes() : hopper::prep_smem_bytes();
-  auto kernel = v2 ? hopper::hopper_prep2_kernel<E> : hopper::hopper_prep_kernel<E>;
+  constexpr int bytes = hopper::prep2_smem_bytes();
+  auto kernel = hopper::hopper_prep2_kernel<E>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "cudaFuncSetAttribute (GLA Hopper chunk pass)");
   kernel<<<grid, hopper::kPrepThreads, bytes, stream>>>(p);

@@ -1,11 +1,11 @@
 // The chunked GLA forward's Hopper path (sm_90a): two kernels.
 //
-// 1. The chunk pass (hopper_prep_kernel, portable, one CTA per (sequence,
-//    head, chunk of 64 tokens), all chunks in parallel): every gate-dependent
-//    quantity of a chunk, computed once per (token, head) instead of once per
-//    value tile, written to a workspace slot in the exact shared-memory image
-//    the state kernel's wgmma reads (bf16/fp16 tiles of [rows][64] elements,
-//    128-byte swizzle):
+// 1. The chunk pass (hopper_prep2_kernel, gla_fwd_hopper_prep2.cuh; portable,
+//    one CTA per (sequence, head, chunk of 64 tokens), all chunks in
+//    parallel): every gate-dependent quantity of a chunk, computed once per
+//    (token, head) instead of once per value tile, written to a workspace
+//    slot in the exact shared-memory image the state kernel's wgmma reads
+//    (bf16/fp16 tiles of [rows][64] elements, 128-byte swizzle):
 //      K̃ᵀ [KP keys][64 tokens]  k_j ⊙ exp(γ^C − Γ_j)      (state update, A operand)
 //      decay [KP] fp32           exp(γ^C)
 //      Q̃  [64 tokens][KP keys]  q_i ⊙ exp(Γ_i)            (O = Q̃ H, A operand)
@@ -29,10 +29,9 @@
 //    columns. The next chunk's slot image (one bulk copy, an mbarrier) and V
 //    tile (cp.async) load while this one computes. The sequence split and its
 //    states pass work as in gla_fwd_chunk.cu.
-// Measured (bench/results_gla_forward.md, runs 8–10): the state kernel is
-// fast (0.08 ms for B4 T4096 H4 K256 V512); the chunk pass dominates. The
-// chunk pass here is the first version (FLASHGLA_GLA_HOPPER_PREP=v1); the
-// default since run 11 is the second, gla_fwd_hopper_prep2.cuh.
+// Measured (bench/results_gla_forward.md, runs 10–11) at B4 T4096 H4 K256
+// V512: state kernel 0.18 ms, chunk pass 0.142 ms (0.295 ms with the first
+// chunk pass, since removed).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -49,8 +48,6 @@ namespace flashgla::cuda::gla::hopper {
 
 constexpr int C = kChunk;
 constexpr int kPrepThreads = 256;
-constexpr int kPitch = 68;   // floats per row of the chunk pass's factor tiles (float4 rows)
-constexpr int kPitchS = 65;  // floats per row of its q, k, Γ tiles (read by column: odd, no bank conflicts)
 
 // Byte offsets inside one workspace slot (one chunk of one head); every tile
 // starts 1024-byte aligned, as the 128-byte swizzle needs.
@@ -90,250 +87,6 @@ __device__ __forceinline__ void pair_of(int b, int& I, int& J) {
   I = b < 1 ? 1 : b < 3 ? 2 : 3;
   J = b - I * (I - 1) / 2;
 }
-
-// Eight consecutive elements of a row (element offset `base`, or none: base < 0) from key0 on, zero past
-// `width`, as floats: 16-byte loads where the rows allow them.
-__device__ __forceinline__ void load8(const View& t, int64_t base, int key0, int width, float (&x)[8]) {
-  if (base < 0) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = 0.f;
-    return;
-  }
-  if (t.rows16 && key0 + 8 <= width && t.dtype != Elem::f64) {
-    if (t.dtype == Elem::f32) {
-      const float4* at = reinterpret_cast<const float4*>(static_cast<const float*>(t.data) + base + key0);
-      const float4 a = at[0], b = at[1];
-      x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-      return;
-    }
-    const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(t.data) + base + key0);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (t.dtype == Elem::bf16) {
-        const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(&words[i]);
-        x[2 * i] = __low2float(pair), x[2 * i + 1] = __high2float(pair);
-      } else {
-        const __half2 pair = *reinterpret_cast<const __half2*>(&words[i]);
-        x[2 * i] = __low2float(pair), x[2 * i + 1] = __high2float(pair);
-      }
-    }
-    return;
-  }
-#pragma unroll
-  for (int e = 0; e < 8; ++e) x[e] = key0 + e < width ? load_float(t.data, base + (key0 + e) * t.stride[3], t.dtype) : 0.f;
-}
-
-template <class E>
-__global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep_kernel(const ChunkParams p) {
-  extern __shared__ __align__(16) float fsm[];
-  float* qs = fsm;                // [64][kPitchS] q (after the last slice: A)
-  float* ks = qs + C * kPitchS;   // [64][kPitchS] k
-  float* gs = ks + C * kPitchS;   // [64][kPitchS] g, then Γ
-  float* qe = gs + C * kPitchS;   // [48][kPitch] rows 16..63: q_i exp(Γ_i − Γ_{16I})
-  float* ki = qe + 48 * kPitch;   // [6 blocks][16][kPitch]: k_j exp(Γ_{16I} − Γ_j)
-  float* totals = ki + 96 * kPitch;  // [4][64] scan totals
-  const int tid = threadIdx.x;
-  const int64_t nh = blockIdx.x;
-  const int64_t n = nh / p.heads;
-  const int h = int(nh % p.heads);
-  const int64_t c = blockIdx.y;
-  const SeqRange seq = sequence_range(p.seqs, n);
-  if (c * C >= seq.len) return;
-  const int rows_valid = int(min(int64_t(C), seq.len - c * C));
-  const int K = p.key_dim, KP = p.prep_key_pad;
-  const Slot L{KP};
-  unsigned char* slot = p.prep + (slot_index(p, seq, n, c) * p.heads + h) * int64_t(L.bytes());
-  auto row_offset = [&](const View& t, int64_t token) {
-    return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
-  };
-
-  // Roles for A, warp-uniform: threads 0..95 one 4×4 tile of an off-diagonal 16×16 block (all keys);
-  // the rest one 4×4 tile inside a diagonal 16×16 block and a quarter of the slice's keys: threads
-  // 96..159 the tiles on the diagonal (i, j in the same 4 rows), threads 160..255 the tiles below it.
-  const bool off_role = tid < 96, diagonal_tile = tid >= 96 && tid < 160;
-  int row0, col0, key_q = 0, block = 0;
-  if (off_role) {
-    int I, J;
-    block = tid / 16;
-    pair_of(block, I, J);
-    row0 = 16 * I + 4 * ((tid % 16) / 4), col0 = 16 * J + 4 * (tid % 4);
-  } else if (diagonal_tile) {
-    const int tile = (tid - 96) >> 2;  // 16: block tile / 4, 4-row group tile % 4
-    key_q = tid & 3;
-    row0 = col0 = 16 * (tile / 4) + 4 * (tile % 4);
-  } else {
-    const int tile = (tid - 160) >> 2;  // 24: block tile / 6, 4-row groups (ti, tj) as the blocks' pairs
-    key_q = tid & 3;
-    int ti, tj;
-    pair_of(tile % 6, ti, tj);
-    row0 = 16 * (tile / 6) + 4 * ti, col0 = 16 * (tile / 6) + 4 * tj;
-  }
-  float acc[16];
-#pragma unroll
-  for (int e = 0; e < 16; ++e) acc[e] = 0.f;
-
-  for (int s = 0; s < KP / 64; ++s) {
-    // ---- q, k, g of this slice of 64 keys (zero outside the sequence and K): 8 keys per piece ----
-    {
-      constexpr int kPieces = C * 8 / kPrepThreads;
-      float qv[kPieces][8], kv[kPieces][8], gv[kPieces][8];
-#pragma unroll
-      for (int u = 0; u < kPieces; ++u) {
-        const int piece = tid + kPrepThreads * u, r = piece >> 3, key0 = 64 * s + 8 * (piece & 7);
-        const bool valid = r < rows_valid;
-        const int64_t t = c * C + r;
-        load8(p.q, valid ? row_offset(p.q, t) : -1, key0, K, qv[u]);
-        load8(p.k, valid ? row_offset(p.k, t) : -1, key0, K, kv[u]);
-        if (p.gate == Gate::vector) {
-          load8(p.g, valid ? row_offset(p.g, t) : -1, key0, K, gv[u]);
-        } else {
-          const float scalar = p.gate == Gate::scalar && valid ? load_float(p.g.data, row_offset(p.g, t), p.g.dtype) : 0.f;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) gv[u][e] = scalar;
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kPieces; ++u) {
-        const int piece = tid + kPrepThreads * u, at = (piece >> 3) * kPitchS + 8 * (piece & 7);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) qs[at + e] = qv[u][e], ks[at + e] = kv[u][e], gs[at + e] = gv[u][e];
-      }
-    }
-    __syncthreads();
-    // ---- Γ: inclusive sums over the rows, per key (4 quarters of 16 rows, then their prefixes) ----
-    {
-      const int col = tid & 63, quarter = tid >> 6;
-      float run = 0.f;
-      for (int j = 0; j < 16; ++j) {
-        float& x = gs[(16 * quarter + j) * kPitchS + col];
-        run += x;
-        x = run;
-      }
-      totals[quarter * 64 + col] = run;
-      __syncthreads();
-      float before = 0.f;
-      for (int j = 0; j < quarter; ++j) before += totals[j * 64 + col];
-      if (quarter)
-        for (int j = 0; j < 16; ++j) gs[(16 * quarter + j) * kPitchS + col] += before;
-    }
-    __syncthreads();
-    // ---- factors of the off-diagonal blocks; Q̃, K̃ᵀ and the decay into the slot ----
-    for (int i = tid; i < 48 * 64; i += kPrepThreads) {
-      const int r = 16 + (i >> 6), col = i & 63, ref = r & ~15;
-      qe[(r - 16) * kPitch + col] = qs[r * kPitchS + col] * __expf(gs[r * kPitchS + col] - gs[ref * kPitchS + col]);
-    }
-    for (int i = tid; i < 96 * 64; i += kPrepThreads) {
-      const int b = i / (16 * 64), jj = (i >> 6) & 15, col = i & 63;
-      int I, J;
-      pair_of(b, I, J);
-      const int j = 16 * J + jj;
-      ki[(16 * b + jj) * kPitch + col] = ks[j * kPitchS + col] * __expf(gs[16 * I * kPitchS + col] - gs[j * kPitchS + col]);
-    }
-    for (int piece = tid; piece < C * 8; piece += kPrepThreads) {
-      const int r = piece >> 3, p8 = piece & 7;
-      float x[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) x[e] = qs[r * kPitchS + 8 * p8 + e] * __expf(gs[r * kPitchS + 8 * p8 + e]);
-      *reinterpret_cast<uint4*>(slot + L.q() + s * C * 128 + swizzled(r, 8 * p8)) = pack8<E>(x);
-    }
-    for (int piece = tid; piece < 64 * 8; piece += kPrepThreads) {
-      const int kr = piece & 63, t8 = piece >> 6, row = 64 * s + kr;
-      const float last = gs[(C - 1) * kPitchS + kr];
-      float x[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) x[e] = ks[(8 * t8 + e) * kPitchS + kr] * __expf(last - gs[(8 * t8 + e) * kPitchS + kr]);
-      *reinterpret_cast<uint4*>(slot + L.kt() + swizzled(row, 8 * t8)) = pack8<E>(x);
-    }
-    if (tid < 64)
-      reinterpret_cast<float*>(slot + L.decay())[64 * s + tid] = __expf(gs[(C - 1) * kPitchS + tid]);
-    __syncthreads();
-    // ---- A over this slice's keys ----
-    if (off_role) {
-      const float* qa = qe + (row0 - 16) * kPitch;
-      const float* kb = ki + (16 * block + (col0 & 15)) * kPitch;
-#pragma unroll 2
-      for (int kk = 0; kk < 64; kk += 4) {
-        float4 a[4], b[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) a[r] = *reinterpret_cast<const float4*>(qa + r * kPitch + kk);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) b[j] = *reinterpret_cast<const float4*>(kb + j * kPitch + kk);
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            float& x = acc[4 * r + j];
-            x = fmaf(a[r].x, b[j].x, x);
-            x = fmaf(a[r].y, b[j].y, x);
-            x = fmaf(a[r].z, b[j].z, x);
-            x = fmaf(a[r].w, b[j].w, x);
-          }
-      }
-    } else if (diagonal_tile) {
-      // exp(Γ_i − Γ_j) for j ≤ i in the same 4 rows: products of α_r = exp(Γ_r − Γ_{r−1}) ≤ 1.
-      for (int kk = 16 * key_q; kk < 16 * key_q + 16; ++kk) {
-        float qv[4], kv[4], gv[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int at = (row0 + r) * kPitchS + kk;
-          qv[r] = qs[at], kv[r] = ks[at], gv[r] = gs[at];
-        }
-        const float a1 = __expf(gv[1] - gv[0]), a2 = __expf(gv[2] - gv[1]), a3 = __expf(gv[3] - gv[2]);
-        const float a12 = a1 * a2, a23 = a2 * a3;
-        const float decay[4][4] = {{1.f, 0.f, 0.f, 0.f}, {a1, 1.f, 0.f, 0.f}, {a12, a2, 1.f, 0.f}, {a12 * a3, a23, a3, 1.f}};
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-#pragma unroll
-          for (int j = 0; j <= r; ++j) acc[4 * r + j] = fmaf(qv[r] * kv[j], decay[r][j], acc[4 * r + j]);
-      }
-    } else {
-      // Rows below the key rows: reference row0 (the first query row), both factors ≤ 1.
-      for (int kk = 16 * key_q; kk < 16 * key_q + 16; ++kk) {
-        const float g_ref = gs[row0 * kPitchS + kk];
-        float qf[4], kf[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int at = (row0 + r) * kPitchS + kk;
-          qf[r] = qs[at] * __expf(gs[at] - g_ref);
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int at = (col0 + j) * kPitchS + kk;
-          kf[j] = ks[at] * __expf(g_ref - gs[at]);
-        }
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) acc[4 * r + j] = fmaf(qf[r], kf[j], acc[4 * r + j]);
-      }
-    }
-    __syncthreads();
-  }
-
-  // ---- A into the slot (fp32 in qs first: the diagonal tiles' key quarters add up there) ----
-  float* as = qs;
-  for (int i = tid; i < C * kPitchS; i += kPrepThreads) as[i] = 0.f;
-  __syncthreads();
-#pragma unroll
-  for (int r = 0; r < 4; ++r)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float* at = as + (row0 + r) * kPitchS + col0 + j;
-      if (off_role) *at = acc[4 * r + j];
-      else if (col0 + j <= row0 + r) atomicAdd(at, acc[4 * r + j]);
-    }
-  __syncthreads();
-  for (int piece = tid; piece < C * 8; piece += kPrepThreads) {
-    const int r = piece >> 3, p8 = piece & 7;
-    float x[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = as[r * kPitchS + 8 * p8 + e];
-    *reinterpret_cast<uint4*>(slot + L.a() + swizzled(r, 8 * p8)) = pack8<E>(x);
-  }
-}
-
-inline constexpr int prep_smem_bytes() { return 3 * C * kPitchS * 4 + (48 + 96) * kPitch * 4 + 4 * 64 * 4; }
 
 // ---- sm_90a primitives not in attention_wgmma.cuh ----------------------------------------
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {

@@ -1,26 +1,27 @@
-// The Hopper path's chunk pass, second version (the default since run 11; FLASHGLA_GLA_HOPPER_PREP=v1 takes
-// the first): the same slot (Q̃, K̃ᵀ, decay, A: gla_fwd_hopper.cuh) from the same factors, with about half
-// the instructions (2.1x faster at K256 V512: bench/results_gla_forward.md).
+// The Hopper path's chunk pass: the slot (Q̃, K̃ᵀ, decay, A: gla_fwd_hopper.cuh) of one chunk and head. It
+// replaced a first version (removed after run 11) that built the same slot from the same factors with about
+// twice the instructions (this one is 2.1x faster at K256 V512: bench/results_gla_forward.md, run 11).
 //
-// Why (static SASS of hopper_prep_kernel, bf16, sm_90a; bench/notes_gla_fwd.md, "Chunk pass v2"):
-// every __expf is 5 instructions (FMUL by log2 e, a denormal range test, two predicated FMULs, MUFU); the
-// off-diagonal factor loop is ~35 instructions per element (index arithmetic of the block pair); the
-// tiles below the diagonal inside the diagonal blocks recompute 8 exps per key and thread; and the A
-// phase is unbalanced (3 warps of 1,024 FMAs each, 3 warps of ~1,500 instructions of exps). v2:
+// Why (static SASS of the first version, bf16, sm_90a; bench/notes_gla_fwd.md, "Chunk pass v2"): there
+// every __expf was 5 instructions (FMUL by log2 e, a denormal range test, two predicated FMULs, MUFU); the
+// off-diagonal factor loop ~35 instructions per element (index arithmetic of the block pair); the tiles
+// below the diagonal inside the diagonal blocks recomputed 8 exps per key and thread; and the A phase was
+// unbalanced (3 warps of 1,024 FMAs each, 3 warps of ~1,500 instructions of exps). Here:
 //   * g is scaled by log2 e as it is loaded, so every exp is one MUFU.EX2 (ex2.approx.ftz) of a difference;
-//   * thread (key column col, row quarter qt) loads its column of q, k, g for the 16 rows of its quarter
-//     straight into registers (a warp reads 32 consecutive keys of a row: 64 contiguous bytes), scans g
-//     there (one barrier for the quarters' totals) and writes every factor of its quarter with compile-time
+//   * thread (key pair, row eighth) loads its two keys of q, k, g for the 8 rows of its eighth straight
+//     into registers (a warp reads 32 key pairs of a row: 128 contiguous bytes of 2-byte elements), scans
+//     g there (one barrier for the eighths' totals) and writes every factor of its rows with compile-time
 //     indices: Q̃ and K̃ᵀ to the slot, the off-diagonal-block factors (query side: reference row 16I; key
 //     side: the reference of every later block) and, with the same rule one level down, the factors of the
 //     4×4 tiles below the diagonal inside its diagonal block (reference: first row of the 4-row group);
-//   * the 4×4 diagonal tiles (α products, as before) stay in its registers, summed over its keys and
-//     slices, and are reduced over the 64 columns once per CTA;
+//   * the 4×4 diagonal tiles (α products) stay in its registers, summed over its keys and slices, and are
+//     reduced over each warp's 32 key pairs once per CTA;
 //   * A below the diagonal tiles is then 120 uniform 4×4 FMA tiles (96 in the off-diagonal blocks,
 //     24 inside the diagonal ones), two threads per tile (alternate float4 key groups), 240 threads busy;
 //     their sums go to an fp32 A tile in shared memory after each slice (each entry has one owner).
-// Every factor is ≤ 1 exactly as before (the same reference rows), so gates of −20 per step are as safe,
-// and A is still accumulated in fp32 and rounded once. Three barriers per 64-key slice instead of five.
+// Every factor is ≤ 1 (reference rows as above), so gates of −20 per step underflow to 0 and never
+// overflow, and A is accumulated in fp32 and rounded once. Three barriers per 64-key slice (the first
+// version had five).
 #pragma once
 
 #include <type_traits>
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
     } else {
       g_packed = false;
 #pragma unroll
-      for (int j = 0; j < 8; ++j)  // a scalar gate applies to every key column, as in the first version
+      for (int j = 0; j < 8; ++j)  // a scalar gate applies to every key column
         gw[2 * j] = gw[2 * j + 1] = __float_as_uint(
             p.gate == Gate::scalar && j < eighth_rows ? load_float(p.g.data, row_offset(p.g, token0 + j), p.g.dtype) : 0.f);
     }
