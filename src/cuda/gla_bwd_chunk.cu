@@ -150,10 +150,10 @@ __device__ __forceinline__ GateTile<GT, kChunkThreads> start_gate_tile(const Par
     constexpr int kPieces = kTile * sizeof(bf16) / 16;  // 16-byte pieces per row
     const bf16* src = static_cast<const bf16*>(p.g.data) + offset4(p.g, b, t0, h, c0);
     bf16* raw = reinterpret_cast<bf16*>(sG);
-    for (int idx = threadIdx.x; idx < kTile * kPieces; idx += kChunkThreads) {
+    for_each_item<kChunkThreads, kTile * kPieces>([&](int idx) {
       const int r = idx / kPieces, c = idx % kPieces * 8;  // rows past `rows`: zero, a flat Γ
       cp_async16(raw + r * kTile + c, r < rows ? src + r * p.g.stride[1] + c : src, r < rows ? 16 : 0);
-    }
+    });
     return {};
   }
   return load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, c0);
@@ -265,10 +265,10 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       cp_async_wait_all();
       finish_gate_tile<GT, kPlain>(p, sG, gate);
       mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
-      map_rows<T, kChunkThreads>(sKStage, sK, kStageRows, key_stage_key, [&](int row, int col, float x) {
+      map_rows<T, kChunkThreads, kStageRows, kPlain>(sKStage, sK, key_stage_key, [&](int row, int col, float x) {
         return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + col] - sG[key_stage_key(row) * LDF + col]);
       });
-      map_rows<T, kChunkThreads>(sQHat, sQ, kChunk, [](int r) { return r; }, [&](int i, int col, float x) {
+      map_rows<T, kChunkThreads, kChunk, kPlain>(sQHat, sQ, [](int r) { return r; }, [&](int i, int col, float x) {
         return x * exp2_of(sG[i * LDF + col] - sG[(i / kSub) * kSub * LDF + col]);
       });
       __syncthreads();
@@ -414,10 +414,10 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     {
       T* sKStage = R;
       T* sQStage = R + kBetweenRows * LD;
-      map_rows<T, kChunkThreads>(sKStage, sK, kBetweenRows, between_key_key, [&](int row, int c, float x) {
+      map_rows<T, kChunkThreads, kBetweenRows, kPlain>(sKStage, sK, between_key_key, [&](int row, int c, float x) {
         return x * exp2_of(sG[kSub * between_key_sub(row) * LDF + c] - sG[between_key_key(row) * LDF + c]);
       });
-      map_rows<T, kChunkThreads>(sQStage, sQ, kBetweenRows, between_query_query, [&](int row, int c, float x) {
+      map_rows<T, kChunkThreads, kBetweenRows, kPlain>(sQStage, sQ, between_query_query, [&](int row, int c, float x) {
         const int i = between_query_query(row), ref = kSub * between_query_sub(row) + kSub - 1;
         return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
       });
