@@ -156,7 +156,7 @@ __device__ __forceinline__ GateTile<GT, kChunkThreads> start_gate_tile(const Par
     });
     return {};
   }
-  return load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, c0);
+  return load_gate_tile<GT, kChunkThreads, kPlain>(p, b, t0, rows, h, c0);
 }
 
 template <class GT, bool kPlain>
@@ -572,11 +572,12 @@ bool bf16_rows(const Tensor& t, int D) {
 }
 
 // The layout of chunk_kernel<bf16, float, true>: q, k, v, dO, dq, dk, dv and a
-// vector gate and its dg all in bf16 rows (dg in bf16 implies g in bf16).
+// vector gate and its dg all in bf16 rows (dg in bf16 implies g in bf16); a
+// scalar gate in bf16 (its loader is the only one compiled there).
 bool plain_layout(const Params& p) {
   const int K = p.key_dim, V = p.value_dim;
   return bf16_rows(p.q, K) && bf16_rows(p.k, K) && bf16_rows(p.v, V) && bf16_rows(p.d_o, V) && bf16_rows(p.dq, K) &&
-         bf16_rows(p.dk, K) && bf16_rows(p.dv, V) &&
+         bf16_rows(p.dk, K) && bf16_rows(p.dv, V) && (p.gate == GateKind::none || p.g.dtype == DType::bf16) &&
          (p.gate != GateKind::vector || (bf16_rows(p.g, K) && bf16_rows(p.dg, K)));
 }
 

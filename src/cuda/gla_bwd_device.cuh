@@ -429,7 +429,8 @@ __device__ __forceinline__ void load_gate_rows(GT (&x)[R], const In* src, int64_
   for (int i = 0; i < R; ++i) x[i] = i < valid_rows ? gate_value<GT>(src[i * row_stride]) : GT(0);
 }
 
-template <class GT, int kThreads>
+// kBf16Only: the caller knows the gate is bf16 (only that loader is compiled).
+template <class GT, int kThreads, bool kBf16Only = false>
 __device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const Params& p, int64_t b, int64_t t0, int rows,
                                                                  int64_t h, int c0) {
   using Tile = GateTile<GT, kThreads>;
@@ -443,6 +444,10 @@ __device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const Params& p
   }
   const int64_t off = offset4(p.g, b, t0 + first, h, p.gate == GateKind::vector ? c0 + c : 0);
   const int64_t rs = p.g.stride[1];
+  if constexpr (kBf16Only) {
+    load_gate_rows(g.x, static_cast<const bf16*>(p.g.data) + off, rs, valid);
+    return g;
+  }
   switch (p.g.dtype) {
     case DType::f64: load_gate_rows(g.x, static_cast<const double*>(p.g.data) + off, rs, valid); break;
     case DType::f32: load_gate_rows(g.x, static_cast<const float*>(p.g.data) + off, rs, valid); break;
