@@ -152,7 +152,7 @@ __device__ __forceinline__ GateTile<GT, kChunkThreads> start_gate_tile(const Par
     bf16* raw = reinterpret_cast<bf16*>(sG);
     for_each_item<kChunkThreads, kTile * kPieces>([&](int idx) {
       const int r = idx / kPieces, c = idx % kPieces * 8;  // rows past `rows`: zero, a flat Γ
-      cp_async16(raw + r * kTile + c, r < rows ? src + r * p.g.stride[1] + c : src, r < rows ? 16 : 0);
+      cp_async16(raw + r * kTile + c, r < rows ? src + (r * int(p.g.stride[1]) + c) : src, r < rows ? 16 : 0);
     });
     return {};
   }
@@ -564,11 +564,13 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     store_as(p.dg.data, offset4(p.dg, b, t0 + threadIdx.x, h, 0), p.dg.dtype, sRowSums[threadIdx.x]);
 }
 
-// Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16.
+// Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16,
+// with the rows of a chunk within 2^31 elements (32-bit offsets inside it).
 bool bf16_rows(const Tensor& t, int D) {
   constexpr int kVec = 8;
   return t.dtype == DType::bf16 && t.stride[3] == 1 && D % kTile == 0 && t.stride[0] % kVec == 0 &&
-         t.stride[1] % kVec == 0 && t.stride[2] % kVec == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+         t.stride[1] % kVec == 0 && t.stride[2] % kVec == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 &&
+         t.stride[1] < (int64_t(1) << 31) / kChunk;
 }
 
 // The layout of chunk_kernel<bf16, float, true>: q, k, v, dO, dq, dk, dv and a

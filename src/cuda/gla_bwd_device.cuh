@@ -301,7 +301,9 @@ __device__ __forceinline__ void load_tile_async(T* s, const Tensor& x, int64_t b
   if (kKnownPlain || plain_tile<T>(x, b, t0, h, c0, D)) {
     for_each_item<kThreads, kTile * kPerRow>([&](int idx) {
       const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
-      cp_async16(s + r * kLd<T> + c, r < rows ? src + r * row_stride + c : src, r < rows ? 16 : 0);
+      // kKnownPlain: the host checked that a chunk's rows span < 2^31 elements (32-bit offsets)
+      const int64_t at = kKnownPlain ? int64_t(r * int(row_stride) + c) : r * row_stride + c;
+      cp_async16(s + r * kLd<T> + c, r < rows ? src + at : src, r < rows ? 16 : 0);
     });
   } else if constexpr (!kKnownPlain) {
     load_tile<T, kThreads>(s, x, b, t0, rows, h, c0, D);
@@ -324,7 +326,8 @@ __device__ __forceinline__ void store_tile_elements(const Tensor& x, int64_t bas
 
 // Rows of a 64x64 fp32 tile of shared memory (row stride kLdF) to a bf16 or
 // fp16 output in whole aligned 16-byte rows, rows r < rows.
-template <int kThreads>
+// kOffsets32: a chunk's rows span < 2^31 elements (checked by the caller's host).
+template <int kThreads, bool kOffsets32 = false>
 __device__ __forceinline__ void store_rows_16bit(const Tensor& x, int64_t base, int64_t row_stride, int rows, bool bf,
                                                  const float* s) {
   for_each_item<kThreads, kTile * 8>([&](int idx) {
@@ -336,7 +339,8 @@ __device__ __forceinline__ void store_rows_16bit(const Tensor& x, int64_t base, 
                                       pack_bf16(hi.z, hi.w))
                          : make_uint4(pack_f16(lo.x, lo.y), pack_f16(lo.z, lo.w), pack_f16(hi.x, hi.y),
                                       pack_f16(hi.z, hi.w));
-    *reinterpret_cast<uint4*>(static_cast<unsigned short*>(x.data) + base + r * row_stride + c) = out;
+    const int64_t at = kOffsets32 ? int64_t(r * int(row_stride) + c) : r * row_stride + c;
+    *reinterpret_cast<uint4*>(static_cast<unsigned short*>(x.data) + base + at) = out;
   });
 }
 
@@ -350,7 +354,7 @@ __device__ __forceinline__ void store_tile(const Tensor& x, int64_t b, int64_t t
                                            const float* s) {
   const int64_t base = offset4(x, b, t0, h, c0), row_stride = x.stride[1];
   if constexpr (kKnownBf16Rows) {
-    store_rows_16bit<kThreads>(x, base, row_stride, rows, true, s);
+    store_rows_16bit<kThreads, true>(x, base, row_stride, rows, true, s);
   } else {
     const int cols = D - c0 < kTile ? D - c0 : kTile;
     const bool half = x.dtype == DType::bf16 || x.dtype == DType::f16;
