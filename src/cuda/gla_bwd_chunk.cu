@@ -117,7 +117,8 @@ struct ChunkSmem {
   static constexpr size_t r_tiles = 2 * kValueGroup + 1 > 4 ? 2 * kValueGroup + 1 : 4;
   static constexpr size_t r_bytes = r_tiles * tile > 3 * tile_f ? r_tiles * tile : 3 * tile_f;
   static_assert(size_t(2 * kBetweenRows) * kLd<T> * sizeof(T) <= r_bytes, "phase C: both stages in R");
-  static_assert(size_t(kStageRows + kChunk) * kLd<T> * sizeof(T) <= r_bytes, "phase A: key stage and q̂ in R");
+  static_assert(size_t(kStageRows + kChunk) * kLd<T> * sizeof(T) + size_t(kChunk) * kDiagLd * sizeof(float) <= r_bytes,
+                "phase A: key stage, q̂ and the diagonal blocks' element-wise sums in R");
   static_assert(kValueGroup * tile_f <= r_bytes, "phase B stages dv (fp32) in R");
   static_assert(size_t(kTile) * kLdF * sizeof(GT) >= size_t(kTileElems) * sizeof(bf16),
                 "the gates' buffer holds a raw bf16 gate tile (start_gate_tile)");
@@ -253,11 +254,18 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     float acc[2][2][4];
     zero(acc[0]);
     zero(acc[1]);
-    float diag[8];
-#pragma unroll
-    for (int m = 0; m < 8; ++m) diag[m] = 0.f;
     T* sKStage = R;                       // key_stage rows
     T* sQHat = R + kStageRows * LD;       // row i: q_i exp(Γ_i − Γ_{16 s(i)})
+    // The element-wise part of the diagonal blocks, [64][LDD] fp32 after q̂,
+    // each entry summed by the one lane that holds it (rows diagonal_row,
+    // column j): in shared memory rather than registers so that the loop over
+    // those rows keeps one body (8 unrolled bodies were a fifth of the code).
+    float* sDiagElem = reinterpret_cast<float*>(sQHat + kChunk * LD);
+    const int diag_col = transpose_reduce_index<kSub>();  // the column whose sums this lane holds
+    if ((lane & 1) == 0) {
+#pragma unroll 1
+      for (int m = 0; m < 8; ++m) sDiagElem[(kSub * s + diagonal_row(hc, m)) * LDD + diag_col] = 0.f;
+    }
     for (int kt = 0; kt < p.key_tiles; ++kt) {
       auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
       load_tile_async<T, kChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
@@ -291,7 +299,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
           k_reg[j] = to_float(sK[(kSub * s + j) * LD + c]);
           g_reg[j] = sG[(kSub * s + j) * LDF + c];
         }
-#pragma unroll
+#pragma unroll 1
         for (int m = 0; m < 8; ++m) {
           const int i = diagonal_row(hc, m);
           const float qi = to_float(sQ[(kSub * s + i) * LD + c]);
@@ -299,7 +307,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
           float part[kSub];
 #pragma unroll
           for (int j = 0; j < kSub; ++j) part[j] = j <= i ? qi * k_reg[j] * exp2_of(gi - g_reg[j]) : 0.f;
-          diag[m] += transpose_reduce<kSub>(part);
+          const float sum = transpose_reduce<kSub>(part);
+          if ((lane & 1) == 0) sDiagElem[(kSub * s + i) * LDD + diag_col] += sum;
         }
       }
       __syncthreads();
@@ -322,12 +331,12 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         }
     }
     __syncthreads();
-    const int j = transpose_reduce_index<kSub>();
     if ((lane & 1) == 0) {
+      const int j = diag_col;
 #pragma unroll
       for (int m = 0; m < 8; ++m) {
         const int i = diagonal_row(hc, m);
-        const float a = diag[m] + sDiagProduct[(kSub * s + i) * LDD + j];
+        const float a = sDiagElem[(kSub * s + i) * LDD + j] + sDiagProduct[(kSub * s + i) * LDD + j];
         sA[(kSub * s + i) * LD + kSub * s + j] = from_float<T>(j <= i ? scale * a : 0.f);
       }
     }
