@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         cp_async_wait_all();
         finish_gate_tile<GT, kPlain>(p, sG, gate);
         auto k_hat = [=](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
-        if (k_plain) transform_tile<T, kChunkThreads>(sKHat, k_hat);
+        if (k_plain) transform_tile<T, kChunkThreads, kPlain>(sKHat, k_hat);
         else load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, k_hat);
         __syncthreads();
 #pragma unroll

@@ -261,9 +261,9 @@ __device__ __forceinline__ void map_rows(T* dst, const T* src, RowOf src_row, F 
 }
 
 // s[r][c] = f(r, c, s[r][c]) in fp32 over a 64x64 tile of shared memory.
-template <class T, int kThreads, class F>
+template <class T, int kThreads, bool kOneBody = false, class F>
 __device__ __forceinline__ void transform_tile(T* s, F f) {
-  map_rows<T, kThreads, kTile>(s, s, [](int r) { return r; }, f);
+  map_rows<T, kThreads, kTile, kOneBody>(s, s, [](int r) { return r; }, f);
 }
 
 // Two neighbouring elements of a row in shared memory, in one store.
