@@ -20,6 +20,7 @@ split turned off (FLASHGLA_GLA_BWD_SCAN_SPLIT=0), --diag-compare with A's
 pairs inside sub-chunks summed element by element (FLASHGLA_GLA_BWD_DIAG=
 elementwise), in the same process; --compare NAME=VALUE[,NAME=VALUE] (repeatable)
 with any backend environment settings, e.g. FLASHGLA_GLA_BWD_GATE=registers.
+--shapes "8,4096,16,128,128;8,2048,4,128,256" times only those shapes.
 MODEL shapes are those of the 340M GLA model (issue 7: H=4, K=128, V=256).
 """
 
@@ -155,7 +156,10 @@ def main():
                         help="also time bwd with A's sub-chunk pairs element by element")
     parser.add_argument("--compare", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
                         help="also time bwd with these backend environment settings (repeatable)")
+    parser.add_argument("--shapes", default=None, metavar="B,T,H,K,V[;B,T,H,K,V]",
+                        help="only these shapes of the lists (a short run)")
     args = parser.parse_args()
+    only = None if args.shapes is None else {tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")}
     torch.manual_seed(0)
     card = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
@@ -167,6 +171,8 @@ def main():
     kernels, unsplit, elementwise, compared = [], [], [], []
     print("\n".join(lines), flush=True)
     for B, T, H, K, V, (kind, goal) in MODEL + ANCHORS:  # each row printed as soon as it is measured
+        if only is not None and (B, T, H, K, V) not in only:
+            continue
         fwd_ms, bwd_ms, both_ms, peak, (inputs, do) = time_ours(B, T, H, K, V)
         shape = f"B{B} T{T} H{H} K{K} V{V}"
         if args.kernels:

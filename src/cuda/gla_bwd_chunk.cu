@@ -117,7 +117,8 @@ struct ChunkSmem {
   static constexpr size_t r_tiles = 2 * kValueGroup + 1 > 4 ? 2 * kValueGroup + 1 : 4;
   static constexpr size_t r_bytes = r_tiles * tile > 3 * tile_f ? r_tiles * tile : 3 * tile_f;
   static_assert(size_t(2 * kBetweenRows) * kLd<T> * sizeof(T) <= r_bytes, "phase C: both stages in R");
-  static_assert(size_t(kStageRows + kChunk) * kLd<T> * sizeof(T) <= r_bytes, "phase A: key stage and q̂ in R");
+  static_assert(size_t(kStageRows + kChunk) * kLd<T> * sizeof(T) + size_t(kChunk) * kDiagLd * sizeof(float) <= r_bytes,
+                "phase A: key stage, q̂ and the diagonal blocks' element-wise sums in R");
   static_assert(kValueGroup * tile_f <= r_bytes, "phase B stages dv (fp32) in R");
   static_assert(size_t(kTile) * kLdF * sizeof(GT) >= size_t(kTileElems) * sizeof(bf16),
                 "the gates' buffer holds a raw bf16 gate tile (start_gate_tile)");
@@ -150,13 +151,13 @@ __device__ __forceinline__ GateTile<GT, kChunkThreads> start_gate_tile(const Par
     constexpr int kPieces = kTile * sizeof(bf16) / 16;  // 16-byte pieces per row
     const bf16* src = static_cast<const bf16*>(p.g.data) + offset4(p.g, b, t0, h, c0);
     bf16* raw = reinterpret_cast<bf16*>(sG);
-    for (int idx = threadIdx.x; idx < kTile * kPieces; idx += kChunkThreads) {
+    for_each_item<kChunkThreads, kTile * kPieces>([&](int idx) {
       const int r = idx / kPieces, c = idx % kPieces * 8;  // rows past `rows`: zero, a flat Γ
-      cp_async16(raw + r * kTile + c, r < rows ? src + r * p.g.stride[1] + c : src, r < rows ? 16 : 0);
-    }
+      cp_async16(raw + r * kTile + c, r < rows ? src + (r * int(p.g.stride[1]) + c) : src, r < rows ? 16 : 0);
+    });
     return {};
   }
-  return load_gate_tile<GT, kChunkThreads>(p, b, t0, rows, h, c0);
+  return load_gate_tile<GT, kChunkThreads, kPlain>(p, b, t0, rows, h, c0);
 }
 
 template <class GT, bool kPlain>
@@ -253,11 +254,18 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     float acc[2][2][4];
     zero(acc[0]);
     zero(acc[1]);
-    float diag[8];
-#pragma unroll
-    for (int m = 0; m < 8; ++m) diag[m] = 0.f;
     T* sKStage = R;                       // key_stage rows
     T* sQHat = R + kStageRows * LD;       // row i: q_i exp(Γ_i − Γ_{16 s(i)})
+    // The element-wise part of the diagonal blocks, [64][LDD] fp32 after q̂,
+    // each entry summed by the one lane that holds it (rows diagonal_row,
+    // column j): in shared memory rather than registers so that the loop over
+    // those rows keeps one body (8 unrolled bodies were a fifth of the code).
+    float* sDiagElem = reinterpret_cast<float*>(sQHat + kChunk * LD);
+    const int diag_col = transpose_reduce_index<kSub>();  // the column whose sums this lane holds
+    if ((lane & 1) == 0) {
+#pragma unroll 1
+      for (int m = 0; m < 8; ++m) sDiagElem[(kSub * s + diagonal_row(hc, m)) * LDD + diag_col] = 0.f;
+    }
     for (int kt = 0; kt < p.key_tiles; ++kt) {
       auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
       load_tile_async<T, kChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
@@ -265,10 +273,10 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       cp_async_wait_all();
       finish_gate_tile<GT, kPlain>(p, sG, gate);
       mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
-      map_rows<T, kChunkThreads>(sKStage, sK, kStageRows, key_stage_key, [&](int row, int col, float x) {
+      map_rows<T, kChunkThreads, kStageRows, kPlain>(sKStage, sK, key_stage_key, [&](int row, int col, float x) {
         return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + col] - sG[key_stage_key(row) * LDF + col]);
       });
-      map_rows<T, kChunkThreads>(sQHat, sQ, kChunk, [](int r) { return r; }, [&](int i, int col, float x) {
+      map_rows<T, kChunkThreads, kChunk, kPlain>(sQHat, sQ, [](int r) { return r; }, [&](int i, int col, float x) {
         return x * exp2_of(sG[i * LDF + col] - sG[(i / kSub) * kSub * LDF + col]);
       });
       __syncthreads();
@@ -291,7 +299,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
           k_reg[j] = to_float(sK[(kSub * s + j) * LD + c]);
           g_reg[j] = sG[(kSub * s + j) * LDF + c];
         }
-#pragma unroll
+#pragma unroll 1
         for (int m = 0; m < 8; ++m) {
           const int i = diagonal_row(hc, m);
           const float qi = to_float(sQ[(kSub * s + i) * LD + c]);
@@ -299,7 +307,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
           float part[kSub];
 #pragma unroll
           for (int j = 0; j < kSub; ++j) part[j] = j <= i ? qi * k_reg[j] * exp2_of(gi - g_reg[j]) : 0.f;
-          diag[m] += transpose_reduce<kSub>(part);
+          const float sum = transpose_reduce<kSub>(part);
+          if ((lane & 1) == 0) sDiagElem[(kSub * s + i) * LDD + diag_col] += sum;
         }
       }
       __syncthreads();
@@ -322,12 +331,12 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         }
     }
     __syncthreads();
-    const int j = transpose_reduce_index<kSub>();
     if ((lane & 1) == 0) {
+      const int j = diag_col;
 #pragma unroll
       for (int m = 0; m < 8; ++m) {
         const int i = diagonal_row(hc, m);
-        const float a = diag[m] + sDiagProduct[(kSub * s + i) * LDD + j];
+        const float a = sDiagElem[(kSub * s + i) * LDD + j] + sDiagProduct[(kSub * s + i) * LDD + j];
         sA[(kSub * s + i) * LD + kSub * s + j] = from_float<T>(j <= i ? scale * a : 0.f);
       }
     }
@@ -370,7 +379,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         cp_async_wait_all();
         finish_gate_tile<GT, kPlain>(p, sG, gate);
         auto k_hat = [=](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
-        if (k_plain) transform_tile<T, kChunkThreads>(sKHat, k_hat);
+        if (k_plain) transform_tile<T, kChunkThreads, kPlain>(sKHat, k_hat);
         else load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, k_hat);
         __syncthreads();
 #pragma unroll
@@ -414,10 +423,10 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     {
       T* sKStage = R;
       T* sQStage = R + kBetweenRows * LD;
-      map_rows<T, kChunkThreads>(sKStage, sK, kBetweenRows, between_key_key, [&](int row, int c, float x) {
+      map_rows<T, kChunkThreads, kBetweenRows, kPlain>(sKStage, sK, between_key_key, [&](int row, int c, float x) {
         return x * exp2_of(sG[kSub * between_key_sub(row) * LDF + c] - sG[between_key_key(row) * LDF + c]);
       });
-      map_rows<T, kChunkThreads>(sQStage, sQ, kBetweenRows, between_query_query, [&](int row, int c, float x) {
+      map_rows<T, kChunkThreads, kBetweenRows, kPlain>(sQStage, sQ, between_query_query, [&](int row, int c, float x) {
         const int i = between_query_query(row), ref = kSub * between_query_sub(row) + kSub - 1;
         return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
       });
@@ -564,19 +573,22 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     store_as(p.dg.data, offset4(p.dg, b, t0 + threadIdx.x, h, 0), p.dg.dtype, sRowSums[threadIdx.x]);
 }
 
-// Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16.
+// Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16,
+// with the rows of a chunk within 2^31 elements (32-bit offsets inside it).
 bool bf16_rows(const Tensor& t, int D) {
   constexpr int kVec = 8;
   return t.dtype == DType::bf16 && t.stride[3] == 1 && D % kTile == 0 && t.stride[0] % kVec == 0 &&
-         t.stride[1] % kVec == 0 && t.stride[2] % kVec == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+         t.stride[1] % kVec == 0 && t.stride[2] % kVec == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 &&
+         t.stride[1] < (int64_t(1) << 31) / kChunk;
 }
 
 // The layout of chunk_kernel<bf16, float, true>: q, k, v, dO, dq, dk, dv and a
-// vector gate and its dg all in bf16 rows (dg in bf16 implies g in bf16).
+// vector gate and its dg all in bf16 rows (dg in bf16 implies g in bf16); a
+// scalar gate in bf16 (its loader is the only one compiled there).
 bool plain_layout(const Params& p) {
   const int K = p.key_dim, V = p.value_dim;
   return bf16_rows(p.q, K) && bf16_rows(p.k, K) && bf16_rows(p.v, V) && bf16_rows(p.d_o, V) && bf16_rows(p.dq, K) &&
-         bf16_rows(p.dk, K) && bf16_rows(p.dv, V) &&
+         bf16_rows(p.dk, K) && bf16_rows(p.dv, V) && (p.gate == GateKind::none || p.g.dtype == DType::bf16) &&
          (p.gate != GateKind::vector || (bf16_rows(p.g, K) && bf16_rows(p.dg, K)));
 }
 

@@ -149,6 +149,24 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
          (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
 }
 
+// f(idx) for idx = threadIdx.x, threadIdx.x + kThreads, ... < kCount, for a
+// block of kThreads threads. Where kThreads divides kCount the loop has a fixed
+// trip count: no remainder code and no bound test per step (the compiler does
+// not know threadIdx.x < kThreads), which was most of each 2-step tile copy's
+// ~130 SASS instructions. kUnrolled: unroll fully, else keep one body.
+template <int kThreads, int kCount, bool kUnrolled = true, class F>
+__device__ __forceinline__ void for_each_item(F f) {
+  if constexpr (kCount % kThreads != 0) {
+    for (int idx = threadIdx.x; idx < kCount; idx += kThreads) f(idx);
+  } else if constexpr (kUnrolled) {
+#pragma unroll
+    for (int i = 0; i < kCount / kThreads; ++i) f(int(threadIdx.x) + i * kThreads);
+  } else {
+#pragma unroll 1
+    for (int i = 0; i < kCount / kThreads; ++i) f(int(threadIdx.x) + i * kThreads);
+  }
+}
+
 // s[r][c] = f(r, c, x[b, t0 + r, h, c0 + c]) for r < rows, c0 + c < D; zero
 // (f must keep zero at zero) elsewhere. 16-byte loads where the layout allows:
 // fp32 tiles from f32 inputs, bf16 tiles from bf16 or fp16 inputs. Inlined
@@ -212,11 +230,12 @@ __device__ __forceinline__ void load_tile(T* s, const Tensor& x, int64_t b, int6
 // dst[r][c] = f(r, c, src[src_row(r)][c]) in fp32 for rows r < nrows of 64
 // columns in shared memory (dst == src allowed); 16 bytes (8 bf16 or 4 fp32
 // elements of one row) per step of a thread.
-template <class T, int kThreads, class RowOf, class F>
-__device__ __forceinline__ void map_rows(T* dst, const T* src, int nrows, RowOf src_row, F f) {
+// kOneBody: a loop of one body (smallest code; for kernels with registers to
+// spare: the general chunk kernel spills more with it), else unrolled by 2.
+template <class T, int kThreads, int kRows, bool kOneBody = false, class RowOf, class F>
+__device__ __forceinline__ void map_rows(T* dst, const T* src, RowOf src_row, F f) {
   constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
-#pragma unroll 2
-  for (int idx = threadIdx.x; idx < nrows * kPerRow; idx += kThreads) {
+  auto body = [&](int idx) {
     const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
     const T* from = src + src_row(r) * kLd<T> + c;
     T* to = dst + r * kLd<T> + c;
@@ -232,13 +251,19 @@ __device__ __forceinline__ void map_rows(T* dst, const T* src, int nrows, RowOf 
         w[i] = pack_bf16(f(r, c + 2 * i, widen<bf16>(w[i] & 0xffffu)), f(r, c + 2 * i + 1, widen<bf16>(w[i] >> 16)));
       *reinterpret_cast<uint4*>(to) = make_uint4(w[0], w[1], w[2], w[3]);
     }
+  };
+  if constexpr (kOneBody) {
+    for_each_item<kThreads, kRows * kPerRow, false>(body);
+  } else {
+#pragma unroll 2
+    for (int idx = threadIdx.x; idx < kRows * kPerRow; idx += kThreads) body(idx);
   }
 }
 
 // s[r][c] = f(r, c, s[r][c]) in fp32 over a 64x64 tile of shared memory.
-template <class T, int kThreads, class F>
+template <class T, int kThreads, bool kOneBody = false, class F>
 __device__ __forceinline__ void transform_tile(T* s, F f) {
-  map_rows<T, kThreads>(s, s, kTile, [](int r) { return r; }, f);
+  map_rows<T, kThreads, kTile, kOneBody>(s, s, [](int r) { return r; }, f);
 }
 
 // Two neighbouring elements of a row in shared memory, in one store.
@@ -274,11 +299,12 @@ __device__ __forceinline__ void load_tile_async(T* s, const Tensor& x, int64_t b
   const T* src = static_cast<const T*>(x.data) + offset4(x, b, t0, h, c0);
   const int64_t row_stride = x.stride[1];
   if (kKnownPlain || plain_tile<T>(x, b, t0, h, c0, D)) {
-#pragma unroll
-    for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
+    for_each_item<kThreads, kTile * kPerRow>([&](int idx) {
       const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
-      cp_async16(s + r * kLd<T> + c, r < rows ? src + r * row_stride + c : src, r < rows ? 16 : 0);
-    }
+      // kKnownPlain: the host checked that a chunk's rows span < 2^31 elements (32-bit offsets)
+      const int64_t at = kKnownPlain ? int64_t(r * int(row_stride) + c) : r * row_stride + c;
+      cp_async16(s + r * kLd<T> + c, r < rows ? src + at : src, r < rows ? 16 : 0);
+    });
   } else if constexpr (!kKnownPlain) {
     load_tile<T, kThreads>(s, x, b, t0, rows, h, c0, D);
   }
@@ -300,20 +326,22 @@ __device__ __forceinline__ void store_tile_elements(const Tensor& x, int64_t bas
 
 // Rows of a 64x64 fp32 tile of shared memory (row stride kLdF) to a bf16 or
 // fp16 output in whole aligned 16-byte rows, rows r < rows.
-template <int kThreads>
+// kOffsets32: a chunk's rows span < 2^31 elements (checked by the caller's host).
+template <int kThreads, bool kOffsets32 = false>
 __device__ __forceinline__ void store_rows_16bit(const Tensor& x, int64_t base, int64_t row_stride, int rows, bool bf,
                                                  const float* s) {
-  for (int idx = threadIdx.x; idx < kTile * 8; idx += kThreads) {
+  for_each_item<kThreads, kTile * 8>([&](int idx) {
     const int r = idx / 8, c = (idx % 8) * 8;
-    if (r >= rows) continue;
+    if (r >= rows) return;
     const float4 lo = *reinterpret_cast<const float4*>(s + r * kLdF + c);
     const float4 hi = *reinterpret_cast<const float4*>(s + r * kLdF + c + 4);
     const uint4 out = bf ? make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y),
                                       pack_bf16(hi.z, hi.w))
                          : make_uint4(pack_f16(lo.x, lo.y), pack_f16(lo.z, lo.w), pack_f16(hi.x, hi.y),
                                       pack_f16(hi.z, hi.w));
-    *reinterpret_cast<uint4*>(static_cast<unsigned short*>(x.data) + base + r * row_stride + c) = out;
-  }
+    const int64_t at = kOffsets32 ? int64_t(r * int(row_stride) + c) : r * row_stride + c;
+    *reinterpret_cast<uint4*>(static_cast<unsigned short*>(x.data) + base + at) = out;
+  });
 }
 
 // x[b, t0 + r, h, c0 + c] = s[r][c] for r < rows, c0 + c < D, from a 64x64
@@ -326,7 +354,7 @@ __device__ __forceinline__ void store_tile(const Tensor& x, int64_t b, int64_t t
                                            const float* s) {
   const int64_t base = offset4(x, b, t0, h, c0), row_stride = x.stride[1];
   if constexpr (kKnownBf16Rows) {
-    store_rows_16bit<kThreads>(x, base, row_stride, rows, true, s);
+    store_rows_16bit<kThreads, true>(x, base, row_stride, rows, true, s);
   } else {
     const int cols = D - c0 < kTile ? D - c0 : kTile;
     const bool half = x.dtype == DType::bf16 || x.dtype == DType::f16;
@@ -363,20 +391,19 @@ __device__ __forceinline__ void prefetch_row_l2(const Tensor& x, int64_t b, int6
 template <class T, int kThreads>
 __device__ __forceinline__ void copy_tile_in(T* s, const T* g) {
   constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
-#pragma unroll
-  for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
+  for_each_item<kThreads, kTile * kPerRow>([&](int idx) {
     const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
     cp_async16(s + r * kLd<T> + c, g + r * kTile + c, 16);
-  }
+  });
 }
 
 template <class T, int kThreads>
 __device__ __forceinline__ void copy_tile_out(T* g, const T* s) {
   constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
-  for (int idx = threadIdx.x; idx < kTile * kPerRow; idx += kThreads) {
+  for_each_item<kThreads, kTile * kPerRow>([&](int idx) {
     const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
     *reinterpret_cast<uint4*>(g + r * kTile + c) = *reinterpret_cast<const uint4*>(s + r * kLd<T> + c);
-  }
+  });
 }
 
 __device__ __forceinline__ int64_t state_tile_index(const Params& p, int64_t slot, int64_t h, int kt, int vt) {
@@ -406,7 +433,8 @@ __device__ __forceinline__ void load_gate_rows(GT (&x)[R], const In* src, int64_
   for (int i = 0; i < R; ++i) x[i] = i < valid_rows ? gate_value<GT>(src[i * row_stride]) : GT(0);
 }
 
-template <class GT, int kThreads>
+// kBf16Only: the caller knows the gate is bf16 (only that loader is compiled).
+template <class GT, int kThreads, bool kBf16Only = false>
 __device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const Params& p, int64_t b, int64_t t0, int rows,
                                                                  int64_t h, int c0) {
   using Tile = GateTile<GT, kThreads>;
@@ -420,6 +448,10 @@ __device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const Params& p
   }
   const int64_t off = offset4(p.g, b, t0 + first, h, p.gate == GateKind::vector ? c0 + c : 0);
   const int64_t rs = p.g.stride[1];
+  if constexpr (kBf16Only) {
+    load_gate_rows(g.x, static_cast<const bf16*>(p.g.data) + off, rs, valid);
+    return g;
+  }
   switch (p.g.dtype) {
     case DType::f64: load_gate_rows(g.x, static_cast<const double*>(p.g.data) + off, rs, valid); break;
     case DType::f32: load_gate_rows(g.x, static_cast<const float*>(p.g.data) + off, rs, valid); break;
