@@ -386,12 +386,9 @@ const char* launch_forward_hopper(AttentionParams p, cudaStream_t stream) {
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
   if (major != 9) return "the device is not compute capability 9.x";
-  cudaFuncAttributes attributes{};
-  // The sm_90a machine code must be in this build (an sm_80-only build runs the portable kernel).
-  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess || attributes.binaryVersion != 90) {
-    cudaGetLastError();
-    return "this build has no sm_90a machine code";
-  }
+  // The sm_90a machine code must be what this device runs (an sm_80-only or a
+  // plain sm_90 build has no Hopper kernel bodies: the portable kernel runs).
+  if (!loaded_code().sm90a) return "this build has no sm_90a machine code";
   if (!p.q.vec16 || !p.k.vec16 || !p.v.vec16)
     return "q, k and v need unit stride along D and 16-byte aligned pointers and strides (TMA)";
   constexpr int64_t kIntMax = 0x7fffffff;

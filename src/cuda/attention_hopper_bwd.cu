@@ -332,11 +332,9 @@ const char* run_attention_backward_hopper(AttentionParams p, cudaStream_t stream
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
   if (major != 9) return "the device is not compute capability 9.x";
-  cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess || attributes.binaryVersion != 90) {
-    cudaGetLastError();
-    return "this build has no sm_90a machine code";
-  }
+  // The sm_90a machine code must be what this device runs (an sm_80-only or a
+  // plain sm_90 build has no Hopper kernel bodies: the portable kernel runs).
+  if (!loaded_code().sm90a) return "this build has no sm_90a machine code";
   if (!p.q.vec16 || !p.k.vec16 || !p.v.vec16 || !p.d_o.vec16)
     return "q, k, v and d_o need unit stride along D and 16-byte aligned pointers and strides (TMA)";
   constexpr int64_t kIntMax = 0x7fffffff;

@@ -16,6 +16,17 @@ inline void check_cuda(cudaError_t status, const char* what) {
     check::fail(ErrorKind::runtime, "", std::string(what) + " failed: " + cudaGetErrorString(status));
 }
 
+// Which machine code of this build the current device runs (device.cu). An
+// sm_80-only build runs its compute_80 PTX on an H100, and a plain sm_90 build
+// compiles the Hopper kernels without the sm_90a features they need (their
+// bodies are empty there), so the compute capability alone does not say
+// whether a Hopper kernel, or an instruction such as griddepcontrol, exists.
+struct LoadedCode {
+  bool sm90 = false;   // compiled for sm_90 or newer (griddepcontrol, bf16 reductions)
+  bool sm90a = false;  // compiled for sm_90a (wgmma, setmaxnreg): the Hopper kernels are real
+};
+LoadedCode loaded_code();
+
 // Makes the tensors' device current for the scope of a call and restores the caller's.
 class DeviceGuard {
  public:

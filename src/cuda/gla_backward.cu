@@ -195,14 +195,13 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     p.chunk_decays = reinterpret_cast<float*>(take(sizes.chunk_decays));
     gla_bwd::launch_state_scan(p, c, stream);  // also writes dh0
     // On sm_90+ the chunk kernel starts as the scans' blocks retire, when it
-    // follows the scans themselves (not a fold): 0.5-3% faster in run 6.
+    // follows the scans themselves (not a fold): 0.5-3% faster in run 6. Only
+    // where the loaded code has griddepcontrol (compiled for sm_90 or newer),
+    // without which the chunk kernel would not wait for the scans.
     // FLASHGLA_GLA_BWD_OVERLAP=0 turns that off, =1 on after a fold too.
-    int major = 0;
-    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.q.device.index),
-               "cudaDeviceGetAttribute");
     const char* overlap_mode = std::getenv("FLASHGLA_GLA_BWD_OVERLAP");
-    const bool overlap = major >= 9 && (overlap_mode && *overlap_mode ? std::string(overlap_mode) != "0"
-                                                                      : p.scan_splits == 1);
+    const bool overlap = loaded_code().sm90 && (overlap_mode && *overlap_mode ? std::string(overlap_mode) != "0"
+                                                                              : p.scan_splits == 1);
     if (p.num_slots > 0 && pr.seq_len > 0) gla_bwd::launch_chunk(p, c, overlap, stream);
   } else {
     p.dq_acc = reinterpret_cast<float*>(take(sizes.dq_acc));

@@ -121,10 +121,8 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   const char* hopper_env = std::getenv("FLASHGLA_GLA_HOPPER");
   const std::string hopper_choice = hopper_env ? hopper_env : "";
   const bool hopper_wanted = hopper_choice == "1" || (hopper_choice != "0" && c.key_dim > 128);
-  int major = 0;
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
   const int64_t chunks_of_t = (p.seq_len + gla::kChunk - 1) / gla::kChunk;
-  if (hopper_wanted && major == 9 && gla::hopper_chunk_supported(c) && chunks_of_t <= 65535) {
+  if (hopper_wanted && gla::hopper_chunk_supported(c) && chunks_of_t <= 65535 && loaded_code().sm90a) {
     c.hopper = true, c.fast = false;
     c.prep_key_pad = gla::hopper_key_pad(c.key_dim);
     c.prep_chunks = chunks_of_t;
