@@ -11,7 +11,8 @@
 #   bash bench/device_gla_bwd.sh                   # full (<= 300 s)
 #   MODE=quick bash bench/device_gla_bwd.sh        # <= 150 s: BUILD reused if it is
 #     there (BUILD=<an existing sm_90a build dir with -DFLASHGLA_PYTHON=ON>), the
-#     plain-layout and sanitizer tests, the registers-gate suite, two shapes
+#     plain-layout, sub-chunk, state-scan (pairs, splits) and sanitizer tests,
+#     two shapes; no registers-gate suite
 set -u
 OUT=${OUT:-/tmp/gla_bwd_out}
 L=/tmp/gla_bwd_logs
@@ -20,7 +21,7 @@ BUILD=${BUILD:-build-devbwd}
 MODE=${MODE:-full}
 COMPARE=${COMPARE:-"FLASHGLA_GLA_BWD_GATE=registers FLASHGLA_GLA_BWD_LAYOUT=general"}
 if [ "$MODE" = quick ]; then
-  TESTS="CudaGlaBackward.ChunkedPlainLayout*:CudaGlaBackward.ChunkedMatchesReference:CudaGlaBackward.Chunked*SubChunk*:CudaGlaBackward.Sanitizer*"
+  TESTS="CudaGlaBackward.ChunkedPlainLayout*:CudaGlaBackward.ChunkedMatchesReference:CudaGlaBackward.Chunked*SubChunk*:CudaGlaBackward.ChunkedScanPairs*:CudaGlaBackward.ChunkedSplitScans*:CudaGlaBackward.ChunkedLargeHeadDims:CudaGlaBackward.Sanitizer*"
   SHAPES=${SHAPES:-"8,4096,16,128,128;8,2048,4,128,256"}
   BUDGET_S=${BUDGET_S:-140}
 else
@@ -68,17 +69,20 @@ note "tests: rc=$? in $(($(date +%s) - start)) s: $(counts "$L/tests.log")"
 grep -E '^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$L/tests.log" | sort -u | head -30
 grep -E "Failure|Which is|Expected|actual|flashgla:|error" "$L/tests.log" | grep -v "^\[ errors" | head -30
 # The suite again with the vector gate loaded into registers in the plain kernel.
+if [ "$MODE" != quick ]; then
 start=$(date +%s)
 FLASHGLA_GLA_BWD_GATE=registers timeout $(left 50) $BUILD/flashgla_tests \
   --gtest_filter="$TESTS:-CudaGlaBackward.Sanitizer*" >"$L/tests_gate_registers.log" 2>&1
 note "tests, FLASHGLA_GLA_BWD_GATE=registers: rc=$? in $(($(date +%s) - start)) s: $(counts "$L/tests_gate_registers.log")"
 grep -E '^\[  FAILED  \]|Failure|flashgla:' "$L/tests_gate_registers.log" | head -20
+fi
 wait $memcheck
 note "memcheck: rc=$? $(counts "$L/memcheck.log"); $(grep -m1 'ERROR SUMMARY' "$L/memcheck.log")"
 wait $racecheck
 note "racecheck: rc=$? $(counts "$L/racecheck.log"); $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$L/racecheck.log")"
 # Largest error of each gradient (bf16 / fp16 cases), per forced path, from the error lines.
 for log in tests tests_gate_registers; do
+[ -f "$L/$log.log" ] || continue
 echo "-- $log"
 python3 - "$L/$log.log" <<'EOF'
 

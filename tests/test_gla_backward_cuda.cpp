@@ -85,7 +85,7 @@ void expect_grads_close(const Grads& out, const Grads& ref, double tol) {
 std::string forced_paths() {
   std::string out;
   for (const char* name : {"FLASHGLA_GLA_BWD_DIAG", "FLASHGLA_GLA_BWD_SCAN_SPLIT", "FLASHGLA_GLA_BWD_OVERLAP",
-                           "FLASHGLA_GLA_BWD_LAYOUT", "FLASHGLA_GLA_BWD_GATE"})
+                           "FLASHGLA_GLA_BWD_LAYOUT", "FLASHGLA_GLA_BWD_GATE", "FLASHGLA_GLA_BWD_SCAN_PAIR"})
     if (const char* value = std::getenv(name)) out += std::string(" ") + (name + 17) + "=" + value;
   return out;
 }
@@ -237,6 +237,20 @@ TEST(CudaGlaBackward, ChunkedSplitScansMatchReference) {
     const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
     SCOPED_TRACE(std::string("chunks per split ") + chunks_per_split);
     for (const Case& c : grid(false)) check_against_reference(c, Call{});
+  }
+}
+
+// By default a state-scan block covers two value tiles where V / 64 is even;
+// FLASHGLA_GLA_BWD_SCAN_PAIR=0 gives each 64x64 tile its own block. Both, also
+// with the scans split.
+TEST(CudaGlaBackward, ChunkedScanPairsOnAndOffMatchReference) {
+  SKIP_WITHOUT_GPU();
+  for (const char* pairs : {"0", "1"}) {
+    const ScopedEnv pair_mode("FLASHGLA_GLA_BWD_SCAN_PAIR", pairs);
+    for (const char* chunks_per_split : {"0", "3"}) {
+      const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
+      for (const Case& c : grid(false)) check_against_reference(c, Call{});
+    }
   }
 }
 

@@ -167,6 +167,8 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.general_layout = env_is("FLASHGLA_GLA_BWD_LAYOUT", "general");
   // FLASHGLA_GLA_BWD_GATE=registers: that one loads a vector gate into registers.
   p.gate_in_registers = env_is("FLASHGLA_GLA_BWD_GATE", "registers");
+  // FLASHGLA_GLA_BWD_SCAN_PAIR=0: the state scans take one block per 64x64 tile.
+  p.scan_pairs = !env_is("FLASHGLA_GLA_BWD_SCAN_PAIR", "0");
   p.num_slots = num_slots(pr);
 
   const Plan sizes = plan(a, pr);

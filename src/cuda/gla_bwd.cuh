@@ -86,6 +86,9 @@ struct Params {
   void* states = nullptr;   // S before each chunk
   void* dstates = nullptr;  // dS after each chunk
   // Sequence split of the state scans (gla_bwd_states.cu): 1 split = none.
+  // State scans: one block covers two value tiles of a key tile where V / 64
+  // is even (x and the gate read and transformed once for both).
+  bool scan_pairs = true;
   int64_t scan_splits = 1;
   int64_t chunks_per_split = 0;     // chunks of each piece (the last may have fewer)
   float* split_summaries = nullptr; // [scan][N][H][split][tile]: a piece's last state (64x64) and its total decay (64)

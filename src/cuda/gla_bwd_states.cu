@@ -3,7 +3,8 @@
 // One block per (sequence, head, 64x64 tile of the K x V state) walks the
 // sequence's chunks in order and keeps its tile in registers (warp w owns key
 // rows 16 (w % 4).. and value columns 32 (w / 4)..; 8 warps, so that the
-// element-wise work of each step is spread thin). blockIdx.z picks the scan:
+// element-wise work of each step is spread thin; with scan_pairs and an even
+// V / 64, 16 warps and two value tiles per block). blockIdx.z picks the scan:
 //   z = 0, forward:  stores S before chunk c, then
 //                    S <- diag(exp γ) S + (K ⊙ exp(γ − Γ))^T V
 //   z = 1, backward: from dS = dht, stores dS after chunk c (last chunk first), then
@@ -26,23 +27,31 @@
 namespace flashgla::cuda::gla_bwd {
 namespace {
 
-template <class T, class GT>
+// kPair: the block covers two value tiles (see state_scan_kernel).
+template <class T, class GT, int kPair>
 struct StateScanSmem {
   static constexpr size_t tile = size_t(kTile) * kLd<T> * sizeof(T);
-  static constexpr size_t x = 0;                 // x̂: scaled keys or queries, [token][key column]
-  static constexpr size_t y = x + tile;          // values or output gradients, [token][value column]
-  static constexpr size_t stage = y + tile;      // the state tile on its way to the scratch
-  static constexpr size_t gates = stage + tile;  // Γ, [token][key column]
+  static constexpr size_t x = 0;                         // x̂: scaled keys or queries, [token][key column]
+  static constexpr size_t y = x + tile;                  // values or output gradients, [token][value column]
+  static constexpr size_t stage = y + kPair * tile;      // the state tiles on their way to the scratch
+  static constexpr size_t gates = stage + kPair * tile;  // Γ, [token][key column]
   static constexpr size_t bytes = gates + size_t(kTile) * kLdF * sizeof(GT);
 };
 
 template <class T>
 inline constexpr int kScanBlocksPerSm = sizeof(T) == 2 ? 4 : 2;
 
-template <class T, class GT>
-__global__ void __launch_bounds__(kStateThreads, kScanBlocksPerSm<T>) state_scan_kernel(const Params p) {
-  using Smem = StateScanSmem<T, GT>;
+// kPair = 2 (an even number of value tiles): one block of 16 warps covers two
+// value tiles of a key tile, warps 8.. the second, so that x, the gate and its
+// cumsum are loaded and transformed once for both; same registers per thread
+// and threads per SM as two blocks of one tile.
+template <class T, class GT, int kPair>
+__global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / kPair)
+    state_scan_kernel(const Params p) {
+  using Smem = StateScanSmem<T, GT, kPair>;
   constexpr int LD = kLd<T>;
+  constexpr int kThreads = kStateThreads * kPair;
+  constexpr int kTileLd = kTile * LD;  // elements from one value tile's y or stage to the next
   extern __shared__ __align__(16) unsigned char smem[];
   T* sX = reinterpret_cast<T*>(smem + Smem::x);
   T* sY = reinterpret_cast<T*>(smem + Smem::y);
@@ -54,10 +63,13 @@ __global__ void __launch_bounds__(kStateThreads, kScanBlocksPerSm<T>) state_scan
   const int64_t n = blockIdx.x / p.heads;
   const int h = int(blockIdx.x % p.heads);
   const int tiles = p.key_tiles * p.value_tiles;
-  const int tile = int(blockIdx.y) % tiles, split = int(blockIdx.y) / tiles;
-  const int kt = tile / p.value_tiles, vt = tile % p.value_tiles;
+  const int groups = tiles / kPair;  // blocks per (sequence, head, piece)
+  const int group = int(blockIdx.y) % groups, split = int(blockIdx.y) / groups;
+  const int kt = group / (p.value_tiles / kPair), vt0 = group % (p.value_tiles / kPair) * kPair;
   const int warp = threadIdx.x / 32;
-  const int row0 = 16 * (warp % 4), col0 = 32 * (warp / 4);  // this warp's piece of the tile
+  const int pair = warp / 8;  // this warp's value tile: vt0 + pair
+  const int vt = vt0 + pair, tile = kt * p.value_tiles + vt;
+  const int row0 = 16 * (warp % 4), col0 = 32 * (warp / 4 % 2);  // this warp's piece of its tile
   const Seq seq = sequence(p, n);
   // This block's chunks: [first, first + chunks), all of them without a split.
   const bool splitting = p.scan_splits > 1;
@@ -98,16 +110,20 @@ __global__ void __launch_bounds__(kStateThreads, kScanBlocksPerSm<T>) state_scan
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; e += 2)
-        store_pair(sStage + (row0 + acc_row(e)) * LD + col0 + acc_col(nt, e), acc[nt][e], acc[nt][e + 1]);
-    auto gate = load_gate_tile<GT, kStateThreads>(p, seq.batch, t0, rows, h, kt * kTile);
+        store_pair(sStage + pair * kTileLd + (row0 + acc_row(e)) * LD + col0 + acc_col(nt, e), acc[nt][e], acc[nt][e + 1]);
+    auto gate = load_gate_tile<GT, kThreads>(p, seq.batch, t0, rows, h, kt * kTile);
     // x is scaled by the gates below: copied now when plain, else loaded with
     // the scaling (one rounding to the compute type, e.g. for fp16 inputs).
     const bool x_plain = plain_tile<T>(xs, seq.batch, t0, h, kt * kTile, p.key_dim);
-    if (x_plain) load_tile_async<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim);
-    load_tile_async<T, kStateThreads>(sY, ys, seq.batch, t0, rows, h, vt * kTile, p.value_dim);
+    if (x_plain) load_tile_async<T, kThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim);
+#pragma unroll
+    for (int j = 0; j < kPair; ++j)
+      load_tile_async<T, kThreads>(sY + j * kTileLd, ys, seq.batch, t0, rows, h, (vt0 + j) * kTile, p.value_dim);
     cp_async_wait_all();
-    store_gate_cumsum<GT, kStateThreads>(sG, gate);  // its barriers order sStage, sX and sY too
-    copy_tile_out<T, kStateThreads>(scratch + state_tile_index(p, seq.slot0 + c, h, kt, vt), sStage);
+    store_gate_cumsum<GT, kThreads>(sG, gate);  // its barriers order sStage, sX and sY too
+#pragma unroll
+    for (int j = 0; j < kPair; ++j)
+      copy_tile_out<T, kThreads>(scratch + state_tile_index(p, seq.slot0 + c, h, kt, vt0 + j), sStage + j * kTileLd);
     if (writes_decays)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -121,10 +137,10 @@ __global__ void __launch_bounds__(kStateThreads, kScanBlocksPerSm<T>) state_scan
     auto k_hat = [=](int r, int col, float x) {  // k ⊙ exp(γ − Γ)
       return x * exp2_of(sG[(kChunk - 1) * kLdF + col] - sG[r * kLdF + col]);
     };
-    if (x_plain && backward) transform_tile<T, kStateThreads>(sX, q_hat);
-    if (x_plain && !backward) transform_tile<T, kStateThreads>(sX, k_hat);
-    if (!x_plain && backward) load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, q_hat);
-    if (!x_plain && !backward) load_tile<T, kStateThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, k_hat);
+    if (x_plain && backward) transform_tile<T, kThreads>(sX, q_hat);
+    if (x_plain && !backward) transform_tile<T, kThreads>(sX, k_hat);
+    if (!x_plain && backward) load_tile<T, kThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, q_hat);
+    if (!x_plain && !backward) load_tile<T, kThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, k_hat);
     __syncthreads();
 
     // The next step's rows of x, y and the gate into L2 while this step
@@ -136,8 +152,9 @@ __global__ void __launch_bounds__(kStateThreads, kScanBlocksPerSm<T>) state_scan
       const int64_t t = seq.begin + next * kChunk + r;
       if (r < next_rows) {
         if (which == 0) prefetch_row_l2(xs, seq.batch, t, h, kt * kTile, p.key_dim);
-        if (which == 1) prefetch_row_l2(ys, seq.batch, t, h, vt * kTile, p.value_dim);
+        if (which == 1) prefetch_row_l2(ys, seq.batch, t, h, vt0 * kTile, p.value_dim);
         if (which == 2 && p.gate == GateKind::vector) prefetch_row_l2(p.g, seq.batch, t, h, kt * kTile, p.key_dim);
+        if (kPair == 2 && which == 3) prefetch_row_l2(ys, seq.batch, t, h, (vt0 + 1) * kTile, p.value_dim);
       }
     }
 
@@ -153,7 +170,7 @@ __global__ void __launch_bounds__(kStateThreads, kScanBlocksPerSm<T>) state_scan
       }
     }
     // acc += x̂^T y: the product's rows are x̂'s columns (key rows of the state).
-    warp_gemm<4, true, false>(acc, sX + row0, LD, sY + col0, LD, kChunk);
+    warp_gemm<4, true, false>(acc, sX + row0, LD, sY + pair * kTileLd + col0, LD, kChunk);
     __syncthreads();
   }
 
@@ -281,15 +298,23 @@ __global__ void __launch_bounds__(kStateThreads) fold_kernel(const Params p) {
   }
 }
 
+template <class T, class GT, int kPair>
+void launch_scan(const Params& p, cudaStream_t stream) {
+  const size_t smem = StateScanSmem<T, GT, kPair>::bytes;
+  check_cuda(
+      cudaFuncSetAttribute(state_scan_kernel<T, GT, kPair>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+      "cudaFuncSetAttribute (GLA backward state scan)");
+  const unsigned groups = unsigned(p.key_tiles * p.value_tiles / kPair);
+  const dim3 grid(unsigned(p.num_seqs * p.heads), groups * unsigned(p.scan_splits), 2);
+  state_scan_kernel<T, GT, kPair><<<grid, kStateThreads * kPair, smem, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA backward state scan launch");
+}
+
 template <class T, class GT>
 void launch(const Params& p, cudaStream_t stream) {
-  const size_t smem = StateScanSmem<T, GT>::bytes;
-  check_cuda(cudaFuncSetAttribute(state_scan_kernel<T, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-             "cudaFuncSetAttribute (GLA backward state scan)");
+  if (p.scan_pairs && p.value_tiles % 2 == 0) launch_scan<T, GT, 2>(p, stream);
+  else launch_scan<T, GT, 1>(p, stream);
   const unsigned tiles = unsigned(p.key_tiles * p.value_tiles);
-  const dim3 grid(unsigned(p.num_seqs * p.heads), tiles * unsigned(p.scan_splits), 2);
-  state_scan_kernel<T, GT><<<grid, kStateThreads, smem, stream>>>(p);
-  check_cuda(cudaGetLastError(), "GLA backward state scan launch");
   if (p.scan_splits > 1) {
     const dim3 fold_grid(unsigned(p.num_seqs * p.heads), tiles * unsigned(p.scan_splits - 1), 2);
     fold_kernel<T><<<fold_grid, kStateThreads, 0, stream>>>(p);
@@ -300,7 +325,7 @@ void launch(const Params& p, cudaStream_t stream) {
 }  // namespace
 
 size_t state_scan_smem_bytes(Compute c) {
-  return c == Compute::f32 ? StateScanSmem<float, double>::bytes : StateScanSmem<bf16, float>::bytes;
+  return c == Compute::f32 ? StateScanSmem<float, double, 1>::bytes : StateScanSmem<bf16, float, 1>::bytes;
 }
 
 int state_scan_blocks_per_sm(Compute c) { return c == Compute::f32 ? kScanBlocksPerSm<float> : kScanBlocksPerSm<bf16>; }
