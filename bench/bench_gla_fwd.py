@@ -53,6 +53,15 @@ ANCHORS = [  # B, T, H, K, V, gate dtype (None: as q), target (ratio to SDPA, or
 ]
 
 
+
+def print_table(lines, out):
+    """Prints the table and, with --out, appends it to that results file."""
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        with open(out, "a") as f:
+            f.write(text + "\n\n")
+
 def median_ms(fn, graph=False):
     if graph:
         return triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median")
@@ -169,11 +178,7 @@ def main():
     for name, ours, ref, ref_name, ratio, target in rows:
         ref_text = "-" if ref is None else f"{ref:.4f}"
         lines.append(f"| {name} | {ours:.4f} | {ref_text} | {ref_name} | {ratio} | {target} |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(text + "\n\n")
+    print_table(lines, args.out)
 
 
 def kernel_times(fn, calls=5):
@@ -238,11 +243,7 @@ def quick_table(args):
         lines.append(f"| chunk_gla fwd {label} | {default:.4f} | {prep:.4f} | {off:.4f} | {default / off:.2f} | "
                      f"{diff:.1e} |")
         del q, k, v, g, o_default, o_off
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(text + "\n\n")
+    print_table(lines, args.out)
 
 
 def hopper_table(args):
@@ -280,11 +281,7 @@ def hopper_table(args):
         lines.append(f"| chunk_gla fwd B{B} T{T} H{H} K{K} V{V}{gate_label} | {fast:.4f} | {hopper:.4f} | "
                      f"{hopper / fast:.2f} | {reference:.4f} | {ref_name} | {hopper / reference:.2f}x | {target} |")
         del q, k, v, g, o_fast, o_hopper
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(text + "\n\n")
+    print_table(lines, args.out)
 
 
 if __name__ == "__main__":
