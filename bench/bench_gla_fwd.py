@@ -53,7 +53,6 @@ ANCHORS = [  # B, T, H, K, V, gate dtype (None: as q), target (ratio to SDPA, or
 ]
 
 
-
 def print_table(lines, out):
     """Prints the table and, with --out, appends it to that results file."""
     text = "\n".join(lines)
