@@ -78,8 +78,8 @@ struct Plan {
   size_t split_summaries = 0, chunk_decays = 0;
   size_t dq_acc = 0, dk_acc = 0, dg_suffix_terms = 0, dg_prefix_terms = 0, dg_final = 0;  // recurrent
   size_t total() const {
-    return aligned(states) + aligned(dstates) + aligned(split_summaries) + aligned(chunk_decays) + aligned(dq_acc) + aligned(dk_acc) + aligned(dg_suffix_terms) +
-           aligned(dg_prefix_terms) + aligned(dg_final);
+    return aligned(states) + aligned(dstates) + aligned(split_summaries) + aligned(chunk_decays) + aligned(dq_acc) +
+           aligned(dk_acc) + aligned(dg_suffix_terms) + aligned(dg_prefix_terms) + aligned(dg_final);
   }
 };
 
@@ -160,8 +160,7 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   // A's pairs inside a sub-chunk go through the products where the gates
   // allow (see mark_wide_subchunks in gla_bwd_chunk.cu);
   // FLASHGLA_GLA_BWD_DIAG=elementwise sums them element by element everywhere.
-  const char* diag_mode = std::getenv("FLASHGLA_GLA_BWD_DIAG");
-  p.diag_factor_limit = diag_mode && std::string(diag_mode) == "elementwise" ? -1.f : gla_bwd::kDiagFactorLimit;
+  p.diag_factor_limit = env_is("FLASHGLA_GLA_BWD_DIAG", "elementwise") ? -1.f : gla_bwd::kDiagFactorLimit;
   // FLASHGLA_GLA_BWD_LAYOUT=general: the chunk kernel's general instantiation
   // even for plain bf16 rows.
   p.general_layout = env_is("FLASHGLA_GLA_BWD_LAYOUT", "general");
