@@ -180,8 +180,8 @@ def main():
     print_table(lines, args.out)
 
 
-def kernel_times(fn, calls=5):
-    """Mean device time per call of each kernel `fn` launches (torch.profiler), as text."""
+def profiled_kernel_ms(fn, calls=5):
+    """{kernel name: mean device time per call in ms} of the kernels `fn` launches (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -190,30 +190,20 @@ def kernel_times(fn, calls=5):
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    parts = []
-    for event in prof.key_averages():
-        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
-        if total and "flashgla" in event.key:
-            name = event.key.split("(")[0].split("<")[0].split("::")[-1]
-            parts.append(f"{name} {total / calls / 1e3:.4f} ms")
+    return {event.key: (getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)) / calls / 1e3
+            for event in prof.key_averages()}
+
+
+def kernel_times(fn, calls=5):
+    """Mean device time per call of each flashgla kernel `fn` launches, as text."""
+    parts = [f"{key.split('(')[0].split('<')[0].split('::')[-1]} {ms:.4f} ms"
+             for key, ms in profiled_kernel_ms(fn, calls).items() if ms and "flashgla" in key]
     return ", ".join(parts)
 
 
 def kernel_ms(fn, name_part, calls=5):
-    """Mean device time per call of the kernels of `fn` whose name contains name_part (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    total = 0.0
-    for event in prof.key_averages():
-        if name_part in event.key:
-            total += getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
-    return total / calls / 1e3
+    """Mean device time per call of the kernels of `fn` whose name contains name_part."""
+    return sum(ms for key, ms in profiled_kernel_ms(fn, calls).items() if name_part in key)
 
 
 def quick_table(args):
