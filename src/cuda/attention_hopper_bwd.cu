@@ -162,25 +162,23 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
     const uint32_t q_tile = sQ + st * Cfg::kQBytes, do_tile = sdO + st * Cfg::kQBytes;
     mbar_wait(full(st), (it / kStages) & 1);
 
-  // S^T = K Q^T and dP^T = V dO^T over D in k16 steps (32 bytes along a 128-byte row).
+    // S^T = K Q^T and dP^T = V dO^T over D in k16 steps (32 bytes along a
+    // 128-byte row): this warpgroup's 64 keys (rows of K or V) against the
+    // tile's queries (rows of Q or dO), one commit group each.
     float sc[32], dp[32];
+    auto keys_by_queries = [&](float(&acc)[32], uint32_t keys, uint32_t queries) {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t a = keys + (ks / 4) * BN * kSwizzleRow + wg * 64 * kSwizzleRow + (ks % 4) * 32;
+        const uint32_t b = queries + (ks / 4) * BM * kSwizzleRow + (ks % 4) * 32;
+        if (ks == 0) wgmma_ss_n64_first<T>(acc, smem_desc(a, 16, 1024), smem_desc(b, 16, 1024));
+        else wgmma_ss_n64<T>(acc, smem_desc(a, 16, 1024), smem_desc(b, 16, 1024), 1);
+      }
+      wgmma_commit();
+    };
     wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const uint32_t a = sK + (ks / 4) * BN * kSwizzleRow + wg * 64 * kSwizzleRow + (ks % 4) * 32;
-      const uint32_t b = q_tile + (ks / 4) * BM * kSwizzleRow + (ks % 4) * 32;
-      if (ks == 0) wgmma_ss_n64_first<T>(sc, smem_desc(a, 16, 1024), smem_desc(b, 16, 1024));
-      else wgmma_ss_n64<T>(sc, smem_desc(a, 16, 1024), smem_desc(b, 16, 1024), 1);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const uint32_t a = sV + (ks / 4) * BN * kSwizzleRow + wg * 64 * kSwizzleRow + (ks % 4) * 32;
-      const uint32_t b = do_tile + (ks / 4) * BM * kSwizzleRow + (ks % 4) * 32;
-      if (ks == 0) wgmma_ss_n64_first<T>(dp, smem_desc(a, 16, 1024), smem_desc(b, 16, 1024));
-      else wgmma_ss_n64<T>(dp, smem_desc(a, 16, 1024), smem_desc(b, 16, 1024), 1);
-    }
-    wgmma_commit();
+    keys_by_queries(sc, sK, q_tile);
+    keys_by_queries(dp, sV, do_tile);
 
     // P^T: element (key, query) = sc[nb·4 + 2h + e] with key = key_row + 8h,
     // query = nb·8 + col + e of the tile.
