@@ -11,8 +11,8 @@
 #   bash bench/device_gla_bwd.sh                   # full (<= 300 s)
 #   MODE=quick bash bench/device_gla_bwd.sh        # <= 150 s: BUILD reused if it is
 #     there (BUILD=<an existing sm_90a build dir with -DFLASHGLA_PYTHON=ON>), the
-#     plain-layout, sub-chunk, state-scan (pairs, splits) and sanitizer tests,
-#     two shapes; no registers-gate suite
+#     plain-layout, sub-chunk, state-scan (pairs, pipeline, splits) and
+#     sanitizer tests, two shapes; no registers-gate suite
 set -u
 OUT=${OUT:-/tmp/gla_bwd_out}
 L=/tmp/gla_bwd_logs
@@ -21,7 +21,7 @@ BUILD=${BUILD:-build-devbwd}
 MODE=${MODE:-full}
 COMPARE=${COMPARE:-"FLASHGLA_GLA_BWD_GATE=registers FLASHGLA_GLA_BWD_LAYOUT=general"}
 if [ "$MODE" = quick ]; then
-  TESTS="CudaGlaBackward.ChunkedPlainLayout*:CudaGlaBackward.ChunkedMatchesReference:CudaGlaBackward.Chunked*SubChunk*:CudaGlaBackward.ChunkedScanPairs*:CudaGlaBackward.ChunkedSplitScans*:CudaGlaBackward.ChunkedLargeHeadDims:CudaGlaBackward.Sanitizer*"
+  TESTS="CudaGlaBackward.ChunkedPlainLayout*:CudaGlaBackward.ChunkedMatchesReference:CudaGlaBackward.Chunked*SubChunk*:CudaGlaBackward.ChunkedScanPairs*:CudaGlaBackward.ChunkedScanPipeline*:CudaGlaBackward.ChunkedSplitScans*:CudaGlaBackward.ChunkedLargeHeadDims:CudaGlaBackward.Sanitizer*"
   SHAPES=${SHAPES:-"8,4096,16,128,128;8,2048,4,128,256"}
   BUDGET_S=${BUDGET_S:-140}
 else
@@ -58,13 +58,13 @@ note "build: $(($(date +%s) - start)) s"
 
 # Tests; the sanitizers beside them (small cases, little GPU time).
 start=$(date +%s)
-timeout $(left 110) compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
+timeout $(left 150) compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
   --gtest_filter="CudaGlaBackward.Sanitizer*" >"$L/memcheck.log" 2>&1 &
 memcheck=$!
-timeout $(left 110) compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
+timeout $(left 150) compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
   --gtest_filter="CudaGlaBackward.SanitizerSmallCases" >"$L/racecheck.log" 2>&1 &
 racecheck=$!
-timeout $(left 70) $BUILD/flashgla_tests --gtest_filter="$TESTS" >"$L/tests.log" 2>&1
+timeout $(left 120) $BUILD/flashgla_tests --gtest_filter="$TESTS" >"$L/tests.log" 2>&1
 note "tests: rc=$? in $(($(date +%s) - start)) s: $(counts "$L/tests.log")"
 grep -E '^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$L/tests.log" | sort -u | head -30
 grep -E "Failure|Which is|Expected|actual|flashgla:|error" "$L/tests.log" | grep -v "^\[ errors" | head -30
@@ -106,7 +106,7 @@ start=$(date +%s)
 compare_args=()
 for setting in $COMPARE; do compare_args+=(--compare "$setting"); done
 [ -n "$SHAPES" ] && compare_args+=(--shapes "$SHAPES")
-PYTHONPATH=$BUILD/python:/tmp/site PYTHONUNBUFFERED=1 timeout $(left 150) python3 bench/bench_gla_bwd.py --kernels \
+PYTHONPATH=$BUILD/python:/tmp/site PYTHONUNBUFFERED=1 timeout $(left 220) python3 bench/bench_gla_bwd.py --kernels \
   "${compare_args[@]}" >"$L/bench.log" 2>&1
 note "benchmark: rc=$? in $(($(date +%s) - start)) s"
 

@@ -71,6 +71,24 @@ int64_t scan_chunks_per_split(const GlaBackwardArgs& a, const GlaProblem& pr) {
   return per_split;
 }
 
+// The pipelined state scans copy x, y and a vector gate asynchronously without
+// a converting fallback: every tile must be whole bf16 rows.
+bool scan_pipeline_layout(const Params& p) {
+  using gla_bwd::bf16_rows;
+  return bf16_rows(p.q, p.key_dim) && bf16_rows(p.k, p.key_dim) && bf16_rows(p.v, p.value_dim) &&
+         bf16_rows(p.d_o, p.value_dim) && (p.gate != GateKind::vector || bf16_rows(p.g, p.key_dim));
+}
+
+// Two pipelined scan blocks (105 KB each) per SM, as the launch bounds assume:
+// Hopper (228 KB per SM) yes, an A100 (164 KB) no.
+bool two_pipelined_scans_per_sm(int device) {
+  int per_sm = 0;
+  check_cuda(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+             "cudaDeviceGetAttribute");
+  constexpr size_t kReservedPerBlock = 1024;  // shared memory the system keeps per block (sm_80 and later)
+  return size_t(per_sm) >= 2 * (gla_bwd::state_scan_pipelined_smem_bytes() + kReservedPerBlock);
+}
+
 // Scratch sizes, in the order they are laid out.
 struct Plan {
   size_t states = 0, dstates = 0;                  // chunked
@@ -168,6 +186,11 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.gate_in_registers = env_is("FLASHGLA_GLA_BWD_GATE", "registers");
   // FLASHGLA_GLA_BWD_SCAN_PAIR=0: the state scans take one block per 64x64 tile.
   p.scan_pairs = !env_is("FLASHGLA_GLA_BWD_SCAN_PAIR", "0");
+  // FLASHGLA_GLA_BWD_SCAN_PIPELINE=0: the paired scans wait on each chunk's
+  // loads right after issuing them (no second buffer).
+  p.scan_pipeline = p.scan_pairs && !env_is("FLASHGLA_GLA_BWD_SCAN_PIPELINE", "0") &&
+                    a.algorithm == GlaAlgorithm::chunked && scan_pipeline_layout(p) &&
+                    two_pipelined_scans_per_sm(a.q.device.index);
   p.num_slots = num_slots(pr);
 
   const Plan sizes = plan(a, pr);
