@@ -13,6 +13,8 @@
 #     there (BUILD=<an existing sm_90a build dir with -DFLASHGLA_PYTHON=ON>), the
 #     plain-layout, sub-chunk, state-scan (pairs, pipeline, splits) and
 #     sanitizer tests, two shapes; no registers-gate suite
+#   PROFILE="B,T,H,K,V[;...]": also Nsight Compute (--set full) of one state
+#     scan launch per shape, after the benchmark (details page in the logs)
 set -u
 OUT=${OUT:-/tmp/gla_bwd_out}
 L=/tmp/gla_bwd_logs
@@ -109,6 +111,34 @@ for setting in $COMPARE; do compare_args+=(--compare "$setting"); done
 PYTHONPATH=$BUILD/python:/tmp/site PYTHONUNBUFFERED=1 timeout $(left 220) python3 bench/bench_gla_bwd.py --kernels \
   "${compare_args[@]}" >"$L/bench.log" 2>&1
 note "benchmark: rc=$? in $(($(date +%s) - start)) s"
+
+if [ -n "${PROFILE:-}" ]; then
+for shape in ${PROFILE//;/ }; do
+  start=$(date +%s)
+  name=scan_profile_${shape//,/_}
+  PYTHONPATH=$BUILD/python:/tmp/site timeout $(left 90) ncu --kernel-name regex:state_scan_kernel --launch-skip 2 \
+    --launch-count 1 --set full --import-source yes -f -o "$L/$name" python3 - "$shape" >"$L/$name.log" 2>&1 <<'EOF'
+import sys, torch, torch.nn.functional as F, flashgla
+B, T, H, K, V = (int(x) for x in sys.argv[1].split(","))
+bf = dict(device="cuda", dtype=torch.bfloat16)
+q, k = (torch.randn(B, T, H, K, **bf).requires_grad_() for _ in range(2))
+v = torch.randn(B, T, H, V, **bf).requires_grad_()
+g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda")).to(torch.bfloat16).requires_grad_()
+do = torch.randn(B, T, H, V, **bf)
+o = flashgla.chunk_gla(q, k, v, g)[0]
+for _ in range(3):
+    torch.autograd.grad(o, (q, k, v, g), do, retain_graph=True)
+torch.cuda.synchronize()
+EOF
+  ncu --import "$L/$name.ncu-rep" --page details >"$L/$name.txt" 2>&1
+  ncu --import "$L/$name.ncu-rep" --page raw 2>&1 | grep -E "smsp__pcsamp_warps_issue_stalled_[a-z_]+ " |
+    awk '{print $NF, $1}' | sort -rn | head -12 >"$L/$name.stalls"
+  rm -f "$L/$name.ncu-rep"
+  note "profile $shape: $(($(date +%s) - start)) s"
+  grep -E "^  [a-z_]+<|Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|DRAM Throughput|L2 Hit Rate|Memory Throughput" "$L/$name.txt" | head -14
+  cat "$L/$name.stalls"
+done
+fi
 
 echo "==== summary"
 printf '%s\n' "${summary[@]}"
