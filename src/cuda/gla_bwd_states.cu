@@ -44,26 +44,6 @@ struct StateScanSmem {
 template <class T>
 inline constexpr int kScanBlocksPerSm = sizeof(T) == 2 ? 4 : 2;
 
-// Eight consecutive elements of a tile (state, x̂ or Γ), as fp32.
-__device__ __forceinline__ void load8(const float* at, float (&x)[8]) {
-  const float4 a = reinterpret_cast<const float4*>(at)[0], b = reinterpret_cast<const float4*>(at)[1];
-  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-}
-__device__ __forceinline__ void load8(const bf16* at, float (&x)[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(at);
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-}
-__device__ __forceinline__ void store8(float* at, const float (&x)[8]) {
-  reinterpret_cast<float4*>(at)[0] = {x[0], x[1], x[2], x[3]};
-  reinterpret_cast<float4*>(at)[1] = {x[4], x[5], x[6], x[7]};
-}
-__device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
-  *reinterpret_cast<uint4*>(at) = {pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]),
-                                   pack_bf16(x[6], x[7])};
-}
-
 // kPair = 2 (an even number of value tiles): one block of 16 warps covers two
 // value tiles of a key tile, warps 8.. the second, so that x, the gate and its
 // cumsum are loaded and transformed once for both; same registers per thread
@@ -131,48 +111,26 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
   auto chunk_at = [&](int64_t i) { return first + (backward ? chunks - 1 - i : i); };  // step i's chunk
   auto rows_of = [&](int64_t c) { return int(seq.len - c * kChunk < kChunk ? seq.len - c * kChunk : kChunk); };
 
-  // Pipelined: thread t copies the 16-byte piece of row t / 8, columns
-  // t % 8 * 8.. of each tile (x, the two y tiles, a vector gate's bf16 rows),
-  // from pointers kept at the sequence's first token: a step adds its chunk's
-  // row offset (64-bit index arithmetic was a sixth of a step's instructions).
-  static_assert(!kPipelined || (kPair == 2 && kThreads == kTile * 8), "one piece of each tile per thread");
-  const int piece_row = threadIdx.x / 8, piece_col = threadIdx.x % 8 * 8;
-  const T* x_at = nullptr;
-  const T* y_at[kPair] = {};
-  const bf16* g_at = nullptr;
-  const char* prefetch_at = nullptr;  // row threadIdx.x % 64 of tile threadIdx.x / 64 (x, y0, g, y1)
-  int64_t prefetch_stride = 0;        // bytes per token
-  if constexpr (kPipelined) {
-    x_at = static_cast<const T*>(xs.data) + offset4(xs, seq.batch, seq.begin, h, kt * kTile + piece_col);
-#pragma unroll
-    for (int j = 0; j < kPair; ++j)
-      y_at[j] = static_cast<const T*>(ys.data) + offset4(ys, seq.batch, seq.begin, h, (vt0 + j) * kTile + piece_col);
-    if (p.gate == GateKind::vector)
-      g_at = static_cast<const bf16*>(p.g.data) + offset4(p.g, seq.batch, seq.begin, h, kt * kTile + piece_col);
-    const int which = threadIdx.x / kTile;
-    const Tensor& pf = which == 2 ? p.g : (which == 0 ? xs : ys);
-    const int pf_col = which == 0 || which == 2 ? kt * kTile : (vt0 + (which == 3)) * kTile;
-    if (which < 4 && (which != 2 || p.gate == GateKind::vector)) {
-      prefetch_at = static_cast<const char*>(pf.data) +
-                    offset4(pf, seq.batch, seq.begin + threadIdx.x % kTile, h, pf_col) * int64_t(sizeof(bf16));
-      prefetch_stride = pf.stride[1] * int64_t(sizeof(bf16));
-    }
-  }
-  // Step i's tiles into buffer `buf`; rows past the sequence's end are
-  // zero-filled (a zero gate: a flat Γ).
+  // Pipelined: step i's x, y (and a vector gate's rows) into buffer `buf`;
+  // rows past the sequence's end are zero-filled (a zero gate: a flat Γ).
   auto issue_copies = [&](int64_t i, int buf) {
     if constexpr (kPipelined) {
-      const int64_t token = chunk_at(i) * kChunk;  // of the chunk's first row, in the sequence
-      const bool valid = piece_row < rows_of(chunk_at(i));
-      const int at = piece_row * LD + piece_col;
-      auto copy = [&](auto* dst, const auto* first, int64_t row_stride) {
-        const auto* src = first + token * row_stride;  // the chunk's first row, always in the sequence
-        cp_async16(dst, valid ? src + piece_row * int(row_stride) : src, valid ? 16 : 0);
-      };
-      copy(sX0 + buf * kTileLd + at, x_at, xs.stride[1]);
+      const int64_t c = chunk_at(i), t0 = seq.begin + c * kChunk;
+      const int rows = rows_of(c);
+      load_tile_async<T, kThreads, true>(sX0 + buf * kTileLd, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim);
 #pragma unroll
-      for (int j = 0; j < kPair; ++j) copy(sY0 + (buf * kPair + j) * kTileLd + at, y_at[j], ys.stride[1]);
-      if (g_at) copy(sRawGates + buf * kTileElems + piece_row * kTile + piece_col, g_at, p.g.stride[1]);
+      for (int j = 0; j < kPair; ++j)
+        load_tile_async<T, kThreads, true>(sY0 + (buf * kPair + j) * kTileLd, ys, seq.batch, t0, rows, h,
+                                           (vt0 + j) * kTile, p.value_dim);
+      if (p.gate == GateKind::vector) {
+        constexpr int kPieces = kTile * sizeof(bf16) / 16;  // 16-byte pieces per row
+        const bf16* src = static_cast<const bf16*>(p.g.data) + offset4(p.g, seq.batch, t0, h, kt * kTile);
+        bf16* raw = sRawGates + buf * kTileElems;
+        for_each_item<kThreads, kTile * kPieces>([&](int idx) {
+          const int r = idx / kPieces, col = idx % kPieces * 8;
+          cp_async16(raw + r * kTile + col, r < rows ? src + (r * int(p.g.stride[1]) + col) : src, r < rows ? 16 : 0);
+        });
+      }
     }
   };
   if constexpr (kPipelined) {
@@ -240,27 +198,9 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
     auto k_hat = [=](int r, int col, float x) {  // k ⊙ exp(γ − Γ)
       return x * exp2_of(sG[(kChunk - 1) * kLdF + col] - sG[r * kLdF + col]);
     };
-    if constexpr (kPipelined) {
-      // This thread's piece of x̂, its 8 exponents read 16 bytes at a time:
-      // (scale x) exp2 Γ backward, x exp2(γ − Γ) forward, as q_hat / k_hat.
-      T* at = sX + piece_row * LD + piece_col;
-      float e[8];
-      load8(sG + piece_row * kLdF + piece_col, e);
-      if (!backward) {
-        float last[8];
-        load8(sG + (kChunk - 1) * kLdF + piece_col, last);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) e[j] = last[j] - e[j];
-      }
-      const float factor = backward ? scale : 1.f;
-      float x[8];
-      load8(at, x);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) x[j] = factor * x[j] * exp2_of(e[j]);
-      store8(at, x);
-    } else {
-      if (x_plain && backward) transform_tile<T, kThreads>(sX, q_hat);
-      if (x_plain && !backward) transform_tile<T, kThreads>(sX, k_hat);
+    if (x_plain && backward) transform_tile<T, kThreads>(sX, q_hat);
+    if (x_plain && !backward) transform_tile<T, kThreads>(sX, k_hat);
+    if constexpr (!kPipelined) {
       if (!x_plain && backward) load_tile<T, kThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, q_hat);
       if (!x_plain && !backward) load_tile<T, kThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, k_hat);
     }
@@ -270,11 +210,7 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
     // computes (the next step's; pipelined, the one after it, since the next
     // step's tiles are already on their way to shared memory).
     constexpr int kAhead = kPipelined ? 2 : 1;
-    if (kPipelined && i + kAhead < chunks) {
-      const int64_t later = backward ? c - kAhead : c + kAhead;
-      if (prefetch_at && int(threadIdx.x % kTile) < rows_of(later))
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(prefetch_at + later * kChunk * prefetch_stride));
-    } else if (i + kAhead < chunks) {
+    if (i + kAhead < chunks) {
       const int64_t later = backward ? c - kAhead : c + kAhead;
       const int later_rows = rows_of(later);
       const int r = threadIdx.x % kTile, which = threadIdx.x / kTile;
@@ -327,6 +263,26 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
           static_cast<float*>(p.dh0.data)[offset4(p.dh0, n, h, key, value)] = acc[nt][e];
       }
   }
+}
+
+// Eight consecutive elements of a state tile, as fp32.
+__device__ __forceinline__ void load8(const float* at, float (&x)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(at)[0], b = reinterpret_cast<const float4*>(at)[1];
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+__device__ __forceinline__ void load8(const bf16* at, float (&x)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(at);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+}
+__device__ __forceinline__ void store8(float* at, const float (&x)[8]) {
+  reinterpret_cast<float4*>(at)[0] = {x[0], x[1], x[2], x[3]};
+  reinterpret_cast<float4*>(at)[1] = {x[4], x[5], x[6], x[7]};
+}
+__device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
+  *reinterpret_cast<uint4*>(at) = {pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]),
+                                   pack_bf16(x[6], x[7])};
 }
 
 // The fold of a split scan: one block per (sequence, head, tile, piece after
