@@ -342,16 +342,17 @@ TEST(CudaGlaBackward, VarlenMatchesReference) {
 }
 
 // The paired state scans with x, y and the gate copied one chunk ahead (the
-// default for bf16 rows, K and V multiples of 64, V / 64 even) and without
-// (FLASHGLA_GLA_BWD_SCAN_PIPELINE=0): every gate kind and range, sequences of
-// 1 to 16 chunks (both buffers, odd and even counts), unsplit and split in
-// pieces of 3 chunks, fixed length and varlen.
+// default for bf16 rows, K and V multiples of 64, V / 64 even), without
+// (FLASHGLA_GLA_BWD_SCAN_PIPELINE=0) and the opt-in variant with fewer
+// instructions per step (=lean): every gate kind and range, sequences of 1 to
+// 16 chunks (both buffers, odd and even counts), unsplit and split in pieces of
+// 3 chunks, fixed length and varlen.
 TEST(CudaGlaBackward, ChunkedScanPipelineOnAndOffMatchReference) {
   SKIP_WITHOUT_GPU();
   struct Dims {
     int64_t K, V;
   };
-  for (const char* pipeline : {"0", "1"}) {
+  for (const char* pipeline : {"0", "1", "lean"}) {
     const ScopedEnv pipeline_mode("FLASHGLA_GLA_BWD_SCAN_PIPELINE", pipeline);
     int i = 0;
     for (const char* chunks_per_split : {"0", "3"}) {
@@ -582,14 +583,16 @@ TEST(CudaGlaBackward, SanitizerSmallCases) {
         plain.K = plain.V = 64, plain.gate_dtype = plain.dg_dtype = dtype;
         check_against_reference(plain, call);
       }
-      if (algorithm == kChunked && dtype == DType::bf16) {  // the pipelined paired scans, unsplit and in pieces of 3
-        Case pipelined = c;
-        pipelined.T = 200, pipelined.K = pipelined.V = 128, pipelined.gate = Gate::vector;
-        pipelined.gate_dtype = pipelined.dg_dtype = dtype;
-        check_against_reference(pipelined, call);
-        const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "3");
-        check_against_reference(pipelined, call);
-      }
+      if (algorithm == kChunked && dtype == DType::bf16)  // the pipelined paired scans, unsplit and in pieces of 3
+        for (const char* pipeline : {"1", "lean"}) {
+          const ScopedEnv pipeline_mode("FLASHGLA_GLA_BWD_SCAN_PIPELINE", pipeline);
+          Case pipelined = c;
+          pipelined.T = 200, pipelined.K = pipelined.V = 128, pipelined.gate = Gate::vector;
+          pipelined.gate_dtype = pipelined.dg_dtype = dtype;
+          check_against_reference(pipelined, call);
+          const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "3");
+          check_against_reference(pipelined, call);
+        }
     }
 }
 

@@ -90,9 +90,10 @@ struct Params {
   // is even (x and the gate read and transformed once for both).
   bool scan_pairs = true;
   // State scans (bf16, pairs): x, y and a vector gate copied one chunk ahead
-  // into a second buffer (set by the host where every tile is whole bf16 rows,
-  // see scan_pipeline_layout, and two such blocks fit an SM's shared memory).
-  bool scan_pipeline = false;
+  // into a second buffer (set by the host where every tile is whole bf16 rows
+  // and two such blocks fit an SM's shared memory, see pipelined_scans): 0 no,
+  // 1 yes, 2 yes with fewer instructions per step (opt-in, not yet GPU-tested).
+  int scan_pipeline = 0;
   int64_t scan_splits = 1;
   int64_t chunks_per_split = 0;     // chunks of each piece (the last may have fewer)
   float* split_summaries = nullptr; // [scan][N][H][split][tile]: a piece's last state (64x64) and its total decay (64)

@@ -44,17 +44,40 @@ struct StateScanSmem {
 template <class T>
 inline constexpr int kScanBlocksPerSm = sizeof(T) == 2 ? 4 : 2;
 
+// Eight consecutive elements of a tile (state, x̂ or Γ), as fp32.
+__device__ __forceinline__ void load8(const float* at, float (&x)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(at)[0], b = reinterpret_cast<const float4*>(at)[1];
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+__device__ __forceinline__ void load8(const bf16* at, float (&x)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(at);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+}
+__device__ __forceinline__ void store8(float* at, const float (&x)[8]) {
+  reinterpret_cast<float4*>(at)[0] = {x[0], x[1], x[2], x[3]};
+  reinterpret_cast<float4*>(at)[1] = {x[4], x[5], x[6], x[7]};
+}
+__device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
+  *reinterpret_cast<uint4*>(at) = {pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]),
+                                   pack_bf16(x[6], x[7])};
+}
+
 // kPair = 2 (an even number of value tiles): one block of 16 warps covers two
 // value tiles of a key tile, warps 8.. the second, so that x, the gate and its
 // cumsum are loaded and transformed once for both; same registers per thread
 // and threads per SM as two blocks of one tile.
-// kPipelined (bf16, kPair = 2, whole bf16 rows: see Params::scan_pipeline):
+// kPipeline > 0 (bf16, kPair = 2, whole bf16 rows: see Params::scan_pipeline):
 // two buffers of x, y and the gate's raw bf16 rows; chunk i + 1's copies are
 // issued at the top of step i and waited on at its end, so that they fly while
 // step i computes (else each step waits on its loads right after issuing them).
-template <class T, class GT, int kPair, bool kPipelined>
+// kPipeline = 2 (opt-in, not yet run on a GPU): the same with fewer
+// instructions per step (per-thread copy pointers, 16-byte x̂ transform).
+template <class T, class GT, int kPair, int kPipeline>
 __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / kPair)
     state_scan_kernel(const Params p) {
+  constexpr bool kPipelined = kPipeline > 0, kLean = kPipeline == 2;
   constexpr int kStages = kPipelined ? 2 : 1;
   using Smem = StateScanSmem<T, GT, kPair, kStages>;
   constexpr int LD = kLd<T>;
@@ -111,10 +134,37 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
   auto chunk_at = [&](int64_t i) { return first + (backward ? chunks - 1 - i : i); };  // step i's chunk
   auto rows_of = [&](int64_t c) { return int(seq.len - c * kChunk < kChunk ? seq.len - c * kChunk : kChunk); };
 
-  // Pipelined: step i's x, y (and a vector gate's rows) into buffer `buf`;
-  // rows past the sequence's end are zero-filled (a zero gate: a flat Γ).
+  // Lean: thread t copies the 16-byte piece of row t / 8, columns t % 8 * 8..
+  // of each tile (x, the two y tiles, a vector gate's bf16 rows), from
+  // pointers kept at the sequence's first token: a step adds its chunk's row
+  // offset (offset4 per copy and step was a sixth of a step's instructions).
+  static_assert(!kPipelined || (kPair == 2 && kThreads == kTile * 8), "one piece of each tile per thread");
+  const int piece_row = threadIdx.x / 8, piece_col = threadIdx.x % 8 * 8;
+  const T* x_at = nullptr;
+  const T* y_at[kPair] = {};
+  const bf16* g_at = nullptr;
+  const char* prefetch_at = nullptr;  // row threadIdx.x % 64 of tile threadIdx.x / 64 (x, y0, g, y1)
+  int64_t prefetch_stride = 0;        // bytes per token
+  if constexpr (kLean) {
+    x_at = static_cast<const T*>(xs.data) + offset4(xs, seq.batch, seq.begin, h, kt * kTile + piece_col);
+#pragma unroll
+    for (int j = 0; j < kPair; ++j)
+      y_at[j] = static_cast<const T*>(ys.data) + offset4(ys, seq.batch, seq.begin, h, (vt0 + j) * kTile + piece_col);
+    if (p.gate == GateKind::vector)
+      g_at = static_cast<const bf16*>(p.g.data) + offset4(p.g, seq.batch, seq.begin, h, kt * kTile + piece_col);
+    const int which = threadIdx.x / kTile;
+    const Tensor& pf = which == 2 ? p.g : (which == 0 ? xs : ys);
+    const int pf_col = which == 0 || which == 2 ? kt * kTile : (vt0 + (which == 3)) * kTile;
+    if (which < 4 && (which != 2 || p.gate == GateKind::vector)) {
+      prefetch_at = static_cast<const char*>(pf.data) +
+                    offset4(pf, seq.batch, seq.begin + threadIdx.x % kTile, h, pf_col) * int64_t(sizeof(bf16));
+      prefetch_stride = pf.stride[1] * int64_t(sizeof(bf16));
+    }
+  }
+  // Step i's tiles into buffer `buf`; rows past the sequence's end are
+  // zero-filled (a zero gate: a flat Γ).
   auto issue_copies = [&](int64_t i, int buf) {
-    if constexpr (kPipelined) {
+    if constexpr (kPipelined && !kLean) {
       const int64_t c = chunk_at(i), t0 = seq.begin + c * kChunk;
       const int rows = rows_of(c);
       load_tile_async<T, kThreads, true>(sX0 + buf * kTileLd, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim);
@@ -131,6 +181,19 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
           cp_async16(raw + r * kTile + col, r < rows ? src + (r * int(p.g.stride[1]) + col) : src, r < rows ? 16 : 0);
         });
       }
+    }
+    if constexpr (kLean) {
+      const int64_t token = chunk_at(i) * kChunk;  // of the chunk's first row, in the sequence
+      const bool valid = piece_row < rows_of(chunk_at(i));
+      const int at = piece_row * LD + piece_col;
+      auto copy = [&](auto* dst, const auto* first, int64_t row_stride) {
+        const auto* src = first + token * row_stride;  // the chunk's first row, always in the sequence
+        cp_async16(dst, valid ? src + piece_row * int(row_stride) : src, valid ? 16 : 0);
+      };
+      copy(sX0 + buf * kTileLd + at, x_at, xs.stride[1]);
+#pragma unroll
+      for (int j = 0; j < kPair; ++j) copy(sY0 + (buf * kPair + j) * kTileLd + at, y_at[j], ys.stride[1]);
+      if (g_at) copy(sRawGates + buf * kTileElems + piece_row * kTile + piece_col, g_at, p.g.stride[1]);
     }
   };
   if constexpr (kPipelined) {
@@ -198,11 +261,31 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
     auto k_hat = [=](int r, int col, float x) {  // k ⊙ exp(γ − Γ)
       return x * exp2_of(sG[(kChunk - 1) * kLdF + col] - sG[r * kLdF + col]);
     };
-    if (x_plain && backward) transform_tile<T, kThreads>(sX, q_hat);
-    if (x_plain && !backward) transform_tile<T, kThreads>(sX, k_hat);
-    if constexpr (!kPipelined) {
-      if (!x_plain && backward) load_tile<T, kThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, q_hat);
-      if (!x_plain && !backward) load_tile<T, kThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, k_hat);
+    if constexpr (kLean) {
+      // This thread's piece of x̂, its 8 exponents read 16 bytes at a time:
+      // (scale x) exp2 Γ backward, x exp2(γ − Γ) forward, as q_hat / k_hat.
+      T* at = sX + piece_row * LD + piece_col;
+      float e[8];
+      load8(sG + piece_row * kLdF + piece_col, e);
+      if (!backward) {
+        float last[8];
+        load8(sG + (kChunk - 1) * kLdF + piece_col, last);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) e[j] = last[j] - e[j];
+      }
+      const float factor = backward ? scale : 1.f;
+      float x[8];
+      load8(at, x);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = factor * x[j] * exp2_of(e[j]);
+      store8(at, x);
+    } else {
+      if (x_plain && backward) transform_tile<T, kThreads>(sX, q_hat);
+      if (x_plain && !backward) transform_tile<T, kThreads>(sX, k_hat);
+      if constexpr (!kPipelined) {
+        if (!x_plain && backward) load_tile<T, kThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, q_hat);
+        if (!x_plain && !backward) load_tile<T, kThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, k_hat);
+      }
     }
     __syncthreads();
 
@@ -210,7 +293,11 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
     // computes (the next step's; pipelined, the one after it, since the next
     // step's tiles are already on their way to shared memory).
     constexpr int kAhead = kPipelined ? 2 : 1;
-    if (i + kAhead < chunks) {
+    if (kLean && i + kAhead < chunks) {
+      const int64_t later = backward ? c - kAhead : c + kAhead;
+      if (prefetch_at && int(threadIdx.x % kTile) < rows_of(later))
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(prefetch_at + later * kChunk * prefetch_stride));
+    } else if (i + kAhead < chunks) {
       const int64_t later = backward ? c - kAhead : c + kAhead;
       const int later_rows = rows_of(later);
       const int r = threadIdx.x % kTile, which = threadIdx.x / kTile;
@@ -263,26 +350,6 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
           static_cast<float*>(p.dh0.data)[offset4(p.dh0, n, h, key, value)] = acc[nt][e];
       }
   }
-}
-
-// Eight consecutive elements of a state tile, as fp32.
-__device__ __forceinline__ void load8(const float* at, float (&x)[8]) {
-  const float4 a = reinterpret_cast<const float4*>(at)[0], b = reinterpret_cast<const float4*>(at)[1];
-  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-}
-__device__ __forceinline__ void load8(const bf16* at, float (&x)[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(at);
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-}
-__device__ __forceinline__ void store8(float* at, const float (&x)[8]) {
-  reinterpret_cast<float4*>(at)[0] = {x[0], x[1], x[2], x[3]};
-  reinterpret_cast<float4*>(at)[1] = {x[4], x[5], x[6], x[7]};
-}
-__device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
-  *reinterpret_cast<uint4*>(at) = {pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]),
-                                   pack_bf16(x[6], x[7])};
 }
 
 // The fold of a split scan: one block per (sequence, head, tile, piece after
@@ -364,10 +431,10 @@ __global__ void __launch_bounds__(kStateThreads) fold_kernel(const Params p) {
   }
 }
 
-template <class T, class GT, int kPair, bool kPipelined = false>
+template <class T, class GT, int kPair, int kPipeline = 0>
 void launch_scan(const Params& p, cudaStream_t stream) {
-  const size_t smem = StateScanSmem<T, GT, kPair, kPipelined ? 2 : 1>::bytes;
-  auto kernel = state_scan_kernel<T, GT, kPair, kPipelined>;
+  const size_t smem = StateScanSmem<T, GT, kPair, (kPipeline > 0 ? 2 : 1)>::bytes;
+  auto kernel = state_scan_kernel<T, GT, kPair, kPipeline>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
              "cudaFuncSetAttribute (GLA backward state scan)");
   const unsigned groups = unsigned(p.key_tiles * p.value_tiles / kPair);
@@ -380,7 +447,8 @@ template <class T, class GT>
 void launch(const Params& p, cudaStream_t stream) {
   const bool pairs = p.scan_pairs && p.value_tiles % 2 == 0;
   if constexpr (std::is_same_v<T, bf16>) {
-    if (pairs && p.scan_pipeline) launch_scan<T, GT, 2, true>(p, stream);
+    if (pairs && p.scan_pipeline == 2) launch_scan<T, GT, 2, 2>(p, stream);
+    else if (pairs && p.scan_pipeline == 1) launch_scan<T, GT, 2, 1>(p, stream);
     else if (pairs) launch_scan<T, GT, 2>(p, stream);
     else launch_scan<T, GT, 1>(p, stream);
   } else {
