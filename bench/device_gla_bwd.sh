@@ -11,17 +11,19 @@
 #   bash bench/device_gla_bwd.sh                   # full (<= 300 s)
 #   MODE=quick bash bench/device_gla_bwd.sh        # <= 150 s: BUILD reused if it is
 #     there (BUILD=<an existing sm_90a build dir with -DFLASHGLA_PYTHON=ON>), the
-#     plain-layout, sub-chunk, state-scan (pairs, splits) and sanitizer tests,
-#     two shapes; no registers-gate suite
+#     plain-layout, sub-chunk, state-scan (pairs, pipeline, splits) and
+#     sanitizer tests, two shapes; no registers-gate suite
+#   PROFILE="B,T,H,K,V[;...]": also Nsight Compute (--set full) of one state
+#     scan launch per shape, after the benchmark (details page in the logs)
 set -u
 OUT=${OUT:-/tmp/gla_bwd_out}
 L=/tmp/gla_bwd_logs
 mkdir -p "$OUT" "$L"
 BUILD=${BUILD:-build-devbwd}
 MODE=${MODE:-full}
-COMPARE=${COMPARE:-"FLASHGLA_GLA_BWD_GATE=registers FLASHGLA_GLA_BWD_LAYOUT=general"}
+COMPARE=${COMPARE:-"FLASHGLA_GLA_BWD_SCAN_PIPELINE=lean FLASHGLA_GLA_BWD_SCAN_PIPELINE=0 FLASHGLA_GLA_BWD_GATE=registers FLASHGLA_GLA_BWD_LAYOUT=general"}
 if [ "$MODE" = quick ]; then
-  TESTS="CudaGlaBackward.ChunkedPlainLayout*:CudaGlaBackward.ChunkedMatchesReference:CudaGlaBackward.Chunked*SubChunk*:CudaGlaBackward.ChunkedScanPairs*:CudaGlaBackward.ChunkedSplitScans*:CudaGlaBackward.ChunkedLargeHeadDims:CudaGlaBackward.Sanitizer*"
+  TESTS="CudaGlaBackward.ChunkedPlainLayout*:CudaGlaBackward.ChunkedMatchesReference:CudaGlaBackward.Chunked*SubChunk*:CudaGlaBackward.ChunkedScanPairs*:CudaGlaBackward.ChunkedScanPipeline*:CudaGlaBackward.ChunkedSplitScans*:CudaGlaBackward.ChunkedLargeHeadDims:CudaGlaBackward.Sanitizer*"
   SHAPES=${SHAPES:-"8,4096,16,128,128;8,2048,4,128,256"}
   BUDGET_S=${BUDGET_S:-140}
 else
@@ -58,13 +60,13 @@ note "build: $(($(date +%s) - start)) s"
 
 # Tests; the sanitizers beside them (small cases, little GPU time).
 start=$(date +%s)
-timeout $(left 110) compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
+timeout $(left 150) compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
   --gtest_filter="CudaGlaBackward.Sanitizer*" >"$L/memcheck.log" 2>&1 &
 memcheck=$!
-timeout $(left 110) compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
+timeout $(left 150) compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
   --gtest_filter="CudaGlaBackward.SanitizerSmallCases" >"$L/racecheck.log" 2>&1 &
 racecheck=$!
-timeout $(left 70) $BUILD/flashgla_tests --gtest_filter="$TESTS" >"$L/tests.log" 2>&1
+timeout $(left 120) $BUILD/flashgla_tests --gtest_filter="$TESTS" >"$L/tests.log" 2>&1
 note "tests: rc=$? in $(($(date +%s) - start)) s: $(counts "$L/tests.log")"
 grep -E '^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$L/tests.log" | sort -u | head -30
 grep -E "Failure|Which is|Expected|actual|flashgla:|error" "$L/tests.log" | grep -v "^\[ errors" | head -30
@@ -106,9 +108,37 @@ start=$(date +%s)
 compare_args=()
 for setting in $COMPARE; do compare_args+=(--compare "$setting"); done
 [ -n "$SHAPES" ] && compare_args+=(--shapes "$SHAPES")
-PYTHONPATH=$BUILD/python:/tmp/site PYTHONUNBUFFERED=1 timeout $(left 150) python3 bench/bench_gla_bwd.py --kernels \
+PYTHONPATH=$BUILD/python:/tmp/site PYTHONUNBUFFERED=1 timeout $(left 220) python3 bench/bench_gla_bwd.py --kernels \
   "${compare_args[@]}" >"$L/bench.log" 2>&1
 note "benchmark: rc=$? in $(($(date +%s) - start)) s"
+
+if [ -n "${PROFILE:-}" ]; then
+for shape in ${PROFILE//;/ }; do
+  start=$(date +%s)
+  name=scan_profile_${shape//,/_}
+  PYTHONPATH=$BUILD/python:/tmp/site timeout $(left 90) ncu --kernel-name regex:state_scan_kernel --launch-skip 2 \
+    --launch-count 1 --set full --import-source yes -f -o "$L/$name" python3 - "$shape" >"$L/$name.log" 2>&1 <<'EOF'
+import sys, torch, torch.nn.functional as F, flashgla
+B, T, H, K, V = (int(x) for x in sys.argv[1].split(","))
+bf = dict(device="cuda", dtype=torch.bfloat16)
+q, k = (torch.randn(B, T, H, K, **bf).requires_grad_() for _ in range(2))
+v = torch.randn(B, T, H, V, **bf).requires_grad_()
+g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda")).to(torch.bfloat16).requires_grad_()
+do = torch.randn(B, T, H, V, **bf)
+o = flashgla.chunk_gla(q, k, v, g)[0]
+for _ in range(3):
+    torch.autograd.grad(o, (q, k, v, g), do, retain_graph=True)
+torch.cuda.synchronize()
+EOF
+  ncu --import "$L/$name.ncu-rep" --page details >"$L/$name.txt" 2>&1
+  ncu --import "$L/$name.ncu-rep" --page raw 2>&1 | grep -E "smsp__pcsamp_warps_issue_stalled_[a-z_]+ " |
+    awk '{print $NF, $1}' | sort -rn | head -12 >"$L/$name.stalls"
+  rm -f "$L/$name.ncu-rep"
+  note "profile $shape: $(($(date +%s) - start)) s"
+  grep -E "^  [a-z_]+<|Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|DRAM Throughput|L2 Hit Rate|Memory Throughput" "$L/$name.txt" | head -14
+  cat "$L/$name.stalls"
+done
+fi
 
 echo "==== summary"
 printf '%s\n' "${summary[@]}"

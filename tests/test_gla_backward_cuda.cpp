@@ -85,7 +85,8 @@ void expect_grads_close(const Grads& out, const Grads& ref, double tol) {
 std::string forced_paths() {
   std::string out;
   for (const char* name : {"FLASHGLA_GLA_BWD_DIAG", "FLASHGLA_GLA_BWD_SCAN_SPLIT", "FLASHGLA_GLA_BWD_OVERLAP",
-                           "FLASHGLA_GLA_BWD_LAYOUT", "FLASHGLA_GLA_BWD_GATE", "FLASHGLA_GLA_BWD_SCAN_PAIR"})
+                           "FLASHGLA_GLA_BWD_LAYOUT", "FLASHGLA_GLA_BWD_GATE", "FLASHGLA_GLA_BWD_SCAN_PAIR",
+                           "FLASHGLA_GLA_BWD_SCAN_PIPELINE"})
     if (const char* value = std::getenv(name)) out += std::string(" ") + (name + 17) + "=" + value;
   return out;
 }
@@ -340,6 +341,42 @@ TEST(CudaGlaBackward, VarlenMatchesReference) {
       }
 }
 
+// The paired state scans with x, y and the gate copied one chunk ahead (the
+// default for bf16 rows, K and V multiples of 64, V / 64 even), without
+// (FLASHGLA_GLA_BWD_SCAN_PIPELINE=0) and the opt-in variant with fewer
+// instructions per step (=lean): every gate kind and range, sequences of 1 to
+// 16 chunks (both buffers, odd and even counts), unsplit and split in pieces of
+// 3 chunks, fixed length and varlen.
+TEST(CudaGlaBackward, ChunkedScanPipelineOnAndOffMatchReference) {
+  SKIP_WITHOUT_GPU();
+  struct Dims {
+    int64_t K, V;
+  };
+  for (const char* pipeline : {"0", "1", "lean"}) {
+    const ScopedEnv pipeline_mode("FLASHGLA_GLA_BWD_SCAN_PIPELINE", pipeline);
+    int i = 0;
+    for (const char* chunks_per_split : {"0", "3"}) {
+      const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
+      for (int64_t T : {1, 64, 65, 200, 1000})
+        for (const Dims& d : {Dims{128, 128}, Dims{64, 256}, Dims{256, 128}}) {
+          Case c;
+          c.B = T <= 200 ? 2 : 1, c.T = T, c.H = 2, c.K = d.K, c.V = d.V, c.dtype = DType::bf16;
+          c.gate = Gate(i % 3);
+          c.gate_values = GateValues(i / 3 % 3);
+          c.gate_dtype = c.dg_dtype = DType::bf16;
+          c.h0 = i % 4 != 1, c.dht = i % 4 != 2;
+          c.seed = 9000 + i++;
+          check_against_reference(c, Call{});
+        }
+    }
+    for (Gate gate : {Gate::vector, Gate::scalar, Gate::none}) {
+      Case c = varlen_case(DType::bf16, gate, 9100 + i++);
+      c.K = c.V = 128, c.gate_dtype = c.dg_dtype = DType::bf16;
+      check_against_reference(c, Call{});
+    }
+  }
+}
+
 // The plain instantiation on every kind of input it takes: bf16 in whole rows
 // (K, V multiples of 64), a vector gate and its dg in bf16, any gate kind and
 // range, fixed length and varlen, with and without h0 / dht; a vector gate
@@ -546,6 +583,16 @@ TEST(CudaGlaBackward, SanitizerSmallCases) {
         plain.K = plain.V = 64, plain.gate_dtype = plain.dg_dtype = dtype;
         check_against_reference(plain, call);
       }
+      if (algorithm == kChunked && dtype == DType::bf16)  // the pipelined paired scans, unsplit and in pieces of 3
+        for (const char* pipeline : {"1", "lean"}) {
+          const ScopedEnv pipeline_mode("FLASHGLA_GLA_BWD_SCAN_PIPELINE", pipeline);
+          Case pipelined = c;
+          pipelined.T = 200, pipelined.K = pipelined.V = 128, pipelined.gate = Gate::vector;
+          pipelined.gate_dtype = pipelined.dg_dtype = dtype;
+          check_against_reference(pipelined, call);
+          const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "3");
+          check_against_reference(pipelined, call);
+        }
     }
 }
 

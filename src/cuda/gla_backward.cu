@@ -40,10 +40,50 @@ int64_t num_slots(const GlaProblem& pr) {
   return pr.varlen ? pr.seq_len / C + pr.num_seqs + 1 : pr.batch * ((pr.seq_len + C - 1) / C);
 }
 
+gla_bwd::Tensor tensor(const TensorView& t) {
+  gla_bwd::Tensor out;
+  if (!t.defined()) return out;
+  out.data = t.data;
+  out.dtype = t.dtype;
+  for (int d = 0; d < t.ndim; ++d) out.stride[d] = t.stride[d];
+  return out;
+}
+
+// Two pipelined scan blocks (105 KB each) per SM, as the launch bounds assume:
+// Hopper (228 KB per SM) yes, an A100 (164 KB) no.
+bool two_pipelined_scans_per_sm(int device) {
+  int per_sm = 0;
+  check_cuda(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+             "cudaDeviceGetAttribute");
+  constexpr size_t kReservedPerBlock = 1024;  // shared memory the system keeps per block (sm_80 and later)
+  return size_t(per_sm) >= 2 * (gla_bwd::state_scan_pipelined_smem_bytes() + kReservedPerBlock);
+}
+
+// Whether the state scans run paired (two value tiles per block: V / 64 even;
+// FLASHGLA_GLA_BWD_SCAN_PAIR=0 turns pairs off) and pipelined (x, y and a
+// vector gate copied a chunk ahead, which needs every tile in whole bf16 rows,
+// no converting fallback; FLASHGLA_GLA_BWD_SCAN_PIPELINE=0 turns it off).
+bool paired_scans(const GlaProblem& pr) {
+  const int64_t value_tiles = (pr.value_dim + gla_bwd::kTile - 1) / gla_bwd::kTile;
+  return !env_is("FLASHGLA_GLA_BWD_SCAN_PAIR", "0") && value_tiles % 2 == 0;
+}
+
+bool pipelined_scans(const GlaBackwardArgs& a, const GlaProblem& pr) {
+  using gla_bwd::bf16_rows;
+  const int K = int(pr.key_dim), V = int(pr.value_dim);
+  return a.algorithm == GlaAlgorithm::chunked && paired_scans(pr) && !env_is("FLASHGLA_GLA_BWD_SCAN_PIPELINE", "0") &&
+         bf16_rows(tensor(a.q), K) && bf16_rows(tensor(a.k), K) && bf16_rows(tensor(a.v), V) &&
+         bf16_rows(tensor(a.d_o), V) && (pr.gate != GateKind::vector || bf16_rows(tensor(a.g), K)) &&
+         two_pipelined_scans_per_sm(a.q.device.index);
+}
+
 // Sequence split of the state scans (gla_bwd_states.cu): chunks per piece, 0
 // for none. Fixed-length inputs are split when the blocks of both scans fill
 // at most half of the GPU's resident slots, into as many pieces as fit in one
 // wave, of at least kMinChunksPerSplit chunks (each piece costs a fold step).
+// Pipelined scans only where they fill at most a quarter of the slots: run 10
+// (H100) at B2 T16384 H16 d128 (half of the slots) measured the unsplit
+// pipelined scans 0.70 ms against 0.55 + a 0.22 ms fold split in two.
 // FLASHGLA_GLA_BWD_SCAN_SPLIT=0 turns the split off; =N forces pieces of N chunks.
 constexpr int64_t kMinChunksPerSplit = 8;
 
@@ -62,8 +102,9 @@ int64_t scan_chunks_per_split(const GlaBackwardArgs& a, const GlaProblem& pr) {
                "cudaDeviceGetAttribute");
     const int64_t resident = int64_t(sms) * gla_bwd::state_scan_blocks_per_sm(compute_type(a));
     const int64_t blocks = 2 * pr.num_seqs * pr.heads * tiles;
+    const int64_t min_slots_per_block = pipelined_scans(a, pr) ? 4 : 2;
     const int64_t splits = std::min(resident / blocks, chunks / kMinChunksPerSplit);
-    if (splits >= 2) per_split = (chunks + splits - 1) / splits;
+    if (resident / blocks >= min_slots_per_block && splits >= 2) per_split = (chunks + splits - 1) / splits;
   }
   if (per_split <= 0 || per_split >= chunks) return 0;
   const int64_t max_splits = 65535 / tiles;  // pieces x tiles is the scan's grid.y
@@ -107,14 +148,6 @@ Plan plan(const GlaBackwardArgs& a, const GlaProblem& pr) {
   return plan;
 }
 
-gla_bwd::Tensor tensor(const TensorView& t) {
-  gla_bwd::Tensor out;
-  if (!t.defined()) return out;
-  out.data = t.data;
-  out.dtype = t.dtype;
-  for (int d = 0; d < t.ndim; ++d) out.stride[d] = t.stride[d];
-  return out;
-}
 
 void check_supported(const GlaBackwardArgs& a, const GlaProblem& pr) {
   compute_type(a);
@@ -166,8 +199,10 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.general_layout = env_is("FLASHGLA_GLA_BWD_LAYOUT", "general");
   // FLASHGLA_GLA_BWD_GATE=registers: that one loads a vector gate into registers.
   p.gate_in_registers = env_is("FLASHGLA_GLA_BWD_GATE", "registers");
-  // FLASHGLA_GLA_BWD_SCAN_PAIR=0: the state scans take one block per 64x64 tile.
-  p.scan_pairs = !env_is("FLASHGLA_GLA_BWD_SCAN_PAIR", "0");
+  p.scan_pairs = paired_scans(pr);
+  // FLASHGLA_GLA_BWD_SCAN_PIPELINE=lean: the pipelined scans' variant with
+  // fewer instructions per step (opt-in: not yet run on a GPU).
+  p.scan_pipeline = !pipelined_scans(a, pr) ? 0 : env_is("FLASHGLA_GLA_BWD_SCAN_PIPELINE", "lean") ? 2 : 1;
   p.num_slots = num_slots(pr);
 
   const Plan sizes = plan(a, pr);

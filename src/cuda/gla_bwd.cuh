@@ -89,6 +89,11 @@ struct Params {
   // State scans: one block covers two value tiles of a key tile where V / 64
   // is even (x and the gate read and transformed once for both).
   bool scan_pairs = true;
+  // State scans (bf16, pairs): x, y and a vector gate copied one chunk ahead
+  // into a second buffer (set by the host where every tile is whole bf16 rows
+  // and two such blocks fit an SM's shared memory, see pipelined_scans): 0 no,
+  // 1 yes, 2 yes with fewer instructions per step (opt-in, not yet GPU-tested).
+  int scan_pipeline = 0;
   int64_t scan_splits = 1;
   int64_t chunks_per_split = 0;     // chunks of each piece (the last may have fewer)
   float* split_summaries = nullptr; // [scan][N][H][split][tile]: a piece's last state (64x64) and its total decay (64)
@@ -108,6 +113,10 @@ struct Params {
 enum class Compute { f32, bf16 };
 
 size_t state_scan_smem_bytes(Compute c);
+size_t state_scan_pipelined_smem_bytes();  // bf16, two value tiles per block
+// Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16,
+// with the rows of a chunk within 2^31 elements (32-bit offsets inside it).
+bool bf16_rows(const Tensor& t, int D);
 int state_scan_blocks_per_sm(Compute c);  // resident state-scan blocks per SM (launch bounds)
 inline constexpr int kSummaryFloats = kTileElems + kTile;  // one piece's summary: state tile and decay
 size_t chunk_smem_bytes(Compute c);

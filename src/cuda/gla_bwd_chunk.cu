@@ -573,15 +573,6 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     store_as(p.dg.data, offset4(p.dg, b, t0 + threadIdx.x, h, 0), p.dg.dtype, sRowSums[threadIdx.x]);
 }
 
-// Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16,
-// with the rows of a chunk within 2^31 elements (32-bit offsets inside it).
-bool bf16_rows(const Tensor& t, int D) {
-  constexpr int kVec = 8;
-  return t.dtype == DType::bf16 && t.stride[3] == 1 && D % kTile == 0 && t.stride[0] % kVec == 0 &&
-         t.stride[1] % kVec == 0 && t.stride[2] % kVec == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 &&
-         t.stride[1] < (int64_t(1) << 31) / kChunk;
-}
-
 // The layout of chunk_kernel<bf16, float, true>: q, k, v, dO, dq, dk, dv and a
 // vector gate and its dg all in bf16 rows (dg in bf16 implies g in bf16); a
 // scalar gate in bf16 (its loader is the only one compiled there).
@@ -612,6 +603,13 @@ void launch(const Params& p, bool overlap_scans, cudaStream_t stream) {
 }
 
 }  // namespace
+
+bool bf16_rows(const Tensor& t, int D) {
+  constexpr int kVec = 8;
+  return t.dtype == DType::bf16 && t.stride[3] == 1 && D % kTile == 0 && t.stride[0] % kVec == 0 &&
+         t.stride[1] % kVec == 0 && t.stride[2] % kVec == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 &&
+         t.stride[1] < (int64_t(1) << 31) / kChunk;
+}
 
 size_t chunk_smem_bytes(Compute c) {
   return c == Compute::f32 ? ChunkSmem<float, double>::bytes : ChunkSmem<bf16, float>::bytes;
