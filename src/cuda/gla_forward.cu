@@ -1,6 +1,7 @@
 // CUDA GLA forward (chunked and recurrent) and decode: turns checked arguments
 // into kernel parameters, plans the sequence split of the chunked kernel and
 // its workspace, and launches on args.stream on the tensors' device.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -156,6 +157,24 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   if (c.num_splits > 1)
     plan.workspace_bytes =
         size_t(p.num_seqs * p.heads * (c.num_splits - 1)) * size_t(p.key_dim) * size_t(p.value_dim + 1) * sizeof(float);
+  // The split's states pass: the dedicated states kernel (gla_fwd_states.cu) where FLASHGLA_GLA_STATES=split,
+  // otherwise the fast kernel's own states pass (states_only). Enough pieces per split to give every SM its
+  // blocks (FLASHGLA_GLA_STATE_PIECES=<n> overrides, for tuning and tests).
+  const char* states_env = std::getenv("FLASHGLA_GLA_STATES");
+  const int states_blocks_per_sm =
+      c.fast && c.num_splits > 1 && states_env && std::string(states_env) == "split" ? gla::split_states_blocks_per_sm(c)
+                                                                                      : 0;
+  if (states_blocks_per_sm > 0) {
+    const int64_t tiles_per_piece = tiles * (c.num_splits - 1);  // CTAs of one piece per split
+    int64_t pieces = std::max<int64_t>(1, int64_t(multiprocessors()) * states_blocks_per_sm /
+                                              std::max<int64_t>(1, tiles_per_piece));
+    if (const char* forced = std::getenv("FLASHGLA_GLA_STATE_PIECES")) pieces = std::max<int64_t>(1, std::atoll(forced));
+    pieces = std::min<int64_t>({pieces, c.chunks_per_split, 65535 / (c.num_splits - 1)});
+    c.state_pieces = int(std::max<int64_t>(1, pieces));
+    if (c.state_pieces > 1)
+      plan.workspace_bytes += size_t(p.num_seqs * p.heads * (c.num_splits - 1) * c.state_pieces) *
+                              size_t(p.key_dim) * size_t(p.value_dim + 1) * sizeof(float);
+  }
   if (c.hopper) {
     plan.prep_offset = plan.workspace_bytes;
     plan.prep_grid_chunks = std::max<int64_t>(1, max_chunks);
@@ -205,9 +224,21 @@ void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
     c.split_states = workspace.floats();
     c.split_decay = c.split_states + size_t(problem.num_seqs * problem.heads * (c.num_splits - 1)) *
                                          size_t(problem.key_dim) * size_t(problem.value_dim);
-    c.states_only = true;
-    launch(c, plan.num_seqs, stream);
-    c.states_only = false;
+    if (c.state_pieces > 0) {
+      const size_t split_floats =
+          size_t(problem.num_seqs * problem.heads * (c.num_splits - 1)) * size_t(problem.key_dim) *
+          size_t(problem.value_dim + 1);
+      c.piece_states = c.state_pieces == 1 ? c.split_states : c.split_states + split_floats;
+      c.piece_decay = c.state_pieces == 1 ? c.split_decay
+                                          : c.piece_states + size_t(problem.num_seqs * problem.heads *
+                                                                    (c.num_splits - 1) * c.state_pieces) *
+                                                                 size_t(problem.key_dim) * size_t(problem.value_dim);
+      gla::launch_split_states(c, plan.num_seqs, stream);
+    } else {
+      c.states_only = true;
+      launch(c, plan.num_seqs, stream);
+      c.states_only = false;
+    }
   }
   launch(c, plan.num_seqs, stream);
 }

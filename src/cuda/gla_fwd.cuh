@@ -64,6 +64,11 @@ struct ChunkParams {
   float* split_states = nullptr;  // [N][H][num_splits-1][K][V]: each split's state from a zero start
   float* split_decay = nullptr;   // [N][H][num_splits-1][K]: each split's total decay exp(sum g)
   bool states_only = false;       // the first pass: write split_states/split_decay, no output
+  // The states pass as its own kernel (gla_fwd_states.cu) when > 0: each split cut into this many pieces,
+  // written to piece_states/piece_decay (the split slots themselves when 1) and folded into the split slots.
+  int state_pieces = 0;
+  float* piece_states = nullptr;  // [N][H][num_splits-1][state_pieces][K][V]
+  float* piece_decay = nullptr;   // [N][H][num_splits-1][state_pieces][K]
   bool fast = false;              // run the fast path (gla_fwd_fast.cu) instead of the general kernel
   // The Hopper path (gla_fwd_hopper.cu): a chunk pass writes one slot per (chunk, head) to `prep`, the state
   // kernel reads them.
@@ -88,6 +93,12 @@ int fast_value_tile(int value_dim);
 int fast_key_parts(int key_dim);
 int fast_chunk_smem_bytes(int key_dim, int value_dim);
 void launch_fast_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
+
+// The states pass of the split as its own kernel (gla_fwd_states.cu), for what the fast path takes:
+// p.state_pieces > 0, piece_states/piece_decay set (the split slots when state_pieces == 1).
+// Blocks of the states kernel per SM (0: its shared memory does not fit this device).
+int split_states_blocks_per_sm(const ChunkParams& p);
+void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // The Hopper path (gla_fwd_hopper.cu): bf16/fp16 q, k, v, any gate, K ≤ 256,
 // v and o rows 16-byte aligned; sm_90a only. Value tiles of 64 columns.
