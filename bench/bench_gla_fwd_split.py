@@ -3,12 +3,13 @@
 Run on a CUDA machine with flashgla importable (PYTHONPATH=<cmake build dir
 with -DFLASHGLA_PYTHON=ON>/python):
 
-    python bench/bench_gla_fwd_split.py [--pieces 1,2,4] [--out results.md]
+    python bench/bench_gla_fwd_split.py [--pieces 1,2,4] [--stages 2,3] [--out results.md]
 
 In one process, on the same inputs (bf16 q, k, v; g = logsigmoid(randn)):
   * "old": the states pass of the fast kernel (FLASHGLA_GLA_STATES=fast);
-  * "new": the states kernel (FLASHGLA_GLA_STATES=split), the planner's piece
-    count, and with --pieces each forced count (FLASHGLA_GLA_STATE_PIECES);
+  * "new": the states kernel (the default; FLASHGLA_GLA_STATES=split), the
+    planner's piece and stage counts, and for the first two shapes each forced
+    pair of --pieces and --stages (FLASHGLA_GLA_STATE_PIECES / _STAGES);
   * per-kernel device times (torch.profiler): the states pass of "old" is the
     fast kernel's total minus its output pass (the same kernel runs twice);
   * F.scaled_dot_product_attention causal (flash backend) where K = V;
@@ -63,7 +64,8 @@ def kernels(call):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pieces", default="1,2,4", help="forced FLASHGLA_GLA_STATE_PIECES values for the first shape")
+    parser.add_argument("--pieces", default="1,2,3,4", help="forced FLASHGLA_GLA_STATE_PIECES values (first shapes)")
+    parser.add_argument("--stages", default="2,3", help="forced FLASHGLA_GLA_STATE_STAGES values (first shapes)")
     parser.add_argument("--out", default=None, help="also append the table to this markdown file")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -77,8 +79,8 @@ def main():
     for index, (B, T, H, K, V, gate_dtype, target) in enumerate(SHAPES):
         q, k, v, g = gla_inputs(B, T, H, K, V, gate_dtype=gate_dtype)
         call = lambda: flashgla.chunk_gla(q, k, v, g)
-        old_env = {"FLASHGLA_GLA_STATES": "fast", "FLASHGLA_GLA_STATE_PIECES": None}
-        new_env = {"FLASHGLA_GLA_STATES": "split", "FLASHGLA_GLA_STATE_PIECES": None}
+        old_env = {"FLASHGLA_GLA_STATES": "fast", "FLASHGLA_GLA_STATE_PIECES": None, "FLASHGLA_GLA_STATE_STAGES": None}
+        new_env = {"FLASHGLA_GLA_STATES": "split", "FLASHGLA_GLA_STATE_PIECES": None, "FLASHGLA_GLA_STATE_STAGES": None}
         old = with_env(old_env, lambda: median_ms(call))
         new = with_env(new_env, lambda: median_ms(call))
         _, _, old_fast = with_env(old_env, lambda: kernels(call))
@@ -95,16 +97,18 @@ def main():
               f"output {output:.4f}; old states {old_fast - output:.4f}), SDPA {sdpa_text}, rel. diff {diff:.1e}",
               flush=True)
         lines.append(f"| chunk_gla fwd {label} | {old:.4f} | {new:.4f} | {new / old:.2f} | {old_fast - output:.4f} | "
-                     f"{new_states + new_fold:.4f} | {output:.4f} | {sdpa_text} | {ratio} | {diff:.1e} | {target} |")
-        if index == 0:
-            for pieces in [p for p in args.pieces.split(",") if p]:
-                env = {"FLASHGLA_GLA_STATES": "split", "FLASHGLA_GLA_STATE_PIECES": pieces}
-                total = with_env(env, lambda: median_ms(call))
-                states, fold, out_pass = with_env(env, lambda: kernels(call))
-                print(f"  pieces={pieces}: {total:.4f} ms (states {states:.4f} + fold {fold:.4f}, output {out_pass:.4f})",
-                      flush=True)
-                lines.append(f"| chunk_gla fwd {label} pieces={pieces} | - | {total:.4f} | {total / old:.2f} | - | "
-                             f"{states + fold:.4f} | {out_pass:.4f} | - | - | - | |")
+                     f"{new_states:.4f} + {new_fold:.4f} | {output:.4f} | {sdpa_text} | {ratio} | {diff:.1e} | {target} |")
+        if index < 2:
+            for stages in [s for s in args.stages.split(",") if s]:
+                for pieces in [p for p in args.pieces.split(",") if p]:
+                    env = {"FLASHGLA_GLA_STATES": "split", "FLASHGLA_GLA_STATE_PIECES": pieces,
+                           "FLASHGLA_GLA_STATE_STAGES": stages}
+                    total = with_env(env, lambda: median_ms(call))
+                    states, fold, out_pass = with_env(env, lambda: kernels(call))
+                    print(f"  stages={stages} pieces={pieces}: {total:.4f} ms (states {states:.4f} + fold {fold:.4f}, "
+                          f"output {out_pass:.4f})", flush=True)
+                    lines.append(f"| chunk_gla fwd {label} stages={stages} pieces={pieces} | - | {total:.4f} | "
+                                 f"{total / old:.2f} | - | {states:.4f} + {fold:.4f} | {out_pass:.4f} | - | - | - | |")
         del q, k, v, g
         torch.cuda.empty_cache()
     print_table(lines, args.out)

@@ -9,9 +9,10 @@ OUT=${OUT:-/tmp/gla_fwd_split_out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build-devsplit}
 SPLIT_TESTS=${SPLIT_TESTS:-"CudaGlaSplit.*"}
-# The whole forward suite then runs with the states kernel forced (FLASHGLA_GLA_STATES=split): every split
-# it plans (SequenceSplit, FastPath*, LongSequence, varlen, ...) goes through the new states pass.
-OTHER_TESTS=${OTHER_TESTS:-"CudaGlaForward.*"}
+# The whole forward suite then runs as it is (the states kernel is the default: every split it plans goes
+# through it), and its split tests once more with 3 stages (FLASHGLA_GLA_STATE_STAGES=3).
+OTHER_TESTS=${OTHER_TESTS:-"CudaGlaForward.*:CudaGlaDecode.*"}
+STAGE3_TESTS=${STAGE3_TESTS:-"CudaGlaForward.SequenceSplit:CudaGlaForward.FastPath*:CudaGlaForward.LongSequence"}
 summary=()
 note() { summary+=("$*"); echo "$*"; }
 deadline=$(($(date +%s) + ${BUDGET:-400}))
@@ -52,16 +53,24 @@ note "racecheck (SanitizerStatesKernel): rc=$? in $(($(date +%s) - start)) s; $(
 
 if [ $((deadline - $(date +%s))) -gt 20 ]; then
   start=$(date +%s)
-  FLASHGLA_GLA_STATES=split timeout $(left 100) $BUILD/flashgla_tests --gtest_filter="$OTHER_TESTS" \
-    >"$OUT/tests_other.log" 2>&1
-  note "forward suite with FLASHGLA_GLA_STATES=split: rc=$? in $(($(date +%s) - start)) s: $(count "$OUT/tests_other.log")"
+  timeout $(left 100) $BUILD/flashgla_tests --gtest_filter="$OTHER_TESTS" >"$OUT/tests_other.log" 2>&1
+  note "forward + decode suite (default path): rc=$? in $(($(date +%s) - start)) s: $(count "$OUT/tests_other.log")"
   grep -E '^\[  FAILED  \]' "$OUT/tests_other.log" | sort -u
 else
   note "other tests: skipped (budget)"
 fi
+if [ $((deadline - $(date +%s))) -gt 20 ]; then
+  start=$(date +%s)
+  FLASHGLA_GLA_STATE_STAGES=3 timeout $(left 60) $BUILD/flashgla_tests --gtest_filter="$STAGE3_TESTS" \
+    >"$OUT/tests_stage3.log" 2>&1
+  note "split tests with FLASHGLA_GLA_STATE_STAGES=3: rc=$? in $(($(date +%s) - start)) s: $(count "$OUT/tests_stage3.log")"
+  grep -E '^\[  FAILED  \]' "$OUT/tests_stage3.log" | sort -u
+else
+  note "stage-3 tests: skipped (budget)"
+fi
 
 echo "==== summary"
 printf '%s\n' "${summary[@]}"
-grep -E "^\|" "$OUT/bench.log" | tail -n 12
+grep -E "^\|" "$OUT/bench.log" | tail -n 30
 (cd "$OUT" && tar czf logs.tgz --remove-files $(ls | grep -v '^logs.tgz$'))
 exit 0

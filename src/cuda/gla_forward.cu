@@ -157,13 +157,16 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   if (c.num_splits > 1)
     plan.workspace_bytes =
         size_t(p.num_seqs * p.heads * (c.num_splits - 1)) * size_t(p.key_dim) * size_t(p.value_dim + 1) * sizeof(float);
-  // The split's states pass: the dedicated states kernel (gla_fwd_states.cu) where FLASHGLA_GLA_STATES=split,
-  // otherwise the fast kernel's own states pass (states_only). Enough pieces per split to give every SM its
-  // blocks (FLASHGLA_GLA_STATE_PIECES=<n> overrides, for tuning and tests).
+  // The split's states pass on the fast path: the states kernel (gla_fwd_states.cu; it measured faster at every
+  // split shape of bench/results_gla_forward.md, run 12); FLASHGLA_GLA_STATES=fast runs the fast kernel's own
+  // states pass (states_only) instead. Enough pieces per split to give every SM its blocks
+  // (FLASHGLA_GLA_STATE_PIECES=<n> overrides); FLASHGLA_GLA_STATE_STAGES=3 keeps two chunks in flight instead
+  // of one (both for tuning and tests).
   const char* states_env = std::getenv("FLASHGLA_GLA_STATES");
+  const bool states_kernel = !(states_env && std::string(states_env) == "fast");
+  if (const char* stages = std::getenv("FLASHGLA_GLA_STATE_STAGES")) c.state_stages = std::string(stages) == "3" ? 3 : 2;
   const int states_blocks_per_sm =
-      c.fast && c.num_splits > 1 && states_env && std::string(states_env) == "split" ? gla::split_states_blocks_per_sm(c)
-                                                                                      : 0;
+      c.fast && c.num_splits > 1 && states_kernel ? gla::split_states_blocks_per_sm(c) : 0;
   if (states_blocks_per_sm > 0) {
     const int64_t tiles_per_piece = tiles * (c.num_splits - 1);  // CTAs of one piece per split
     int64_t pieces = std::max<int64_t>(1, int64_t(multiprocessors()) * states_blocks_per_sm /

@@ -67,6 +67,7 @@ struct ChunkParams {
   // The states pass as its own kernel (gla_fwd_states.cu) when > 0: each split cut into this many pieces,
   // written to piece_states/piece_decay (the split slots themselves when 1) and folded into the split slots.
   int state_pieces = 0;
+  int state_stages = 2;           // chunks of k, v, g in its shared memory (2 or 3)
   float* piece_states = nullptr;  // [N][H][num_splits-1][state_pieces][K][V]
   float* piece_decay = nullptr;   // [N][H][num_splits-1][state_pieces][K]
   bool fast = false;              // run the fast path (gla_fwd_fast.cu) instead of the general kernel

@@ -6,44 +6,46 @@
 namespace flashgla::cuda::gla {
 namespace {
 
-template <class E, class G, int KP, int BV, Gate GK>
+template <class E, class G, int KP, int BV, Gate GK, int ST>
 void launch_states_kind(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr int bytes = states::StatesLayout<E, G, KP, BV, GK>::bytes;
-  const auto kernel = states::split_states_kernel<E, G, KP, BV, GK>;
+  constexpr int bytes = states::StatesLayout<E, G, KP, BV, GK, ST>::bytes;
+  const auto kernel = states::split_states_kernel<E, G, KP, BV, GK, ST>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "cudaFuncSetAttribute (GLA split states kernel)");
   kernel<<<grid, states::kThreads, bytes, stream>>>(p);
   check_cuda(cudaGetLastError(), "GLA split states kernel launch");
 }
 
-// Calls f with the layout of the kernel p needs (as a type tag) and the kernel launcher.
-template <class E, int KP, int BV, class F>
+template <class E, int KP, int BV, int ST, class F>
 void by_gate(const ChunkParams& p, F&& f) {
+  using states::StatesLayout;
   switch (p.gate) {
     case Gate::vector:
-      if (p.g.dtype == Elem::f32) return f(states::StatesLayout<E, float, KP, BV, Gate::vector>{},
-                                           launch_states_kind<E, float, KP, BV, Gate::vector>);
-      return f(states::StatesLayout<E, E, KP, BV, Gate::vector>{}, launch_states_kind<E, E, KP, BV, Gate::vector>);
+      if (p.g.dtype == Elem::f32) return f(StatesLayout<E, float, KP, BV, Gate::vector, ST>{},
+                                           launch_states_kind<E, float, KP, BV, Gate::vector, ST>);
+      return f(StatesLayout<E, E, KP, BV, Gate::vector, ST>{}, launch_states_kind<E, E, KP, BV, Gate::vector, ST>);
     case Gate::scalar:
-      return f(states::StatesLayout<E, E, KP, BV, Gate::scalar>{}, launch_states_kind<E, E, KP, BV, Gate::scalar>);
+      return f(StatesLayout<E, E, KP, BV, Gate::scalar, ST>{}, launch_states_kind<E, E, KP, BV, Gate::scalar, ST>);
     case Gate::none:
-      return f(states::StatesLayout<E, E, KP, BV, Gate::none>{}, launch_states_kind<E, E, KP, BV, Gate::none>);
+      return f(StatesLayout<E, E, KP, BV, Gate::none, ST>{}, launch_states_kind<E, E, KP, BV, Gate::none, ST>);
   }
 }
 
-template <class E, class F>
+template <class E, int ST, class F>
 void by_dims(const ChunkParams& p, F&& f) {
   const bool wide_keys = p.key_dim > 64, wide_values = p.value_dim > 64;
-  if (wide_keys && wide_values) return by_gate<E, 128, 128>(p, f);
-  if (wide_keys) return by_gate<E, 128, 64>(p, f);
-  if (wide_values) return by_gate<E, 64, 128>(p, f);
-  return by_gate<E, 64, 64>(p, f);
+  if (wide_keys && wide_values) return by_gate<E, 128, 128, ST>(p, f);
+  if (wide_keys) return by_gate<E, 128, 64, ST>(p, f);
+  if (wide_values) return by_gate<E, 64, 128, ST>(p, f);
+  return by_gate<E, 64, 64, ST>(p, f);
 }
 
+// Calls f(layout tag, launcher) for the kernel that p's dtype, dims, gate and stage count select.
 template <class F>
 void by_kernel(const ChunkParams& p, F&& f) {
-  if (p.q.dtype == Elem::bf16) return by_dims<__nv_bfloat16>(p, f);
-  if (p.q.dtype == Elem::f16) return by_dims<__half>(p, f);
+  const bool three = p.state_stages == 3;
+  if (p.q.dtype == Elem::bf16) return three ? by_dims<__nv_bfloat16, 3>(p, f) : by_dims<__nv_bfloat16, 2>(p, f);
+  if (p.q.dtype == Elem::f16) return three ? by_dims<__half, 3>(p, f) : by_dims<__half, 2>(p, f);
 }
 
 }  // namespace
@@ -71,10 +73,8 @@ void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream
                   unsigned((p.num_splits - 1) * p.state_pieces));
   by_kernel(p, [&](auto, auto launch) { launch(p, grid, stream); });
   if (p.state_pieces == 1) return;  // the kernel wrote the split slots
-  constexpr int kFoldThreads = 256;
-  const int64_t elements = int64_t(p.key_dim) * p.value_dim;
-  const dim3 fold_grid(unsigned(slots), unsigned((elements + kFoldThreads - 1) / kFoldThreads));
-  states::fold_pieces_kernel<<<fold_grid, kFoldThreads, 0, stream>>>(p);
+  const int threads = std::min(256, (p.value_dim + 31) / 32 * 32);
+  states::fold_pieces_kernel<<<dim3(unsigned(slots), unsigned(p.key_dim)), threads, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "GLA split states: fold kernel launch");
 }
 

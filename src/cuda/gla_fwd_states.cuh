@@ -31,26 +31,32 @@ namespace flashgla::cuda::gla {
 namespace states {
 
 constexpr int kWarps = 8, kThreads = kWarps * 32;
-constexpr int kStages = 2;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // Shared memory of one stage: k (then K̂ in place), v and the vector gate, each row padded by 16 bytes (rows
 // 8 apart share banks, no others: ldmatrix and the gate phase without bank conflicts); then the scalar gate of
-// the current chunk.
-template <class E, class G, int KP, int BV, Gate GK>
+// the current chunk. STAGES: chunks in shared memory (STAGES − 1 of them in flight while one is computed).
+template <class E, class G, int KP, int BV, Gate GK, int STAGES>
 struct StatesLayout {
   static constexpr int P = KP + 8, PV = BV + 8, PG = KP + 16 / int(sizeof(G));
   static constexpr int k = 0;
   static constexpr int v = k + C * P * int(sizeof(E));
   static constexpr int g = v + C * PV * int(sizeof(E));
   static constexpr int stage = g + (GK == Gate::vector ? C * PG * int(sizeof(G)) : 0);
-  static constexpr int scalar_gate = kStages * stage;  // [64] floats
+  static constexpr int scalar_gate = STAGES * stage;  // [64] floats
   static constexpr int bytes = scalar_gate + C * 4;
 };
 
-template <class E, class G, int KP, int BV, Gate GK>
+template <class E, class G, int KP, int BV, Gate GK, int STAGES>
 __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  using L = StatesLayout<E, G, KP, BV, GK>;
+  using L = StatesLayout<E, G, KP, BV, GK, STAGES>;
   using M = Mma<E>;
   constexpr int P = L::P, PV = L::PV, PG = L::PG;
   // Warp w holds key tiles 2·(w % KWG) and 2·(w % KWG) + 1 of the state and NS of its 8-column tiles: a warp
@@ -114,10 +120,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
   };
   using KCols = std::integral_constant<int, KP>;
   using VCols = std::integral_constant<int, BV>;
-  // Chunk number i of the walk (chunk c_end − 1 − i) into stage i % kStages.
+  // Chunk number i of the walk (chunk c_end − 1 − i) into stage i % STAGES.
   auto issue = [&](int i) {
     const int64_t c = c_end - 1 - i;
-    const int s = i % kStages;
+    const int s = i % STAGES;
     const int rows_valid = int(min(int64_t(C), seq.len - c * C));
     load_rows(KCols{}, stage_k(s), P, p.k, c, rows_valid, k0, K);
     load_rows(VCols{}, stage_v(s), PV, p.v, c, rows_valid, v0, V);
@@ -146,19 +152,19 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
   float carry[2] = {0.f, 0.f};  // Σ g over the chunks already walked (those after the current one)
 
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
+  for (int i = 0; i < STAGES - 1; ++i) {
     if (i < count) issue(i);
     cp_async_commit();
   }
   if (count > 0) fetch_scalar_gate(0);
 
   for (int i = 0; i < count; ++i) {
-    const int s = i % kStages;
+    const int s = i % STAGES;
     if (GK == Gate::scalar && tid < C) scalar_gate_s[tid] = scalar_g_next;
     if (i + 1 < count) fetch_scalar_gate(i + 1);
-    if (i + kStages - 1 < count) issue(i + kStages - 1);  // into the stage chunk i − 1 has finished with
+    if (i + STAGES - 1 < count) issue(i + STAGES - 1);  // into the stage chunk i − 1 has finished with
     cp_async_commit();
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1) : "memory");
     __syncthreads();  // chunk i's tiles (and scalar gate) are in
 
     E* k_s = stage_k(s);
@@ -195,21 +201,21 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
           chunk.x += tx, chunk.y += ty;
           if (q > quarter) after.x += tx, after.y += ty;
         }
-        const float2 base = make_float2(carry[0] + after.x, carry[1] + after.y);
-        float2 first = top, last = make_float2(0.f, 0.f);  // running sums after the current row, per part
+        // exp(carry + after + run) as one FFMA and one MUFU.EX2 (ftz: what underflows is 0, as it should be).
+        const float2 base2 = make_float2((carry[0] + after.x) * kLog2e, (carry[1] + after.y) * kLog2e);
+        float2 run = top;  // Σ g over this quarter's rows after the current one; 0 again at the top part
 #pragma unroll
         for (int j = 0; j < kQuarterRows; ++j) {
           const int r = row_at(j);
-          const bool in_top = j >= kQuarterRows - rot;
-          const float2 suffix = in_top ? last : first;
+          if (j + rot == kQuarterRows) run = make_float2(0.f, 0.f);
           float kv[2];
           E* at = k_s + r * P + 2 * pair;
           load_keys<E, 2>(at, kv);
-          const float out[2] = {kv[0] * __expf(base.x + suffix.x), kv[1] * __expf(base.y + suffix.y)};
+          const float out[2] = {kv[0] * exp2_ftz(fmaf(run.x, kLog2e, base2.x)),
+                                kv[1] * exp2_ftz(fmaf(run.y, kLog2e, base2.y))};
           store_keys<E, 2>(at, out);
           const float2 x = gate_at(r);
-          if (in_top) last.x += x.x, last.y += x.y;
-          else first.x += x.x, first.y += x.y;
+          run.x += x.x, run.y += x.y;
         }
         carry[0] += chunk.x, carry[1] += chunk.y;
       }
@@ -255,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
 }
 
 // The split slots from the piece slots: S_split = Σ_p (Π_{p' > p} decay_p') ⊙ S_p, decay_split = Π_p decay_p.
-// One thread per (split slot, key, value column); x of the grid runs over slots.
+// Block (split slot, key), threads over the value columns.
 __global__ void fold_pieces_kernel(const ChunkParams p) {
   const int64_t slot = blockIdx.x;  // nh · (num_splits − 1) + split
   const int64_t nh = slot / (p.num_splits - 1);
@@ -264,19 +270,22 @@ __global__ void fold_pieces_kernel(const ChunkParams p) {
   const int64_t num_chunks = (seq.len + C - 1) / C;
   const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
   if (split >= last_split) return;  // the states kernel wrote no pieces for it
-  const int K = p.key_dim, V = p.value_dim;
-  const int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(K) * V) return;
-  const int key = int(i / V);
-  float state = 0.f, decay = 1.f;
-  for (int piece = 0; piece < p.state_pieces; ++piece) {
-    const int64_t from = slot * p.state_pieces + piece;
-    const float d = p.piece_decay[from * K + key];
-    state = d * state + p.piece_states[from * K * V + i];
-    decay *= d;
+  const int K = p.key_dim, V = p.value_dim, key = blockIdx.y, pieces = p.state_pieces;
+  const int64_t first = slot * pieces;  // its first piece slot
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    float state = 0.f;
+#pragma unroll 4
+    for (int piece = 0; piece < pieces; ++piece) {
+      const int64_t from = first + piece;
+      state = p.piece_decay[from * K + key] * state + p.piece_states[(from * K + key) * V + v];
+    }
+    p.split_states[(slot * K + key) * V + v] = state;
   }
-  p.split_states[slot * K * V + i] = state;
-  if (i % V == 0) p.split_decay[slot * K + key] = decay;
+  if (threadIdx.x == 0) {
+    float decay = 1.f;
+    for (int piece = 0; piece < pieces; ++piece) decay *= p.piece_decay[(first + piece) * K + key];
+    p.split_decay[slot * K + key] = decay;
+  }
 }
 
 }  // namespace states
