@@ -10,6 +10,8 @@ In one process, on the same inputs (bf16 q, k, v; g = logsigmoid(randn)):
   * "new": the states kernel (the default; FLASHGLA_GLA_STATES=split), the
     planner's piece and stage counts, and for the first two shapes each forced
     pair of --pieces and --stages (FLASHGLA_GLA_STATE_PIECES / _STAGES);
+  * "prefix=0": the states kernel with per-split slots that the output pass
+    folds itself (FLASHGLA_GLA_STATE_PREFIX=0), for the first two shapes;
   * per-kernel device times (torch.profiler): the states pass of "old" is the
     fast kernel's total minus its output pass (the same kernel runs twice);
   * F.scaled_dot_product_attention causal (flash backend) where K = V;
@@ -99,6 +101,13 @@ def main():
         lines.append(f"| chunk_gla fwd {label} | {old:.4f} | {new:.4f} | {new / old:.2f} | {old_fast - output:.4f} | "
                      f"{new_states:.4f} + {new_fold:.4f} | {output:.4f} | {sdpa_text} | {ratio} | {diff:.1e} | {target} |")
         if index < 2:
+            # Per-split slots folded by the output pass (the protocol before split_prefix), planner's pieces/stages.
+            env = {"FLASHGLA_GLA_STATES": "split", "FLASHGLA_GLA_STATE_PREFIX": "0"}
+            total = with_env(env, lambda: median_ms(call))
+            states, fold, out_pass = with_env(env, lambda: kernels(call))
+            print(f"  prefix=0: {total:.4f} ms (states {states:.4f} + fold {fold:.4f}, output {out_pass:.4f})", flush=True)
+            lines.append(f"| chunk_gla fwd {label} prefix=0 | - | {total:.4f} | {total / old:.2f} | - | "
+                         f"{states:.4f} + {fold:.4f} | {out_pass:.4f} | - | - | - | |")
             for stages in [s for s in args.stages.split(",") if s]:
                 for pieces in [p for p in args.pieces.split(",") if p]:
                     env = {"FLASHGLA_GLA_STATES": "split", "FLASHGLA_GLA_STATE_PIECES": pieces,

@@ -174,7 +174,10 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
     if (const char* forced = std::getenv("FLASHGLA_GLA_STATE_PIECES")) pieces = std::max<int64_t>(1, std::atoll(forced));
     pieces = std::min<int64_t>({pieces, c.chunks_per_split, 65535 / (c.num_splits - 1)});
     c.state_pieces = int(std::max<int64_t>(1, pieces));
-    if (c.state_pieces > 1)
+    // Prefix slots (one read per state element in the output pass); FLASHGLA_GLA_STATE_PREFIX=0: per-split slots.
+    const char* prefix_env = std::getenv("FLASHGLA_GLA_STATE_PREFIX");
+    c.split_prefix = !(prefix_env && std::string(prefix_env) == "0");
+    if (c.state_pieces > 1 || c.split_prefix)
       plan.workspace_bytes += size_t(p.num_seqs * p.heads * (c.num_splits - 1) * c.state_pieces) *
                               size_t(p.key_dim) * size_t(p.value_dim + 1) * sizeof(float);
   }
@@ -231,11 +234,12 @@ void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
       const size_t split_floats =
           size_t(problem.num_seqs * problem.heads * (c.num_splits - 1)) * size_t(problem.key_dim) *
           size_t(problem.value_dim + 1);
-      c.piece_states = c.state_pieces == 1 ? c.split_states : c.split_states + split_floats;
-      c.piece_decay = c.state_pieces == 1 ? c.split_decay
-                                          : c.piece_states + size_t(problem.num_seqs * problem.heads *
-                                                                    (c.num_splits - 1) * c.state_pieces) *
-                                                                 size_t(problem.key_dim) * size_t(problem.value_dim);
+      const bool direct = c.state_pieces == 1 && !c.split_prefix;  // the states kernel writes the split slots
+      c.piece_states = direct ? c.split_states : c.split_states + split_floats;
+      c.piece_decay = direct ? c.split_decay
+                             : c.piece_states + size_t(problem.num_seqs * problem.heads * (c.num_splits - 1) *
+                                                       c.state_pieces) *
+                                                    size_t(problem.key_dim) * size_t(problem.value_dim);
       gla::launch_split_states(c, plan.num_seqs, stream);
     } else {
       c.states_only = true;

@@ -68,6 +68,9 @@ struct ChunkParams {
   // written to piece_states/piece_decay (the split slots themselves when 1) and folded into the split slots.
   int state_pieces = 0;
   int state_stages = 2;           // chunks of k, v, g in its shared memory (2 or 3)
+  // Split slot s − 1 holds the state at the start of split s from a zero state at the sequence start and the
+  // decay since then (the states kernel's fold; the fast kernel reads one slot): instead of each split's own.
+  bool split_prefix = false;
   float* piece_states = nullptr;  // [N][H][num_splits-1][state_pieces][K][V]
   float* piece_decay = nullptr;   // [N][H][num_splits-1][state_pieces][K]
   bool fast = false;              // run the fast path (gla_fwd_fast.cu) instead of the general kernel

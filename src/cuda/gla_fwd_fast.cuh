@@ -282,13 +282,27 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         if (p.h0.data)
           s = static_cast<const float*>(p.h0.data)[n * p.h0.stride[0] + h * p.h0.stride[1] + key * p.h0.stride[2] +
                                                     vg * p.h0.stride[3]];
-        for (int prev = 0; prev < split; ++prev) {
-          const int64_t slot = nh * (p.num_splits - 1) + prev;
-          s = p.split_decay[slot * K + key] * s + p.split_states[(slot * K + key) * V + vg];
-        }
+        if (!p.split_prefix)
+          for (int prev = 0; prev < split; ++prev) {
+            const int64_t slot = nh * (p.num_splits - 1) + prev;
+            s = p.split_decay[slot * K + key] * s + p.split_states[(slot * K + key) * V + vg];
+          }
       }
       S[nt][e] = s;
     }
+  // split_prefix: one slot per split, straight-line loads (all elements' loads in flight together; the loop
+  // above runs once per element, one memory latency after another).
+  if (p.split_prefix && split > 0 && !p.states_only) {
+    const int64_t slot = nh * (p.num_splits - 1) + split - 1;
+#pragma unroll
+    for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = k0 + lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+        if (lkey < kn && vg < V)
+          S[nt][e] = p.split_decay[slot * K + key] * S[nt][e] + p.split_states[(slot * K + key) * V + vg];
+      }
+  }
   auto store_state_bf16 = [&] {
 #pragma unroll
     for (int nt = 0; nt < NS; ++nt) {

@@ -72,9 +72,9 @@ void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream
   const dim3 grid(unsigned(nh), unsigned(value_tiles * fast_key_parts(p.key_dim)),
                   unsigned((p.num_splits - 1) * p.state_pieces));
   by_kernel(p, [&](auto, auto launch) { launch(p, grid, stream); });
-  if (p.state_pieces == 1) return;  // the kernel wrote the split slots
+  if (p.state_pieces == 1 && !p.split_prefix) return;  // the kernel wrote the split slots
   const int threads = std::min(256, (p.value_dim + 31) / 32 * 32);
-  states::fold_pieces_kernel<<<dim3(unsigned(slots), unsigned(p.key_dim)), threads, 0, stream>>>(p);
+  states::fold_pieces_kernel<<<dim3(unsigned(nh), unsigned(p.key_dim)), threads, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "GLA split states: fold kernel launch");
 }
 

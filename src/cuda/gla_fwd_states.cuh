@@ -15,9 +15,11 @@
 // Pieces: a split may be cut into `state_pieces` pieces run by separate CTAs
 // (more CTAs than (sequence, head, tile, split) alone give). Each writes its
 // state and total decay exp(Σ g) to a piece slot; fold_pieces_kernel combines
-// the pieces of each split in order (S ← decay_p ⊙ S + S_p) into the split
-// slots the output pass reads. With one piece per split the states kernel
-// writes the split slots directly.
+// them in order (S ← decay_p ⊙ S + S_p) into the split slots the output pass
+// reads: by default (split_prefix) slot s − 1 = the state at the start of split
+// s from a zero state at the sequence start, so that the output pass reads one
+// slot instead of folding s of them; otherwise each split's own state (the
+// protocol of the other kernels), written directly when there is one piece.
 //
 // CTA: 8 warps; (sequence, head) × (value tile of BV, key part of KP) × (split,
 // piece). Warp w holds two 16-key tiles of the state and a share of its columns
@@ -260,31 +262,37 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
       if (2 * pair + e < kn) p.piece_decay[slot * K + k0 + 2 * pair + e] = __expf(carry[e]);
 }
 
-// The split slots from the piece slots: S_split = Σ_p (Π_{p' > p} decay_p') ⊙ S_p, decay_split = Π_p decay_p.
-// Block (split slot, key), threads over the value columns.
+// The split slots from the piece slots, per (sequence, head) over its splits in order: split j's state
+// S_j = Σ_p (Π_{p' > p} decay_p') ⊙ S_p over its pieces and decay D_j = Π_p decay_p; with p.split_prefix the
+// running state and decay from the sequence start instead (slot j: S ← D_j ⊙ S + S_j, D ← D_j ⊙ D).
+// Block (sequence × head, key), threads over the value columns.
 __global__ void fold_pieces_kernel(const ChunkParams p) {
-  const int64_t slot = blockIdx.x;  // nh · (num_splits − 1) + split
-  const int64_t nh = slot / (p.num_splits - 1);
-  const int split = int(slot % (p.num_splits - 1));
+  const int64_t nh = blockIdx.x;
   const SeqRange seq = sequence_range(p.seqs, nh / p.heads);
   const int64_t num_chunks = (seq.len + C - 1) / C;
-  const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
-  if (split >= last_split) return;  // the states kernel wrote no pieces for it
+  const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;  // slots written
   const int K = p.key_dim, V = p.value_dim, key = blockIdx.y, pieces = p.state_pieces;
-  const int64_t first = slot * pieces;  // its first piece slot
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
     float state = 0.f;
+    for (int64_t j = 0; j < last_split; ++j) {
+      const int64_t slot = nh * (p.num_splits - 1) + j;
+      if (!p.split_prefix) state = 0.f;
 #pragma unroll 4
-    for (int piece = 0; piece < pieces; ++piece) {
-      const int64_t from = first + piece;
-      state = p.piece_decay[from * K + key] * state + p.piece_states[(from * K + key) * V + v];
+      for (int piece = 0; piece < pieces; ++piece) {
+        const int64_t from = slot * pieces + piece;
+        state = p.piece_decay[from * K + key] * state + p.piece_states[(from * K + key) * V + v];
+      }
+      p.split_states[(slot * K + key) * V + v] = state;
     }
-    p.split_states[(slot * K + key) * V + v] = state;
   }
   if (threadIdx.x == 0) {
     float decay = 1.f;
-    for (int piece = 0; piece < pieces; ++piece) decay *= p.piece_decay[(first + piece) * K + key];
-    p.split_decay[slot * K + key] = decay;
+    for (int64_t j = 0; j < last_split; ++j) {
+      const int64_t slot = nh * (p.num_splits - 1) + j;
+      if (!p.split_prefix) decay = 1.f;
+      for (int piece = 0; piece < pieces; ++piece) decay *= p.piece_decay[(slot * pieces + piece) * K + key];
+      p.split_decay[slot * K + key] = decay;
+    }
   }
 }
 
