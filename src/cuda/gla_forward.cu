@@ -158,10 +158,11 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
     plan.workspace_bytes =
         size_t(p.num_seqs * p.heads * (c.num_splits - 1)) * size_t(p.key_dim) * size_t(p.value_dim + 1) * sizeof(float);
   // The split's states pass on the fast path: the states kernel (gla_fwd_states.cu; it measured faster at every
-  // split shape of bench/results_gla_forward.md, run 12); FLASHGLA_GLA_STATES=fast runs the fast kernel's own
-  // states pass (states_only) instead. Enough pieces per split to give every SM its blocks
-  // (FLASHGLA_GLA_STATE_PIECES=<n> overrides); FLASHGLA_GLA_STATE_STAGES=3 keeps two chunks in flight instead
-  // of one (both for tuning and tests).
+  // split shape of bench/results_gla_forward.md, runs 12 and 13); FLASHGLA_GLA_STATES=fast runs the fast
+  // kernel's own states pass (states_only) instead. Pieces per split: enough for one CTA per SM (run 13: one
+  // piece per split beat 2–4 pieces at 2 CTAs per SM, whose smaller states pass the larger fold outweighed);
+  // FLASHGLA_GLA_STATE_PIECES=<n> overrides, FLASHGLA_GLA_STATE_STAGES=3 keeps two chunks in flight instead of
+  // one (both for tuning and tests; 3 stages measured the same as 2 in run 13).
   const char* states_env = std::getenv("FLASHGLA_GLA_STATES");
   const bool states_kernel = !(states_env && std::string(states_env) == "fast");
   if (const char* stages = std::getenv("FLASHGLA_GLA_STATE_STAGES")) c.state_stages = std::string(stages) == "3" ? 3 : 2;
@@ -169,8 +170,7 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
       c.fast && c.num_splits > 1 && states_kernel ? gla::split_states_blocks_per_sm(c) : 0;
   if (states_blocks_per_sm > 0) {
     const int64_t tiles_per_piece = tiles * (c.num_splits - 1);  // CTAs of one piece per split
-    int64_t pieces = std::max<int64_t>(1, int64_t(multiprocessors()) * states_blocks_per_sm /
-                                              std::max<int64_t>(1, tiles_per_piece));
+    int64_t pieces = std::max<int64_t>(1, int64_t(multiprocessors()) / std::max<int64_t>(1, tiles_per_piece));
     if (const char* forced = std::getenv("FLASHGLA_GLA_STATE_PIECES")) pieces = std::max<int64_t>(1, std::atoll(forced));
     pieces = std::min<int64_t>({pieces, c.chunks_per_split, 65535 / (c.num_splits - 1)});
     c.state_pieces = int(std::max<int64_t>(1, pieces));
