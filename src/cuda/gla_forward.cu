@@ -166,9 +166,7 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   const char* states_env = std::getenv("FLASHGLA_GLA_STATES");
   const bool states_kernel = !(states_env && std::string(states_env) == "fast");
   if (const char* stages = std::getenv("FLASHGLA_GLA_STATE_STAGES")) c.state_stages = std::string(stages) == "3" ? 3 : 2;
-  const int states_blocks_per_sm =
-      c.fast && c.num_splits > 1 && states_kernel ? gla::split_states_blocks_per_sm(c) : 0;
-  if (states_blocks_per_sm > 0) {
+  if (c.fast && c.num_splits > 1 && states_kernel && gla::split_states_fit(c)) {
     const int64_t tiles_per_piece = tiles * (c.num_splits - 1);  // CTAs of one piece per split
     int64_t pieces = std::max<int64_t>(1, int64_t(multiprocessors()) / std::max<int64_t>(1, tiles_per_piece));
     if (const char* forced = std::getenv("FLASHGLA_GLA_STATE_PIECES")) pieces = std::max<int64_t>(1, std::atoll(forced));

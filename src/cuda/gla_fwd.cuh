@@ -65,7 +65,8 @@ struct ChunkParams {
   float* split_decay = nullptr;   // [N][H][num_splits-1][K]: each split's total decay exp(sum g)
   bool states_only = false;       // the first pass: write split_states/split_decay, no output
   // The states pass as its own kernel (gla_fwd_states.cu) when > 0: each split cut into this many pieces,
-  // written to piece_states/piece_decay (the split slots themselves when 1) and folded into the split slots.
+  // written to piece_states/piece_decay and folded into the split slots (or, with one piece and no
+  // split_prefix, written to the split slots directly).
   int state_pieces = 0;
   int state_stages = 2;           // chunks of k, v, g in its shared memory (2 or 3)
   // Split slot s − 1 holds the state at the start of split s from a zero state at the sequence start and the
@@ -99,9 +100,9 @@ int fast_chunk_smem_bytes(int key_dim, int value_dim);
 void launch_fast_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // The states pass of the split as its own kernel (gla_fwd_states.cu), for what the fast path takes:
-// p.state_pieces > 0, piece_states/piece_decay set (the split slots when state_pieces == 1).
-// Blocks of the states kernel per SM (0: its shared memory does not fit this device).
-int split_states_blocks_per_sm(const ChunkParams& p);
+// p.state_pieces > 0, piece_states/piece_decay set (see ChunkParams). split_states_fit: its shared memory
+// (for p's dtype, dims, gate and state_stages) fits this device.
+bool split_states_fit(const ChunkParams& p);
 void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // The Hopper path (gla_fwd_hopper.cu): bf16/fp16 q, k, v, any gate, K ≤ 256,

@@ -33,7 +33,10 @@
 // P2: operands Qg, Kd, the off-diagonal operands [B2] (g prefetch)
 // M: off-diagonal A, O = Qg S, S ← diag(decay) S + Kd^T V [B3]
 // bf16 S, O += A V, o stored.
-// The sequence split and its states pass work as in gla_fwd_chunk.cu.
+// The sequence split and its states pass work as in gla_fwd_chunk.cu; with
+// split_prefix (the states kernel of gla_fwd_states.cuh) the start state of
+// split s is one slot (h0 decayed + the state from a zero start), not a fold
+// over the s earlier splits.
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // The split's states pass as its own kernel (gla_fwd_states.cuh): host side
-// (occupancy for the planner, launch of the states and fold kernels) and the
-// bf16/fp16 instantiations.
+// (whether it fits, launch of the states and fold kernels) and the bf16/fp16
+// instantiations.
 #include "cuda/gla_fwd_states.cuh"
 
 namespace flashgla::cuda::gla {
@@ -50,18 +50,14 @@ void by_kernel(const ChunkParams& p, F&& f) {
 
 }  // namespace
 
-int split_states_blocks_per_sm(const ChunkParams& p) {
+bool split_states_fit(const ChunkParams& p) {
   int bytes = 0;
   by_kernel(p, [&](auto layout, auto) { bytes = decltype(layout)::bytes; });
-  int device = 0, per_sm = 0, per_block = 0;
+  int device = 0, per_block = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
-             "cudaDeviceGetAttribute");
   check_cuda(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
              "cudaDeviceGetAttribute");
-  if (bytes == 0 || bytes > per_block) return 0;
-  // 1 KB per block is reserved by the runtime; the kernel's register bound allows 2 blocks.
-  return std::max(1, std::min(2, per_sm / (bytes + 1024)));
+  return bytes > 0 && bytes <= per_block;
 }
 
 void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream) {
