@@ -1,16 +1,16 @@
 // The sequence split's states pass as its own kernel (the fast path's K ≤ 256,
 // bf16/fp16 inputs): each split's end state from a zero start, with no query
-// side. The chunked kernels' output pass then folds these states as before.
+// side. The fast kernel's output pass then starts each split from them.
 //
 // A piece of chunks [c0, c1) of one (sequence, head) ends in the state
-//   S = Σ_t (k_t ⊙ exp(G_t))ᵀ v_t,   G_t = Σ_{s > t, s in the piece} g_s ≤ 0,
+//   S = Σ_t (k_t ⊙ exp(G_t))ᵀ v_t,   G_t = Σ_{s > t, s in the piece} g_s,
 // one matrix product over the piece's tokens with k rescaled by the gate's sum
 // after each token. Walking the chunks backwards makes G_t a running sum (the
 // chunks already seen, plus the suffix sum inside the chunk), so the state
 // needs no decay step: S += K̂_cᵀ V_c on mma accumulators, two barriers per
 // chunk, k, v, g of the next chunks in flight (cp.async, STAGES buffers). The
-// exponent is a sum of gates ≤ 0 by construction of G: gates of −20 per step
-// underflow to 0 and never overflow, as in the output pass.
+// exponent is a sum of (log-decay) gates, never a difference: gates of −20 per
+// step underflow to 0 and never overflow, as in the output pass.
 //
 // Pieces: a split may be cut into `state_pieces` pieces run by separate CTAs
 // (more CTAs than (sequence, head, tile, split) alone give). Each writes its
