@@ -1,6 +1,7 @@
 // CUDA GLA forward (chunked and recurrent) and decode: turns checked arguments
 // into kernel parameters, plans the sequence split of the chunked kernel and
 // its workspace, and launches on args.stream on the tensors' device.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -156,6 +157,28 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   if (c.num_splits > 1)
     plan.workspace_bytes =
         size_t(p.num_seqs * p.heads * (c.num_splits - 1)) * size_t(p.key_dim) * size_t(p.value_dim + 1) * sizeof(float);
+  // The split's states pass on the fast path: the states kernel (gla_fwd_states.cu; it measured faster at every
+  // split shape of bench/results_gla_forward.md, runs 12 and 13); FLASHGLA_GLA_STATES=fast runs the fast
+  // kernel's own states pass (states_only) instead. Pieces per split: enough for one CTA per SM (run 13: one
+  // piece per split beat 2–4 pieces at 2 CTAs per SM, whose smaller states pass the larger fold outweighed);
+  // FLASHGLA_GLA_STATE_PIECES=<n> overrides, FLASHGLA_GLA_STATE_STAGES=3 keeps two chunks in flight instead of
+  // one (both for tuning and tests; 3 stages measured the same as 2 in run 13).
+  const char* states_env = std::getenv("FLASHGLA_GLA_STATES");
+  const bool states_kernel = !(states_env && std::string(states_env) == "fast");
+  if (const char* stages = std::getenv("FLASHGLA_GLA_STATE_STAGES")) c.state_stages = std::string(stages) == "3" ? 3 : 2;
+  if (c.fast && c.num_splits > 1 && states_kernel && gla::split_states_fit(c)) {
+    const int64_t tiles_per_piece = tiles * (c.num_splits - 1);  // CTAs of one piece per split
+    int64_t pieces = std::max<int64_t>(1, int64_t(multiprocessors()) / std::max<int64_t>(1, tiles_per_piece));
+    if (const char* forced = std::getenv("FLASHGLA_GLA_STATE_PIECES")) pieces = std::max<int64_t>(1, std::atoll(forced));
+    pieces = std::min<int64_t>({pieces, c.chunks_per_split, 65535 / (c.num_splits - 1)});
+    c.state_pieces = int(std::max<int64_t>(1, pieces));
+    // Prefix slots (one read per state element in the output pass); FLASHGLA_GLA_STATE_PREFIX=0: per-split slots.
+    const char* prefix_env = std::getenv("FLASHGLA_GLA_STATE_PREFIX");
+    c.split_prefix = !(prefix_env && std::string(prefix_env) == "0");
+    if (c.state_pieces > 1 || c.split_prefix)
+      plan.workspace_bytes += size_t(p.num_seqs * p.heads * (c.num_splits - 1) * c.state_pieces) *
+                              size_t(p.key_dim) * size_t(p.value_dim + 1) * sizeof(float);
+  }
   if (c.hopper) {
     plan.prep_offset = plan.workspace_bytes;
     plan.prep_grid_chunks = std::max<int64_t>(1, max_chunks);
@@ -205,9 +228,22 @@ void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
     c.split_states = workspace.floats();
     c.split_decay = c.split_states + size_t(problem.num_seqs * problem.heads * (c.num_splits - 1)) *
                                          size_t(problem.key_dim) * size_t(problem.value_dim);
-    c.states_only = true;
-    launch(c, plan.num_seqs, stream);
-    c.states_only = false;
+    if (c.state_pieces > 0) {
+      const size_t split_floats =
+          size_t(problem.num_seqs * problem.heads * (c.num_splits - 1)) * size_t(problem.key_dim) *
+          size_t(problem.value_dim + 1);
+      const bool direct = c.state_pieces == 1 && !c.split_prefix;  // the states kernel writes the split slots
+      c.piece_states = direct ? c.split_states : c.split_states + split_floats;
+      c.piece_decay = direct ? c.split_decay
+                             : c.piece_states + size_t(problem.num_seqs * problem.heads * (c.num_splits - 1) *
+                                                       c.state_pieces) *
+                                                    size_t(problem.key_dim) * size_t(problem.value_dim);
+      gla::launch_split_states(c, plan.num_seqs, stream);
+    } else {
+      c.states_only = true;
+      launch(c, plan.num_seqs, stream);
+      c.states_only = false;
+    }
   }
   launch(c, plan.num_seqs, stream);
 }

@@ -64,6 +64,16 @@ struct ChunkParams {
   float* split_states = nullptr;  // [N][H][num_splits-1][K][V]: each split's state from a zero start
   float* split_decay = nullptr;   // [N][H][num_splits-1][K]: each split's total decay exp(sum g)
   bool states_only = false;       // the first pass: write split_states/split_decay, no output
+  // The states pass as its own kernel (gla_fwd_states.cu) when > 0: each split cut into this many pieces,
+  // written to piece_states/piece_decay and folded into the split slots (or, with one piece and no
+  // split_prefix, written to the split slots directly).
+  int state_pieces = 0;
+  int state_stages = 2;           // chunks of k, v, g in its shared memory (2 or 3)
+  // Split slot s − 1 holds the state at the start of split s from a zero state at the sequence start and the
+  // decay since then (the states kernel's fold; the fast kernel reads one slot): instead of each split's own.
+  bool split_prefix = false;
+  float* piece_states = nullptr;  // [N][H][num_splits-1][state_pieces][K][V]
+  float* piece_decay = nullptr;   // [N][H][num_splits-1][state_pieces][K]
   bool fast = false;              // run the fast path (gla_fwd_fast.cu) instead of the general kernel
   // The Hopper path (gla_fwd_hopper.cu): a chunk pass writes one slot per (chunk, head) to `prep`, the state
   // kernel reads them.
@@ -88,6 +98,12 @@ int fast_value_tile(int value_dim);
 int fast_key_parts(int key_dim);
 int fast_chunk_smem_bytes(int key_dim, int value_dim);
 void launch_fast_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
+
+// The states pass of the split as its own kernel (gla_fwd_states.cu), for what the fast path takes:
+// p.state_pieces > 0, piece_states/piece_decay set (see ChunkParams). split_states_fit: its shared memory
+// (for p's dtype, dims, gate and state_stages) fits this device.
+bool split_states_fit(const ChunkParams& p);
+void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // The Hopper path (gla_fwd_hopper.cu): bf16/fp16 q, k, v, any gate, K ≤ 256,
 // v and o rows 16-byte aligned; sm_90a only. Value tiles of 64 columns.

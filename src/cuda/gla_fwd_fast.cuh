@@ -33,7 +33,10 @@
 // P2: operands Qg, Kd, the off-diagonal operands [B2] (g prefetch)
 // M: off-diagonal A, O = Qg S, S ← diag(decay) S + Kd^T V [B3]
 // bf16 S, O += A V, o stored.
-// The sequence split and its states pass work as in gla_fwd_chunk.cu.
+// The sequence split and its states pass work as in gla_fwd_chunk.cu; with
+// split_prefix (the states kernel of gla_fwd_states.cuh) the start state of
+// split s is one slot (h0 decayed + the state from a zero start), not a fold
+// over the s earlier splits.
 #pragma once
 
 #include <algorithm>
@@ -282,13 +285,27 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         if (p.h0.data)
           s = static_cast<const float*>(p.h0.data)[n * p.h0.stride[0] + h * p.h0.stride[1] + key * p.h0.stride[2] +
                                                     vg * p.h0.stride[3]];
-        for (int prev = 0; prev < split; ++prev) {
-          const int64_t slot = nh * (p.num_splits - 1) + prev;
-          s = p.split_decay[slot * K + key] * s + p.split_states[(slot * K + key) * V + vg];
-        }
+        if (!p.split_prefix)
+          for (int prev = 0; prev < split; ++prev) {
+            const int64_t slot = nh * (p.num_splits - 1) + prev;
+            s = p.split_decay[slot * K + key] * s + p.split_states[(slot * K + key) * V + vg];
+          }
       }
       S[nt][e] = s;
     }
+  // split_prefix: one slot per split, straight-line loads (all elements' loads in flight together; the loop
+  // above runs once per element, one memory latency after another).
+  if (p.split_prefix && split > 0 && !p.states_only) {
+    const int64_t slot = nh * (p.num_splits - 1) + split - 1;
+#pragma unroll
+    for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = k0 + lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+        if (lkey < kn && vg < V)
+          S[nt][e] = p.split_decay[slot * K + key] * S[nt][e] + p.split_states[(slot * K + key) * V + vg];
+      }
+  }
   auto store_state_bf16 = [&] {
 #pragma unroll
     for (int nt = 0; nt < NS; ++nt) {

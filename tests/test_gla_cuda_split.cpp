@@ -1,0 +1,181 @@
+// The sequence split's states pass as its own kernel (the default on the fast
+// path; FLASHGLA_GLA_STATES=fast is the old pass; src/cuda/gla_fwd_states.cuh) against the CPU fp64 recurrent reference on the
+// same rounded inputs: o and the final state, for what the fast path takes
+// (bf16/fp16, K ≤ 256 incl. key parts, any V, every gate kind, range and
+// dtype), forced split, piece and stage counts (one piece: the split slots
+// directly; several: the fold kernel; more pieces than chunks: empty pieces;
+// 2 or 3 chunks in shared memory), h0 / final
+// state, strides, varlen with host cu_seqlens (sequences shorter than a split)
+// and a long sequence with the planner's own choice. Outputs are poisoned (NaN)
+// before every call. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "flashgla/flashgla.h"
+#include "gla_cuda_test_util.h"
+
+namespace flashgla::testing::gla_test {
+namespace {
+
+// Sets an environment variable for the guard's lifetime, then restores what it was.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+constexpr double kTolerance = 5e-3;  // bf16/fp16 inputs
+
+std::string describe(const Case& c) {
+  std::string s = describe_shape_and_gate(c);
+  s += c.h0 ? " h0" : "";
+  s += c.final_state ? " ht" : "";
+  s += c.row_padding ? " strided+" + std::to_string(c.row_padding) : "";
+  s += c.cu_seqlens.empty() ? "" : " varlen";
+  return s;
+}
+
+Outputs forward(const Case& c, const Inputs& in, GlaAlgorithm algorithm, bool caller_workspace,
+                const Buffer* cu_seqlens_host) {
+  const Device device = in.q.device();
+  Buffer o = poisoned_on(device, c.dtype, {c.B, c.T, c.H, c.V}, c.row_padding);
+  Buffer ht;
+  if (c.final_state) ht = poisoned_on(device, DType::f32, {c.num_seqs(), c.H, c.K, c.V}, c.row_padding);
+  GlaForwardArgs a;
+  a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view();
+  a.initial_state = in.h0.view(), a.cu_seqlens = in.cu_seqlens.view();
+  if (cu_seqlens_host) a.cu_seqlens_host = cu_seqlens_host->view();
+  a.algorithm = algorithm;
+  a.o = o.view(), a.final_state = ht.view();
+  Buffer workspace;
+  if (caller_workspace) workspace = give_workspace(a, gla_forward_workspace_bytes(a), device);
+  gla_forward(a);
+  synchronize(device);
+  return {o.values(), ht.values()};
+}
+
+// The chunked forward on the GPU with the states kernel, `splits`, `pieces` and `stages` forced (nullptr: the
+// planner's choice), against the fp64 recurrent reference.
+void check(const Case& c, const char* splits, const char* pieces, bool caller_workspace = false,
+           bool host_lengths = false, const char* stages = nullptr) {
+  SCOPED_TRACE(describe(c) + " splits=" + (splits ? splits : "auto") + " pieces=" + (pieces ? pieces : "auto") +
+               " stages=" + (stages ? stages : "auto") + (caller_workspace ? " caller-workspace" : ""));
+  ScopedEnv states("FLASHGLA_GLA_STATES", nullptr);  // the default: the states kernel
+  ScopedEnv forced_splits("FLASHGLA_GLA_SPLITS", splits);
+  ScopedEnv forced_pieces("FLASHGLA_GLA_STATE_PIECES", pieces);
+  ScopedEnv forced_stages("FLASHGLA_GLA_STATE_STAGES", stages);
+  const Inputs in = make_inputs(c);
+  Case r = f64_case(c);
+  r.row_padding = 0;
+  const Outputs ref = forward(r, as_f64(in), kRecurrent, false, nullptr);
+  const Buffer host = in.cu_seqlens;  // the boundaries on the CPU: lets the planner split a varlen batch
+  const Outputs out =
+      forward(c, to_device(c, in, gpu()), kChunked, caller_workspace, host_lengths ? &host : nullptr);
+  expect_close("o", out.o, ref.o, kTolerance);
+  expect_close("final state", out.ht, ref.ht, kTolerance);
+}
+
+// Key and value widths of every states-kernel tile (64/128 × 64/128), partial tiles, several value tiles and
+// key parts (K > 128), every gate kind, range and dtype, h0 / final state, strides, split and piece counts.
+TEST(CudaGlaSplit, StatesKernelShapes) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv no_hopper("FLASHGLA_GLA_HOPPER", "0");  // on sm_90 K > 128 would take the Hopper path
+  struct Dims {
+    int64_t K, V;
+  };
+  const char* splits[] = {"2", "3", "5"};
+  const char* pieces[] = {nullptr, "1", "2", "3", "7"};
+  int i = 0;
+  for (const Dims& d : {Dims{128, 128}, Dims{64, 64}, Dims{128, 64}, Dims{64, 128}, Dims{16, 8}, Dims{96, 200},
+                        Dims{120, 264}, Dims{256, 136}, Dims{200, 72}})
+    for (GateValues values : {GateValues::typical, GateValues::near_zero, GateValues::very_negative}) {
+      Case c;
+      c.B = 2, c.T = 640 + 29 * i, c.H = 2, c.K = d.K, c.V = d.V;
+      c.dtype = i % 3 == 2 ? DType::f16 : DType::bf16;
+      c.gate = i % 4 == 3 ? Gate::scalar : i % 8 == 5 ? Gate::none : Gate::vector;
+      c.gate_dtype = c.gate == Gate::vector && i % 2 ? DType::f32 : c.dtype;
+      c.gate_values = values, c.h0 = i % 2 == 0, c.final_state = i % 3 != 1;
+      c.row_padding = i % 5 == 4 ? 8 : 0;
+      c.seed = 4000 + i;
+      check(c, splits[i % 3], pieces[i % 5], i % 2 == 1, false, i % 4 < 2 ? "2" : "3");
+      ++i;
+    }
+}
+
+// Varlen with the boundaries on the host (the planner splits the longest sequence; the shorter ones have fewer
+// splits or none), every gate kind; without them there is no split at all.
+TEST(CudaGlaSplit, StatesKernelVarlen) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (Gate gate : {Gate::vector, Gate::scalar, Gate::none}) {
+      Case c;
+      c.cu_seqlens = {0, 0, 1, 64, 700, 2000, 2300};
+      c.B = 1, c.T = 2300, c.H = 2, c.K = 128, c.V = i % 2 ? 64 : 128, c.dtype = dtype, c.gate = gate;
+      c.gate_dtype = gate == Gate::vector && i % 2 ? DType::f32 : dtype;
+      c.seed = 4100 + i;
+      check(c, nullptr, i % 3 == 0 ? nullptr : i % 3 == 1 ? "1" : "4", i % 2 == 0, true, i % 2 ? "3" : nullptr);
+      ++i;
+    }
+  Case c;
+  c.cu_seqlens = {0, 0, 1, 64, 700, 2000};
+  c.B = 1, c.T = 2000, c.H = 2, c.K = 64, c.V = 64, c.dtype = DType::bf16, c.gate_dtype = DType::bf16;
+  c.seed = 4150;
+  check(c, nullptr, nullptr, false, false);
+}
+
+// A long sequence with the planner's choice of splits and pieces (B1 H2: 2 tiles, so the split is deep).
+TEST(CudaGlaSplit, StatesKernelLongSequence) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (GateValues values : {GateValues::typical, GateValues::very_negative}) {
+    Case c;
+    c.B = 1, c.T = 16384 + 17, c.H = 2, c.K = 128, c.V = 128, c.dtype = DType::bf16, c.gate_dtype = DType::bf16;
+    c.gate_values = values, c.seed = 4200 + i++;
+    check(c, nullptr, nullptr, false, false, i == 1 ? nullptr : "3");
+  }
+}
+
+// Small cases for memcheck and racecheck: the split slots written directly (one piece), the fold (several),
+// an empty piece, a scalar gate, an fp32 gate with key parts.
+TEST(CudaGlaSplit, SanitizerStatesKernel) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv no_hopper("FLASHGLA_GLA_HOPPER", "0");
+  struct Small {
+    int64_t K, V;
+    Gate gate;
+    DType gate_dtype;
+    const char* pieces;
+    const char* stages;
+  };
+  int i = 0;
+  for (const Small& s : {Small{128, 72, Gate::vector, DType::bf16, "1", "2"},
+                         Small{128, 128, Gate::vector, DType::bf16, "2", "3"},
+                         Small{64, 136, Gate::scalar, DType::bf16, "3", "2"},
+                         Small{256, 72, Gate::vector, DType::f32, "2", "3"}}) {
+    Case c;
+    c.B = 1, c.T = 400, c.H = 1, c.K = s.K, c.V = s.V, c.dtype = DType::bf16, c.gate = s.gate;
+    c.gate_dtype = s.gate_dtype, c.seed = 4300 + i++;
+    check(c, "2", s.pieces, false, false, s.stages);
+  }
+}
+
+}  // namespace
+}  // namespace flashgla::testing::gla_test
