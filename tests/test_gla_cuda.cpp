@@ -437,6 +437,34 @@ TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
   opt_out_hopper();
 }
 
+// The state kernel's switches: FLASHGLA_GLA_HOPPER_WS=0 (the first, not warp-specialized state kernel, kept to
+// compare against) and FLASHGLA_GLA_HOPPER_PDL=0 (the warp-specialized one launched without programmatic
+// dependent launch): every key pad, a forced split (the states pass), varlen.
+TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
+  SKIP_WITHOUT_GPU();
+  opt_in_hopper();
+  int i = 0;
+  for (const char* name : {"FLASHGLA_GLA_HOPPER_WS", "FLASHGLA_GLA_HOPPER_PDL"}) {
+    setenv(name, "0", 1);
+    for (int64_t K : {256, 128, 64}) {
+      setenv("FLASHGLA_GLA_SPLITS", "3", 1);
+      Case c;
+      c.B = 2, c.T = 400 + 37 * i, c.H = 2, c.K = K, c.V = K == 256 ? 136 : 72, c.dtype = DType::bf16;
+      c.gate_dtype = i % 2 ? DType::f32 : c.dtype;
+      c.gate = Gate::vector, c.h0 = true, c.final_state = true;
+      c.gate_values = i % 3 == 2 ? GateValues::very_negative : GateValues::typical;
+      c.seed = 2400 + i++;
+      check_against_reference(c, Call{});
+      unsetenv("FLASHGLA_GLA_SPLITS");
+    }
+    Case c = varlen_case(DType::f16, Gate::vector, 2450 + i++);
+    c.K = 256, c.V = 72;
+    check_against_reference(c, Call{});
+    unsetenv(name);
+  }
+  opt_out_hopper();
+}
+
 // The general kernel on bf16/fp16 inputs, which the fast path takes otherwise.
 TEST(CudaGlaForward, GeneralKernelOnHalfInputs) {
   SKIP_WITHOUT_GPU();
