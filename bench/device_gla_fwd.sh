@@ -56,6 +56,26 @@ if [ "${1:-}" = "--quick" ]; then
   else
     note "racecheck: skipped (budget)"
   fi
+  if [ -n "${PROFILE:-}" ] && [ $((deadline - $(date +%s))) -gt 60 ]; then
+    # Nsight Compute on one launch each of the chunk pass and the state kernel (K256 V512, bf16 gate).
+    start=$(date +%s)
+    cat >/tmp/gla_fwd_profile.py <<'PY'
+import torch, torch.nn.functional as F, flashgla
+B, T, H, K, V = 4, 4096, 4, 256, 512
+q, k = (torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+v = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
+g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda")).to(torch.bfloat16)
+for _ in range(3):
+    flashgla.chunk_gla(q, k, v, g)
+torch.cuda.synchronize()
+PY
+    PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} timeout $(left 80) ncu --kernel-name "regex:hopper_(prep2|ws)_kernel" \
+      --launch-skip 2 --launch-count 2 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      python3 /tmp/gla_fwd_profile.py >"$OUT/ncu.txt" 2>&1
+    note "profile: rc=$? in $(($(date +%s) - start)) s"
+    grep -E "hopper_|stalled|Duration|Registers Per|Achieved Occupancy|Executed Ipc A|Issue Slots Busy|No Eligible|Compute \(SM\) Thr|Memory Thr|L2 Hit|Warp Cycles Per Issued|DRAM Thr|L1/TEX Hit|Stall" "$OUT/ncu.txt" | head -40
+  fi
   if [ $((deadline - $(date +%s))) -gt 20 ]; then
     start=$(date +%s)
     timeout $(left 120) $BUILD/flashgla_tests --gtest_filter="CudaGlaForward.*:CudaGlaDecode.*:-CudaGlaForward.HopperPath*:CudaGlaForward.SanitizerHopperPath:CudaGlaForward.FastPath*:CudaGlaForward.SanitizerFastPath" \
