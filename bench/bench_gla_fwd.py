@@ -216,10 +216,10 @@ def quick_table(args):
     torch.manual_seed(0)
     card = torch.cuda.get_device_name()
     lines = [f"{datetime.date.today().isoformat()}, {card}", "",
-             "| shape | default ms | again ms | no PDL ms | old state kernel ms | new/old | chunk pass ms | "
+             "| shape | default ms | again ms | no PDL ms | old state kernel ms | new/old | chunk pass ms (no L2 prefetch) | "
              "state kernel new / old ms | FLASHGLA_GLA_HOPPER=0 ms | rel. diff new vs old | rel. diff vs fast |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    switches = ("FLASHGLA_GLA_HOPPER", "FLASHGLA_GLA_HOPPER_WS", "FLASHGLA_GLA_HOPPER_PDL")
+    switches = ("FLASHGLA_GLA_HOPPER", "FLASHGLA_GLA_HOPPER_WS", "FLASHGLA_GLA_HOPPER_PDL", "FLASHGLA_GLA_HOPPER_PREFETCH")
 
     def with_env(**values):
         for name in switches:
@@ -239,6 +239,8 @@ def quick_table(args):
         no_pdl = median_ms(call)
         prep = kernel_ms(call, "hopper_prep2_kernel")  # 0 where the default is not the Hopper path
         state_new = kernel_ms(call, "hopper_ws_kernel")
+        with_env(FLASHGLA_GLA_HOPPER_PDL="0", FLASHGLA_GLA_HOPPER_PREFETCH="0", **forced)
+        prep_no_prefetch = kernel_ms(call, "hopper_prep2_kernel")
         with_env(FLASHGLA_GLA_HOPPER_WS="0", **forced)
         old = median_ms(call)
         state_old = kernel_ms(call, "hopper_chunk_kernel")
@@ -254,10 +256,10 @@ def quick_table(args):
         label = f"B{B} T{T} H{H} K{K} V{V}" + (" g fp32" if gate_dtype == F32 else "") + (
             " (FLASHGLA_GLA_HOPPER=1)" if hopper else "")
         print(f"{label}: default {default:.4f} / {again:.4f}, no PDL {no_pdl:.4f}, old state kernel {old:.4f} ms; "
-              f"chunk pass {prep:.4f}, state kernel {state_new:.4f} vs {state_old:.4f}; fast path {off:.4f} ms; "
+              f"chunk pass {prep:.4f} ({prep_no_prefetch:.4f} without prefetch), state kernel {state_new:.4f} vs {state_old:.4f}; fast path {off:.4f} ms; "
               f"rel. diff {diff_old:.2e} (old), {diff_off:.2e} (fast)", flush=True)
         lines.append(f"| chunk_gla fwd {label} | {default:.4f} | {again:.4f} | {no_pdl:.4f} | {old:.4f} | "
-                     f"{default / old:.2f} | {prep:.4f} | {state_new:.4f} / {state_old:.4f} | {off:.4f} | "
+                     f"{default / old:.2f} | {prep:.4f} ({prep_no_prefetch:.4f}) | {state_new:.4f} / {state_old:.4f} | {off:.4f} | "
                      f"{diff_old:.1e} | {diff_off:.1e} |")
         del q, k, v, g, o_new, o_old, o_off
     print_table(lines, args.out)

@@ -437,14 +437,15 @@ TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
   opt_out_hopper();
 }
 
-// The state kernel's switches: FLASHGLA_GLA_HOPPER_WS=0 (the first, not warp-specialized state kernel, kept to
-// compare against) and FLASHGLA_GLA_HOPPER_PDL=0 (the warp-specialized one launched without programmatic
-// dependent launch): every key pad, a forced split (the states pass), varlen.
+// The Hopper path's switches: FLASHGLA_GLA_HOPPER_WS=0 (the first, not warp-specialized state kernel, kept to
+// compare against), FLASHGLA_GLA_HOPPER_PDL=0 (the warp-specialized one launched without programmatic
+// dependent launch), FLASHGLA_GLA_HOPPER_PREFETCH=0 (the chunk pass without its L2 prefetch): every key pad,
+// a forced split (the states pass), varlen.
 TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
   SKIP_WITHOUT_GPU();
   opt_in_hopper();
   int i = 0;
-  for (const char* name : {"FLASHGLA_GLA_HOPPER_WS", "FLASHGLA_GLA_HOPPER_PDL"}) {
+  for (const char* name : {"FLASHGLA_GLA_HOPPER_WS", "FLASHGLA_GLA_HOPPER_PDL", "FLASHGLA_GLA_HOPPER_PREFETCH"}) {
     setenv(name, "0", 1);
     for (int64_t K : {256, 128, 64}) {
       setenv("FLASHGLA_GLA_SPLITS", "3", 1);

@@ -36,7 +36,9 @@ bool env_equals(const char* name, const char* value) {
 template <class E>
 void launch_prep_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int bytes = hopper::prep2_smem_bytes();
-  auto kernel = hopper::hopper_prep2_kernel<E>;
+  // FLASHGLA_GLA_HOPPER_PREFETCH=0: without the L2 prefetch of the later slices' q and k rows.
+  auto kernel = env_equals("FLASHGLA_GLA_HOPPER_PREFETCH", "0") ? hopper::hopper_prep2_kernel<E, false>
+                                                                 : hopper::hopper_prep2_kernel<E, true>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "cudaFuncSetAttribute (GLA Hopper chunk pass)");
   kernel<<<grid, hopper::kPrepThreads, bytes, stream>>>(p);
