@@ -437,20 +437,25 @@ TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
   opt_out_hopper();
 }
 
-// The Hopper path's switches: FLASHGLA_GLA_HOPPER_WS=0 (the first, not warp-specialized state kernel, kept to
-// compare against), FLASHGLA_GLA_HOPPER_PDL=0 (the warp-specialized one launched without programmatic
-// dependent launch), FLASHGLA_GLA_HOPPER_PREFETCH=0 (the chunk pass without its L2 prefetch): every key pad,
-// a forced split (the states pass), varlen.
+// The state kernel's switches: FLASHGLA_GLA_HOPPER_WS=0 (the first, not warp-specialized state kernel, kept to
+// compare against), FLASHGLA_GLA_HOPPER_PDL=0 (no programmatic dependent launch), FLASHGLA_GLA_HOPPER_CLUSTER
+// 1 and 2 (clusters of value tiles sharing the slot loads; the default takes 4 where it divides): every key
+// pad, value tiles partial and whole, a forced split (the states pass), varlen.
 TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
   SKIP_WITHOUT_GPU();
   opt_in_hopper();
+  struct Switch {
+    const char *name, *value;
+  };
   int i = 0;
-  for (const char* name : {"FLASHGLA_GLA_HOPPER_WS", "FLASHGLA_GLA_HOPPER_PDL", "FLASHGLA_GLA_HOPPER_PREFETCH"}) {
-    setenv(name, "0", 1);
+  for (const Switch& sw : {Switch{"FLASHGLA_GLA_HOPPER_WS", "0"}, Switch{"FLASHGLA_GLA_HOPPER_PDL", "0"},
+                           Switch{"FLASHGLA_GLA_HOPPER_CLUSTER", "1"}, Switch{"FLASHGLA_GLA_HOPPER_CLUSTER", "2"}}) {
+    setenv(sw.name, sw.value, 1);
     for (int64_t K : {256, 128, 64}) {
       setenv("FLASHGLA_GLA_SPLITS", "3", 1);
       Case c;
-      c.B = 2, c.T = 400 + 37 * i, c.H = 2, c.K = K, c.V = K == 256 ? 136 : 72, c.dtype = DType::bf16;
+      c.B = 2, c.T = 400 + 37 * i, c.H = 2, c.K = K, c.V = K == 256 ? 256 : K == 128 ? 200 : 72;
+      c.dtype = i % 4 == 3 ? DType::f16 : DType::bf16;
       c.gate_dtype = i % 2 ? DType::f32 : c.dtype;
       c.gate = Gate::vector, c.h0 = true, c.final_state = true;
       c.gate_values = i % 3 == 2 ? GateValues::very_negative : GateValues::typical;
@@ -459,9 +464,9 @@ TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
       unsetenv("FLASHGLA_GLA_SPLITS");
     }
     Case c = varlen_case(DType::f16, Gate::vector, 2450 + i++);
-    c.K = 256, c.V = 72;
+    c.K = 256, c.V = 128;
     check_against_reference(c, Call{});
-    unsetenv(name);
+    unsetenv(sw.name);
   }
   opt_out_hopper();
 }

@@ -106,9 +106,7 @@ __device__ __forceinline__ float2 unpack2(uint32_t w) {
   else return __half22float2(*reinterpret_cast<const __half2*>(&w));
 }
 
-// PREFETCH: the next slice's rows of q and k are prefetched into L2 as a slice starts, so that their loads at
-// the next slice's start (which the scan and one barrier cover only in part) meet L2, not DRAM.
-template <class E, bool PREFETCH>
+template <class E>
 __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const ChunkParams p) {
   using namespace prep2;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -194,17 +192,6 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
       const int rows = key0 < K ? eighth_rows : 0;
       load_pairs(p.q, row_offset(p.q, token0) + key0 * p.q.stride[3], rows, key0, K, qw);
       load_pairs(p.k, row_offset(p.k, token0) + key0 * p.k.stride[3], rows, key0, K, kw);
-    }
-    if constexpr (PREFETCH) {
-      // Lanes 0–15: row (lane % 8) of this warp's eighth of the next slice's q (lanes 0–7) or k (8–15).
-      const int j = pair & 7, next = 64 * (s + 1);
-      if (pair < 16 && j < eighth_rows && next < K) {
-        const bool is_k = pair & 8;  // scalars picked, not a reference to a View (p would go to local memory)
-        const uint16_t* row = static_cast<const uint16_t*>(is_k ? p.k.data : p.q.data) +
-                              (is_k ? row_offset(p.k, token0 + j) + next * p.k.stride[3]
-                                    : row_offset(p.q, token0 + j) + next * p.q.stride[3]);
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row));
-      }
     }
     float G[8][2];
 #pragma unroll

@@ -4,13 +4,17 @@
 //
 // * A producer warpgroup (one working warp, registers given back through
 //   setmaxnreg) fills a ring of kStages stages: the slot image of a chunk by
-//   one bulk copy, V's tile by cp.async (the warp's 32 lanes, completion
-//   signalled on the same mbarrier with cp.async.mbarrier.arrive.noinc), and
-//   prefetches into L2 the slot and V rows kStages chunks ahead, so the bulk
-//   copy meets L2 instead of DRAM. A stage is refilled as soon as both
-//   consumer warpgroups' wgmmas of its chunk have completed (an "empty"
-//   mbarrier with one arrival per consumer warp), not after the output of
-//   that chunk has been stored.
+//   bulk copy, V's tile by cp.async (the warp's 32 lanes, completion
+//   signalled on the same mbarrier with cp.async.mbarrier.arrive.noinc). A
+//   stage is refilled as soon as the consumers' wgmmas of its chunk have
+//   completed (an "empty" mbarrier every consumer thread arrives on), not
+//   after the output of that chunk has been stored.
+// * Clusters of CS value tiles of one (sequence, head, split): the kernel is
+//   bound by L2 throughput (ncu, run 12: L2 73.8% busy, compute 34%), and
+//   every value tile reads the same slot images. Each CTA of a cluster copies
+//   1/CS of the image and multicasts it to all CS CTAs; a stage is refilled
+//   once every CTA's producer has seen its own consumers release it (a
+//   "cluster_empty" mbarrier, one remote arrival per CTA).
 // * The consumer warpgroups (1 for KP = 64, 2 otherwise) hold the state in
 //   wgmma accumulators as before; per chunk: wait "full", decay, wgmmas,
 //   release the stage, exchange the partial outputs, store o and the bf16
@@ -40,16 +44,51 @@ struct WsLayout {
   static constexpr int stage = v + C * 128;
   static constexpr int hs = kStages * stage;              // bf16 H [KP][64] (B operand of Q̃ H)
   static constexpr int xchg = hs + KP * 128;              // [2][16][128] fp32 partial outputs
-  static constexpr int barriers = xchg + (kWarpgroups == 2 ? 2 * 16 * 128 * 4 : 0);  // full[kStages], empty[kStages]
-  static constexpr int bytes = barriers + 16 * kStages;
+  static constexpr int barriers = xchg + (kWarpgroups == 2 ? 2 * 16 * 128 * 4 : 0);  // full, empty, cluster_empty [kStages]
+  static constexpr int bytes = barriers + 24 * kStages;
   static constexpr int alloc = bytes + 1024;              // slack to align the base to 1024 bytes
 };
 
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+// ---- clusters (sm_90) ----
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
 }
-__device__ __forceinline__ void prefetch_l2(const void* src) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src));
+// Every thread of every CTA of the cluster: this CTA's earlier writes (barrier set-up) are seen by the others.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Arrives on the mbarrier at the same offset as `bar` in the shared memory of the cluster's CTA `rank`.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+// Waits for a phase of a barrier that other CTAs of the cluster arrive on.
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+  for (uint32_t spins = 0;; ++spins) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (spins > (1u << 24)) __trap();
+  }
+}
+// `bytes` from global memory to the same offset `dst` of the shared memory of every CTA in `mask`, each
+// CTA's mbarrier at offset `bar` counting them.
+__device__ __forceinline__ void bulk_copy_multicast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                                    uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], "
+      "%4;\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "h"(mask)
+      : "memory");
 }
 // The mbarrier counts one arrival when this thread's earlier cp.async copies have landed.
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
@@ -65,9 +104,12 @@ __device__ __forceinline__ void set_max_registers_dec() {
 }
 __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
-template <class E, int KP, bool STATES>
+// CS: CTAs per cluster along the value tiles (blockIdx.y) of one (sequence, head, split); each loads 1/CS
+// of the slot image and multicasts it to all of them (CS = 1: no cluster).
+template <class E, int KP, bool STATES, int CS>
 __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(const ChunkParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(CS == 1 || !STATES, "the states pass runs without clusters");
   using L = WsLayout<KP>;
   constexpr int NWG = L::kWarpgroups, MT = L::kTiles, S = L::kStages;
   extern __shared__ unsigned char smem_raw[];
@@ -90,15 +132,20 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
   auto row_offset = [&](const View& t, int64_t token) {
     return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
   };
-  const uint32_t full_bar = sbase + L::barriers, empty_bar = full_bar + 8 * S;  // + 8 · stage
+  // full: the slot image (expect_tx by this CTA's producer, bytes from every CTA of the cluster) and V (32
+  // cp.async lanes); empty: every consumer thread of this CTA; cluster_empty: every CTA's producer, once its
+  // own consumers have released the stage.
+  const uint32_t full_bar = sbase + L::barriers, empty_bar = full_bar + 8 * S, cluster_empty_bar = empty_bar + 8 * S;
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      attn::sm90::mbar_init(full_bar + 8 * s, 33);        // the bulk copy's expect_tx + 32 cp.async lanes
-      attn::sm90::mbar_init(empty_bar + 8 * s, 4 * NWG);  // one arrival per consumer warp
+      attn::sm90::mbar_init(full_bar + 8 * s, 33);
+      attn::sm90::mbar_init(empty_bar + 8 * s, L::kConsumers);
+      attn::sm90::mbar_init(cluster_empty_bar + 8 * s, CS);
     }
     attn::sm90::mbar_init_fence();
   }
-  __syncthreads();
+  if constexpr (CS > 1) cluster_sync();  // no CTA arrives on or copies into another's barriers before they exist
+  else __syncthreads();
   wait_for_previous_grid();  // the chunk pass's slots (and the states pass's split states) are complete
 
   if (wg == NWG) {
@@ -109,19 +156,27 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
       return p.prep + (slot_index(p, seq, n, c) * p.heads + h) * int64_t(L::slot.bytes());
     };
     const uint32_t slot_bytes = STATES ? L::slot.q() : L::slot.bytes();
-    auto prefetch = [&](int64_t c) {
-      if (lane == 0) bulk_prefetch_l2(slot_of(c), slot_bytes);
-      const int rows_valid = int(min(int64_t(C), seq.len - c * C));
-      for (int r = lane; r < rows_valid; r += 32)
-        prefetch_l2(static_cast<const E*>(p.v.data) + row_offset(p.v, c * C + r) + v0);
-    };
+    const uint32_t piece = slot_bytes / CS, rank = CS > 1 ? cluster_rank() : 0;
     for (int64_t c = c_begin; c < c_end; ++c) {
       const int i = int(c - c_begin), s = i % S;
-      if (i >= S) attn::sm90::mbar_wait(empty_bar + 8 * s, uint32_t(i / S - 1) & 1u);
+      if (i >= S) {
+        const uint32_t parity = uint32_t(i / S - 1) & 1u;
+        attn::sm90::mbar_wait(empty_bar + 8 * s, parity);
+        if constexpr (CS > 1) {
+          // Every CTA's consumers have released the stage before any piece is multicast into it.
+          if (lane == 0)
+            for (uint32_t r = 0; r < CS; ++r) mbar_arrive_cluster(cluster_empty_bar + 8 * s, r);
+          mbar_wait_cluster(cluster_empty_bar + 8 * s, parity);
+        }
+      }
       const uint32_t dst = sbase + s * L::stage;
       if (lane == 0) {
         attn::sm90::mbar_arrive_expect_tx(full_bar + 8 * s, slot_bytes);
-        bulk_copy(dst, slot_of(c), slot_bytes, full_bar + 8 * s);
+        if constexpr (CS > 1)
+          bulk_copy_multicast(dst + rank * piece, slot_of(c) + rank * piece, piece, full_bar + 8 * s,
+                              uint16_t((1u << CS) - 1));
+        else
+          bulk_copy(dst, slot_of(c), slot_bytes, full_bar + 8 * s);
       }
       const int rows_valid = int(min(int64_t(C), seq.len - c * C));
 #pragma unroll 4
@@ -133,7 +188,6 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
         cp_async16(smem + s * L::stage + L::v + swizzled(r, 8 * (j & 7)), from, bytes);
       }
       cp_async_arrive(full_bar + 8 * s);
-      if (c + S < c_end) prefetch(c + S);
     }
     cp_async_wait_all();  // no copy of this thread outlives it
     return;
@@ -234,9 +288,8 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
     if constexpr (!STATES) fence_accumulators(o);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) fence_accumulators(H[mt]);
-    // This warp's reads of the stage (decay, its wgmmas) are done: the producer may refill it.
-    __syncwarp();
-    if (lane == 0) attn::sm90::mbar_arrive(empty_bar + 8 * s);
+    // This thread's reads of the stage (decay, its warpgroup's wgmmas) are done: the producer may refill it.
+    attn::sm90::mbar_arrive(empty_bar + 8 * s);
     if constexpr (STATES) continue;
 
     // The other warpgroup's half of the columns goes through shared memory.
