@@ -1,7 +1,5 @@
 // Chunked GLA forward, Hopper path: host side (support, workspace, launches) and
 // the bf16/fp16 instantiations of the kernels in gla_fwd_hopper.cuh and gla_fwd_hopper_prep2.cuh.
-#include <atomic>
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -93,44 +91,13 @@ void launch_ws_kernel(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
              "GLA Hopper state kernel launch");
 }
 
-// Clusters of CS CTAs that can be resident at once on `device` (0 where the query fails), asked once per
-// device (a benign race between threads asks twice).
-template <class E, int KP, int CS>
-int max_active_clusters(int device, dim3 grid) {
-  static std::atomic<int> known[16];  // clusters + 1; 0: not asked yet
-  std::atomic<int>* slot = device >= 0 && device < 16 ? &known[device] : nullptr;
-  if (slot && slot->load() > 0) return slot->load() - 1;
-  cudaLaunchAttribute attrs[2];
-  const cudaLaunchConfig_t config = ws_config<E, KP, false, CS>(grid, nullptr, false, attrs);
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, hopper::hopper_ws_kernel<E, KP, false, CS>, &config) != cudaSuccess) {
-    cudaGetLastError();
-    clusters = 0;
-  }
-  if (slot) slot->store(clusters + 1);
-  return clusters;
-}
-
-// CTAs per cluster for the output pass: the value tiles of a (sequence, head, split) share each slot load
-// (multicast), so L2 delivers 1/CS of the slot bytes (the state kernel is bound by L2 throughput: ncu, run 12).
-// The largest of 4 and 2 that divides the value tiles and whose clusters fit in as few waves as single CTAs
-// do; FLASHGLA_GLA_HOPPER_CLUSTER=1, 2 or 4 chooses (where it divides).
-template <class E, int KP>
+// CTAs per cluster of the output pass: 1 unless FLASHGLA_GLA_HOPPER_CLUSTER=2 or 4 (where it divides the value
+// tiles). Clusters cut the L2 bytes of the slot images by CS but measured slower (run 13: 0.197 vs 0.162 ms at
+// K256 V512 with CS = 2; bench/notes_gla_fwd.md), so they stay opt-in.
 int cluster_size(dim3 grid) {
   const char* forced = std::getenv("FLASHGLA_GLA_HOPPER_CLUSTER");
-  if (forced && *forced) {
-    const int cs = std::atoi(forced);
-    return (cs == 2 || cs == 4) && grid.y % cs == 0 ? cs : 1;
-  }
-  int device = 0, sms = 1;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
-  auto waves = [&](int64_t resident) { return resident > 0 ? (ctas + resident - 1) / resident : INT64_MAX; };
-  const int64_t single = waves(sms);  // one CTA per SM
-  if (grid.y % 4 == 0 && waves(4 * int64_t(max_active_clusters<E, KP, 4>(device, grid))) <= single) return 4;
-  if (grid.y % 2 == 0 && waves(2 * int64_t(max_active_clusters<E, KP, 2>(device, grid))) <= single) return 2;
-  return 1;
+  const int cs = forced ? std::atoi(forced) : 1;
+  return (cs == 2 || cs == 4) && grid.y % cs == 0 ? cs : 1;
 }
 
 template <class E, int KP>
@@ -138,7 +105,7 @@ void launch_state_kernel(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
   // FLASHGLA_GLA_HOPPER_WS=0: the first state kernel (not warp-specialized), kept to compare against.
   if (env_equals("FLASHGLA_GLA_HOPPER_WS", "0")) return launch_main_typed<E, KP>(p, grid, stream);
   if (p.states_only) return launch_ws_kernel<E, KP, true, 1>(p, grid, stream);
-  switch (cluster_size<E, KP>(grid)) {
+  switch (cluster_size(grid)) {
     case 4: return launch_ws_kernel<E, KP, false, 4>(p, grid, stream);
     case 2: return launch_ws_kernel<E, KP, false, 2>(p, grid, stream);
     default: return launch_ws_kernel<E, KP, false, 1>(p, grid, stream);

@@ -9,12 +9,13 @@
 //   stage is refilled as soon as the consumers' wgmmas of its chunk have
 //   completed (an "empty" mbarrier every consumer thread arrives on), not
 //   after the output of that chunk has been stored.
-// * Clusters of CS value tiles of one (sequence, head, split): the kernel is
-//   bound by L2 throughput (ncu, run 12: L2 73.8% busy, compute 34%), and
-//   every value tile reads the same slot images. Each CTA of a cluster copies
-//   1/CS of the image and multicasts it to all CS CTAs; a stage is refilled
-//   once every CTA's producer has seen its own consumers release it (a
-//   "cluster_empty" mbarrier, one remote arrival per CTA).
+// * Optionally (CS > 1, FLASHGLA_GLA_HOPPER_CLUSTER) clusters of CS value tiles
+//   of one (sequence, head, split): each CTA copies 1/CS of the slot image and
+//   multicasts it to all CS CTAs, so L2 delivers 1/CS of the slot bytes; a
+//   stage is refilled once every CTA's producer has seen its own consumers
+//   release it (a "cluster_empty" mbarrier, one remote arrival per CTA). The
+//   old kernel was L2-bound (ncu, run 12: L2 73.8% busy), but the clusters
+//   measured slower (run 13), so CS = 1 is the default.
 // * The consumer warpgroups (1 for KP = 64, 2 otherwise) hold the state in
 //   wgmma accumulators as before; per chunk: wait "full", decay, wgmmas,
 //   release the stage, exchange the partial outputs, store o and the bf16
