@@ -57,11 +57,12 @@ void launch_main_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
 // dependent of the kernel before it in the stream (the chunk pass, or the states pass) unless
 // FLASHGLA_GLA_HOPPER_PDL=0.
 template <class E, int KP, bool STATES, int CS>
-cudaLaunchConfig_t ws_config(dim3 grid, cudaStream_t stream, bool overlap, cudaLaunchAttribute (&attrs)[2]) {
+void launch_ws_kernel(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
   using L = WsLayout<KP>;
-  check_cuda(cudaFuncSetAttribute(hopper::hopper_ws_kernel<E, KP, STATES, CS>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, L::alloc),
+  auto kernel = hopper::hopper_ws_kernel<E, KP, STATES, CS>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::alloc),
              "cudaFuncSetAttribute (GLA Hopper state kernel)");
+  cudaLaunchAttribute attrs[2];
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(L::kThreads);
@@ -74,21 +75,12 @@ cudaLaunchConfig_t ws_config(dim3 grid, cudaStream_t stream, bool overlap, cudaL
     cluster.id = cudaLaunchAttributeClusterDimension;
     cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = CS, cluster.val.clusterDim.z = 1;
   }
-  if (overlap) {
-    cudaLaunchAttribute& pdl = attrs[config.numAttrs++];
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
+  if (!env_equals("FLASHGLA_GLA_HOPPER_PDL", "0")) {
+    cudaLaunchAttribute& overlap = attrs[config.numAttrs++];
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
   }
-  return config;
-}
-
-template <class E, int KP, bool STATES, int CS>
-void launch_ws_kernel(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
-  cudaLaunchAttribute attrs[2];
-  const bool overlap = !env_equals("FLASHGLA_GLA_HOPPER_PDL", "0");
-  const cudaLaunchConfig_t config = ws_config<E, KP, STATES, CS>(grid, stream, overlap, attrs);
-  check_cuda(cudaLaunchKernelEx(&config, hopper::hopper_ws_kernel<E, KP, STATES, CS>, p),
-             "GLA Hopper state kernel launch");
+  check_cuda(cudaLaunchKernelEx(&config, kernel, p), "GLA Hopper state kernel launch");
 }
 
 // CTAs per cluster of the output pass: 1 unless FLASHGLA_GLA_HOPPER_CLUSTER=2 or 4 (where it divides the value
