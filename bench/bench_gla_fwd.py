@@ -24,9 +24,11 @@ fp32), on sm_90 the Hopper path for 128 < K ≤ 256.
 --hopper prints only the chunked lines: the default path vs the Hopper path
 (FLASHGLA_GLA_HOPPER=1) in this process, with torch.profiler times of the
 Hopper path's two kernels and, for long sequences, other split counts.
---quick times only K256 V512 (bf16 and fp32 gate): the default (on sm_90 the
-Hopper path) with its chunk-pass kernel time vs FLASHGLA_GLA_HOPPER=0 (the fast
-path), and the relative difference of the two outputs.
+--quick times K256 V512 (bf16 and fp32 gate) and two K128 lines with the Hopper
+path forced: the default (on sm_90 the Hopper path: warp-specialized state
+kernel, PDL) vs FLASHGLA_GLA_HOPPER_PDL=0, FLASHGLA_GLA_HOPPER_CLUSTER=2,
+FLASHGLA_GLA_HOPPER_WS=0 (the first state kernel) and FLASHGLA_GLA_HOPPER=0 (the
+fast path), with the kernels' times and the relative differences of the outputs.
 """
 
 import argparse
@@ -207,31 +209,67 @@ def kernel_ms(fn, name_part, calls=5):
 
 
 def quick_table(args):
-    """K256 V512: the default path (on sm_90 the Hopper path) vs FLASHGLA_GLA_HOPPER=0, in this process."""
+    """K256 V512 (and K128 with the Hopper path forced): the default path (on sm_90 the Hopper path with the
+    warp-specialized state kernel, with PDL) vs FLASHGLA_GLA_HOPPER_PDL=0, FLASHGLA_GLA_HOPPER_CLUSTER=2
+    (clusters multicasting the slot images), FLASHGLA_GLA_HOPPER_WS=0 (the first state kernel) and
+    FLASHGLA_GLA_HOPPER=0 (the fast path), in this process; kernel times by torch.profiler (state kernels
+    without PDL, whose early start would count the chunk pass's tail)."""
     torch.manual_seed(0)
     card = torch.cuda.get_device_name()
     lines = [f"{datetime.date.today().isoformat()}, {card}", "",
-             "| shape | default ms | chunk pass ms | FLASHGLA_GLA_HOPPER=0 ms | default/off | rel. diff |",
-             "|---|---|---|---|---|---|"]
-    for gate_dtype in (None, F32):
-        B, T, H, K, V = 4, 4096, 4, 256, 512
+             "| shape | default ms | again ms | no PDL ms | clusters of 2 ms | old state kernel ms | default/old | "
+             "chunk pass ms | state kernel ms: default / clusters of 2 / old | FLASHGLA_GLA_HOPPER=0 ms | "
+             "rel. diff vs old | rel. diff vs fast |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    switches = ("FLASHGLA_GLA_HOPPER", "FLASHGLA_GLA_HOPPER_WS", "FLASHGLA_GLA_HOPPER_PDL", "FLASHGLA_GLA_HOPPER_CLUSTER")
+
+    def with_env(**values):
+        for name in switches:
+            os.environ.pop(name, None)
+        for name, value in values.items():
+            os.environ[name] = value
+
+    for B, T, H, K, V, gate_dtype, hopper in ((4, 4096, 4, 256, 512, None, None), (4, 4096, 4, 256, 512, F32, None),
+                                              (8, 2048, 4, 128, 256, F32, "1"), (2, 8192, 4, 128, 256, F32, "1"),
+                                              (8, 4096, 16, 128, 128, None, "1")):
         q, k, v, g = gla_inputs(B, T, H, K, V, gate_dtype=gate_dtype)
         call = lambda: flashgla.chunk_gla(q, k, v, g)
-        os.environ.pop("FLASHGLA_GLA_HOPPER", None)
+        forced = {"FLASHGLA_GLA_HOPPER": hopper} if hopper else {}
+        with_env(**forced)
         default = median_ms(call)
+        o_new = call()[0].float()
+        with_env(FLASHGLA_GLA_HOPPER_PDL="0", **forced)
+        no_pdl = median_ms(call)
         prep = kernel_ms(call, "hopper_prep2_kernel")  # 0 where the default is not the Hopper path
-        o_default = call()[0].float()
-        os.environ["FLASHGLA_GLA_HOPPER"] = "0"
+        state_new = kernel_ms(call, "hopper_ws_kernel")
+        with_env(FLASHGLA_GLA_HOPPER_CLUSTER="2", **forced)
+        cluster = median_ms(call)
+        o_cluster = call()[0].float()
+        with_env(FLASHGLA_GLA_HOPPER_CLUSTER="2", FLASHGLA_GLA_HOPPER_PDL="0", **forced)
+        state_cluster = kernel_ms(call, "hopper_ws_kernel")
+        with_env(FLASHGLA_GLA_HOPPER_WS="0", **forced)
+        old = median_ms(call)
+        state_old = kernel_ms(call, "hopper_chunk_kernel")
+        o_old = call()[0].float()
+        with_env(FLASHGLA_GLA_HOPPER="0")
         off = median_ms(call)
         o_off = call()[0].float()
-        os.environ.pop("FLASHGLA_GLA_HOPPER", None)
-        diff = ((o_default - o_off).norm() / o_off.norm()).item()
-        label = f"B{B} T{T} H{H} K{K} V{V}" + (" g fp32" if gate_dtype == F32 else "")
-        print(f"{label}: default {default:.4f} (chunk pass {prep:.4f}), FLASHGLA_GLA_HOPPER=0 {off:.4f} ms, "
-              f"rel. diff {diff:.2e}", flush=True)
-        lines.append(f"| chunk_gla fwd {label} | {default:.4f} | {prep:.4f} | {off:.4f} | {default / off:.2f} | "
-                     f"{diff:.1e} |")
-        del q, k, v, g, o_default, o_off
+        with_env(**forced)
+        again = median_ms(call)
+        with_env()
+        diff_old = max(((o_new - o_old).norm() / o_old.norm()).item(),
+                       ((o_cluster - o_old).norm() / o_old.norm()).item())
+        diff_off = ((o_new - o_off).norm() / o_off.norm()).item()
+        label = f"B{B} T{T} H{H} K{K} V{V}" + (" g fp32" if gate_dtype == F32 else "") + (
+            " (FLASHGLA_GLA_HOPPER=1)" if hopper else "")
+        print(f"{label}: default {default:.4f} / {again:.4f}, no PDL {no_pdl:.4f}, clusters of 2 {cluster:.4f}, "
+              f"old state kernel {old:.4f} ms; chunk pass {prep:.4f}, state kernel {state_new:.4f} / "
+              f"{state_cluster:.4f} / {state_old:.4f}; fast path {off:.4f} ms; "
+              f"rel. diff {diff_old:.2e} (old), {diff_off:.2e} (fast)", flush=True)
+        lines.append(f"| chunk_gla fwd {label} | {default:.4f} | {again:.4f} | {no_pdl:.4f} | {cluster:.4f} | "
+                     f"{old:.4f} | {default / old:.2f} | {prep:.4f} | {state_new:.4f} / {state_cluster:.4f} / "
+                     f"{state_old:.4f} | {off:.4f} | {diff_old:.1e} | {diff_off:.1e} |")
+        del q, k, v, g, o_new, o_old, o_off, o_cluster
     print_table(lines, args.out)
 
 

@@ -3,7 +3,7 @@
 # tests, the benchmark, compute-sanitizer (memcheck, racecheck) on small
 # cases; logs under $OUT, a short summary last.
 #   bash bench/device_gla_fwd.sh [benchmark arguments...]
-#   BUDGET=150 bash bench/device_gla_fwd.sh --quick   (the Hopper path only: see bench/notes_gla_fwd.md)
+#   BUDGET=380 bash bench/device_gla_fwd.sh --quick   (the Hopper path only: see bench/notes_gla_fwd.md)
 set -u
 OUT=${OUT:-/tmp/gla_fwd_out}
 mkdir -p "$OUT"
@@ -21,42 +21,71 @@ left() { local l=$((deadline - $(date +%s))); [ "$l" -gt "$1" ] && l=$1; [ "$l" 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 
 if [ "${1:-}" = "--quick" ]; then
-  # The Hopper path in about BUDGET (150) seconds: build the tests and the Python module, the Hopper tests,
-  # memcheck (then racecheck, if time is left) on SanitizerHopperPath, the benchmark at K256 V512 (default vs
-  # FLASHGLA_GLA_HOPPER=0), a table last.
+  # The Hopper path in about BUDGET (300) seconds: build the tests and the Python module, the Hopper tests,
+  # memcheck on SanitizerHopperPath, the benchmark (bench_gla_fwd.py --quick: the warp-specialized state
+  # kernel vs the first one, PDL on/off, vs FLASHGLA_GLA_HOPPER=0), racecheck, then the other forward and
+  # decode tests (K > 128 takes the Hopper path by default) while time is left; a table last.
   start=$(date +%s)
   if ls .deps/wheels/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl >/dev/null 2>&1 &&
       export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   fi
   cmake -S . -B $BUILD -G Ninja -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHGLA_PYTHON=ON >"$OUT/build.log" 2>&1
-  timeout $(left 110) cmake --build $BUILD -j16 --target flashgla_tests flashgla_python >>"$OUT/build.log" 2>&1
+  timeout $(left 150) cmake --build $BUILD -j16 --target flashgla_tests flashgla_python >>"$OUT/build.log" 2>&1
   note "build: rc=$? in $(($(date +%s) - start)) s"
+  grep -E "error|FAILED" "$OUT/build.log" | head -20
   start=$(date +%s)
-  timeout $(left 40) $BUILD/flashgla_tests \
+  timeout $(left 60) $BUILD/flashgla_tests \
     --gtest_filter="CudaGlaForward.HopperPath*:CudaGlaForward.SanitizerHopperPath" >"$OUT/tests_hopper.log" 2>&1
   note "Hopper tests: rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests_hopper.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests_hopper.log") failed"
   grep -E '^\[       OK \]|^\[  FAILED  \]' "$OUT/tests_hopper.log" | sort -u
   grep -E "Failure|error [0-9.e+-]+|Which is|Expected|actual|What" "$OUT/tests_hopper.log" | head -20
   start=$(date +%s)
-  timeout $(left 40) compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
+  timeout $(left 50) compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/flashgla_tests \
     --gtest_filter=CudaGlaForward.SanitizerHopperPath >"$OUT/memcheck.log" 2>&1
   note "memcheck (SanitizerHopperPath): rc=$? in $(($(date +%s) - start)) s; $(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log")"
   start=$(date +%s)
-  PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 timeout $(left 45) \
+  PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 timeout $(left 90) \
     python3 bench/bench_gla_fwd.py --quick >"$OUT/bench.log" 2>&1
   note "benchmark: rc=$? in $(($(date +%s) - start)) s"
   if [ $((deadline - $(date +%s))) -gt 25 ]; then
     start=$(date +%s)
-    timeout $(left 40) compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
+    timeout $(left 50) compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/flashgla_tests \
       --gtest_filter=CudaGlaForward.SanitizerHopperPath >"$OUT/racecheck.log" 2>&1
     note "racecheck (SanitizerHopperPath): rc=$? in $(($(date +%s) - start)) s; $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log")"
   else
     note "racecheck: skipped (budget)"
   fi
+  if [ -n "${PROFILE:-}" ] && [ $((deadline - $(date +%s))) -gt 60 ]; then
+    # Nsight Compute on one launch each of the chunk pass and the state kernel (K256 V512, bf16 gate).
+    start=$(date +%s)
+    cat >/tmp/gla_fwd_profile.py <<'PY'
+import torch, torch.nn.functional as F, flashgla
+B, T, H, K, V = 4, 4096, 4, 256, 512
+q, k = (torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+v = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
+g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda")).to(torch.bfloat16)
+for _ in range(3):
+    flashgla.chunk_gla(q, k, v, g)
+torch.cuda.synchronize()
+PY
+    PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH} timeout $(left 80) ncu --kernel-name "regex:hopper_(prep2|ws)_kernel" \
+      --launch-skip 2 --launch-count 2 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      python3 /tmp/gla_fwd_profile.py >"$OUT/ncu.txt" 2>&1
+    note "profile: rc=$? in $(($(date +%s) - start)) s"
+    grep -E "hopper_|stalled|Duration|Registers Per|Achieved Occupancy|Executed Ipc A|Issue Slots Busy|No Eligible|Compute \(SM\) Thr|Memory Thr|L2 Hit|Warp Cycles Per Issued|DRAM Thr|L1/TEX Hit|Stall" "$OUT/ncu.txt" | head -40
+  fi
+  if [ $((deadline - $(date +%s))) -gt 20 ]; then
+    start=$(date +%s)
+    timeout $(left 120) $BUILD/flashgla_tests --gtest_filter="CudaGlaForward.*:CudaGlaDecode.*:-CudaGlaForward.HopperPath*:CudaGlaForward.SanitizerHopperPath:CudaGlaForward.FastPath*:CudaGlaForward.SanitizerFastPath" \
+      >"$OUT/tests_other.log" 2>&1
+    note "other forward/decode tests: rc=$? in $(($(date +%s) - start)) s: $(grep -cE '^\[       OK \]' "$OUT/tests_other.log") ok, $(grep -cE '^\[  FAILED  \] Cuda' "$OUT/tests_other.log") failed (rc 124: stopped at the budget)"
+    grep -E '^\[  FAILED  \]' "$OUT/tests_other.log" | sort -u | head
+  fi
   echo "==== summary"
   printf '%s\n' "${summary[@]}"
-  tail -n 11 "$OUT/bench.log"
+  tail -n 8 "$OUT/bench.log"
   (cd "$OUT" && tar czf logs.tgz --remove-files $(ls | grep -v '^logs.tgz$'))
   exit 0
 fi

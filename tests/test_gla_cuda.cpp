@@ -437,6 +437,40 @@ TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
   opt_out_hopper();
 }
 
+// The state kernel's switches: FLASHGLA_GLA_HOPPER_WS=0 (the first, not warp-specialized state kernel, kept to
+// compare against), FLASHGLA_GLA_HOPPER_PDL=0 (no programmatic dependent launch), FLASHGLA_GLA_HOPPER_CLUSTER
+// 2 and 4 (clusters of value tiles sharing the slot loads; 1 where it does not divide the tiles): every key
+// pad, value tiles partial and whole, a forced split (the states pass), varlen.
+TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
+  SKIP_WITHOUT_GPU();
+  opt_in_hopper();
+  struct Switch {
+    const char *name, *value;
+  };
+  int i = 0;
+  for (const Switch& sw : {Switch{"FLASHGLA_GLA_HOPPER_WS", "0"}, Switch{"FLASHGLA_GLA_HOPPER_PDL", "0"},
+                           Switch{"FLASHGLA_GLA_HOPPER_CLUSTER", "2"}, Switch{"FLASHGLA_GLA_HOPPER_CLUSTER", "4"}}) {
+    setenv(sw.name, sw.value, 1);
+    for (int64_t K : {256, 128, 64}) {
+      setenv("FLASHGLA_GLA_SPLITS", "3", 1);
+      Case c;
+      c.B = 2, c.T = 400 + 37 * i, c.H = 2, c.K = K, c.V = K == 256 ? 256 : K == 128 ? 200 : 72;
+      c.dtype = i % 4 == 3 ? DType::f16 : DType::bf16;
+      c.gate_dtype = i % 2 ? DType::f32 : c.dtype;
+      c.gate = Gate::vector, c.h0 = true, c.final_state = true;
+      c.gate_values = i % 3 == 2 ? GateValues::very_negative : GateValues::typical;
+      c.seed = 2400 + i++;
+      check_against_reference(c, Call{});
+      unsetenv("FLASHGLA_GLA_SPLITS");
+    }
+    Case c = varlen_case(DType::f16, Gate::vector, 2450 + i++);
+    c.K = 256, c.V = 128;
+    check_against_reference(c, Call{});
+    unsetenv(sw.name);
+  }
+  opt_out_hopper();
+}
+
 // The general kernel on bf16/fp16 inputs, which the fast path takes otherwise.
 TEST(CudaGlaForward, GeneralKernelOnHalfInputs) {
   SKIP_WITHOUT_GPU();
@@ -692,7 +726,7 @@ TEST(CudaGlaForward, SanitizerFastPath) {
 }
 
 // The Hopper path's small cases (memcheck and racecheck): both warpgroup
-// counts, a partial last chunk, a split, varlen.
+// counts, a partial last chunk, a split, varlen, clusters of 2 (opt-in).
 TEST(CudaGlaForward, SanitizerHopperPath) {
   SKIP_WITHOUT_GPU();
   opt_in_hopper();
@@ -706,6 +740,11 @@ TEST(CudaGlaForward, SanitizerHopperPath) {
     unsetenv("FLASHGLA_GLA_SPLITS");
   }
   check_against_reference(varlen_case(DType::bf16, Gate::vector, 2310), Call{});
+  setenv("FLASHGLA_GLA_HOPPER_CLUSTER", "2", 1);  // the slot images multicast in clusters of 2 (opt-in)
+  Case c;
+  c.B = 1, c.T = 200, c.H = 1, c.K = 256, c.V = 128, c.dtype = DType::bf16, c.gate = Gate::vector, c.seed = 2320;
+  check_against_reference(c, Call{});
+  unsetenv("FLASHGLA_GLA_HOPPER_CLUSTER");
   opt_out_hopper();
 }
 

@@ -1,12 +1,17 @@
 // Chunked GLA forward, Hopper path: host side (support, workspace, launches) and
 // the bf16/fp16 instantiations of the kernels in gla_fwd_hopper.cuh and gla_fwd_hopper_prep2.cuh.
+#include <cstdlib>
+#include <cstring>
+
 #include "cuda/gla_fwd_hopper.cuh"
 #include "cuda/gla_fwd_hopper_prep2.cuh"
+#include "cuda/gla_fwd_hopper_ws.cuh"
 
 namespace flashgla::cuda::gla {
 
 using hopper::MainLayout;
 using hopper::Slot;
+using hopper::WsLayout;
 
 int hopper_key_pad(int key_dim) { return key_dim <= 64 ? 64 : key_dim <= 128 ? 128 : 256; }
 
@@ -22,6 +27,11 @@ size_t hopper_prep_bytes(const ChunkParams& p, int64_t num_seqs) {
 }
 
 namespace {
+
+bool env_equals(const char* name, const char* value) {
+  const char* set = std::getenv(name);
+  return set && std::strcmp(set, value) == 0;
+}
 
 template <class E>
 void launch_prep_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
@@ -43,12 +53,63 @@ void launch_main_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "GLA Hopper state kernel launch");
 }
 
+// The warp-specialized state kernel (gla_fwd_hopper_ws.cuh) in clusters of CS value tiles, a programmatic
+// dependent of the kernel before it in the stream (the chunk pass, or the states pass) unless
+// FLASHGLA_GLA_HOPPER_PDL=0.
+template <class E, int KP, bool STATES, int CS>
+void launch_ws_kernel(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+  using L = WsLayout<KP>;
+  auto kernel = hopper::hopper_ws_kernel<E, KP, STATES, CS>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::alloc),
+             "cudaFuncSetAttribute (GLA Hopper state kernel)");
+  cudaLaunchAttribute attrs[2];
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(L::kThreads);
+  config.dynamicSmemBytes = L::alloc;
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = 0;
+  if (CS > 1) {
+    cudaLaunchAttribute& cluster = attrs[config.numAttrs++];
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = CS, cluster.val.clusterDim.z = 1;
+  }
+  if (!env_equals("FLASHGLA_GLA_HOPPER_PDL", "0")) {
+    cudaLaunchAttribute& overlap = attrs[config.numAttrs++];
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+  }
+  check_cuda(cudaLaunchKernelEx(&config, kernel, p), "GLA Hopper state kernel launch");
+}
+
+// CTAs per cluster of the output pass: 1 unless FLASHGLA_GLA_HOPPER_CLUSTER=2 or 4 (where it divides the value
+// tiles). Clusters cut the L2 bytes of the slot images by CS but measured slower (run 13: 0.197 vs 0.162 ms at
+// K256 V512 with CS = 2; bench/notes_gla_fwd.md), so they stay opt-in.
+int cluster_size(dim3 grid) {
+  const char* forced = std::getenv("FLASHGLA_GLA_HOPPER_CLUSTER");
+  const int cs = forced ? std::atoi(forced) : 1;
+  return (cs == 2 || cs == 4) && grid.y % cs == 0 ? cs : 1;
+}
+
+template <class E, int KP>
+void launch_state_kernel(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+  // FLASHGLA_GLA_HOPPER_WS=0: the first state kernel (not warp-specialized), kept to compare against.
+  if (env_equals("FLASHGLA_GLA_HOPPER_WS", "0")) return launch_main_typed<E, KP>(p, grid, stream);
+  if (p.states_only) return launch_ws_kernel<E, KP, true, 1>(p, grid, stream);
+  switch (cluster_size(grid)) {
+    case 4: return launch_ws_kernel<E, KP, false, 4>(p, grid, stream);
+    case 2: return launch_ws_kernel<E, KP, false, 2>(p, grid, stream);
+    default: return launch_ws_kernel<E, KP, false, 1>(p, grid, stream);
+  }
+}
+
 template <class E>
 void launch_main_dims(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
   switch (p.prep_key_pad) {
-    case 64: return launch_main_typed<E, 64>(p, grid, stream);
-    case 128: return launch_main_typed<E, 128>(p, grid, stream);
-    default: return launch_main_typed<E, 256>(p, grid, stream);
+    case 64: return launch_state_kernel<E, 64>(p, grid, stream);
+    case 128: return launch_state_kernel<E, 128>(p, grid, stream);
+    default: return launch_state_kernel<E, 256>(p, grid, stream);
   }
 }
 

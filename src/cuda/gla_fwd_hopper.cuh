@@ -29,9 +29,13 @@
 //    columns. The next chunk's slot image (one bulk copy, an mbarrier) and V
 //    tile (cp.async) load while this one computes. The sequence split and its
 //    states pass work as in gla_fwd_chunk.cu.
-// Measured (bench/results_gla_forward.md, runs 10–11) at B4 T4096 H4 K256
-// V512: state kernel 0.18 ms, chunk pass 0.142 ms (0.295 ms with the first
-// chunk pass, since removed).
+//    The default state kernel is now its warp-specialized version,
+//    hopper_ws_kernel (gla_fwd_hopper_ws.cuh: a producer warp, a ring of
+//    stages, PDL after the chunk pass; same math and results bit for bit);
+//    this one runs with FLASHGLA_GLA_HOPPER_WS=0.
+// Measured (bench/results_gla_forward.md, run 13) at B4 T4096 H4 K256 V512:
+// chunk pass 0.143 ms, state kernel 0.172 ms (this one) / 0.162 ms
+// (hopper_ws_kernel), forward 0.326 / 0.309 ms.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -109,6 +109,11 @@ __device__ __forceinline__ float2 unpack2(uint32_t w) {
 template <class E>
 __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const ChunkParams p) {
   using namespace prep2;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The state kernel (launched as a programmatic dependent) may start its set-up on SMs this grid leaves; it
+  // waits for this grid to complete before it reads a slot.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) float fsm[];
   float* fac = fsm;                      // factor rows [kRows][kP]; at the end the diagonal partial sums
