@@ -343,7 +343,7 @@ TEST(CudaGlaBackward, VarlenMatchesReference) {
 
 // The paired state scans with x, y and the gate copied one chunk ahead (the
 // default for bf16 rows, K and V multiples of 64, V / 64 even), without
-// (FLASHGLA_GLA_BWD_SCAN_PIPELINE=0) and the opt-in variant with fewer
+// (FLASHGLA_GLA_BWD_SCAN_PIPELINE=0), the first variant (=1) and the default one with fewer
 // instructions per step (=lean): every gate kind and range, sequences of 1 to
 // 16 chunks (both buffers, odd and even counts), unsplit and split in pieces of
 // 3 chunks, fixed length and varlen.

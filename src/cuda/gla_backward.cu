@@ -200,9 +200,10 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   // FLASHGLA_GLA_BWD_GATE=registers: that one loads a vector gate into registers.
   p.gate_in_registers = env_is("FLASHGLA_GLA_BWD_GATE", "registers");
   p.scan_pairs = paired_scans(pr);
-  // FLASHGLA_GLA_BWD_SCAN_PIPELINE=lean: the pipelined scans' variant with
-  // fewer instructions per step (opt-in: not yet run on a GPU).
-  p.scan_pipeline = !pipelined_scans(a, pr) ? 0 : env_is("FLASHGLA_GLA_BWD_SCAN_PIPELINE", "lean") ? 2 : 1;
+  // The pipelined scans' variant with fewer instructions per step (2, "lean")
+  // is the default: same tests, 0-3% faster in session 4's final GPU run
+  // (bench/results_gla_backward.md); FLASHGLA_GLA_BWD_SCAN_PIPELINE=1 selects the first variant.
+  p.scan_pipeline = !pipelined_scans(a, pr) ? 0 : env_is("FLASHGLA_GLA_BWD_SCAN_PIPELINE", "1") ? 1 : 2;
   p.num_slots = num_slots(pr);
 
   const Plan sizes = plan(a, pr);

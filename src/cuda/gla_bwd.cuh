@@ -92,7 +92,7 @@ struct Params {
   // State scans (bf16, pairs): x, y and a vector gate copied one chunk ahead
   // into a second buffer (set by the host where every tile is whole bf16 rows
   // and two such blocks fit an SM's shared memory, see pipelined_scans): 0 no,
-  // 1 yes, 2 yes with fewer instructions per step (opt-in, not yet GPU-tested).
+  // 1 yes, 2 yes with fewer instructions per step (the default; FLASHGLA_GLA_BWD_SCAN_PIPELINE=1 gives 1).
   int scan_pipeline = 0;
   int64_t scan_splits = 1;
   int64_t chunks_per_split = 0;     // chunks of each piece (the last may have fewer)
