@@ -437,6 +437,23 @@ TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
   opt_out_hopper();
 }
 
+// The default route of K = 128 with V >= 256 (the 340M model's heads): on sm_90a the Hopper path when the value
+// tiles (sequences x heads x V / 64) fill at least half the SMs, else the fast path with its sequence split. Both
+// sides of that threshold, without FLASHGLA_GLA_HOPPER set, bf16 and fp32 gates.
+TEST(CudaGlaForward, WideValueHeadsOnTheDefaultRoute) {
+  SKIP_WITHOUT_GPU();
+  opt_out_hopper();
+  int i = 0;
+  for (int64_t H : {20, 1})  // 2 x 20 x 4 = 160 value tiles (Hopper on an H100), 2 x 1 x 4 = 8 (fast path, split)
+    for (DType gate_dtype : {DType::bf16, DType::f32}) {
+      Case c;
+      c.B = 2, c.T = H > 1 ? 150 : 900, c.H = H, c.K = 128, c.V = 256, c.dtype = DType::bf16;
+      c.gate_dtype = gate_dtype, c.h0 = i % 2 == 0, c.final_state = true;
+      c.seed = 2280 + i++;
+      check_against_reference(c, Call{});
+    }
+}
+
 // The state kernel's switches: FLASHGLA_GLA_HOPPER_WS=0 (the first, not warp-specialized state kernel, kept to
 // compare against), FLASHGLA_GLA_HOPPER_PDL=0 (no programmatic dependent launch), FLASHGLA_GLA_HOPPER_CLUSTER
 // 2 and 4 (clusters of value tiles sharing the slot loads; 1 where it does not divide the tiles): every key

@@ -117,11 +117,15 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   const bool fast_off = fast_env && std::string(fast_env) == "0";
   c.fast = gla::fast_chunk_supported(c) && !fast_off &&
            gla::fast_chunk_smem_bytes(c.key_dim, c.value_dim) <= max_smem;
-  // The Hopper path on sm_90: by default where it measured faster than the fast path (128 < K ≤ 256, e.g. the
-  // GLA layer's K256 V512 heads: bench/results_gla_forward.md); FLASHGLA_GLA_HOPPER=1 wherever it applies, =0 never.
+  // The Hopper path on sm_90: by default where it measured faster than the fast path (bench/results_gla_forward.md):
+  // 128 < K ≤ 256 (e.g. the GLA layer's K256 V512 heads), and K = 128 with V ≥ 256 (the 340M model's heads) when
+  // its 64-column value tiles fill at least half the SMs, i.e. without a sequence split (0.74-0.77x the fast
+  // path's time there; on par where the split applies). FLASHGLA_GLA_HOPPER=1 wherever it applies, =0 never.
   const char* hopper_env = std::getenv("FLASHGLA_GLA_HOPPER");
   const std::string hopper_choice = hopper_env ? hopper_env : "";
-  const bool hopper_wanted = hopper_choice == "1" || (hopper_choice != "0" && c.key_dim > 128);
+  const int64_t hopper_tiles = p.num_seqs * p.heads * ((p.value_dim + 63) / 64);
+  const bool wide_values = c.key_dim == 128 && c.value_dim >= 256 && 2 * hopper_tiles > multiprocessors();
+  const bool hopper_wanted = hopper_choice == "1" || (hopper_choice != "0" && (c.key_dim > 128 || wide_values));
   const int64_t chunks_of_t = (p.seq_len + gla::kChunk - 1) / gla::kChunk;
   if (hopper_wanted && gla::hopper_chunk_supported(c) && chunks_of_t <= 65535 && loaded_code().sm90a) {
     c.hopper = true, c.fast = false;
