@@ -26,9 +26,8 @@ fp32), on sm_90 the Hopper path for 128 < K ≤ 256.
 Hopper path's two kernels and, for long sequences, other split counts.
 --quick times K256 V512 (bf16 and fp32 gate) and two K128 lines with the Hopper
 path forced: the default (on sm_90 the Hopper path: warp-specialized state
-kernel, PDL) vs FLASHGLA_GLA_HOPPER_PDL=0, FLASHGLA_GLA_HOPPER_CLUSTER=2,
-FLASHGLA_GLA_HOPPER_WS=0 (the first state kernel) and FLASHGLA_GLA_HOPPER=0 (the
-fast path), with the kernels' times and the relative differences of the outputs.
+kernel, PDL) vs FLASHGLA_GLA_HOPPER_PDL=0, FLASHGLA_GLA_HOPPER_CLUSTER=2 and
+FLASHGLA_GLA_HOPPER=0 (the fast path), with the kernels' times and the relative differences of the outputs.
 """
 
 import argparse
@@ -211,17 +210,16 @@ def kernel_ms(fn, name_part, calls=5):
 def quick_table(args):
     """K256 V512 (and K128 with the Hopper path forced): the default path (on sm_90 the Hopper path with the
     warp-specialized state kernel, with PDL) vs FLASHGLA_GLA_HOPPER_PDL=0, FLASHGLA_GLA_HOPPER_CLUSTER=2
-    (clusters multicasting the slot images), FLASHGLA_GLA_HOPPER_WS=0 (the first state kernel) and
-    FLASHGLA_GLA_HOPPER=0 (the fast path), in this process; kernel times by torch.profiler (state kernels
-    without PDL, whose early start would count the chunk pass's tail)."""
+    (clusters multicasting the slot images) and FLASHGLA_GLA_HOPPER=0 (the fast path), in this process; kernel
+    times by torch.profiler (state kernels without PDL, whose early start would count the chunk pass's tail)."""
     torch.manual_seed(0)
     card = torch.cuda.get_device_name()
     lines = [f"{datetime.date.today().isoformat()}, {card}", "",
-             "| shape | default ms | again ms | no PDL ms | clusters of 2 ms | old state kernel ms | default/old | "
-             "chunk pass ms | state kernel ms: default / clusters of 2 / old | FLASHGLA_GLA_HOPPER=0 ms | "
-             "rel. diff vs old | rel. diff vs fast |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    switches = ("FLASHGLA_GLA_HOPPER", "FLASHGLA_GLA_HOPPER_WS", "FLASHGLA_GLA_HOPPER_PDL", "FLASHGLA_GLA_HOPPER_CLUSTER")
+             "| shape | default ms | again ms | no PDL ms | clusters of 2 ms | chunk pass ms | "
+             "state kernel ms: default / clusters of 2 | FLASHGLA_GLA_HOPPER=0 ms | "
+             "rel. diff clusters vs default | rel. diff vs fast |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    switches = ("FLASHGLA_GLA_HOPPER", "FLASHGLA_GLA_HOPPER_PDL", "FLASHGLA_GLA_HOPPER_CLUSTER")
 
     def with_env(**values):
         for name in switches:
@@ -247,29 +245,23 @@ def quick_table(args):
         o_cluster = call()[0].float()
         with_env(FLASHGLA_GLA_HOPPER_CLUSTER="2", FLASHGLA_GLA_HOPPER_PDL="0", **forced)
         state_cluster = kernel_ms(call, "hopper_ws_kernel")
-        with_env(FLASHGLA_GLA_HOPPER_WS="0", **forced)
-        old = median_ms(call)
-        state_old = kernel_ms(call, "hopper_chunk_kernel")
-        o_old = call()[0].float()
         with_env(FLASHGLA_GLA_HOPPER="0")
         off = median_ms(call)
         o_off = call()[0].float()
         with_env(**forced)
         again = median_ms(call)
         with_env()
-        diff_old = max(((o_new - o_old).norm() / o_old.norm()).item(),
-                       ((o_cluster - o_old).norm() / o_old.norm()).item())
+        diff_cluster = ((o_cluster - o_new).norm() / o_new.norm()).item()
         diff_off = ((o_new - o_off).norm() / o_off.norm()).item()
         label = f"B{B} T{T} H{H} K{K} V{V}" + (" g fp32" if gate_dtype == F32 else "") + (
             " (FLASHGLA_GLA_HOPPER=1)" if hopper else "")
-        print(f"{label}: default {default:.4f} / {again:.4f}, no PDL {no_pdl:.4f}, clusters of 2 {cluster:.4f}, "
-              f"old state kernel {old:.4f} ms; chunk pass {prep:.4f}, state kernel {state_new:.4f} / "
-              f"{state_cluster:.4f} / {state_old:.4f}; fast path {off:.4f} ms; "
-              f"rel. diff {diff_old:.2e} (old), {diff_off:.2e} (fast)", flush=True)
+        print(f"{label}: default {default:.4f} / {again:.4f}, no PDL {no_pdl:.4f}, clusters of 2 {cluster:.4f} ms; "
+              f"chunk pass {prep:.4f}, state kernel {state_new:.4f} / {state_cluster:.4f}; fast path {off:.4f} ms; "
+              f"rel. diff {diff_cluster:.2e} (clusters), {diff_off:.2e} (fast)", flush=True)
         lines.append(f"| chunk_gla fwd {label} | {default:.4f} | {again:.4f} | {no_pdl:.4f} | {cluster:.4f} | "
-                     f"{old:.4f} | {default / old:.2f} | {prep:.4f} | {state_new:.4f} / {state_cluster:.4f} / "
-                     f"{state_old:.4f} | {off:.4f} | {diff_old:.1e} | {diff_off:.1e} |")
-        del q, k, v, g, o_new, o_old, o_off, o_cluster
+                     f"{prep:.4f} | {state_new:.4f} / {state_cluster:.4f} | {off:.4f} | {diff_cluster:.1e} "
+                     f"| {diff_off:.1e} |")
+        del q, k, v, g, o_new, o_off, o_cluster
     print_table(lines, args.out)
 
 

@@ -454,8 +454,7 @@ TEST(CudaGlaForward, WideValueHeadsOnTheDefaultRoute) {
     }
 }
 
-// The state kernel's switches: FLASHGLA_GLA_HOPPER_WS=0 (the first, not warp-specialized state kernel, kept to
-// compare against), FLASHGLA_GLA_HOPPER_PDL=0 (no programmatic dependent launch), FLASHGLA_GLA_HOPPER_CLUSTER
+// The state kernel's switches: FLASHGLA_GLA_HOPPER_PDL=0 (no programmatic dependent launch), FLASHGLA_GLA_HOPPER_CLUSTER
 // 2 and 4 (clusters of value tiles sharing the slot loads; 1 where it does not divide the tiles): every key
 // pad, value tiles partial and whole, a forced split (the states pass), varlen.
 TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
@@ -465,8 +464,8 @@ TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
     const char *name, *value;
   };
   int i = 0;
-  for (const Switch& sw : {Switch{"FLASHGLA_GLA_HOPPER_WS", "0"}, Switch{"FLASHGLA_GLA_HOPPER_PDL", "0"},
-                           Switch{"FLASHGLA_GLA_HOPPER_CLUSTER", "2"}, Switch{"FLASHGLA_GLA_HOPPER_CLUSTER", "4"}}) {
+  for (const Switch& sw : {Switch{"FLASHGLA_GLA_HOPPER_PDL", "0"}, Switch{"FLASHGLA_GLA_HOPPER_CLUSTER", "2"},
+                           Switch{"FLASHGLA_GLA_HOPPER_CLUSTER", "4"}}) {
     setenv(sw.name, sw.value, 1);
     for (int64_t K : {256, 128, 64}) {
       setenv("FLASHGLA_GLA_SPLITS", "3", 1);

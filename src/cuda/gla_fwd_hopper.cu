@@ -1,5 +1,5 @@
 // Chunked GLA forward, Hopper path: host side (support, workspace, launches) and
-// the bf16/fp16 instantiations of the kernels in gla_fwd_hopper.cuh and gla_fwd_hopper_prep2.cuh.
+// the bf16/fp16 instantiations of the kernels in gla_fwd_hopper_prep2.cuh and gla_fwd_hopper_ws.cuh.
 #include <cstdlib>
 #include <cstring>
 
@@ -9,7 +9,6 @@
 
 namespace flashgla::cuda::gla {
 
-using hopper::MainLayout;
 using hopper::Slot;
 using hopper::WsLayout;
 
@@ -41,16 +40,6 @@ void launch_prep_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
              "cudaFuncSetAttribute (GLA Hopper chunk pass)");
   kernel<<<grid, hopper::kPrepThreads, bytes, stream>>>(p);
   check_cuda(cudaGetLastError(), "GLA Hopper chunk pass launch");
-}
-
-template <class E, int KP>
-void launch_main_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
-  using L = MainLayout<KP>;
-  auto kernel = hopper::hopper_chunk_kernel<E, KP>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::alloc),
-             "cudaFuncSetAttribute (GLA Hopper state kernel)");
-  kernel<<<grid, L::kThreads, L::alloc, stream>>>(p);
-  check_cuda(cudaGetLastError(), "GLA Hopper state kernel launch");
 }
 
 // The warp-specialized state kernel (gla_fwd_hopper_ws.cuh) in clusters of CS value tiles, a programmatic
@@ -94,8 +83,6 @@ int cluster_size(dim3 grid) {
 
 template <class E, int KP>
 void launch_state_kernel(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
-  // FLASHGLA_GLA_HOPPER_WS=0: the first state kernel (not warp-specialized), kept to compare against.
-  if (env_equals("FLASHGLA_GLA_HOPPER_WS", "0")) return launch_main_typed<E, KP>(p, grid, stream);
   if (p.states_only) return launch_ws_kernel<E, KP, true, 1>(p, grid, stream);
   switch (cluster_size(grid)) {
     case 4: return launch_ws_kernel<E, KP, false, 4>(p, grid, stream);

@@ -18,24 +18,21 @@
 //    factors ≤ 1, so gates of −20 per step underflow to 0 and never
 //    overflow), the 4×4 tiles on the diagonal with exp(Γ_i − Γ_j) as products
 //    of α_r = exp(Γ_r − Γ_{r−1}) ≤ 1.
-// 2. The state kernel (hopper_chunk_kernel, sm_90a): one CTA per (sequence,
-//    head, value tile of 64 columns, sequence split), walking its chunks in
-//    order. One or two warpgroups; warpgroup w keeps its key rows of the state
-//    H [KP × 64] as fp32 wgmma accumulators and, per chunk,
+// 2. The state kernel (hopper_ws_kernel, gla_fwd_hopper_ws.cuh, sm_90a): one
+//    CTA per (sequence, head, value tile of 64 columns, sequence split),
+//    walking its chunks in order, warp-specialized: a producer warp loads the
+//    slot images and V tiles into a ring of stages; one or two consumer
+//    warpgroups keep their key rows of the state H [KP × 64] as fp32 wgmma
+//    accumulators and, per chunk,
 //      o_partial = Q̃[:, keys_w] · bf16(H[keys_w]) + A[:, tokens_w] · V[tokens_w]
 //      H[keys_w] ← decay ⊙ H[keys_w] + K̃ᵀ[keys_w] · V
 //    (wgmma m64n64k16, operands from shared memory); the two partial outputs
-//    are summed through shared memory, each warpgroup storing half of the
-//    columns. The next chunk's slot image (one bulk copy, an mbarrier) and V
-//    tile (cp.async) load while this one computes. The sequence split and its
-//    states pass work as in gla_fwd_chunk.cu.
-//    The default state kernel is now its warp-specialized version,
-//    hopper_ws_kernel (gla_fwd_hopper_ws.cuh: a producer warp, a ring of
-//    stages, PDL after the chunk pass; same math and results bit for bit);
-//    this one runs with FLASHGLA_GLA_HOPPER_WS=0.
-// Measured (bench/results_gla_forward.md, run 13) at B4 T4096 H4 K256 V512:
-// chunk pass 0.143 ms, state kernel 0.172 ms (this one) / 0.162 ms
-// (hopper_ws_kernel), forward 0.326 / 0.309 ms.
+//    are summed through shared memory. The sequence split and its states pass
+//    work as in gla_fwd_chunk.cu.
+// Measured (bench/results_gla_forward.md, session 4) at B4 T4096 H4 K256 V512:
+// chunk pass 0.143 ms, state kernel 0.162 ms, forward 0.306-0.309 ms. (The
+// first state kernel, without warp specialization, took 0.172 ms; it was
+// removed once this one had passed every test: git history has it.)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -133,220 +130,5 @@ __device__ void wgmma_64x64(float (&d)[32], uint64_t desc_a, uint64_t desc_b);
 FLASHGLA_WGMMA_64X64(__nv_bfloat16, "bf16")
 FLASHGLA_WGMMA_64X64(__half, "f16")
 #undef FLASHGLA_WGMMA_64X64
-
-// ---- the state kernel ----------------------------------------------------------------------
-template <int KP>
-struct MainLayout {
-  static constexpr int kWarpgroups = KP >= 128 ? 2 : 1;
-  static constexpr int kThreads = 128 * kWarpgroups;
-  static constexpr int kTiles = KP / 64 / kWarpgroups;  // m64 tiles of H per warpgroup
-  static constexpr Slot slot{KP};
-  static constexpr int v = slot.bytes();                // V [64 tokens][64 columns] after the slot image
-  static constexpr int stage = v + C * 128;
-  static constexpr int hs = 2 * stage;                  // bf16 H [KP][64] (B operand of Q̃ H)
-  static constexpr int xchg = hs + KP * 128;            // [2][16][128] fp32 partial outputs
-  static constexpr int barriers = xchg + (kWarpgroups == 2 ? 2 * 16 * 128 * 4 : 0);  // [2 stages] mbarriers
-  static constexpr int bytes = barriers + 16;
-  static constexpr int alloc = bytes + 1024;            // slack to align the base to 1024 bytes
-};
-
-template <class E, int KP>
-__global__ void __launch_bounds__(MainLayout<KP>::kThreads, 1) hopper_chunk_kernel(const ChunkParams p) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = MainLayout<KP>;
-  constexpr int NWG = L::kWarpgroups, MT = L::kTiles, NT = L::kThreads;
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024 - smem_address(smem_raw) % 1024) % 1024);
-  const uint32_t sbase = smem_address(smem);
-  const int tid = threadIdx.x, wg = tid / 128, wt = tid % 128, wwarp = wt / 32, lane = tid & 31;
-  const int64_t nh = blockIdx.x;
-  const int64_t n = nh / p.heads;
-  const int h = int(nh % p.heads);
-  const int K = p.key_dim, V = p.value_dim;
-  const int v0 = blockIdx.y * 64;
-  const int split = blockIdx.z;
-
-  const SeqRange seq = sequence_range(p.seqs, n);
-  const int64_t num_chunks = (seq.len + C - 1) / C;
-  const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
-  if (split > last_split || (p.states_only && split == last_split)) return;
-  const int64_t c_begin = split * p.chunks_per_split;
-  const int64_t c_end = min(num_chunks, c_begin + p.chunks_per_split);
-  auto row_offset = [&](const View& t, int64_t token) {
-    return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
-  };
-  // Accumulator element e of a thread: row 16·warp + lane/4 (+8 for e%4 ≥ 2), column 8·(e/4) + 2·(lane%4) + e%2.
-  auto acc_row = [&](int e) { return 16 * wwarp + (lane >> 2) + 8 * ((e >> 1) & 1); };
-  auto acc_col = [&](int e) { return 8 * (e >> 2) + 2 * (lane & 3) + (e & 1); };
-  auto key_of = [&](int mt, int e) { return 64 * (wg * MT + mt) + acc_row(e); };
-
-  // ---- the state: h0 folded through the earlier splits (zero in the states pass) ----
-  float H[MT][32];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int e = 0; e < 32; ++e) {
-      const int key = key_of(mt, e), vg = v0 + acc_col(e);
-      float s = 0.f;
-      if (!p.states_only && key < K && vg < V) {
-        if (p.h0.data)
-          s = static_cast<const float*>(p.h0.data)[n * p.h0.stride[0] + h * p.h0.stride[1] + key * p.h0.stride[2] +
-                                                    vg * p.h0.stride[3]];
-        for (int prev = 0; prev < split; ++prev) {
-          const int64_t slot = nh * (p.num_splits - 1) + prev;
-          s = p.split_decay[slot * K + key] * s + p.split_states[(slot * K + key) * V + vg];
-        }
-      }
-      H[mt][e] = s;
-    }
-  float split_decay_acc = 1.f;  // states pass: thread tid < KP, key tid
-
-  auto store_state_bf16 = [&] {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int e = 0; e < 32; e += 2) {
-        const int key = key_of(mt, e);
-        *reinterpret_cast<uint32_t*>(smem + L::hs + swizzled(key, acc_col(e))) = pack2<E>(H[mt][e], H[mt][e + 1]);
-      }
-  };
-  // The slot image of chunk c in one bulk copy (its K̃ᵀ and decay only in the states pass), V by cp.async.
-  const uint32_t full_bar = sbase + L::barriers;  // + 8 · stage
-  if (tid == 0) {
-    attn::sm90::mbar_init(full_bar, 1);
-    attn::sm90::mbar_init(full_bar + 8, 1);
-    attn::sm90::mbar_init_fence();
-  }
-  __syncthreads();
-  auto issue = [&](int64_t c, int stage) {
-    unsigned char* dst = smem + stage * L::stage;
-    if (tid == 0) {
-      const unsigned char* src = p.prep + (slot_index(p, seq, n, c) * p.heads + h) * int64_t(L::slot.bytes());
-      const uint32_t bytes = p.states_only ? L::slot.q() : L::slot.bytes();
-      attn::sm90::mbar_arrive_expect_tx(full_bar + 8 * stage, bytes);
-      bulk_copy(sbase + stage * L::stage, src, bytes, full_bar + 8 * stage);
-    }
-    const int rows_valid = int(min(int64_t(C), seq.len - c * C));
-    for (int i = tid; i < C * 8; i += NT) {
-      const int r = i >> 3, col = v0 + 8 * (i & 7);
-      const int bytes = r < rows_valid ? min(16, max(0, (V - col) * 2)) : 0;
-      const E* from = bytes ? static_cast<const E*>(p.v.data) + row_offset(p.v, c * C + r) + col
-                            : static_cast<const E*>(p.v.data);
-      cp_async16(dst + L::v + swizzled(r, 8 * (i & 7)), from, bytes);
-    }
-  };
-
-  if (!p.states_only) store_state_bf16();
-  if (c_begin < c_end) issue(c_begin, 0);
-  cp_async_commit();
-  float* xchg = reinterpret_cast<float*>(smem + L::xchg);
-
-  for (int64_t c = c_begin; c < c_end; ++c) {
-    const int stage = int((c - c_begin) & 1);
-    attn::sm90::mbar_wait(full_bar + 8 * stage, uint32_t((c - c_begin) >> 1) & 1u);
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();  // B0: chunk c's slot and V in; the bf16 state written; the other stage free
-    if (c + 1 < c_end) issue(c + 1, stage ^ 1);
-    cp_async_commit();
-    const uint32_t st = sbase + stage * L::stage;
-    const float* decay = reinterpret_cast<const float*>(smem + stage * L::stage + L::slot.decay());
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const float d0 = decay[key_of(mt, 0)], d1 = decay[key_of(mt, 2)];
-#pragma unroll
-      for (int e = 0; e < 32; ++e) H[mt][e] *= (e >> 1) & 1 ? d1 : d0;
-    }
-    if (p.states_only && tid < KP) split_decay_acc *= decay[tid];
-
-    float o[32];
-#pragma unroll
-    for (int e = 0; e < 32; ++e) o[e] = 0.f;
-    // The accumulators' new values are defined before the first wgmma of the chunk (else ptxas serializes them).
-    fence_accumulators(o);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) fence_accumulators(H[mt]);
-    wg_fence();
-    if (!p.states_only) {
-      // O = Q̃ H over this warpgroup's keys, + A V over its share of the tokens.
-      constexpr int KS = KP / 16 / NWG, TS = 4 / NWG;
-#pragma unroll
-      for (int j = 0; j < KS; ++j) {
-        const int ks = wg * KS + j;
-        wgmma_64x64<E>(o, desc_sw128(st + L::slot.q() + (ks / 4) * C * 128 + (ks % 4) * 32, 16, 1024),
-                       desc_sw128(sbase + L::hs + ks * 16 * 128, KP * 128, 1024));
-      }
-#pragma unroll
-      for (int j = 0; j < TS; ++j) {
-        const int ts = wg * TS + j;
-        wgmma_64x64<E>(o, desc_sw128(st + L::slot.a() + ts * 32, 16, 1024),
-                       desc_sw128(st + L::v + ts * 16 * 128, C * 128, 1024));
-      }
-    }
-    // H ← decay ⊙ H + K̃ᵀ V over this warpgroup's key tiles.
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int ts = 0; ts < 4; ++ts)
-        wgmma_64x64<E>(H[mt], desc_sw128(st + L::slot.kt() + (wg * MT + mt) * 64 * 128 + ts * 32, 16, 1024),
-                       desc_sw128(st + L::v + ts * 16 * 128, C * 128, 1024));
-    wg_commit();
-    wg_wait_all();
-    fence_accumulators(o);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) fence_accumulators(H[mt]);
-    if (p.states_only) continue;
-
-    // The other warpgroup's half of the columns goes through shared memory.
-    if constexpr (NWG == 2) {
-      float* mine = xchg + wg * 16 * 128;
-#pragma unroll
-      for (int e = 0; e < 16; ++e) mine[e * 128 + wt] = wg == 0 ? o[e + 16] : o[e];
-    }
-    __syncthreads();  // B1: every product of this chunk done (the bf16 state is free); partial outputs visible
-    store_state_bf16();
-    fence_proxy_async();
-
-    const int rows_valid = int(min(int64_t(C), seq.len - c * C));
-    E* out = static_cast<E*>(p.o.data) + row_offset(p.o, c * C);
-    const int e_begin = NWG == 2 ? 16 * wg : 0, e_end = NWG == 2 ? e_begin + 16 : 32;
-    const float* theirs = xchg + (1 - wg) * 16 * 128;
-#pragma unroll
-    for (int e = 0; e < 32; e += 2) {
-      if (e < e_begin || e >= e_end) continue;
-      float lo = o[e], hi = o[e + 1];
-      if constexpr (NWG == 2) lo += theirs[(e - e_begin) * 128 + wt], hi += theirs[(e + 1 - e_begin) * 128 + wt];
-      const int r = acc_row(e), col = v0 + acc_col(e);
-      if (r >= rows_valid || col >= V) continue;
-      E* at = out + r * p.o.stride[1] + col;
-      if (col + 1 < V) *reinterpret_cast<uint32_t*>(at) = pack2<E>(p.scale * lo, p.scale * hi);
-      else at[0] = from_float<E>(p.scale * lo);
-    }
-  }
-
-  // ---- the state: this split's piece (states pass) or the final state ----
-  if (p.states_only) {
-    const int64_t slot = nh * (p.num_splits - 1) + split;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int e = 0; e < 32; ++e) {
-        const int key = key_of(mt, e), vg = v0 + acc_col(e);
-        if (key < K && vg < V) p.split_states[(slot * K + key) * V + vg] = H[mt][e];
-      }
-    if (blockIdx.y == 0 && tid < K) p.split_decay[slot * K + tid] = split_decay_acc;
-  } else if (split == last_split && p.ht.data) {
-    float* ht = static_cast<float*>(p.ht.data);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int e = 0; e < 32; ++e) {
-        const int key = key_of(mt, e), vg = v0 + acc_col(e);
-        if (key < K && vg < V)
-          ht[n * p.ht.stride[0] + h * p.ht.stride[1] + key * p.ht.stride[2] + vg * p.ht.stride[3]] = H[mt][e];
-      }
-  }
-#endif
-}
 
 }  // namespace flashgla::cuda::gla::hopper

@@ -1,6 +1,7 @@
-// The Hopper path's state kernel, warp-specialized (sm_90a): the same math,
-// slot image and sequence-split protocol as hopper_chunk_kernel
-// (gla_fwd_hopper.cuh), with the loads taken off the consumers' path.
+// The Hopper path's state kernel, warp-specialized (sm_90a): the math, slot
+// image and sequence-split protocol of gla_fwd_hopper.cuh (item 2 there), with
+// the loads taken off the consumers' path (it replaced a first state kernel
+// in which every warp loaded, computed and stored).
 //
 // * A producer warpgroup (one working warp, registers given back through
 //   setmaxnreg) fills a ring of kStages stages: the slot image of a chunk by
