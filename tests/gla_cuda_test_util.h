@@ -1,11 +1,12 @@
 // Shared by the CUDA GLA forward and backward tests (test_gla_cuda.cpp,
-// test_gla_backward_cuda.cpp): the GPU, moving a case's inputs onto it,
-// poisoned outputs, a caller-owned workspace and the common part of a case's
-// description. The cases and the CPU reference are in gla_test_util.h.
+// test_gla_cuda_split.cpp, test_gla_backward_cuda.cpp): the GPU, moving a
+// case's inputs onto it, poisoned outputs, a caller-owned workspace, a case's
+// description and a scoped environment setting. The cases and the CPU reference are in gla_test_util.h.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,39 @@ inline std::string describe_shape_and_gate(const Case& c) {
   s += std::string(" g:") + dtype_name(c.gate_dtype);
   return s;
 }
+
+// A forward case: dtype, shape, gate, states, strides, varlen.
+inline std::string describe_forward_case(const Case& c) {
+  std::string s = describe_shape_and_gate(c);
+  s += c.h0 ? " h0" : "";
+  s += c.final_state ? " ht" : "";
+  s += c.row_padding ? " strided+" + std::to_string(c.row_padding) : "";
+  s += c.cu_seqlens.empty() ? "" : " varlen";
+  return s;
+}
+
+// Sets an environment variable (or unsets it: value nullptr) for the guard's
+// lifetime, then restores what it was (a value given to the whole test run
+// stays in force).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
 
 inline Buffer on(const Buffer& b, Device device, int64_t padding) {
   return b.defined() ? b.to(device, padding) : Buffer();

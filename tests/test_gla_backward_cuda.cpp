@@ -107,27 +107,6 @@ void check_against_reference(const Case& c, const Call& call, const Inputs& in) 
 
 void check_against_reference(const Case& c, const Call& call) { check_against_reference(c, call, make_inputs(c)); }
 
-// Sets an environment variable for the lifetime of the guard, then restores
-// what it was (a value given to the whole test run stays in force).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1);
-    else unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
-
 // A grid that visits every T, head-dim pair and dtype, rotating gate kind,
 // gate range, gate / dg dtypes, h0 / dht and strides through the cases.
 std::vector<Case> grid(bool large) {

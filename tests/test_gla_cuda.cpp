@@ -26,15 +26,6 @@ namespace {
 
 double tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : 5e-3; }
 
-std::string describe(const Case& c) {
-  std::string s = describe_shape_and_gate(c);
-  s += c.h0 ? " h0" : "";
-  s += c.final_state ? " ht" : "";
-  s += c.row_padding ? " strided+" + std::to_string(c.row_padding) : "";
-  s += c.cu_seqlens.empty() ? "" : " varlen";
-  return s;
-}
-
 struct Call {
   GlaAlgorithm algorithm = kChunked;
   bool reverse = false;
@@ -79,7 +70,7 @@ void expect_outputs_close(const Outputs& out, const Outputs& ref, double tol) {
 }
 
 void check_against_reference(const Case& c, Call call) {
-  SCOPED_TRACE(describe(c) + (call.algorithm == kChunked ? " chunked" : " recurrent") +
+  SCOPED_TRACE(describe_forward_case(c) + (call.algorithm == kChunked ? " chunked" : " recurrent") +
                (call.reverse ? " reverse" : "") + (call.caller_workspace ? " caller-workspace" : ""));
   const Inputs in = make_inputs(c);
   const Outputs ref = reference(c, in, call.reverse);

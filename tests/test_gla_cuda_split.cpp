@@ -20,37 +20,7 @@
 namespace flashgla::testing::gla_test {
 namespace {
 
-// Sets an environment variable for the guard's lifetime, then restores what it was.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1);
-    else unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
-
 constexpr double kTolerance = 5e-3;  // bf16/fp16 inputs
-
-std::string describe(const Case& c) {
-  std::string s = describe_shape_and_gate(c);
-  s += c.h0 ? " h0" : "";
-  s += c.final_state ? " ht" : "";
-  s += c.row_padding ? " strided+" + std::to_string(c.row_padding) : "";
-  s += c.cu_seqlens.empty() ? "" : " varlen";
-  return s;
-}
 
 Outputs forward(const Case& c, const Inputs& in, GlaAlgorithm algorithm, bool caller_workspace,
                 const Buffer* cu_seqlens_host) {
@@ -75,7 +45,7 @@ Outputs forward(const Case& c, const Inputs& in, GlaAlgorithm algorithm, bool ca
 // planner's choice), against the fp64 recurrent reference.
 void check(const Case& c, const char* splits, const char* pieces, bool caller_workspace = false,
            bool host_lengths = false, const char* stages = nullptr) {
-  SCOPED_TRACE(describe(c) + " splits=" + (splits ? splits : "auto") + " pieces=" + (pieces ? pieces : "auto") +
+  SCOPED_TRACE(describe_forward_case(c) + " splits=" + (splits ? splits : "auto") + " pieces=" + (pieces ? pieces : "auto") +
                " stages=" + (stages ? stages : "auto") + (caller_workspace ? " caller-workspace" : ""));
   ScopedEnv states("FLASHGLA_GLA_STATES", nullptr);  // the default: the states kernel
   ScopedEnv forced_splits("FLASHGLA_GLA_SPLITS", splits);
