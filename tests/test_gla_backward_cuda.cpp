@@ -521,6 +521,35 @@ TEST(CudaGlaBackward, TooSmallWorkspaceIsAnError) {
   EXPECT_THROW(gla_backward(a), Error);
 }
 
+// The backward's tuning switches name themselves when their value is unknown; the caller's settings are
+// restored afterwards.
+TEST(CudaGlaBackward, UnknownTuningSwitchValueIsAnError) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.T = 100, c.K = 64, c.V = 128, c.dtype = DType::bf16, c.seed = 1160;  // V / 64 even: the scans' switches are read
+  const Inputs in = to_device(c, make_inputs(c), gpu());
+  Buffer dq(c.dtype, {c.B, c.T, c.H, c.K}, gpu()), dk(c.dtype, {c.B, c.T, c.H, c.K}, gpu());
+  Buffer dv(c.dtype, {c.B, c.T, c.H, c.V}, gpu()), dg(DType::f32, in.g.shape(), gpu());
+  GlaBackwardArgs a;
+  a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view(), a.d_o = in.d_o.view();
+  a.dq = dq.view(), a.dk = dk.view(), a.dv = dv.view(), a.dg = dg.view();
+  struct Setting {
+    const char *name, *value;
+  };
+  for (const Setting& bad : {Setting{"FLASHGLA_GLA_BWD_DIAG", "exact"}, Setting{"FLASHGLA_GLA_BWD_LAYOUT", "plain"},
+                             Setting{"FLASHGLA_GLA_BWD_GATE", "register"}, Setting{"FLASHGLA_GLA_BWD_SCAN_PAIR", "no"},
+                             Setting{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "2"},
+                             Setting{"FLASHGLA_GLA_BWD_SCAN_SPLIT", "-1"}}) {
+    const ScopedEnv setting(bad.name, bad.value);
+    try {
+      gla_backward(a);
+      ADD_FAILURE() << bad.name << "=" << bad.value << ": expected an error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), bad.name) << e.what();
+    }
+  }
+}
+
 // cu_seqlens on the device is not checked on the host: bad values are clamped
 // to [0, T] and never send an access out of bounds (compute-sanitizer's
 // memcheck runs this one).

@@ -592,6 +592,32 @@ TEST(CudaGlaForward, TooSmallWorkspaceAndFloat64AreErrors) {
   EXPECT_THROW(gla_forward(b), Error);
 }
 
+// The forward's tuning switches name themselves when their value is unknown (a typo must not silently run
+// the default path); the caller's settings are restored afterwards.
+TEST(CudaGlaForward, UnknownTuningSwitchValueIsAnError) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.B = 1, c.H = 1, c.T = 2000, c.dtype = DType::bf16, c.seed = 1150;
+  const Inputs in = to_device(c, make_inputs(c), gpu());
+  Buffer o(c.dtype, {c.B, c.T, c.H, c.V}, gpu());
+  GlaForwardArgs a;
+  a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view(), a.o = o.view();
+  struct Setting {
+    const char *name, *value;
+  };
+  for (const Setting& bad : {Setting{"FLASHGLA_GLA_FAST", "off"}, Setting{"FLASHGLA_GLA_HOPPER", "yes"},
+                             Setting{"FLASHGLA_GLA_SPLITS", "0"}, Setting{"FLASHGLA_GLA_SPLITS", "2x"},
+                             Setting{"FLASHGLA_GLA_STATES", "fastest"}, Setting{"FLASHGLA_GLA_STATE_STAGES", "4"}}) {
+    const ScopedEnv setting(bad.name, bad.value);
+    try {
+      gla_forward(a);
+      ADD_FAILURE() << bad.name << "=" << bad.value << ": expected an error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), bad.name) << e.what();
+    }
+  }
+}
+
 // ---- decode -----------------------------------------------------------------------
 
 struct DecodeCase {

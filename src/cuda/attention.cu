@@ -13,8 +13,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -119,15 +117,14 @@ attn::HopperForwardVariant default_hopper_variant(const AttentionProblem& proble
 }
 
 KernelChoice kernel_choice(const char* variable, bool has_overlap) {
-  const char* value = std::getenv(variable);
-  if (value == nullptr || *value == '\0' || std::strcmp(value, "auto") == 0) return KernelChoice::automatic;
-  if (std::strcmp(value, "portable") == 0) return KernelChoice::portable;
-  if (std::strcmp(value, "hopper") == 0) return KernelChoice::hopper;
-  if (has_overlap && std::strcmp(value, "hopper-overlap") == 0) return KernelChoice::hopper_overlap;
-  if (has_overlap && std::strcmp(value, "hopper-overlap-wide") == 0) return KernelChoice::hopper_overlap_wide;
-  const char* allowed =
-      has_overlap ? "auto, portable, hopper, hopper-overlap or hopper-overlap-wide" : "auto, portable or hopper";
-  check::fail(ErrorKind::value, variable, std::string("must be ") + allowed + ", got \"" + value + "\"");
+  const std::string value =
+      has_overlap ? env_choice(variable, {"auto", "portable", "hopper", "hopper-overlap", "hopper-overlap-wide"})
+                  : env_choice(variable, {"auto", "portable", "hopper"});
+  if (value == "portable") return KernelChoice::portable;
+  if (value == "hopper") return KernelChoice::hopper;
+  if (value == "hopper-overlap") return KernelChoice::hopper_overlap;
+  if (value == "hopper-overlap-wide") return KernelChoice::hopper_overlap_wide;
+  return KernelChoice::automatic;  // unset, empty or "auto"
 }
 KernelChoice forward_kernel_choice() { return kernel_choice("FLASHGLA_ATTENTION_KERNEL", true); }
 

@@ -2,7 +2,6 @@
 // launches the kernels of gla_bwd_states.cu + gla_bwd_chunk.cu (chunked) or
 // gla_bwd_recurrent.cu (recurrent). See gla_bwd.cuh for the algorithm.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "core/backend.h"
@@ -28,11 +27,6 @@ Compute compute_type(const GlaBackwardArgs& a) {
                   std::string("the CUDA GLA backward takes float32, bfloat16 or float16, got ") +
                       dtype_name(a.q.dtype));
   }
-}
-
-bool env_is(const char* name, const char* value) {
-  const char* set = std::getenv(name);
-  return set && std::string(set) == value;
 }
 
 int64_t num_slots(const GlaProblem& pr) {
@@ -63,15 +57,18 @@ bool two_pipelined_scans_per_sm(int device) {
 // FLASHGLA_GLA_BWD_SCAN_PAIR=0 turns pairs off) and pipelined (x, y and a
 // vector gate copied a chunk ahead, which needs every tile in whole bf16 rows,
 // no converting fallback; FLASHGLA_GLA_BWD_SCAN_PIPELINE=0 turns it off).
+// FLASHGLA_GLA_BWD_SCAN_PIPELINE: 0 no pipeline, 1 the first pipelined variant, lean (the default) the other.
+constexpr std::initializer_list<const char*> kPipelineChoices = {"0", "1", "lean"};
+
 bool paired_scans(const GlaProblem& pr) {
   const int64_t value_tiles = (pr.value_dim + gla_bwd::kTile - 1) / gla_bwd::kTile;
-  return !env_is("FLASHGLA_GLA_BWD_SCAN_PAIR", "0") && value_tiles % 2 == 0;
+  return env_choice("FLASHGLA_GLA_BWD_SCAN_PAIR", {"0", "1"}) != "0" && value_tiles % 2 == 0;
 }
 
 bool pipelined_scans(const GlaBackwardArgs& a, const GlaProblem& pr) {
   using gla_bwd::bf16_rows;
   const int K = int(pr.key_dim), V = int(pr.value_dim);
-  return a.algorithm == GlaAlgorithm::chunked && paired_scans(pr) && !env_is("FLASHGLA_GLA_BWD_SCAN_PIPELINE", "0") &&
+  return a.algorithm == GlaAlgorithm::chunked && paired_scans(pr) && env_choice("FLASHGLA_GLA_BWD_SCAN_PIPELINE", kPipelineChoices) != "0" &&
          bf16_rows(tensor(a.q), K) && bf16_rows(tensor(a.k), K) && bf16_rows(tensor(a.v), V) &&
          bf16_rows(tensor(a.d_o), V) && (pr.gate != GateKind::vector || bf16_rows(tensor(a.g), K)) &&
          two_pipelined_scans_per_sm(a.q.device.index);
@@ -93,9 +90,9 @@ int64_t scan_chunks_per_split(const GlaBackwardArgs& a, const GlaProblem& pr) {
   const int64_t tiles = ((pr.key_dim + gla_bwd::kTile - 1) / gla_bwd::kTile) *
                         ((pr.value_dim + gla_bwd::kTile - 1) / gla_bwd::kTile);
   int64_t per_split = 0;
-  const char* forced = std::getenv("FLASHGLA_GLA_BWD_SCAN_SPLIT");
-  if (forced && *forced) {
-    per_split = std::atoll(forced);
+  // FLASHGLA_GLA_BWD_SCAN_SPLIT=<chunks per piece> forces the split (0: none).
+  if (const int64_t forced = env_count("FLASHGLA_GLA_BWD_SCAN_SPLIT", -1, 0); forced >= 0) {
+    per_split = forced;
   } else {
     int sms = 0;
     check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.q.device.index),
@@ -193,17 +190,19 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   // A's pairs inside a sub-chunk go through the products where the gates
   // allow (see mark_wide_subchunks in gla_bwd_chunk.cu);
   // FLASHGLA_GLA_BWD_DIAG=elementwise sums them element by element everywhere.
-  p.diag_factor_limit = env_is("FLASHGLA_GLA_BWD_DIAG", "elementwise") ? -1.f : gla_bwd::kDiagFactorLimit;
+  p.diag_factor_limit = env_choice("FLASHGLA_GLA_BWD_DIAG", {"factored", "elementwise"}) == "elementwise"
+                            ? -1.f
+                            : gla_bwd::kDiagFactorLimit;
   // FLASHGLA_GLA_BWD_LAYOUT=general: the chunk kernel's general instantiation
   // even for plain bf16 rows.
-  p.general_layout = env_is("FLASHGLA_GLA_BWD_LAYOUT", "general");
-  // FLASHGLA_GLA_BWD_GATE=registers: that one loads a vector gate into registers.
-  p.gate_in_registers = env_is("FLASHGLA_GLA_BWD_GATE", "registers");
+  p.general_layout = env_choice("FLASHGLA_GLA_BWD_LAYOUT", {"general"}) == "general";
+  // FLASHGLA_GLA_BWD_GATE=registers: that one loads a vector gate into registers (=async: the default copies).
+  p.gate_in_registers = env_choice("FLASHGLA_GLA_BWD_GATE", {"async", "registers"}) == "registers";
   p.scan_pairs = paired_scans(pr);
   // The pipelined scans' variant with fewer instructions per step (2, "lean")
   // is the default: same tests, 0-3% faster in session 4's final GPU run
   // (bench/results_gla_backward.md); FLASHGLA_GLA_BWD_SCAN_PIPELINE=1 selects the first variant.
-  p.scan_pipeline = !pipelined_scans(a, pr) ? 0 : env_is("FLASHGLA_GLA_BWD_SCAN_PIPELINE", "1") ? 1 : 2;
+  p.scan_pipeline = !pipelined_scans(a, pr) ? 0 : env_choice("FLASHGLA_GLA_BWD_SCAN_PIPELINE", kPipelineChoices) == "1" ? 1 : 2;
   p.num_slots = num_slots(pr);
 
   const Plan sizes = plan(a, pr);
@@ -236,9 +235,8 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     // where the loaded code has griddepcontrol (compiled for sm_90 or newer),
     // without which the chunk kernel would not wait for the scans.
     // FLASHGLA_GLA_BWD_OVERLAP=0 turns that off, =1 on after a fold too.
-    const char* overlap_mode = std::getenv("FLASHGLA_GLA_BWD_OVERLAP");
-    const bool overlap = loaded_code().sm90 && (overlap_mode && *overlap_mode ? std::string(overlap_mode) != "0"
-                                                                              : p.scan_splits == 1);
+    const std::string overlap_mode = env_choice("FLASHGLA_GLA_BWD_OVERLAP", {"0", "1"});
+    const bool overlap = loaded_code().sm90 && (overlap_mode.empty() ? p.scan_splits == 1 : overlap_mode == "1");
     if (p.num_slots > 0 && pr.seq_len > 0) gla_bwd::launch_chunk(p, c, overlap, stream);
   } else {
     p.dq_acc = reinterpret_cast<float*>(take(sizes.dq_acc));

@@ -2,7 +2,6 @@
 // into kernel parameters, plans the sequence split of the chunked kernel and
 // its workspace, and launches on args.stream on the tensors' device.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "core/backend.h"
@@ -113,16 +112,14 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
              "cudaDeviceGetAttribute");
   // The fast path where it applies; FLASHGLA_GLA_FAST=0 turns it off (benchmarks of both, tests of the general
   // kernel).
-  const char* fast_env = std::getenv("FLASHGLA_GLA_FAST");
-  const bool fast_off = fast_env && std::string(fast_env) == "0";
+  const bool fast_off = env_choice("FLASHGLA_GLA_FAST", {"0", "1"}) == "0";
   c.fast = gla::fast_chunk_supported(c) && !fast_off &&
            gla::fast_chunk_smem_bytes(c.key_dim, c.value_dim) <= max_smem;
   // The Hopper path on sm_90: by default where it measured faster than the fast path (bench/results_gla_forward.md):
   // 128 < K ≤ 256 (e.g. the GLA layer's K256 V512 heads), and K = 128 with V ≥ 256 (the 340M model's heads) when
   // its 64-column value tiles fill at least half the SMs, i.e. without a sequence split (0.74-0.77x the fast
   // path's time there; on par where the split applies). FLASHGLA_GLA_HOPPER=1 wherever it applies, =0 never.
-  const char* hopper_env = std::getenv("FLASHGLA_GLA_HOPPER");
-  const std::string hopper_choice = hopper_env ? hopper_env : "";
+  const std::string hopper_choice = env_choice("FLASHGLA_GLA_HOPPER", {"0", "1"});
   const int64_t hopper_tiles = p.num_seqs * p.heads * ((p.value_dim + 63) / 64);
   const bool wide_values = c.key_dim == 128 && c.value_dim >= 256 && 2 * hopper_tiles > multiprocessors();
   const bool hopper_wanted = hopper_choice == "1" || (hopper_choice != "0" && (c.key_dim > 128 || wide_values));
@@ -153,7 +150,7 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
         int64_t(multiprocessors()) * (c.fast || c.hopper ? 1 : gla::chunk_blocks_per_sm(c.q.dtype, c.smem));
     splits = std::max<int64_t>(1, std::min(slots / tiles, max_chunks / kMinChunksPerSplit));
     // FLASHGLA_GLA_SPLITS=<n> overrides the choice (for tuning and tests of the split path).
-    if (const char* forced = std::getenv("FLASHGLA_GLA_SPLITS")) splits = std::max<int64_t>(1, std::atoll(forced));
+    splits = env_count("FLASHGLA_GLA_SPLITS", splits, 1);
     splits = std::min<int64_t>(splits, std::max<int64_t>(1, max_chunks));
   }
   c.chunks_per_split = std::max<int64_t>(1, (max_chunks + splits - 1) / splits);
@@ -167,18 +164,16 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   // piece per split beat 2–4 pieces at 2 CTAs per SM, whose smaller states pass the larger fold outweighed);
   // FLASHGLA_GLA_STATE_PIECES=<n> overrides, FLASHGLA_GLA_STATE_STAGES=3 keeps two chunks in flight instead of
   // one (both for tuning and tests; 3 stages measured the same as 2 in run 13).
-  const char* states_env = std::getenv("FLASHGLA_GLA_STATES");
-  const bool states_kernel = !(states_env && std::string(states_env) == "fast");
-  if (const char* stages = std::getenv("FLASHGLA_GLA_STATE_STAGES")) c.state_stages = std::string(stages) == "3" ? 3 : 2;
+  const bool states_kernel = env_choice("FLASHGLA_GLA_STATES", {"fast", "split"}) != "fast";
+  c.state_stages = env_choice("FLASHGLA_GLA_STATE_STAGES", {"2", "3"}) == "3" ? 3 : 2;
   if (c.fast && c.num_splits > 1 && states_kernel && gla::split_states_fit(c)) {
     const int64_t tiles_per_piece = tiles * (c.num_splits - 1);  // CTAs of one piece per split
     int64_t pieces = std::max<int64_t>(1, int64_t(multiprocessors()) / std::max<int64_t>(1, tiles_per_piece));
-    if (const char* forced = std::getenv("FLASHGLA_GLA_STATE_PIECES")) pieces = std::max<int64_t>(1, std::atoll(forced));
+    pieces = env_count("FLASHGLA_GLA_STATE_PIECES", pieces, 1);
     pieces = std::min<int64_t>({pieces, c.chunks_per_split, 65535 / (c.num_splits - 1)});
     c.state_pieces = int(std::max<int64_t>(1, pieces));
     // Prefix slots (one read per state element in the output pass); FLASHGLA_GLA_STATE_PREFIX=0: per-split slots.
-    const char* prefix_env = std::getenv("FLASHGLA_GLA_STATE_PREFIX");
-    c.split_prefix = !(prefix_env && std::string(prefix_env) == "0");
+    c.split_prefix = env_choice("FLASHGLA_GLA_STATE_PREFIX", {"0", "1"}) != "0";
     if (c.state_pieces > 1 || c.split_prefix)
       plan.workspace_bytes += size_t(p.num_seqs * p.heads * (c.num_splits - 1) * c.state_pieces) *
                               size_t(p.key_dim) * size_t(p.value_dim + 1) * sizeof(float);

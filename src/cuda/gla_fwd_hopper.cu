@@ -1,7 +1,5 @@
 // Chunked GLA forward, Hopper path: host side (support, workspace, launches) and
 // the bf16/fp16 instantiations of the kernels in gla_fwd_hopper_prep2.cuh and gla_fwd_hopper_ws.cuh.
-#include <cstdlib>
-#include <cstring>
 
 #include "cuda/gla_fwd_hopper.cuh"
 #include "cuda/gla_fwd_hopper_prep2.cuh"
@@ -26,11 +24,6 @@ size_t hopper_prep_bytes(const ChunkParams& p, int64_t num_seqs) {
 }
 
 namespace {
-
-bool env_equals(const char* name, const char* value) {
-  const char* set = std::getenv(name);
-  return set && std::strcmp(set, value) == 0;
-}
 
 template <class E>
 void launch_prep_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
@@ -64,7 +57,7 @@ void launch_ws_kernel(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
     cluster.id = cudaLaunchAttributeClusterDimension;
     cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = CS, cluster.val.clusterDim.z = 1;
   }
-  if (!env_equals("FLASHGLA_GLA_HOPPER_PDL", "0")) {
+  if (env_choice("FLASHGLA_GLA_HOPPER_PDL", {"0", "1"}) != "0") {
     cudaLaunchAttribute& overlap = attrs[config.numAttrs++];
     overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     overlap.val.programmaticStreamSerializationAllowed = 1;
@@ -76,8 +69,8 @@ void launch_ws_kernel(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
 // tiles). Clusters cut the L2 bytes of the slot images by CS but measured slower (run 13: 0.197 vs 0.162 ms at
 // K256 V512 with CS = 2; bench/notes_gla_fwd.md), so they stay opt-in.
 int cluster_size(dim3 grid) {
-  const char* forced = std::getenv("FLASHGLA_GLA_HOPPER_CLUSTER");
-  const int cs = forced ? std::atoi(forced) : 1;
+  const std::string forced = env_choice("FLASHGLA_GLA_HOPPER_CLUSTER", {"1", "2", "4"});
+  const int cs = forced.empty() ? 1 : std::stoi(forced);
   return (cs == 2 || cs == 4) && grid.y % cs == 0 ? cs : 1;
 }
 
