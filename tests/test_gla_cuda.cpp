@@ -445,9 +445,9 @@ TEST(CudaGlaForward, WideValueHeadsOnTheDefaultRoute) {
     }
 }
 
-// The state kernel's switches: FLASHGLA_GLA_HOPPER_PDL=0 (no programmatic dependent launch), FLASHGLA_GLA_HOPPER_CLUSTER
-// 2 and 4 (clusters of value tiles sharing the slot loads; 1 where it does not divide the tiles): every key
-// pad, value tiles partial and whole, a forced split (the states pass), varlen.
+// The state kernel's switches: FLASHGLA_GLA_HOPPER_PDL=0 (no programmatic dependent launch),
+// FLASHGLA_GLA_HOPPER_CLUSTER 2 and 4 (clusters of value tiles sharing the slot loads; 1 where it does not divide
+// the tiles): every key pad, value tiles partial and whole, a forced split (the states pass), varlen.
 TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
   SKIP_WITHOUT_GPU();
   opt_in_hopper();

@@ -53,13 +53,13 @@ bool two_pipelined_scans_per_sm(int device) {
   return size_t(per_sm) >= 2 * (gla_bwd::state_scan_pipelined_smem_bytes() + kReservedPerBlock);
 }
 
+// FLASHGLA_GLA_BWD_SCAN_PIPELINE: 0 no pipeline, 1 the first pipelined variant, lean (the default) the other.
+constexpr std::initializer_list<const char*> kPipelineChoices = {"0", "1", "lean"};
+
 // Whether the state scans run paired (two value tiles per block: V / 64 even;
 // FLASHGLA_GLA_BWD_SCAN_PAIR=0 turns pairs off) and pipelined (x, y and a
 // vector gate copied a chunk ahead, which needs every tile in whole bf16 rows,
 // no converting fallback; FLASHGLA_GLA_BWD_SCAN_PIPELINE=0 turns it off).
-// FLASHGLA_GLA_BWD_SCAN_PIPELINE: 0 no pipeline, 1 the first pipelined variant, lean (the default) the other.
-constexpr std::initializer_list<const char*> kPipelineChoices = {"0", "1", "lean"};
-
 bool paired_scans(const GlaProblem& pr) {
   const int64_t value_tiles = (pr.value_dim + gla_bwd::kTile - 1) / gla_bwd::kTile;
   return env_choice("FLASHGLA_GLA_BWD_SCAN_PAIR", {"0", "1"}) != "0" && value_tiles % 2 == 0;
@@ -68,10 +68,10 @@ bool paired_scans(const GlaProblem& pr) {
 bool pipelined_scans(const GlaBackwardArgs& a, const GlaProblem& pr) {
   using gla_bwd::bf16_rows;
   const int K = int(pr.key_dim), V = int(pr.value_dim);
-  return a.algorithm == GlaAlgorithm::chunked && paired_scans(pr) && env_choice("FLASHGLA_GLA_BWD_SCAN_PIPELINE", kPipelineChoices) != "0" &&
-         bf16_rows(tensor(a.q), K) && bf16_rows(tensor(a.k), K) && bf16_rows(tensor(a.v), V) &&
-         bf16_rows(tensor(a.d_o), V) && (pr.gate != GateKind::vector || bf16_rows(tensor(a.g), K)) &&
-         two_pipelined_scans_per_sm(a.q.device.index);
+  return a.algorithm == GlaAlgorithm::chunked && paired_scans(pr) &&
+         env_choice("FLASHGLA_GLA_BWD_SCAN_PIPELINE", kPipelineChoices) != "0" && bf16_rows(tensor(a.q), K) &&
+         bf16_rows(tensor(a.k), K) && bf16_rows(tensor(a.v), V) && bf16_rows(tensor(a.d_o), V) &&
+         (pr.gate != GateKind::vector || bf16_rows(tensor(a.g), K)) && two_pipelined_scans_per_sm(a.q.device.index);
 }
 
 // Sequence split of the state scans (gla_bwd_states.cu): chunks per piece, 0
@@ -202,7 +202,9 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   // The pipelined scans' variant with fewer instructions per step (2, "lean")
   // is the default: same tests, 0-3% faster in session 4's final GPU run
   // (bench/results_gla_backward.md); FLASHGLA_GLA_BWD_SCAN_PIPELINE=1 selects the first variant.
-  p.scan_pipeline = !pipelined_scans(a, pr) ? 0 : env_choice("FLASHGLA_GLA_BWD_SCAN_PIPELINE", kPipelineChoices) == "1" ? 1 : 2;
+  p.scan_pipeline = !pipelined_scans(a, pr)                                                 ? 0
+                    : env_choice("FLASHGLA_GLA_BWD_SCAN_PIPELINE", kPipelineChoices) == "1" ? 1
+                                                                                            : 2;
   p.num_slots = num_slots(pr);
 
   const Plan sizes = plan(a, pr);
