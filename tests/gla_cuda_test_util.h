@@ -1,7 +1,8 @@
 // Shared by the CUDA GLA forward and backward tests (test_gla_cuda.cpp,
 // test_gla_cuda_split.cpp, test_gla_backward_cuda.cpp): the GPU, moving a
 // case's inputs onto it, poisoned outputs, a caller-owned workspace, a case's
-// description and a scoped environment setting. The cases and the CPU reference are in gla_test_util.h.
+// description, a scoped environment setting, and one forward call and its
+// reference. The cases and the CPU reference are in gla_test_util.h.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -66,6 +67,19 @@ class ScopedEnv {
   bool had_ = false;
 };
 
+// With the tuning switch `name` set to the unknown `value`, `call` must throw a flashgla::Error naming the
+// switch (a typo must not silently run the default path); the caller's setting is restored afterwards.
+template <class F>
+void expect_unknown_switch_error(const char* name, const char* value, F&& call) {
+  const ScopedEnv setting(name, value);
+  try {
+    call();
+    ADD_FAILURE() << name << "=" << value << ": expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), name) << e.what();
+  }
+}
+
 inline Buffer on(const Buffer& b, Device device, int64_t padding) {
   return b.defined() ? b.to(device, padding) : Buffer();
 }
@@ -99,6 +113,47 @@ Buffer give_workspace(Args& a, size_t bytes, Device device) {
     a.workspace_bytes = bytes;
   }
   return workspace;
+}
+
+
+// How a forward test calls the library (test_gla_cuda.cpp, test_gla_cuda_split.cpp).
+struct ForwardCall {
+  GlaAlgorithm algorithm = kChunked;
+  bool reverse = false;
+  void* stream = nullptr;
+  bool caller_workspace = false;
+  const Buffer* cu_seqlens_host = nullptr;
+};
+
+// One forward call on the inputs' device, outputs poisoned first; `c`'s dtype names the output dtype (f64 for
+// the reference).
+inline Outputs run_forward(const Case& c, const Inputs& in, const ForwardCall& call) {
+  const Device device = in.q.device();
+  Buffer o = poisoned_on(device, c.dtype, {c.B, c.T, c.H, c.V}, c.row_padding);
+  Buffer ht;
+  if (c.final_state) ht = poisoned_on(device, DType::f32, {c.num_seqs(), c.H, c.K, c.V}, c.row_padding);
+  GlaForwardArgs a;
+  a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view();
+  a.initial_state = in.h0.view(), a.cu_seqlens = in.cu_seqlens.view();
+  if (call.cu_seqlens_host) a.cu_seqlens_host = call.cu_seqlens_host->view();
+  a.algorithm = call.algorithm, a.reverse = call.reverse;
+  a.o = o.view(), a.final_state = ht.view();
+  a.stream = call.stream;
+  Buffer workspace;
+  if (call.caller_workspace) workspace = give_workspace(a, gla_forward_workspace_bytes(a), device);
+  gla_forward(a);
+  synchronize(device);
+  return {o.values(), ht.values()};
+}
+
+// The forward's fp64 recurrent reference on the CPU, same values.
+inline Outputs forward_reference(const Case& c, const Inputs& in, bool reverse = false) {
+  Case r = f64_case(c);
+  r.row_padding = 0;
+  ForwardCall call;
+  call.algorithm = kRecurrent;
+  call.reverse = reverse;
+  return run_forward(r, as_f64(in), call);
 }
 
 }  // namespace flashgla::testing::gla_test

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -185,6 +186,18 @@ TEST(CudaGlaBackward, ChunkedMixedSubChunkPaths) {
   }
 }
 
+// The small grid with the switch `name` set to each of `values`, the state scans
+// unsplit and split in pieces of 3 chunks.
+void check_grid_with_scan_splits(const char* name, std::initializer_list<const char*> values) {
+  for (const char* value : values) {
+    const ScopedEnv setting(name, value);
+    for (const char* chunks_per_split : {"0", "3"}) {
+      const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
+      for (const Case& c : grid(false)) check_against_reference(c, Call{});
+    }
+  }
+}
+
 // By default bf16 inputs in whole aligned rows run the chunk kernel's plain
 // instantiation (the grid's other cases, fp16 or odd sizes, the general one);
 // FLASHGLA_GLA_BWD_LAYOUT=general forces the general one everywhere.
@@ -199,13 +212,7 @@ TEST(CudaGlaBackward, ChunkedGeneralLayoutMatchesReference) {
 // that off, =1 also overlaps the fold of split scans.
 TEST(CudaGlaBackward, ChunkedOverlapOnAndOffMatchReference) {
   SKIP_WITHOUT_GPU();
-  for (const char* overlap_mode : {"0", "1"}) {
-    const ScopedEnv overlap("FLASHGLA_GLA_BWD_OVERLAP", overlap_mode);
-    for (const char* chunks_per_split : {"0", "3"}) {
-      const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
-      for (const Case& c : grid(false)) check_against_reference(c, Call{});
-    }
-  }
+  check_grid_with_scan_splits("FLASHGLA_GLA_BWD_OVERLAP", {"0", "1"});
 }
 
 // FLASHGLA_GLA_BWD_SCAN_SPLIT=N: the state scans split every sequence into
@@ -225,13 +232,7 @@ TEST(CudaGlaBackward, ChunkedSplitScansMatchReference) {
 // with the scans split.
 TEST(CudaGlaBackward, ChunkedScanPairsOnAndOffMatchReference) {
   SKIP_WITHOUT_GPU();
-  for (const char* pairs : {"0", "1"}) {
-    const ScopedEnv pair_mode("FLASHGLA_GLA_BWD_SCAN_PAIR", pairs);
-    for (const char* chunks_per_split : {"0", "3"}) {
-      const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
-      for (const Case& c : grid(false)) check_against_reference(c, Call{});
-    }
-  }
+  check_grid_with_scan_splits("FLASHGLA_GLA_BWD_SCAN_PAIR", {"0", "1"});
 }
 
 TEST(CudaGlaBackward, ChunkedLargeHeadDims) {
@@ -521,33 +522,20 @@ TEST(CudaGlaBackward, TooSmallWorkspaceIsAnError) {
   EXPECT_THROW(gla_backward(a), Error);
 }
 
-// The backward's tuning switches name themselves when their value is unknown; the caller's settings are
-// restored afterwards.
+// The backward's tuning switches name themselves when their value is unknown.
 TEST(CudaGlaBackward, UnknownTuningSwitchValueIsAnError) {
   SKIP_WITHOUT_GPU();
   Case c;
   c.T = 100, c.K = 64, c.V = 128, c.dtype = DType::bf16, c.seed = 1160;  // V / 64 even: the scans' switches are read
   const Inputs in = to_device(c, make_inputs(c), gpu());
-  Buffer dq(c.dtype, {c.B, c.T, c.H, c.K}, gpu()), dk(c.dtype, {c.B, c.T, c.H, c.K}, gpu());
-  Buffer dv(c.dtype, {c.B, c.T, c.H, c.V}, gpu()), dg(DType::f32, in.g.shape(), gpu());
-  GlaBackwardArgs a;
-  a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view(), a.d_o = in.d_o.view();
-  a.dq = dq.view(), a.dk = dk.view(), a.dv = dv.view(), a.dg = dg.view();
   struct Setting {
     const char *name, *value;
   };
   for (const Setting& bad : {Setting{"FLASHGLA_GLA_BWD_DIAG", "exact"}, Setting{"FLASHGLA_GLA_BWD_LAYOUT", "plain"},
                              Setting{"FLASHGLA_GLA_BWD_GATE", "register"}, Setting{"FLASHGLA_GLA_BWD_SCAN_PAIR", "no"},
                              Setting{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "2"},
-                             Setting{"FLASHGLA_GLA_BWD_SCAN_SPLIT", "-1"}}) {
-    const ScopedEnv setting(bad.name, bad.value);
-    try {
-      gla_backward(a);
-      ADD_FAILURE() << bad.name << "=" << bad.value << ": expected an error";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.argument(), bad.name) << e.what();
-    }
-  }
+                             Setting{"FLASHGLA_GLA_BWD_SCAN_SPLIT", "-1"}})
+    expect_unknown_switch_error(bad.name, bad.value, [&] { backward(c, in, Call{}); });
 }
 
 // cu_seqlens on the device is not checked on the host: bad values are clamped

@@ -26,55 +26,17 @@ namespace {
 
 double tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : 5e-3; }
 
-struct Call {
-  GlaAlgorithm algorithm = kChunked;
-  bool reverse = false;
-  void* stream = nullptr;
-  bool caller_workspace = false;
-  const Buffer* cu_seqlens_host = nullptr;
-};
-
-// One forward call on the inputs' device; `c`'s dtype names the output dtype (f64 for the reference).
-Outputs forward(const Case& c, const Inputs& in, const Call& call) {
-  const Device device = in.q.device();
-  Buffer o = poisoned_on(device, c.dtype, {c.B, c.T, c.H, c.V}, c.row_padding);
-  Buffer ht;
-  if (c.final_state) ht = poisoned_on(device, DType::f32, {c.num_seqs(), c.H, c.K, c.V}, c.row_padding);
-  GlaForwardArgs a;
-  a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view();
-  a.initial_state = in.h0.view(), a.cu_seqlens = in.cu_seqlens.view();
-  if (call.cu_seqlens_host) a.cu_seqlens_host = call.cu_seqlens_host->view();
-  a.algorithm = call.algorithm, a.reverse = call.reverse;
-  a.o = o.view(), a.final_state = ht.view();
-  a.stream = call.stream;
-  Buffer workspace;
-  if (call.caller_workspace) workspace = give_workspace(a, gla_forward_workspace_bytes(a), device);
-  gla_forward(a);
-  synchronize(device);
-  return {o.values(), ht.values()};
-}
-
-// The fp64 recurrent reference on the CPU, same values.
-Outputs reference(const Case& c, const Inputs& in, bool reverse) {
-  Case r = f64_case(c);
-  r.row_padding = 0;
-  Call call;
-  call.algorithm = kRecurrent;
-  call.reverse = reverse;
-  return forward(r, as_f64(in), call);
-}
-
 void expect_outputs_close(const Outputs& out, const Outputs& ref, double tol) {
   expect_close("o", out.o, ref.o, tol);
   expect_close("final state", out.ht, ref.ht, tol);
 }
 
-void check_against_reference(const Case& c, Call call) {
+void check_against_reference(const Case& c, ForwardCall call) {
   SCOPED_TRACE(describe_forward_case(c) + (call.algorithm == kChunked ? " chunked" : " recurrent") +
                (call.reverse ? " reverse" : "") + (call.caller_workspace ? " caller-workspace" : ""));
   const Inputs in = make_inputs(c);
-  const Outputs ref = reference(c, in, call.reverse);
-  const Outputs out = forward(c, to_device(c, in, gpu()), call);
+  const Outputs ref = forward_reference(c, in, call.reverse);
+  const Outputs out = run_forward(c, to_device(c, in, gpu()), call);
   expect_outputs_close(out, ref, tolerance(c.dtype));
 }
 
@@ -108,14 +70,14 @@ std::vector<Case> grid() {
 
 TEST(CudaGlaForward, ChunkedMatchesReference) {
   SKIP_WITHOUT_GPU();
-  for (const Case& c : grid()) check_against_reference(c, Call{});
+  for (const Case& c : grid()) check_against_reference(c, ForwardCall{});
 }
 
 TEST(CudaGlaForward, RecurrentMatchesReference) {
   SKIP_WITHOUT_GPU();
   int i = 0;
   for (const Case& c : grid()) {
-    Call call;
+    ForwardCall call;
     call.algorithm = kRecurrent;
     call.reverse = i++ % 2 == 1;
     check_against_reference(c, call);
@@ -133,7 +95,7 @@ TEST(CudaGlaForward, EveryDtypeGateKindAndRange) {
         Case c;
         c.B = 2, c.T = i % 2 ? 300 : 130, c.H = 2, c.K = 64, c.V = 64, c.dtype = dtype, c.gate = gate;
         c.gate_values = values, c.seed = 300 + i++;
-        check_against_reference(c, Call{});
+        check_against_reference(c, ForwardCall{});
       }
 }
 
@@ -149,8 +111,8 @@ TEST(CudaGlaForward, LargeHeadDims) {
       c.B = 1, c.T = i % 2 ? 200 : 65, c.H = 2, c.K = d.K, c.V = d.V, c.dtype = dtype;
       c.gate = i % 3 == 2 ? Gate::scalar : Gate::vector;
       c.seed = 400 + i++;
-      check_against_reference(c, Call{});
-      Call call;
+      check_against_reference(c, ForwardCall{});
+      ForwardCall call;
       call.algorithm = kRecurrent, call.reverse = i % 2;
       check_against_reference(c, call);
     }
@@ -166,8 +128,8 @@ TEST(CudaGlaForward, GateDtypes) {
         Case c;
         c.B = 1, c.T = 100, c.H = 2, c.K = 40, c.V = 72, c.dtype = dtype, c.gate = gate, c.gate_dtype = gate_dtype;
         c.seed = 500 + i++;
-        check_against_reference(c, Call{});
-        Call call;
+        check_against_reference(c, ForwardCall{});
+        ForwardCall call;
         call.algorithm = kRecurrent;
         check_against_reference(c, call);
       }
@@ -189,7 +151,7 @@ TEST(CudaGlaForward, VarlenMatchesReference) {
       for (GlaAlgorithm algorithm : {kChunked, kRecurrent}) {
         const Case c = varlen_case(dtype, gate, 600 + i);
         const Buffer host = make_inputs(c).cu_seqlens;  // the same boundaries, on the CPU
-        Call call;
+        ForwardCall call;
         call.algorithm = algorithm;
         call.reverse = algorithm == kRecurrent && i % 2;
         call.cu_seqlens_host = i % 2 ? &host : nullptr;  // with the host copy the chunked kernel may split
@@ -205,14 +167,14 @@ TEST(CudaGlaForward, VarlenManyShortSequencesAndEmptyBatch) {
   c.cu_seqlens = {0};
   for (int n = 0; n < 40; ++n) c.cu_seqlens.push_back(c.cu_seqlens.back() + (n * 37) % 90);
   c.T = c.cu_seqlens.back();
-  check_against_reference(c, Call{});
-  Call recurrent;
+  check_against_reference(c, ForwardCall{});
+  ForwardCall recurrent;
   recurrent.algorithm = kRecurrent;
   check_against_reference(c, recurrent);
 
   Case empty;  // T = 0: o is empty, the final state is h0
   empty.B = 2, empty.T = 0, empty.dtype = DType::f32, empty.seed = 651;
-  check_against_reference(empty, Call{});
+  check_against_reference(empty, ForwardCall{});
   check_against_reference(empty, recurrent);
 }
 
@@ -225,8 +187,8 @@ TEST(CudaGlaForward, StridedInputs) {
     for (int64_t padding : {3, 8}) {
       Case c;
       c.B = 2, c.T = 130, c.H = 3, c.K = 64, c.V = 96, c.dtype = dtype, c.row_padding = padding, c.seed = 700 + i;
-      check_against_reference(c, Call{});
-      Call call;
+      check_against_reference(c, ForwardCall{});
+      ForwardCall call;
       call.algorithm = kRecurrent, call.reverse = i++ % 2;
       check_against_reference(c, call);
     }
@@ -243,7 +205,7 @@ TEST(CudaGlaForward, SequenceSplit) {
       Case c;
       c.B = 1, c.T = 1000 + 37 * i, c.H = 1, c.K = 96, c.V = 80, c.dtype = dtype, c.seed = 800 + i;
       c.gate = Gate(i % 3);
-      Call call;
+      ForwardCall call;
       call.caller_workspace = i % 2;
       check_against_reference(c, call);
       unsetenv("FLASHGLA_GLA_SPLITS");
@@ -271,7 +233,7 @@ TEST(CudaGlaForward, FastPathShapes) {
       c.gate_values = values, c.h0 = i % 2 == 0, c.final_state = i % 3 != 1;
       c.row_padding = i % 5 == 4 ? 8 : 0;
       c.seed = 1500 + i++;
-      check_against_reference(c, Call{});
+      check_against_reference(c, ForwardCall{});
     }
   for (const char* forced : {"2", "5"}) {
     setenv("FLASHGLA_GLA_SPLITS", forced, 1);
@@ -279,7 +241,7 @@ TEST(CudaGlaForward, FastPathShapes) {
       Case c;
       c.B = 1, c.T = 700 + 29 * i, c.H = 2, c.K = 128, c.V = 128, c.dtype = DType::bf16, c.gate_dtype = c.dtype;
       c.gate = gate, c.seed = 1550 + i++;
-      Call call;
+      ForwardCall call;
       call.caller_workspace = i % 2;
       check_against_reference(c, call);
     }
@@ -289,7 +251,7 @@ TEST(CudaGlaForward, FastPathShapes) {
     Case c = varlen_case(dtype, Gate::vector, 1560 + i++);
     c.K = 128, c.V = 64, c.gate_dtype = dtype;
     const Buffer host = make_inputs(c).cu_seqlens;
-    Call call;
+    ForwardCall call;
     call.cu_seqlens_host = &host;  // lets the host plan a split
     check_against_reference(c, call);
   }
@@ -313,13 +275,13 @@ TEST(CudaGlaForward, FastPathFloatGate) {
       c.gate_values = values, c.h0 = i % 2 == 0, c.final_state = i % 3 != 1;
       c.row_padding = i % 5 == 4 ? 8 : 0;
       c.seed = 1700 + i++;
-      check_against_reference(c, Call{});
+      check_against_reference(c, ForwardCall{});
     }
   setenv("FLASHGLA_GLA_SPLITS", "3", 1);
   Case c;
   c.B = 1, c.T = 900, c.H = 2, c.K = 128, c.V = 128, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
   c.gate = Gate::vector, c.gate_values = GateValues::very_negative, c.seed = 1750;
-  check_against_reference(c, Call{});
+  check_against_reference(c, ForwardCall{});
   unsetenv("FLASHGLA_GLA_SPLITS");
   unsetenv("FLASHGLA_GLA_HOPPER");
 }
@@ -345,14 +307,14 @@ TEST(CudaGlaForward, FastPathKeyParts) {
       c.gate_values = values, c.h0 = i % 2 == 0, c.final_state = i % 3 != 1;
       c.row_padding = i % 5 == 4 ? 8 : 0;
       c.seed = 1800 + i++;
-      check_against_reference(c, Call{});
+      check_against_reference(c, ForwardCall{});
     }
   setenv("FLASHGLA_GLA_SPLITS", "4", 1);
   for (Gate gate : {Gate::vector, Gate::scalar}) {
     Case c;
     c.B = 1, c.T = 700 + 29 * i, c.H = 2, c.K = 256, c.V = 136, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
     c.gate = gate, c.seed = 1850 + i++;
-    Call call;
+    ForwardCall call;
     call.caller_workspace = i % 2;
     check_against_reference(c, call);
   }
@@ -360,7 +322,7 @@ TEST(CudaGlaForward, FastPathKeyParts) {
   Case c = varlen_case(DType::bf16, Gate::vector, 1860);
   c.K = 256, c.V = 64, c.gate_dtype = DType::f32;
   const Buffer host = make_inputs(c).cu_seqlens;
-  Call call;
+  ForwardCall call;
   call.cu_seqlens_host = &host;
   check_against_reference(c, call);
   unsetenv("FLASHGLA_GLA_HOPPER");
@@ -393,7 +355,7 @@ TEST(CudaGlaForward, HopperPathShapes) {
       c.gate_values = values, c.h0 = i % 2 == 0, c.final_state = i % 3 != 1;
       c.row_padding = i % 5 == 4 ? 8 : 0;
       c.seed = 2100 + i++;
-      check_against_reference(c, Call{});
+      check_against_reference(c, ForwardCall{});
     }
   opt_out_hopper();
 }
@@ -411,7 +373,7 @@ TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
       c.gate = i % 3 == 1 ? Gate::scalar : Gate::vector, c.h0 = true, c.final_state = true;
       c.gate_values = i % 3 == 2 ? GateValues::very_negative : GateValues::typical;
       c.seed = 2200 + i++;
-      Call call;
+      ForwardCall call;
       call.caller_workspace = i % 2;
       check_against_reference(c, call);
       unsetenv("FLASHGLA_GLA_SPLITS");
@@ -421,7 +383,7 @@ TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
       Case c = varlen_case(dtype, Gate::vector, 2250 + i++);
       c.K = K, c.V = 72, c.gate_dtype = DType::f32;
       const Buffer host = make_inputs(c).cu_seqlens;
-      Call call;
+      ForwardCall call;
       if (K == 256) call.cu_seqlens_host = &host;  // lets the host plan a split
       check_against_reference(c, call);
     }
@@ -441,7 +403,7 @@ TEST(CudaGlaForward, WideValueHeadsOnTheDefaultRoute) {
       c.B = 2, c.T = H > 1 ? 150 : 900, c.H = H, c.K = 128, c.V = 256, c.dtype = DType::bf16;
       c.gate_dtype = gate_dtype, c.h0 = i % 2 == 0, c.final_state = true;
       c.seed = 2280 + i++;
-      check_against_reference(c, Call{});
+      check_against_reference(c, ForwardCall{});
     }
 }
 
@@ -467,12 +429,12 @@ TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
       c.gate = Gate::vector, c.h0 = true, c.final_state = true;
       c.gate_values = i % 3 == 2 ? GateValues::very_negative : GateValues::typical;
       c.seed = 2400 + i++;
-      check_against_reference(c, Call{});
+      check_against_reference(c, ForwardCall{});
       unsetenv("FLASHGLA_GLA_SPLITS");
     }
     Case c = varlen_case(DType::f16, Gate::vector, 2450 + i++);
     c.K = 256, c.V = 128;
-    check_against_reference(c, Call{});
+    check_against_reference(c, ForwardCall{});
     unsetenv(sw.name);
   }
   opt_out_hopper();
@@ -485,7 +447,7 @@ TEST(CudaGlaForward, GeneralKernelOnHalfInputs) {
   int i = 0;
   for (const Case& base : grid()) {
     if (base.dtype == DType::f32 || i++ % 2) continue;
-    check_against_reference(base, Call{});
+    check_against_reference(base, ForwardCall{});
   }
   unsetenv("FLASHGLA_GLA_FAST");
 }
@@ -498,7 +460,7 @@ TEST(CudaGlaForward, LongSequence) {
       Case c;
       c.B = 1, c.T = 65536, c.H = 2, c.K = 64, c.V = 64, c.dtype = DType::bf16, c.gate_values = values;
       c.seed = 900 + i++;
-      Call call;
+      ForwardCall call;
       call.algorithm = algorithm;
       check_against_reference(c, call);
     }
@@ -513,7 +475,7 @@ TEST(CudaGlaForward, CallerWorkspaceAndStream) {
   for (GlaAlgorithm algorithm : {kChunked, kRecurrent}) {
     Case c;
     c.B = 1, c.T = 2000, c.H = 2, c.K = 48, c.V = 40, c.dtype = DType::bf16, c.seed = 1000 + i++;
-    Call call;
+    ForwardCall call;
     call.algorithm = algorithm, call.stream = stream, call.caller_workspace = true;
     check_against_reference(c, call);
   }
@@ -592,30 +554,19 @@ TEST(CudaGlaForward, TooSmallWorkspaceAndFloat64AreErrors) {
   EXPECT_THROW(gla_forward(b), Error);
 }
 
-// The forward's tuning switches name themselves when their value is unknown (a typo must not silently run
-// the default path); the caller's settings are restored afterwards.
+// The forward's tuning switches name themselves when their value is unknown.
 TEST(CudaGlaForward, UnknownTuningSwitchValueIsAnError) {
   SKIP_WITHOUT_GPU();
   Case c;
   c.B = 1, c.H = 1, c.T = 2000, c.dtype = DType::bf16, c.seed = 1150;
   const Inputs in = to_device(c, make_inputs(c), gpu());
-  Buffer o(c.dtype, {c.B, c.T, c.H, c.V}, gpu());
-  GlaForwardArgs a;
-  a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view(), a.o = o.view();
   struct Setting {
     const char *name, *value;
   };
   for (const Setting& bad : {Setting{"FLASHGLA_GLA_FAST", "off"}, Setting{"FLASHGLA_GLA_HOPPER", "yes"},
                              Setting{"FLASHGLA_GLA_SPLITS", "0"}, Setting{"FLASHGLA_GLA_SPLITS", "2x"},
-                             Setting{"FLASHGLA_GLA_STATES", "fastest"}, Setting{"FLASHGLA_GLA_STATE_STAGES", "4"}}) {
-    const ScopedEnv setting(bad.name, bad.value);
-    try {
-      gla_forward(a);
-      ADD_FAILURE() << bad.name << "=" << bad.value << ": expected an error";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.argument(), bad.name) << e.what();
-    }
-  }
+                             Setting{"FLASHGLA_GLA_STATES", "fastest"}, Setting{"FLASHGLA_GLA_STATE_STAGES", "4"}})
+    expect_unknown_switch_error(bad.name, bad.value, [&] { run_forward(c, in, ForwardCall{}); });
 }
 
 // ---- decode -----------------------------------------------------------------------
@@ -691,9 +642,9 @@ TEST(CudaGlaDecode, MatchesCpuDecodeAndRecurrent) {
       in.g = gate == Gate::vector ? with_token_dim(g, {d.N, 1, d.H, d.K})
                                   : gate == Gate::scalar ? with_token_dim(g, {d.N, 1, d.H}) : Buffer();
       in.h0 = state;
-      Call recurrent;
+      ForwardCall recurrent;
       recurrent.algorithm = kRecurrent;
-      const Outputs step = forward(c, to_device(c, in, gpu()), recurrent);
+      const Outputs step = run_forward(c, to_device(c, in, gpu()), recurrent);
       expect_close("o vs recurrent", out.o, step.o, tolerance(dtype));
       expect_close("state vs recurrent", out.ht, step.ht, 1e-6);
     }
@@ -711,9 +662,9 @@ TEST(CudaGlaForward, SanitizerBadCuSeqlensStayInBounds) {
     Buffer bad(DType::i64, {6});
     bad.set_values({0, 500, 3, -7, 100000, 329});
     in.cu_seqlens = bad.to(gpu());
-    Call call;
+    ForwardCall call;
     call.algorithm = algorithm;
-    EXPECT_NO_THROW(forward(c, in, call));
+    EXPECT_NO_THROW(run_forward(c, in, call));
   }
 }
 
@@ -725,7 +676,7 @@ TEST(CudaGlaForward, SanitizerSmallCases) {
       Case c;
       c.B = 1, c.T = 150, c.H = 1, c.K = 80, c.V = 72, c.dtype = dtype, c.row_padding = i % 2 ? 8 : 3;
       c.gate = Gate(i % 3), c.seed = 1400 + i++;
-      Call call;
+      ForwardCall call;
       call.algorithm = algorithm;
       check_against_reference(c, call);
       check_against_reference(varlen_case(dtype, Gate::scalar, 1410 + i), call);
@@ -743,7 +694,7 @@ TEST(CudaGlaForward, SanitizerFastPath) {
     c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = K == 64 ? 136 : 48, c.dtype = DType::bf16, c.gate_dtype = c.dtype;
     c.gate = i % 2 ? Gate::scalar : Gate::vector, c.seed = 1600 + i++;
     setenv("FLASHGLA_GLA_SPLITS", "2", 1);
-    check_against_reference(c, Call{});
+    check_against_reference(c, ForwardCall{});
     unsetenv("FLASHGLA_GLA_SPLITS");
   }
   // An fp32 gate (in the operand area) and key parts (o accumulated), with a split.
@@ -752,7 +703,7 @@ TEST(CudaGlaForward, SanitizerFastPath) {
     c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = 72, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
     c.gate = Gate::vector, c.h0 = true, c.final_state = true, c.seed = 1600 + i++;
     setenv("FLASHGLA_GLA_SPLITS", "2", 1);
-    check_against_reference(c, Call{});
+    check_against_reference(c, ForwardCall{});
     unsetenv("FLASHGLA_GLA_SPLITS");
   }
   unsetenv("FLASHGLA_GLA_HOPPER");
@@ -769,14 +720,14 @@ TEST(CudaGlaForward, SanitizerHopperPath) {
     c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = 72, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
     c.gate = i % 2 ? Gate::scalar : Gate::vector, c.h0 = true, c.final_state = true, c.seed = 2300 + i++;
     setenv("FLASHGLA_GLA_SPLITS", "2", 1);
-    check_against_reference(c, Call{});
+    check_against_reference(c, ForwardCall{});
     unsetenv("FLASHGLA_GLA_SPLITS");
   }
-  check_against_reference(varlen_case(DType::bf16, Gate::vector, 2310), Call{});
+  check_against_reference(varlen_case(DType::bf16, Gate::vector, 2310), ForwardCall{});
   setenv("FLASHGLA_GLA_HOPPER_CLUSTER", "2", 1);  // the slot images multicast in clusters of 2 (opt-in)
   Case c;
   c.B = 1, c.T = 200, c.H = 1, c.K = 256, c.V = 128, c.dtype = DType::bf16, c.gate = Gate::vector, c.seed = 2320;
-  check_against_reference(c, Call{});
+  check_against_reference(c, ForwardCall{});
   unsetenv("FLASHGLA_GLA_HOPPER_CLUSTER");
   opt_out_hopper();
 }

@@ -22,42 +22,24 @@ namespace {
 
 constexpr double kTolerance = 5e-3;  // bf16/fp16 inputs
 
-Outputs forward(const Case& c, const Inputs& in, GlaAlgorithm algorithm, bool caller_workspace,
-                const Buffer* cu_seqlens_host) {
-  const Device device = in.q.device();
-  Buffer o = poisoned_on(device, c.dtype, {c.B, c.T, c.H, c.V}, c.row_padding);
-  Buffer ht;
-  if (c.final_state) ht = poisoned_on(device, DType::f32, {c.num_seqs(), c.H, c.K, c.V}, c.row_padding);
-  GlaForwardArgs a;
-  a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view();
-  a.initial_state = in.h0.view(), a.cu_seqlens = in.cu_seqlens.view();
-  if (cu_seqlens_host) a.cu_seqlens_host = cu_seqlens_host->view();
-  a.algorithm = algorithm;
-  a.o = o.view(), a.final_state = ht.view();
-  Buffer workspace;
-  if (caller_workspace) workspace = give_workspace(a, gla_forward_workspace_bytes(a), device);
-  gla_forward(a);
-  synchronize(device);
-  return {o.values(), ht.values()};
-}
-
 // The chunked forward on the GPU with the states kernel, `splits`, `pieces` and `stages` forced (nullptr: the
 // planner's choice), against the fp64 recurrent reference.
 void check(const Case& c, const char* splits, const char* pieces, bool caller_workspace = false,
            bool host_lengths = false, const char* stages = nullptr) {
-  SCOPED_TRACE(describe_forward_case(c) + " splits=" + (splits ? splits : "auto") + " pieces=" + (pieces ? pieces : "auto") +
-               " stages=" + (stages ? stages : "auto") + (caller_workspace ? " caller-workspace" : ""));
+  SCOPED_TRACE(describe_forward_case(c) + " splits=" + (splits ? splits : "auto") +
+               " pieces=" + (pieces ? pieces : "auto") + " stages=" + (stages ? stages : "auto") +
+               (caller_workspace ? " caller-workspace" : ""));
   ScopedEnv states("FLASHGLA_GLA_STATES", nullptr);  // the default: the states kernel
   ScopedEnv forced_splits("FLASHGLA_GLA_SPLITS", splits);
   ScopedEnv forced_pieces("FLASHGLA_GLA_STATE_PIECES", pieces);
   ScopedEnv forced_stages("FLASHGLA_GLA_STATE_STAGES", stages);
   const Inputs in = make_inputs(c);
-  Case r = f64_case(c);
-  r.row_padding = 0;
-  const Outputs ref = forward(r, as_f64(in), kRecurrent, false, nullptr);
+  const Outputs ref = forward_reference(c, in);
   const Buffer host = in.cu_seqlens;  // the boundaries on the CPU: lets the planner split a varlen batch
-  const Outputs out =
-      forward(c, to_device(c, in, gpu()), kChunked, caller_workspace, host_lengths ? &host : nullptr);
+  ForwardCall call;
+  call.caller_workspace = caller_workspace;
+  call.cu_seqlens_host = host_lengths ? &host : nullptr;
+  const Outputs out = run_forward(c, to_device(c, in, gpu()), call);
   expect_close("o", out.o, ref.o, kTolerance);
   expect_close("final state", out.ht, ref.ht, kTolerance);
 }
