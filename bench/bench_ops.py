@@ -65,6 +65,18 @@ def timed(function):
     return median_ms(function)
 
 
+def append_results(path, file_title, heading, lines):
+    """Appends the table `lines` under "## <date time>, <heading>" to the markdown file `path` (created with the
+    title `file_title` if missing)."""
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    new_file = not os.path.exists(path)
+    with open(path, "a") as results:
+        if new_file:
+            results.write(f"# {file_title}\n")
+        results.write(f"\n## {stamp}, {heading}\n\n" + "\n".join(lines) + "\n")
+    print(f"appended to {path}")
+
+
 def copy_bandwidth():
     """Device-to-device copy bandwidth in bytes/s (bytes read + written)."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -136,14 +148,9 @@ def run_gpu(shapes):
                      f"| {ratio(r['floor'], r['ours_fwd'])} |")
         torch.cuda.empty_cache()
     print("\n".join(lines))
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    new_file = not os.path.exists(RESULTS)
-    with open(RESULTS, "a") as results:
-        if new_file:
-            results.write("# Benchmark results (bench/bench_ops.py appends here)\n")
-        results.write(f"\n## {stamp}, {card}, flashgla {flashgla.__version__}, torch {torch.__version__}, "
-                      f"copy {bandwidth / 1e12:.2f} TB/s\n\n" + "\n".join(lines) + "\n")
-    print(f"appended to {RESULTS}")
+    append_results(RESULTS, "Benchmark results (bench/bench_ops.py appends here)",
+                   f"{card}, flashgla {flashgla.__version__}, torch {torch.__version__}, "
+                   f"copy {bandwidth / 1e12:.2f} TB/s", lines)
 
 
 def run_overhead(repeats):

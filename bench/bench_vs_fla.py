@@ -17,7 +17,6 @@ the same function, so a large value would mean the two are not comparable.
 """
 
 import argparse
-import datetime
 import os
 import sys
 
@@ -25,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import flashgla
-from bench_ops import ANCHOR_SHAPES, fmt, median_ms, ratio
+from bench_ops import ANCHOR_SHAPES, append_results, fmt, median_ms, ratio
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_vs_fla.md")
 
@@ -163,13 +162,7 @@ def main():
         lines.append(f"| decode step N{N} H{H} K{K} V{V} (fp32 state) | {fmt(ours_ms, 4)} | {fmt(fla_ms, 4)} "
                      f"| {ratio(fla_ms, ours_ms)} | {diff:.1e} |")
     print("\n".join(lines))
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    new_file = not os.path.exists(RESULTS)
-    with open(RESULTS, "a") as results:
-        if new_file:
-            results.write("# flashgla vs FLA (bench/bench_vs_fla.py appends here)\n")
-        results.write(f"\n## {stamp}, {head}\n\n" + "\n".join(lines) + "\n")
-    print(f"appended to {RESULTS}")
+    append_results(RESULTS, "flashgla vs FLA (bench/bench_vs_fla.py appends here)", head, lines)
 
 
 if __name__ == "__main__":
