@@ -7,7 +7,10 @@
 # racecheck on the small GPU tests, installs the Python package and runs its
 # tests, then the benchmarks, and prints a short table last. Logs and the benchmark result files come back
 # packed in $OUT/gpu_check.tgz (the device tool returns at most 8 files).
-# BENCH="ops attention" picks benchmarks (bench/bench_<name>.py; default: ops).
+# BENCH="ops attention" picks benchmarks (bench/bench_<name>.py; default: ops; BENCH= for none).
+# AB_BASE=DIR (a source tree of an earlier commit, e.g. from `git archive`, carried along)
+# also builds that tree's `flashgla` command and times both with bench/ab_cli.sh.
+# PY=0 skips the Python install and tests. Wheels in .whl/ (carried) are installed too.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_check_out}
@@ -16,7 +19,9 @@ mkdir -p "$OUT"
 BUILD=build-gpu
 ARCH=${FLASHGLA_CUDA_ARCH:-90a}
 SANITIZE_FILTER=${SANITIZE_FILTER:-CudaGlaForward.Sanitizer*:CudaGlaBackward.Sanitizer*:CudaGlaDecode.*:AttentionCudaApi.BadDeviceBoundariesStayInBounds:Sanitizer/AttentionGenericCuda.*:AttentionGenericCudaApi.Small*:NormGpu.*:GateGpu.*:Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33:GroupedHeads/AttentionCuda.*/2:Varlen/AttentionCuda.*/5}
-BENCH=${BENCH:-ops}
+BENCH=${BENCH-ops}
+AB_BASE=${AB_BASE:-}
+PY=${PY:-1}
 declare -a SUMMARY
 
 # step NAME SECONDS COMMAND...: runs with a time limit, logs to $LOGS/NAME.log,
@@ -34,7 +39,8 @@ step() {
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 # Build tools the machine lacks, carried as wheels (it has no network).
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl && export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl $(ls .whl/*.whl 2>/dev/null) &&
+  export PYTHONPATH=/tmp/site
 
 rm -rf "$BUILD"
 step configure 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON \
@@ -46,6 +52,13 @@ step cli_check 60 "$BUILD/flashgla" check
 step memcheck ${SAN_S:-90} compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/flashgla_tests" --gtest_filter="$SANITIZE_FILTER"
 step racecheck ${SAN_S:-90} compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/flashgla_tests" --gtest_filter="$SANITIZE_FILTER"
 
+if [ -n "$AB_BASE" ]; then
+  step ab_base_build 300 bash -c "cmake -S '$AB_BASE' -B build-ab-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON \
+    -DFLASHGLA_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES='$ARCH' >/dev/null && cmake --build build-ab-base -j$(nproc) --target flashgla_cli"
+  step ab 400 bash bench/ab_cli.sh build-ab-base/flashgla "$BUILD/flashgla" "${AB_ROUNDS:-3}"
+fi
+
+if [ "$PY" = 1 ]; then
 # The Python tests run against the package as a user installs it: `pip install .`
 # (CUDA, this GPU's architecture) into the machine's Python, which has torch
 # (the machine is thrown away after the lease), and pytest from outside the
@@ -54,6 +67,7 @@ step py_install 300 env CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$ARCH" FLASHGLA_C
   CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" python3 -m pip install --no-build-isolation --no-deps .
 step py_tests ${PY_TESTS_S:-240} python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp "$PWD/tests/python"
 tail -2 "$LOGS/py_tests.log"
+fi
 
 for name in $BENCH; do step "bench_$name" ${BENCH_S:-300} python3 "bench/bench_$name.py"; done
 cp bench/results*.md "$LOGS"/ 2>/dev/null
@@ -61,6 +75,7 @@ tar czf "$OUT/gpu_check.tgz" -C "$LOGS" .
 
 echo
 for name in $BENCH; do echo "== bench_$name"; tail -25 "$LOGS/bench_$name.log"; done
+[ -f "$LOGS/ab.log" ] && { echo "== A/B against $AB_BASE"; cat "$LOGS/ab.log"; }
 echo
 printf '%-14s %-14s %s\n' step result time
 for row in "${SUMMARY[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-14s %-14s %s\n' "$a" "$b" "$c"; done
