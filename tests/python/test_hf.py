@@ -1,0 +1,152 @@
+"""The transformers integration (flashgla.models.hf): save_pretrained / AutoModelForCausalLM.from_pretrained
+round trips in safetensors, generate() against flashgla's own generate and a full forward, sampling
+options, dtype, the GLACache, and that `import flashgla` registers the model type without importing
+transformers itself. CPU, tiny sizes."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install flashgla[hf])")
+pytest.importorskip("safetensors", reason="safetensors is not installed (pip install flashgla[hf])")
+
+import flashgla  # noqa: E402,F401  (registers the model type)
+from flashgla.models import GLAConfig, GLAForCausalLM  # noqa: E402
+from flashgla.models.hf import FlashGLAConfig, FlashGLAForCausalLM, GLACache  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def rel_error(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+HYBRID = dict(attn_layers=[1], attn_num_heads=4, attn_num_kv_heads=2)
+
+
+def tiny_hf(seed=0, **options):
+    torch.manual_seed(seed)
+    values = dict(vocab_size=40, hidden_size=32, num_hidden_layers=3, num_heads=2, eos_token_id=None,
+                  bos_token_id=None, pad_token_id=None)
+    values.update(options)
+    model = FlashGLAForCausalLM(FlashGLAConfig(**values)).eval()
+    with torch.no_grad():  # norms and all: every weight random, so a weight loaded wrong shows
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def dtype_kw(dtype):
+    return {"dtype": dtype} if int(transformers.__version__.split(".")[0]) >= 5 else {"torch_dtype": dtype}
+
+
+@pytest.mark.parametrize("options", [dict(), dict(use_short_conv=True, tie_word_embeddings=True, **HYBRID)])
+def test_save_pretrained_and_automodel_round_trip(tmp_path, options):
+    model = tiny_hf(seed=1, **options)
+    model.save_pretrained(str(tmp_path))
+    assert (tmp_path / "model.safetensors").exists() and (tmp_path / "config.json").exists()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), **dtype_kw(torch.float32)).eval()
+    assert type(loaded) is FlashGLAForCausalLM and loaded.config.to_core() == model.config.to_core()
+    assert type(transformers.AutoConfig.from_pretrained(str(tmp_path))) is FlashGLAConfig
+    if options.get("tie_word_embeddings"):
+        assert loaded.model.lm_head.weight.data_ptr() == loaded.model.embeddings.weight.data_ptr()
+    ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = model(ids).logits
+        out = torch.full_like(ref, float("nan"))
+        out.copy_(loaded(ids).logits)
+    assert torch.equal(out, ref)
+    # flashgla's own loader reads the same directory
+    core = GLAForCausalLM.from_pretrained(str(tmp_path)).eval()
+    with torch.no_grad():
+        assert torch.equal(core(ids).logits, ref)
+
+
+def test_dtype_and_labels(tmp_path):
+    model = tiny_hf(seed=3)
+    model.save_pretrained(str(tmp_path))
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), **dtype_kw(torch.bfloat16))
+    assert all(p.dtype == torch.bfloat16 for p in loaded.parameters())
+    ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = model(ids, labels=ids)
+        out = loaded(ids, labels=ids)
+    assert out.logits.dtype == torch.bfloat16 and rel_error(out.logits, ref.logits) < 3e-2
+    assert abs(out.loss.item() - ref.loss.item()) < 3e-2 * ref.loss.item()
+
+
+@pytest.mark.parametrize("options", [dict(), dict(use_short_conv=True, **HYBRID)])
+def test_greedy_generate_matches_flashgla_generate_and_the_argmax(options):
+    model = tiny_hf(seed=5, **options)
+    prompt = torch.randint(0, 40, (3, 6), generator=torch.Generator().manual_seed(6))
+    out = model.generate(prompt, max_new_tokens=8, do_sample=False, min_new_tokens=8)
+    assert out.shape == (3, 14) and torch.equal(out[:, :6], prompt)
+    assert torch.equal(out, model.model.generate(prompt, 8))
+    with torch.no_grad():
+        logits = model(out, use_cache=False).logits
+    assert torch.equal(logits[:, 5:-1].argmax(-1), out[:, 6:])
+
+
+def test_generate_with_left_padding_matches_one_prompt_at_a_time():
+    model = tiny_hf(seed=7, use_short_conv=True)
+    prompts = [torch.randint(0, 40, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 3)]
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    mask = torch.zeros(2, 5, dtype=torch.long)
+    for b, prompt in enumerate(prompts):
+        ids[b, 5 - len(prompt):], mask[b, 5 - len(prompt):] = prompt, 1
+    batched = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, min_new_tokens=6,
+                             pad_token_id=0)
+    for b, prompt in enumerate(prompts):
+        alone = model.generate(prompt.unsqueeze(0), max_new_tokens=6, do_sample=False, min_new_tokens=6)
+        assert torch.equal(batched[b, 5:], alone[0, len(prompt):])
+
+
+def test_sampling_options_and_cache():
+    model = tiny_hf(seed=8, **HYBRID)
+    prompt = torch.randint(0, 40, (2, 4), generator=torch.Generator().manual_seed(9))
+    greedy = model.generate(prompt, max_new_tokens=5, do_sample=False, min_new_tokens=5)
+    assert torch.equal(model.generate(prompt, max_new_tokens=5, do_sample=True, top_k=1, min_new_tokens=5), greedy)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(10)
+        runs.append(model.generate(prompt, max_new_tokens=5, do_sample=True, temperature=1.5, top_p=0.9,
+                                   repetition_penalty=1.2, min_new_tokens=5))
+    assert torch.equal(runs[0], runs[1]) and runs[0].shape == (2, 9)
+    several = model.generate(prompt, max_new_tokens=3, do_sample=True, num_return_sequences=3, min_new_tokens=3)
+    assert several.shape == (6, 7)
+    out = model.generate(prompt, max_new_tokens=3, do_sample=False, return_dict_in_generate=True,
+                         output_scores=True, min_new_tokens=3)
+    assert isinstance(out.past_key_values, GLACache) and out.past_key_values.get_seq_length() == 6
+    assert len(out.scores) == 3
+    beams = model.generate(prompt, max_new_tokens=4, num_beams=2, do_sample=False, min_new_tokens=4)
+    assert beams.shape == (2, 8)
+
+
+def test_import_flashgla_registers_without_importing_transformers(tmp_path):
+    model = tiny_hf(seed=11)
+    model.save_pretrained(str(tmp_path))
+    script = (
+        "import sys, flashgla\n"
+        "assert 'transformers' not in sys.modules, 'import flashgla imported transformers'\n"
+        "import transformers\n"
+        f"m = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\n"
+        "print(type(m).__name__)\n")
+    result = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", script], capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": ""})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "FlashGLAForCausalLM"
+
+
+def test_bad_config_raises_value_error():
+    with pytest.raises(ValueError, match="attn_layers"):
+        FlashGLAConfig(num_hidden_layers=2, attn_layers=[3])
+    assert GLAConfig.from_dict(FlashGLAConfig(hidden_size=64, num_heads=4).to_core().to_dict()).hidden_size == 64
