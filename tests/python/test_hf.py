@@ -88,7 +88,11 @@ def test_dtype_and_labels(tmp_path):
 def test_greedy_generate_matches_flashgla_generate_and_the_argmax(options):
     model = tiny_hf(seed=5, **options)
     prompt = torch.randint(0, 40, (3, 6), generator=torch.Generator().manual_seed(6))
+    lengths = []  # the prompt once, then one token per step: the cache is used
+    hook = model.model.register_forward_pre_hook(lambda module, args: lengths.append(args[0].shape[1]))
     out = model.generate(prompt, max_new_tokens=8, do_sample=False, min_new_tokens=8)
+    hook.remove()
+    assert lengths == [6] + [1] * 7
     assert out.shape == (3, 14) and torch.equal(out[:, :6], prompt)
     assert torch.equal(out, model.model.generate(prompt, 8))
     with torch.no_grad():
@@ -125,7 +129,8 @@ def test_sampling_options_and_cache():
     assert several.shape == (6, 7)
     out = model.generate(prompt, max_new_tokens=3, do_sample=False, return_dict_in_generate=True,
                          output_scores=True, min_new_tokens=3)
-    assert isinstance(out.past_key_values, GLACache) and out.past_key_values.get_seq_length() == 6
+    cache = out["cache"] if "cache" in out else out["past_key_values"]
+    assert isinstance(cache, GLACache) and cache.get_seq_length() == 6
     assert len(out.scores) == 3
     beams = model.generate(prompt, max_new_tokens=4, num_beams=2, do_sample=False, min_new_tokens=4)
     assert beams.shape == (2, 8)

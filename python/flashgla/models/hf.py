@@ -40,6 +40,8 @@ __all__ = ["FlashGLAConfig", "FlashGLAForCausalLM", "GLACache", "register"]
 
 _CORE_FIELDS = tuple(f.name for f in fields(GLAConfig))
 _TRANSFORMERS_MAJOR = int(_transformers_version.split(".")[0])
+# The cache's keyword and output field: `cache` in recent transformers, `past_key_values` before.
+_CACHE_KEY = "cache" if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {}) else "past_key_values"
 
 
 class FlashGLAConfig(_HFConfig):
@@ -166,11 +168,15 @@ class FlashGLAForCausalLM(PreTrainedModel, GenerationMixin):
                 past_key_values: Optional[GLACache] = None, inputs_embeds: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None, use_cache: Optional[bool] = None,
                 return_dict: Optional[bool] = None, logits_to_keep: int = 0, cu_seqlens: Optional[Tensor] = None,
-                **kwargs) -> CausalLMOutputWithPast:
+                cache: Optional[GLACache] = None, **kwargs) -> CausalLMOutputWithPast:
         """input_ids [B, T]; attention_mask [B, T] (padding); past_key_values: a GLACache (created when
         use_cache is set and none is given); labels [B, T] (shifted inside, -100 ignored); logits_to_keep:
         only the last n positions' logits (0: all). Other keyword arguments (transformers' position ids,
-        cache positions, ...) are accepted and not needed."""
+        cache positions, ...) are accepted and not needed. `cache` is the newer name of past_key_values."""
+        if cache is not None:
+            if past_key_values is not None:
+                raise ValueError("flashgla: cache: give either cache or past_key_values, not both")
+            past_key_values = cache
         if inputs_embeds is not None:
             raise NotImplementedError("flashgla: inputs_embeds: not supported, pass input_ids")
         if input_ids is None:
@@ -187,16 +193,27 @@ class FlashGLAForCausalLM(PreTrainedModel, GenerationMixin):
         out = self.model(input_ids, attention_mask=attention_mask, cu_seqlens=cu_seqlens, labels=labels,
                          cache=past_key_values, use_cache=bool(use_cache), logits_to_keep=logits_to_keep)
         return CausalLMOutputWithPast(loss=out.loss, logits=out.logits,
-                                      past_key_values=past_key_values if use_cache else None)
+                                      **{_CACHE_KEY: past_key_values if use_cache else None})
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
+        """generate() starts from an empty GLACache (transformers would make a DynamicCache of keys and values)."""
+        given = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+        if given is not None:
+            if not isinstance(given, GLACache):
+                raise TypeError(f"flashgla: {_CACHE_KEY}: expected a GLACache, got {type(given).__name__}")
+            return
+        if generation_config.use_cache is not False:
+            model_kwargs[_CACHE_KEY] = GLACache(len(self.model.layers))
 
     def prepare_inputs_for_generation(self, input_ids: Tensor, past_key_values: Optional[GLACache] = None,
                                       attention_mask: Optional[Tensor] = None, use_cache: bool = True,
-                                      logits_to_keep: Optional[int] = None, **kwargs) -> dict:
-        if past_key_values is not None and past_key_values.seen_tokens > 0:
-            input_ids = input_ids[:, min(past_key_values.seen_tokens, input_ids.shape[1] - 1):]  # the new tokens
+                                      logits_to_keep: Optional[int] = None, cache: Optional[GLACache] = None,
+                                      **kwargs) -> dict:
+        cache = cache if cache is not None else past_key_values
+        if cache is not None and cache.seen_tokens > 0:
+            input_ids = input_ids[:, min(cache.seen_tokens, input_ids.shape[1] - 1):]  # the new tokens
             attention_mask = None
-        inputs = dict(input_ids=input_ids, past_key_values=past_key_values, attention_mask=attention_mask,
-                      use_cache=use_cache)
+        inputs = {"input_ids": input_ids, _CACHE_KEY: cache, "attention_mask": attention_mask, "use_cache": use_cache}
         if logits_to_keep is not None:
             inputs["logits_to_keep"] = logits_to_keep
         return inputs
