@@ -155,3 +155,18 @@ def test_bad_config_raises_value_error():
     with pytest.raises(ValueError, match="attn_layers"):
         FlashGLAConfig(num_hidden_layers=2, attn_layers=[3])
     assert GLAConfig.from_dict(FlashGLAConfig(hidden_size=64, num_heads=4).to_core().to_dict()).hidden_size == 64
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not flashgla.cuda_available(), reason="needs a CUDA build of flashgla and a GPU"))])
+def test_device_map_and_generate_on_the_device(tmp_path, device):
+    pytest.importorskip("accelerate", reason="transformers needs accelerate for device_map")
+    model = tiny_hf(seed=12, use_short_conv=True, tie_word_embeddings=True, **HYBRID)
+    model.save_pretrained(str(tmp_path))
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), device_map=device,
+                                                               **dtype_kw(torch.bfloat16))
+    assert all(p.device.type == device and p.dtype == torch.bfloat16 for p in loaded.parameters())
+    prompt = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(13)).to(device)
+    out = loaded.generate(prompt, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    assert out.device.type == device and out.shape == (2, 11)
+    assert torch.equal(out, loaded.model.generate(prompt, 6, cuda_graph=False))
