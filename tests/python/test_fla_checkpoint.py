@@ -150,3 +150,23 @@ def test_unsupported_or_mismatched_fla_checkpoints_raise_clear_errors(tmp_path, 
     (tmp_path / "config.json").write_text(json.dumps(values))
     with pytest.raises(error, match=message):
         GLAForCausalLM.from_pretrained(str(tmp_path))
+
+
+def test_sharded_safetensors_checkpoint(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch", reason="the safetensors package writes the files")
+    values = fla_config_json(dict(intermediate_size=48, tie_word_embeddings=True))
+    config = GLAConfig(vocab_size=40, hidden_size=HIDDEN, num_hidden_layers=3, num_heads=2, intermediate_size=48,
+                       tie_word_embeddings=True)
+    model = randomized(GLAForCausalLM(config).to(torch.bfloat16).eval())
+    state = fla_state_dict(model, values)
+    names = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": names[:len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for file, keys in shards.items():
+        safetensors.save_file({k: state[k].contiguous() for k in keys}, str(tmp_path / file))
+    weight_map = {k: file for file, keys in shards.items() for k in keys}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    loaded = GLAForCausalLM.from_pretrained(str(tmp_path), dtype=torch.bfloat16).eval()
+    for name, tensor in model.state_dict().items():  # bf16 weights arrive bit for bit
+        assert torch.equal(loaded.state_dict()[name], tensor), name

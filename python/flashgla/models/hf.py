@@ -31,6 +31,7 @@ from ..nn.attention import Attention, KVCache, RotaryEmbedding
 from ..nn.conv import ShortConvolution
 from ..nn.gla import GLAState
 from ..nn.norm import GatedRMSNorm, RMSNorm
+from ..nn.padding import has_padding
 from .checkpoint import HF_MODEL_TYPE
 from .config import GLAConfig
 from .gla_lm import Cache as _CoreCache
@@ -184,7 +185,9 @@ class FlashGLAForCausalLM(PreTrainedModel, GenerationMixin):
         if past_key_values is not None and not isinstance(past_key_values, _CoreCache):
             raise TypeError(f"flashgla: past_key_values: expected a flashgla GLACache, got "
                             f"{type(past_key_values).__name__}")
-        use_cache = getattr(self.config, "use_cache", True) if use_cache is None else use_cache
+        if use_cache is None:  # transformers' default, except where a cache is useless or cannot be kept
+            use_cache = (getattr(self.config, "use_cache", True) and not self.training and labels is None
+                         and not (self.config.attn_layers and has_padding(attention_mask)))
         if use_cache and past_key_values is None:
             past_key_values = GLACache(len(self.model.layers))
         if past_key_values is not None and past_key_values.seen_tokens > 0 and attention_mask is not None:
