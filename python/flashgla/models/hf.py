@@ -17,6 +17,12 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+
+try:
+    import transformers  # noqa: F401
+except ImportError as error:
+    raise ImportError("flashgla.models.hf needs transformers: pip install 'flashgla[hf]' (or pip install "
+                      f"transformers safetensors accelerate) ({error})") from error
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers import __version__ as _transformers_version
 from transformers.cache_utils import Cache as _HFCache
