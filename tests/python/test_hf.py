@@ -3,7 +3,6 @@ round trips in safetensors, generate() against flashgla's own generate and a ful
 options, dtype, the GLACache, and that `import flashgla` registers the model type without importing
 transformers itself. CPU, tiny sizes."""
 
-import os
 import subprocess
 import sys
 
@@ -145,9 +144,9 @@ def test_import_flashgla_registers_without_importing_transformers(tmp_path):
         "import transformers\n"
         f"m = transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\n"
         "print(type(m).__name__)\n")
-    result = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", script], capture_output=True,
-                            text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": ""})
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "flashgla: could not register" not in result.stderr, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "FlashGLAForCausalLM"
 
 
