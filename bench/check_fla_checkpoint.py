@@ -2,7 +2,7 @@
 """GPU check: a checkpoint written by flash-linear-attention's (FLA's) GLAForCausalLM, loaded with
 flashgla.models.GLAForCausalLM.from_pretrained, gives FLA's logits.
 
-    python bench/check_fla_checkpoint.py            # needs a GPU, FLA (fla-core + flash-linear-attention) and transformers
+    python bench/check_fla_checkpoint.py    # needs a GPU, FLA (fla-core + flash-linear-attention), transformers
 
 Builds FLA's GLAForCausalLM from a small config with the options flashgla maps (short convolutions, the
 output gate fused into the norm, grouped heads, clamp_min, a hybrid softmax-attention layer with grouped KV

@@ -124,8 +124,9 @@ def test_fused_mlp_projection_of_older_fla_versions_is_split(tmp_path):
     model = randomized(GLAForCausalLM(config).double().eval())
     state = fla_state_dict(model, values)
     for i in range(3):  # one projection: the gate rows, then the up rows
-        gate, up = state.pop(f"model.layers.{i}.mlp.gate_proj.weight"), state.pop(f"model.layers.{i}.mlp.up_proj.weight")
-        state[f"model.layers.{i}.mlp.gate_proj.weight"] = torch.cat([gate, up])
+        prefix = f"model.layers.{i}.mlp"
+        gate, up = state.pop(f"{prefix}.gate_proj.weight"), state.pop(f"{prefix}.up_proj.weight")
+        state[f"{prefix}.gate_proj.weight"] = torch.cat([gate, up])
     (tmp_path / "config.json").write_text(json.dumps(values))
     torch.save(state, tmp_path / "pytorch_model.bin")
     loaded = GLAForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float64).eval()

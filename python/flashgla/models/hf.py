@@ -33,7 +33,7 @@ try:
 except ImportError:  # pragma: no cover - transformers 4.x
     from transformers import PretrainedConfig as _HFConfig
 
-from ..nn.attention import Attention, KVCache, RotaryEmbedding
+from ..nn.attention import KVCache
 from ..nn.conv import ShortConvolution
 from ..nn.gla import GLAState
 from ..nn.norm import GatedRMSNorm, RMSNorm
