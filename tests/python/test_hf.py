@@ -168,4 +168,48 @@ def test_device_map_and_generate_on_the_device(tmp_path, device):
     prompt = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(13)).to(device)
     out = loaded.generate(prompt, max_new_tokens=6, do_sample=False, min_new_tokens=6)
     assert out.device.type == device and out.shape == (2, 11)
-    assert torch.equal(out, loaded.model.generate(prompt, 6, cuda_graph=False))
+    assert torch.equal(out, loaded.model.generate(prompt, 6))  # both graphs on CUDA, both eager on the CPU
+
+
+@pytest.mark.parametrize("options", [dict(use_short_conv=True), dict(use_short_conv=True, **HYBRID)])
+def test_generate_through_the_static_decode_step(options):
+    """cuda_graph=True on the CPU: transformers' generate() decodes through the same static-shape step that
+    is captured in a CUDA graph on a GPU (static KV caches of generate's max_length); the tokens are those
+    of ordinary decoding, for greedy, sampled and beam-search generation."""
+    model = tiny_hf(seed=14, **options)
+    prompt = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(15))
+    runs = {}
+    for graph in (False, True):
+        model.cuda_graph = graph
+        lengths = []
+        hook = model.model.register_forward_pre_hook(lambda module, args: lengths.append(args[0].shape[1]))
+        greedy = model.generate(prompt, max_new_tokens=7, do_sample=False, min_new_tokens=7)
+        hook.remove()
+        torch.manual_seed(16)
+        sampled = model.generate(prompt, max_new_tokens=7, do_sample=True, top_k=8, min_new_tokens=7)
+        beams = model.generate(prompt, max_new_tokens=5, num_beams=3, do_sample=False, min_new_tokens=5)
+        runs[graph] = (greedy, sampled, beams)
+        assert lengths == [5] + [1] * 6
+    model.cuda_graph = None
+    for eager, static in zip(runs[False], runs[True]):
+        assert torch.equal(eager, static)
+    assert torch.equal(runs[True][0], model.model.generate(prompt, 7, cuda_graph=False))
+
+
+def test_static_cache_continues_past_its_capacity():
+    """A cache filled by generate() (static KV caches of its length) continues eagerly afterwards."""
+    model = tiny_hf(seed=17, **HYBRID)
+    model.cuda_graph = True
+    prompt = torch.randint(0, 40, (1, 4), generator=torch.Generator().manual_seed(18))
+    out = model.generate(prompt, max_new_tokens=5, do_sample=False, min_new_tokens=5, return_dict_in_generate=True)
+    cache = out["cache"] if "cache" in out else out["past_key_values"]
+    assert cache.decoder is not None and cache.get_seq_length() == 8
+    ids = torch.cat([out.sequences, torch.tensor([[3]])], 1)  # 10 tokens: one more than generate's length 9
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits
+        ninth = model(ids[:, 8:9], past_key_values=cache, use_cache=True).logits[:, -1]  # fits: static step
+        assert cache.decoder is not None
+        tenth = model(ids[:, 9:10], past_key_values=cache, use_cache=True).logits[:, -1]  # beyond: eager
+    assert cache.decoder is None
+    assert rel_error(ninth, full[:, 8]) < 1e-5 and rel_error(tenth, full[:, 9]) < 1e-5
+    model.cuda_graph = None

@@ -106,7 +106,15 @@ class _GraphDecoder:
                 cache.layers[i] = static
         self.token = torch.zeros(batch, 1, dtype=torch.int64, device=device)
         self.graph, self.logits, self.calls = None, None, 0
+        self.batch, self.capacity = batch, capacity
         self.capture = device.type == "cuda"  # elsewhere the static-shape step runs eagerly
+
+    def release(self) -> None:
+        """Back to ordinary (growing) KV caches, e.g. before decoding past the capacity."""
+        for state in self.cache.layers:
+            if isinstance(state, KVCache):
+                state.position = None
+        self.graph = self.logits = None
 
     def _step(self) -> Tensor:
         logits = self.model(self.token, cache=self.cache, use_cache=True).logits[:, -1]

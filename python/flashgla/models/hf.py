@@ -41,7 +41,7 @@ from ..nn.padding import has_padding
 from .checkpoint import HF_MODEL_TYPE
 from .config import GLAConfig
 from .gla_lm import Cache as _CoreCache
-from .gla_lm import GLAForCausalLM
+from .gla_lm import GLAForCausalLM, _GraphDecoder
 
 __all__ = ["FlashGLAConfig", "FlashGLAForCausalLM", "GLACache", "register"]
 
@@ -83,8 +83,15 @@ class GLACache(_CoreCache, _HFCache):
 
     is_compileable = False
 
-    def __init__(self, num_layers: int):
+    def __init__(self, num_layers: int, capacity: Optional[int] = None):
         _CoreCache.__init__(self, num_layers)  # transformers' Cache keeps transformers' layer objects: not used
+        self.capacity = capacity  # the most tokens generate() will see (static KV caches for a CUDA graph)
+        self.decoder = None       # the CUDA-graph decode step on this cache, once made
+
+    def release_decoder(self) -> None:
+        if self.decoder is not None:
+            self.decoder.release()
+            self.decoder = None
 
     def get_seq_length(self, layer_idx: Optional[int] = 0) -> int:
         return self.seen_tokens
@@ -100,6 +107,7 @@ class GLACache(_CoreCache, _HFCache):
         return [False] * len(self.layers)
 
     def _map(self, fn) -> None:
+        self.release_decoder()  # new tensors: the graph's buffers are gone
         for i, state in enumerate(self.layers):
             if isinstance(state, GLAState):
                 conv = None if state.conv is None else tuple(fn(c) for c in state.conv)
@@ -108,8 +116,12 @@ class GLACache(_CoreCache, _HFCache):
                 self.layers[i] = KVCache(fn(state.k), fn(state.v), state.length)
 
     def reorder_cache(self, beam_idx: Tensor) -> None:
-        """Beam search: row b becomes row beam_idx[b]."""
-        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+        """Beam search: row b becomes row beam_idx[b] (in place: a captured decode step keeps its buffers)."""
+        for state in self.layers:
+            tensors = ([state.recurrent, *(state.conv or ())] if isinstance(state, GLAState)
+                       else [state.k, state.v] if isinstance(state, KVCache) else [])
+            for t in tensors:
+                t.copy_(t.index_select(0, beam_idx.to(t.device)))
 
     def batch_select_indices(self, indices: Tensor) -> None:
         self._map(lambda t: t[indices.to(t.device)])
@@ -131,6 +143,9 @@ class FlashGLAForCausalLM(PreTrainedModel, GenerationMixin):
     main_input_name = "input_ids"
     _no_split_modules = ["GLABlock"]
     _is_stateful = True            # generation states are not transformers' KV caches
+    # generate(): on CUDA the one-token decode step is captured in a CUDA graph and replayed (None: on
+    # CUDA; True: also on the CPU, where the same static-shape step runs eagerly; False: never).
+    cuda_graph: Optional[bool] = None
     _supports_cache_class = True
     supports_gradient_checkpointing = False
     if _TRANSFORMERS_MAJOR >= 5:
@@ -199,10 +214,33 @@ class FlashGLAForCausalLM(PreTrainedModel, GenerationMixin):
         if past_key_values is not None and past_key_values.seen_tokens > 0 and attention_mask is not None:
             # Padding was packed away at the prefill; the decode steps' mask (all ones for new tokens) is not needed.
             attention_mask = None
+        decoder = self._decoder(input_ids, past_key_values, use_cache, labels, cu_seqlens)
+        if decoder is not None:
+            # a copy: the graph's output buffer is overwritten by the next step, transformers may keep this one
+            logits = decoder(input_ids[:, 0]).unsqueeze(1).clone()
+            return CausalLMOutputWithPast(logits=logits, **{_CACHE_KEY: past_key_values})
         out = self.model(input_ids, attention_mask=attention_mask, cu_seqlens=cu_seqlens, labels=labels,
                          cache=past_key_values, use_cache=bool(use_cache), logits_to_keep=logits_to_keep)
         return CausalLMOutputWithPast(loss=out.loss, logits=out.logits,
                                       **{_CACHE_KEY: past_key_values if use_cache else None})
+
+    def _decoder(self, input_ids, cache, use_cache, labels, cu_seqlens):
+        """The cache's graph decode step when this call is one (one token per sequence after a prefill,
+        within the capacity generate() announced, no gradients), else None (and the static KV caches
+        go back to ordinary ones when the capacity is used up)."""
+        if not isinstance(cache, GLACache) or cache.capacity is None:
+            return None
+        wanted = self.cuda_graph if self.cuda_graph is not None else input_ids.is_cuda
+        fits = cache.seen_tokens + 1 <= cache.capacity
+        if not (wanted and use_cache and fits and cache.seen_tokens > 0 and input_ids.shape[1] == 1
+                and labels is None and cu_seqlens is None and not torch.is_grad_enabled()):
+            if not fits or input_ids.shape[1] != 1:
+                cache.release_decoder()
+            return None
+        if cache.decoder is None or cache.decoder.batch != input_ids.shape[0]:
+            cache.release_decoder()
+            cache.decoder = _GraphDecoder(self.model, cache, input_ids.shape[0], cache.capacity)
+        return cache.decoder
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs) -> None:
         """generate() starts from an empty GLACache (transformers would make a DynamicCache of keys and values)."""
@@ -212,7 +250,7 @@ class FlashGLAForCausalLM(PreTrainedModel, GenerationMixin):
                 raise TypeError(f"flashgla: {_CACHE_KEY}: expected a GLACache, got {type(given).__name__}")
             return
         if generation_config.use_cache is not False:
-            model_kwargs[_CACHE_KEY] = GLACache(len(self.model.layers))
+            model_kwargs[_CACHE_KEY] = GLACache(len(self.model.layers), generation_config.max_length)
 
     def prepare_inputs_for_generation(self, input_ids: Tensor, past_key_values: Optional[GLACache] = None,
                                       attention_mask: Optional[Tensor] = None, use_cache: bool = True,
