@@ -4,7 +4,7 @@ Transformer++ (torch SDPA attention), eager decoding against the decode step cap
 
     python bench/bench_generate.py                       # 340M, 64 sequences, 128-token prompts, 256 new tokens
     python bench/bench_generate.py --preset tiny         # a smoke test (runs on the CPU: eager only)
-    python bench/bench_generate.py --hf                  # also transformers' generate() of flashgla.models.hf
+    python bench/bench_generate.py --hf                  # also transformers' generate() (flashgla.models.hf)
 
 bf16 weights, greedy decoding (every sequence generates exactly --new-tokens tokens). For each model and
 mode: the wall time of generate() (prefill + decoding, median of --repeats runs after a warm-up run),
@@ -91,8 +91,14 @@ def main(argv=None):
             from flashgla.models.hf import FlashGLAConfig, FlashGLAForCausalLM
             wrapper = FlashGLAForCausalLM(FlashGLAConfig.from_core(config, eos_token_id=None, pad_token_id=0))
             wrapper.model = model  # the same weights
-            runs["transformers generate()"] = lambda m, ids, n, w=wrapper: w.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+
+            def hf_generate(m, ids, n, w=wrapper, graph=None):
+                w.cuda_graph = graph
+                return w.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                  do_sample=False)
+            runs["transformers generate(), eager"] = lambda m, ids, n: hf_generate(m, ids, n, graph=False)
+            if device.type == "cuda":
+                runs["transformers generate(), CUDA graph"] = lambda m, ids, n: hf_generate(m, ids, n, graph=True)
         for mode, generate in runs.items():
             r = bench(model, generate, args.batch, args.prompt_len, args.new_tokens, args.repeats, device,
                       config.vocab_size)

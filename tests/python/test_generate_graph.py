@@ -75,11 +75,11 @@ def test_cuda_graph_generation_replays_and_matches_eager(options, dtype):
     handle.remove()
     # prefill, the warm-up step and the capture run Python; the remaining 8 steps are graph replays
     assert calls == [9, 1, 1], calls
-    same = (graphed == eager).float().mean().item()
     if dtype == torch.float32:
         assert torch.equal(graphed, eager)
-    else:  # bf16: a near-tie may flip one argmax, after which the two continuations differ
-        assert torch.equal(graphed[:, :10], eager[:, :10]) and same > 0.8, same
+    else:  # bf16: a near-tie may flip one argmax, after which the two continuations differ; every graphed
+        # token must still be the (near) argmax of a full forward pass of its prefix (below)
+        assert torch.equal(graphed[:, :10], eager[:, :10])
     with torch.no_grad():
         logits = model(graphed).logits.float()
     picked = logits[:, 8:-1].gather(-1, graphed[:, 9:].unsqueeze(-1)).squeeze(-1)
