@@ -45,7 +45,7 @@ tools=("scikit-build-core>=0.10" "nanobind>=2.0")
 cmake_version=$(cmake --version 2>/dev/null | head -1 | grep -oE '[0-9]+\.[0-9]+' | head -1 || true)
 if [ -z "$cmake_version" ] || ! printf '3.24\n%s\n' "$cmake_version" | sort -V -C; then tools+=("cmake>=3.24"); fi
 command -v ninja >/dev/null || tools+=(ninja)
-"$PY" -m pip install -q torch==2.13.0 pytest numpy "${tools[@]}"
+"$PY" -m pip install -q torch==2.13.0 pytest numpy transformers safetensors accelerate "${tools[@]}"
 
 if [ -z "${FLASHGLA_CUDA:-}" ]; then
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then

@@ -56,6 +56,12 @@ if _problem is None:
     from .attention import flash_attention
     from .gla import chunk_gla, chunk_linear_attn, chunk_simple_gla, fused_recurrent_gla, gla_decode_step
 
+    # transformers' AutoModelForCausalLM learns the "flashgla_gla" model type when transformers is (or
+    # gets) imported; flashgla itself never imports transformers (see _hf_hook).
+    from . import _hf_hook
+
+    _hf_hook.install()
+
 
 def __getattr__(name):
     if name in _OPS:

@@ -5,8 +5,10 @@ Generation prefills the prompt with the chunked GLA op (keeping each layer's fin
 decodes one token per step with flashgla's decode kernel; attention blocks keep a KV cache.
 """
 
+import json
 import os
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, fields
 from typing import List, Optional, Union
 
 import torch
@@ -17,6 +19,7 @@ from ..nn.attention import Attention, KVCache
 from ..nn.gla import GatedLinearAttention, GLAState
 from ..nn.norm import RMSNorm
 from ..nn.padding import check_mask, has_padding, pack, packing, unpack
+from .checkpoint import FLA_MODEL_TYPE, HF_MODEL_TYPE, config_from_fla, load_weights, state_dict_from_fla
 from .config import GLAConfig
 
 __all__ = ["GLAForCausalLM", "GLABlock", "SwiGLU", "Cache", "CausalLMOutput"]
@@ -77,6 +80,82 @@ class CausalLMOutput:
     cache: Optional[Cache] = None   # with use_cache
 
 
+class _GraphDecoder:
+    """The one-token decode step of a model on a fixed batch, as a CUDA graph.
+
+    Every per-layer state is a fixed buffer updated in place by the step (GLA states by the decode
+    kernel, short-convolution inputs by a copy, attention keys and values written at a device-side
+    position into caches preallocated to the final length), so the step has static shapes and no
+    host synchronization. The first call runs the step eagerly on a side stream (warm-up: lazy
+    initializations, workspace allocations), the second captures it, and every call from then on
+    copies the token into the graph's input and replays it. On capture failure it stays eager.
+    """
+
+    def __init__(self, model: "GLAForCausalLM", cache: Cache, batch: int, capacity: int):
+        self.model, self.cache = model, cache
+        device = next(model.parameters()).device
+        self.position = None
+        for i, state in enumerate(cache.layers):
+            if isinstance(state, KVCache):  # preallocate to the final length, filled with the prompt's keys
+                if self.position is None:
+                    self.position = torch.full((1,), state.length, dtype=torch.int64, device=device)
+                static = KVCache.empty(batch, state.k.shape[2], state.k.shape[3], capacity, state.k.dtype, device)
+                static.k[:, :state.length] = state.k[:, :state.length]
+                static.v[:, :state.length] = state.v[:, :state.length]
+                static.length, static.position = state.length, self.position
+                cache.layers[i] = static
+        self.token = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+        self.graph, self.logits, self.calls = None, None, 0
+        self.batch, self.capacity = batch, capacity
+        self.capture = device.type == "cuda"  # elsewhere the static-shape step runs eagerly
+
+    def release(self) -> None:
+        """Back to ordinary (growing) KV caches, e.g. before decoding past the capacity."""
+        for state in self.cache.layers:
+            if isinstance(state, KVCache):
+                state.position = None
+        self.graph = self.logits = None
+
+    def _step(self) -> Tensor:
+        logits = self.model(self.token, cache=self.cache, use_cache=True).logits[:, -1]
+        if self.position is not None:
+            self.position.add_(1)
+        return logits
+
+    def __call__(self, token: Tensor) -> Tensor:
+        seen = self.cache.seen_tokens
+        self.token.copy_(token.view(-1, 1))
+        if not self.capture:
+            logits = self._step()
+        elif self.calls == 0:  # warm-up, on a side stream as capture requires
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                logits = self._step()
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            if self.calls == 1:
+                graph = torch.cuda.CUDAGraph()
+                try:
+                    with torch.cuda.graph(graph):
+                        self.logits = self._step()
+                    self.graph = graph
+                except RuntimeError as error:  # e.g. an op that cannot be captured: continue eagerly
+                    warnings.warn(f"flashgla: generate: CUDA graph capture failed ({error}); decoding eagerly",
+                                  RuntimeWarning, stacklevel=3)
+            if self.graph is not None:
+                self.graph.replay()
+                logits = self.logits
+            else:
+                logits = self._step()
+        self.calls += 1
+        self.cache.seen_tokens = seen + 1  # the step's host-side bookkeeping runs only when not replayed
+        for state in self.cache.layers:
+            if isinstance(state, KVCache):
+                state.length += 1
+        return logits
+
+
 class GLAForCausalLM(nn.Module):
     def __init__(self, config: GLAConfig):
         super().__init__()
@@ -101,10 +180,11 @@ class GLAForCausalLM(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 cu_seqlens: Optional[Tensor] = None, labels: Optional[Tensor] = None,
-                cache: Optional[Cache] = None, use_cache: bool = False) -> CausalLMOutput:
+                cache: Optional[Cache] = None, use_cache: bool = False, logits_to_keep: int = 0) -> CausalLMOutput:
         """input_ids [B, T]; attention_mask [B, T] (1: token, 0: padding) or cu_seqlens [N+1] with B == 1;
         labels [B, T] (the loss predicts labels[:, t+1] from position t; -100 and padding are ignored);
-        cache: the previous call's, continued (and updated) by this one."""
+        cache: the previous call's, continued (and updated) by this one; logits_to_keep n > 0: only the
+        logits of the last n positions (generation needs the last one; ignored with labels)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids: expected [B, T], got shape {list(input_ids.shape)}")
         batch, seq_len = input_ids.shape
@@ -126,9 +206,13 @@ class GLAForCausalLM(nn.Module):
             x, state = layer(x, cu_seqlens, state, use_cache)
             if use_cache:
                 cache.layers[i] = state
+        if logits_to_keep > 0 and labels is None and p is None and cu_seqlens is None:
+            x = x[:, -logits_to_keep:]
         logits = self.lm_head(self.norm(x))
         if p is not None:
             logits = unpack(logits, p)
+            if logits_to_keep > 0 and labels is None:
+                logits = logits[:, -logits_to_keep:]
         if use_cache:
             cache.seen_tokens += seq_len
 
@@ -153,12 +237,18 @@ class GLAForCausalLM(nn.Module):
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, attention_mask: Optional[Tensor] = None,
                  do_sample: bool = False, temperature: float = 1.0, top_k: Optional[int] = None,
-                 eos_token_id: Optional[int] = None, generator: Optional[torch.Generator] = None) -> Tensor:
+                 eos_token_id: Optional[int] = None, generator: Optional[torch.Generator] = None,
+                 cuda_graph: Optional[bool] = None) -> Tensor:
         """Continues each prompt by max_new_tokens tokens: greedy, or sampled (temperature, top-k).
 
         input_ids [B, T]; a batch of prompts of different lengths is padded on the left, with
         attention_mask marking the tokens. Returns [B, T + max_new_tokens]; after eos_token_id a
         sequence continues with eos_token_id.
+
+        cuda_graph: on CUDA the one-token decode step (all layers and the head) is captured in a CUDA
+        graph after one eager warm-up step and replayed (None: automatically on CUDA when at least
+        GRAPH_MIN_TOKENS tokens are generated; False: always eager; True: always; on the CPU, True runs
+        the same static-shape step eagerly).
         """
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be ≥ 0, got {max_new_tokens}")
@@ -175,12 +265,21 @@ class GLAForCausalLM(nn.Module):
         if has_padding(attention_mask) and self.config.attn_layers:
             # Attention blocks keep one KV cache per batch: generate padded prompts one at a time.
             new_tokens = [self.generate(input_ids[b:b + 1][:, attention_mask[b].bool()], max_new_tokens, None,
-                                        do_sample, temperature, top_k, eos_token_id, generator)[:, -max_new_tokens:]
+                                        do_sample, temperature, top_k, eos_token_id, generator,
+                                        cuda_graph)[:, -max_new_tokens:]
                           for b in range(input_ids.shape[0])]
             return torch.cat([input_ids, torch.cat(new_tokens)[:, :max_new_tokens]], dim=1)
 
-        out = self(input_ids, attention_mask=attention_mask, use_cache=True)
+        if cuda_graph is None:
+            cuda_graph = input_ids.is_cuda and max_new_tokens >= self.GRAPH_MIN_TOKENS
+
+        out = self(input_ids, attention_mask=attention_mask, use_cache=True, logits_to_keep=1)
         cache, logits = out.cache, out.logits[:, -1]
+        if cuda_graph:
+            decode = _GraphDecoder(self, cache, input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
+        else:
+            def decode(token: Tensor) -> Tensor:
+                return self(token.unsqueeze(1), cache=cache, use_cache=True).logits[:, -1]
         tokens = [input_ids]
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for step in range(max_new_tokens):
@@ -191,11 +290,13 @@ class GLAForCausalLM(nn.Module):
             tokens.append(next_token.unsqueeze(1))
             if step + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
                 break
-            logits = self(next_token.unsqueeze(1), cache=cache, use_cache=True).logits[:, -1]
+            logits = decode(next_token)
         result = torch.cat(tokens, dim=1)
         if result.shape[1] < input_ids.shape[1] + max_new_tokens:  # everyone stopped early
             result = F.pad(result, (0, input_ids.shape[1] + max_new_tokens - result.shape[1]), value=eos_token_id)
         return result
+
+    GRAPH_MIN_TOKENS = 4  # below this many new tokens, capturing a graph costs more than it saves
 
     @staticmethod
     def _pick(logits: Tensor, do_sample: bool, temperature: float, top_k: Optional[int],
@@ -219,9 +320,43 @@ class GLAForCausalLM(nn.Module):
     @classmethod
     def from_pretrained(cls, directory: str, map_location="cpu", dtype: Optional[torch.dtype] = None
                         ) -> "GLAForCausalLM":
-        config = GLAConfig.from_json(os.path.join(directory, CONFIG_FILE))
+        """Loads a checkpoint directory: flashgla's own (config.json + model.pt), one written by
+        flashgla.models.hf (model type "flashgla_gla", safetensors), or one written by FLA's
+        GLAForCausalLM (model type "gla"; safetensors or pytorch_model.bin, FLA's names and options)."""
+        config_path = os.path.join(directory, CONFIG_FILE)
+        if not os.path.exists(config_path):
+            raise FileNotFoundError(f"flashgla: {directory}: no {CONFIG_FILE} in this directory")
+        with open(config_path) as f:
+            values = json.load(f)
+        model_type = values.get("model_type")
+        if model_type == FLA_MODEL_TYPE:
+            config = config_from_fla(values)
+            state = state_dict_from_fla(load_weights(directory), config)
+        elif model_type == HF_MODEL_TYPE:
+            config = GLAConfig.from_dict({f.name: values[f.name] for f in fields(GLAConfig) if f.name in values})
+            state = {k[len("model."):]: v for k, v in load_weights(directory).items() if k.startswith("model.")}
+            if config.tie_word_embeddings and "lm_head.weight" not in state and "embeddings.weight" in state:
+                state["lm_head.weight"] = state["embeddings.weight"]
+        elif model_type is not None:
+            raise ValueError(f"flashgla: {config_path}: model_type {model_type!r} is not a GLA model "
+                             f"(expected {HF_MODEL_TYPE!r}, FLA's {FLA_MODEL_TYPE!r} or none)")
+        else:
+            config = GLAConfig.from_dict(values)
+            state = torch.load(os.path.join(directory, WEIGHTS_FILE), map_location="cpu", weights_only=True)
         model = cls(config)
-        state = torch.load(os.path.join(directory, WEIGHTS_FILE), map_location=map_location, weights_only=True)
-        model.load_state_dict(state)
-        model = model.to(map_location if isinstance(map_location, (str, torch.device)) else "cpu")
-        return model.to(dtype) if dtype is not None else model
+        if dtype is not None:  # before loading, so weights stored in that dtype arrive unrounded
+            model = model.to(dtype)
+        model.load_checkpoint_state(state, directory)
+        return model.to(map_location if isinstance(map_location, (str, torch.device)) else "cpu")
+
+    def load_checkpoint_state(self, state: dict, source: str = "checkpoint") -> None:
+        """load_state_dict with the mismatches named: missing or unexpected weights, wrong shapes."""
+        own = self.state_dict()
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        shapes = [f"{k}: {list(state[k].shape)} (expected {list(own[k].shape)})" for k in own
+                  if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+        if missing or unexpected or shapes:
+            raise ValueError(f"flashgla: {source}: the weights do not fit the config: missing {missing}, "
+                             f"unexpected {unexpected}, wrong shapes {shapes}")
+        self.load_state_dict(state)

@@ -24,12 +24,16 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if dim % 2:
             raise ValueError(f"rotary embedding needs an even head dimension, got {dim}")
-        self.register_buffer("inv_freq", theta ** (-torch.arange(0, dim, 2, dtype=torch.float32) / dim),
-                             persistent=False)
+        # The frequencies are computed on each call (D/2 numbers) rather than kept in a buffer: a model
+        # built on the meta device (transformers' from_pretrained) then needs no re-initialization.
+        self.dim, self.theta = dim, float(theta)
+
+    def inv_freq(self, device) -> Tensor:
+        return self.theta ** (-torch.arange(0, self.dim, 2, dtype=torch.float32, device=device) / self.dim)
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """x [B, T, H, D]; positions [B, T] or [T] (int)."""
-        angles = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [.., T, D/2]
+        angles = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq(x.device)  # [.., T, D/2]
         if angles.dim() == 2:
             angles = angles.unsqueeze(0)
         cos, sin = angles.cos().unsqueeze(2), angles.sin().unsqueeze(2)      # [B, T, 1, D/2]
@@ -44,6 +48,9 @@ class KVCache:
     k: Tensor
     v: Tensor
     length: int = 0
+    # Static caches (CUDA-graph decoding): the capacity is fixed and the next write position is this
+    # device tensor (int64 [1]), advanced by the caller after each step; `length` is only its host mirror.
+    position: Optional[Tensor] = None
 
     def append(self, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
         """Adds [B, T, Hkv, D] and returns all valid keys and values (views)."""
@@ -101,6 +108,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(batch, seq_len, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(batch, seq_len, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(batch, seq_len, self.num_kv_heads, self.head_dim)
+        if cache is not None and cache.position is not None:
+            return self._static_step(q, k, v, cu_seqlens, cache), cache
         offset = 0 if cache is None else cache.length
         if cu_seqlens is None:
             positions = torch.arange(offset, offset + seq_len, device=x.device)
@@ -121,6 +130,23 @@ class Attention(nn.Module):
                 raise NotImplementedError("attention backend 'sdpa' takes no packed or padded sequences")
             o = self._sdpa(q, k, v)
         return self.o_proj(o.reshape(batch, seq_len, self.hidden_size)), (cache if use_cache else None)
+
+    def _static_step(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], cache: KVCache) -> Tensor:
+        """One token per sequence against a static cache, without reading anything back to the host (the
+        write position is a device tensor), so the step can be captured in a CUDA graph: keys and values
+        go to row `position`, and the query attends to the rows up to it (a mask over the capacity)."""
+        batch, seq_len = q.shape[:2]
+        if seq_len != 1 or cu_seqlens is not None:
+            raise NotImplementedError("attention: a static KV cache takes one token per sequence, unpacked")
+        position = cache.position
+        q, k = self.rotary(q, position), self.rotary(k, position)
+        cache.k.index_copy_(1, position, k)
+        cache.v.index_copy_(1, position, v)
+        visible = torch.arange(cache.k.shape[1], device=q.device) <= position  # [capacity]
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), cache.k.transpose(1, 2), cache.v.transpose(1, 2),
+                                           attn_mask=visible.view(1, 1, 1, -1),
+                                           enable_gqa=self.num_kv_heads != self.num_heads)
+        return self.o_proj(o.transpose(1, 2).reshape(batch, seq_len, self.hidden_size))
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

@@ -58,7 +58,13 @@ class ShortConvolution(nn.Module):
         W = self.kernel_size
         if cu_seqlens is None:
             history = cache if cache is not None else x.new_zeros(x.shape[0], W - 1, x.shape[2])
-            return torch.cat([history.to(x.dtype), x], dim=1)[:, x.shape[1]:] if W > 1 else history
+            last = torch.cat([history.to(x.dtype), x], dim=1)[:, x.shape[1]:] if W > 1 else history
+            if (x.shape[1] == 1 and cache is not None and cache.dtype == x.dtype
+                    and not (torch.is_grad_enabled() and (x.requires_grad or cache.requires_grad))):
+                # One decoded token: the cache is updated in place, like the GLA state, so a step captured
+                # in a CUDA graph keeps reading and writing the same buffer.
+                return cache.copy_(last)
+            return last
         bounds = cu_seqlens.tolist()
         rows = []
         for n in range(len(bounds) - 1):
