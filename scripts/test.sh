@@ -23,11 +23,13 @@ mkdir -p "$LOGS"
 # CTest marks a GoogleTest skip (GTEST_SKIP) as skipped (CMakeLists.txt); the long list of their names
 # that ends its output is left to the log, its count is kept for the summary.
 ctest --test-dir "$BUILD" --output-on-failure -j"$JOBS" 2>&1 | tee "$LOGS/ctest.log" |
-  awk '/^The following tests did not run:/ { listing = 1; next }
-       listing && / \(Skipped\)$/ { next }
-       { listing = 0; print }'
-cpp_total=$(grep -oE 'tests failed out of [0-9]+' "$LOGS/ctest.log" | grep -oE '[0-9]+$' || echo 0)
-cpp_failed=$(grep -oE '[0-9]+ tests failed out of' "$LOGS/ctest.log" | grep -oE '^[0-9]+' || echo 0)
+  awk -v logfile="$LOGS/ctest.log" \
+      '/^The following tests did not run:/ { listing = 1; next }
+       listing && / \(Skipped\)$/ { skipped++; next }
+       { listing = 0; print }
+       END { if (skipped) print skipped " of these tests were skipped (GTEST_SKIP); their names are in " logfile }'
+cpp_total=$(grep -oE 'tests passed.* out of [0-9]+' "$LOGS/ctest.log" | tail -n 1 | grep -oE '[0-9]+$' || echo 0)
+cpp_failed=$(grep -oE '[0-9]+ tests? failed' "$LOGS/ctest.log" | tail -n 1 | grep -oE '^[0-9]+' || echo 0)
 cpp_skipped=$(grep -cE ' \(Skipped\)$' "$LOGS/ctest.log" || true)
 cpp_passed=$((cpp_total - cpp_failed - cpp_skipped))
 
