@@ -44,7 +44,7 @@ if [ -f scripts/test_python.sh ]; then
 fi
 
 why=""
-flashgla_gpu_visible || why=" (no GPU visible: the GPU tests)"
+flashgla_gpu_visible || why=" (GPU tests: no GPU visible)"
 echo
 echo "Summary"
 echo "  C++ (CTest):    $cpp_passed passed, $cpp_skipped skipped$why, $cpp_failed failed"
