@@ -14,7 +14,7 @@ import torch
 import flashgla
 from flashgla import ops_norm
 from flashgla.models import GLAConfig, GLAForCausalLM
-from testing_utils import cu, gla_inputs
+from testing_utils import cu, gla_inputs, requires_gpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -157,3 +157,27 @@ def test_numpy_is_installed_with_flashgla():
     import importlib.metadata
     requirements = importlib.metadata.requires("flashgla") or []
     assert any(re.match(r"numpy\b", r) and "extra ==" not in r for r in requirements), requirements
+
+
+# ---- the same on the GPU (skipped without one) -----------------------------------------------------------
+
+@requires_gpu
+def test_gpu_prompt_token_id_outside_the_vocabulary_is_a_value_error(gen):
+    """generate reads its CUDA prompt back once: a ValueError, not a device-side assert that poisons the context."""
+    model = tiny_model(50).cuda()
+    ids = torch.randint(0, 50, (2, 7), generator=gen)
+    ids[0, 3] = 50
+    with raises(ValueError, "flashgla: input_ids:", "token id 50", "[0, 50)"):
+        model.generate(ids.cuda(), 2)
+    assert model.generate(ids.clamp(max=49).cuda(), 2).shape == (2, 9)  # the context still works
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_double_backward_says_it_is_not_supported(gen, dtype):
+    q, k, v, g, _ = (t.cuda().to(dtype if i < 3 else torch.float32) for i, t in enumerate(inputs(gen)))
+    q.requires_grad_()
+    o, _ = flashgla.chunk_gla(q, k, v, g)
+    (dq,) = torch.autograd.grad(o.float().square().sum(), q, create_graph=True)
+    with raises(NotImplementedError, "flashgla: chunk_gla:", "double backward is not supported"):
+        dq.float().square().sum().backward()
