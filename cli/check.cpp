@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <new>
 
 #include "cli/commands.h"
 #include "cli/inputs.h"
@@ -70,6 +71,8 @@ class Table {
         const double error = testing::rel_rms_error(out[i].buffer.values(), ref[i].buffer.values());
         row(op, out[i].name, error, tolerance(coarser(precision, out[i].buffer.dtype())));
       }
+    } catch (const std::bad_alloc&) {
+      error_row(op, "out of host memory (std::bad_alloc): try a smaller -T, -B, -H, -K or -V");
     } catch (const std::exception& e) {
       error_row(op, e.what());
     }

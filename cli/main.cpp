@@ -1,5 +1,6 @@
 // The flashgla command: `flashgla check` and `flashgla bench` (see --help).
 #include <cstdio>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,11 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     std::fprintf(stderr, "flashgla: %s\n", e.what());
     return 2;
+  } catch (const std::bad_alloc&) {
+    // The sizes passed the up-front estimate (a lower bound) but still do not fit.
+    std::fprintf(stderr, "flashgla: out of host memory (std::bad_alloc) for the sizes asked for; try a smaller "
+                         "-T, -B, -H, -K or -V\n");
+    return 1;
   } catch (const flashgla::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());  // reads "flashgla: ..."
     return 1;

@@ -1,6 +1,10 @@
 #include "cli/options.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -59,7 +63,7 @@ uint64_t parse_unsigned(const std::string& flag, const std::string& text, const 
 }
 
 int64_t parse_at_least(const std::string& flag, const std::string& text, int64_t min) {
-  const std::string expected = "an integer >= " + std::to_string(min);
+  const std::string expected = "an integer from " + std::to_string(min) + " to " + std::to_string(INT32_MAX);
   const uint64_t value = parse_unsigned(flag, text, expected);
   if (value < uint64_t(min) || value > uint64_t(INT32_MAX)) bad_value(flag, expected, text);
   return int64_t(value);
@@ -227,6 +231,36 @@ Shape resolve_shape(const RawOptions& raw, Command c) {
   return s;
 }
 
+std::string gib(long double bytes) {
+  char text[32];
+  if (bytes >= 1024.0L * 1024 * 1024 * 1024) std::snprintf(text, sizeof text, "%.1Lf TiB", bytes / (1024.0L * 1024 * 1024 * 1024));
+  else std::snprintf(text, sizeof text, "%.1Lf GiB", bytes / (1024.0L * 1024 * 1024));
+  return text;
+}
+
+// Refuses, before anything is allocated, sizes whose tensors cannot fit in this machine's memory (which
+// would end in std::bad_alloc, possibly after minutes of filling inputs): says how much they need and
+// the largest -T that could fit. A lower bound, so nothing that could run is refused.
+void check_memory(const Options& o, Command c) {
+  const long double per_token = min_bytes_per_token(o, c);
+  const long double tokens = (long double)o.shape.batch * (long double)o.shape.seq_len;
+  const long double needed = per_token * tokens;
+  const long double memory = (long double)host_memory_bytes();
+  if (memory <= 0 || needed <= memory) return;
+  const char* name = c == Command::bench ? "bench" : "check";
+  const long double largest_t = std::floor(memory / (per_token * (long double)o.shape.batch));
+  std::string advice;
+  if (o.shape.varlen()) advice = "; the last --varlen boundary (the total tokens) must stay below " +
+                                 std::to_string((long long)largest_t);
+  else if (largest_t >= 1) advice = "; with these -B -H -K -V, -T above " + std::to_string((long long)largest_t) +
+                                    " cannot fit";
+  else advice = "; even -T 1 cannot fit: reduce -B, -H, -K or -V";
+  throw UsageError(std::string(name) + " at " + o.shape.str() + " needs at least " + gib(needed) + " of memory (" +
+                   (c == Command::bench ? "inputs, outputs and gradients" :
+                                          "inputs, outputs and gradients in f64 for the reference") +
+                   "), more than this machine's " + gib(memory) + advice);
+}
+
 #ifdef FLASHGLA_WITH_CUDA
 constexpr bool kBuiltWithCuda = true;
 #else
@@ -259,6 +293,7 @@ Options resolve(const RawOptions& raw, Command c) {
   o.warmup = int(raw.warmup.value_or(cuda ? 10 : 1));
   o.repeat = int(raw.repeat.value_or(cuda ? 50 : 5));
   o.passes = raw.passes;
+  check_memory(o, c);
   return o;
 }
 
@@ -344,6 +379,25 @@ const char* kBenchIntro =
 const char* kBenchOutro = "\nexit status: 0 success; 1 an op failed; 2 a bad command line.\n";
 
 }  // namespace
+
+uint64_t host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page_size > 0 ? uint64_t(pages) * uint64_t(page_size) : 0;
+}
+
+// Per token (of B*T): the elements of the largest op selected, H*(q, k, v, do, o, dq, dk, dv) plus
+// the gate and its gradient for GLA; attention's keys and values have Hkv heads. check keeps them in f64
+// for the reference, bench in --dtype. The real peak is higher (the tested op's copies, workspaces).
+long double min_bytes_per_token(const Options& o, Command c) {
+  const Shape& s = o.shape;
+  const long double H = s.heads, Hkv = s.kv_heads, K = s.key_dim, V = s.value_dim;
+  long double elements = 0;
+  if (o.ops.chunked || o.ops.recurrent || o.ops.decode)
+    elements = H * (4 * K + 4 * V + (o.gate == Gate::vector ? 2 * K : o.gate == Gate::scalar ? 2 : 0));
+  if (o.ops.attention) elements = std::max(elements, H * (2 * K + 2 * V) + Hkv * (2 * K + 2 * V));
+  const long double element_bytes = c == Command::bench ? (long double)dtype_size(o.dtype) : 8.0L;
+  return elements * element_bytes;
+}
 
 std::string Shape::str() const {
   std::string s = "B=" + std::to_string(batch) + " T=" + std::to_string(seq_len) + " H=" + std::to_string(heads) +

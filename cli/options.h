@@ -67,6 +67,12 @@ CommandLine parse_command_line(const std::vector<std::string>& args);
 // The help of a command (Command::none: the top-level help).
 std::string help_text(Command command);
 
+// Physical memory of this machine (0 when unknown).
+uint64_t host_memory_bytes();
+// A lower bound of the host memory a command needs per token (of B*T) at `options`; resolve()
+// refuses (UsageError) sizes that cannot fit in host_memory_bytes(), naming the largest -T.
+long double min_bytes_per_token(const Options& options, Command command);
+
 const char* gate_name(Gate gate);
 const char* pass_name(Pass pass);
 const char* short_dtype_name(DType dtype);  // "f32", "bf16", ...

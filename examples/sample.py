@@ -29,6 +29,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
+    if not args.prompt:
+        p.error("--prompt is empty: give at least one character for the model to continue")
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)

@@ -67,6 +67,8 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-k", type=int, default=40)
     args = p.parse_args(argv)
+    if not args.prompt:
+        p.error("--prompt is empty: the sample at the end needs at least one character to continue")
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -250,6 +252,9 @@ def main(argv=None):
         json.dump(history, f, indent=1)
     if plot(history, os.path.join(args.out, "loss.png")):
         print(f"loss curve: {os.path.join(args.out, 'loss.png')}")
+    else:
+        print("no loss.png: matplotlib is not installed (pip install matplotlib, or pip install .[examples] "
+              "from the flashgla repository); the losses are in losses.json")
     first, last = history["eval"][0]["loss"], history["eval"][-1]["loss"]
     print(f"held-out loss {first:.4f} -> {last:.4f}; checkpoint in {args.out}")
 

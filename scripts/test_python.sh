@@ -3,11 +3,12 @@
 # environment of its own (.venv-py, reused when present) and runs
 # `pytest -q tests/python`; exits with pytest's status.
 #
-# CUDA backend of the wheel: FLASHGLA_CUDA=ON|OFF|AUTO is passed through when
-# set. When it is not set, the wheel is built without CUDA on a machine with no
-# GPU (the CUDA kernels could not run there, and compiling them takes long on a
-# small machine; the C++ build of scripts/test.sh compiles them anyway), and
-# with AUTO (CUDA when nvcc is found) where a GPU is present.
+# CUDA backend of the wheel: FLASHGLA_PYTHON_CUDA=ON|OFF|AUTO, else
+# FLASHGLA_CUDA, is passed through when set (.ci/run compiles the CUDA sources
+# in the C++ build and keeps the wheel CPU-only). When neither is set, the wheel
+# is built without CUDA on a machine with no GPU (the CUDA kernels could not run
+# there, and compiling them takes long on a small machine), and with AUTO (CUDA
+# when nvcc is found and a GPU visible) where a GPU is present.
 #
 # Needs python3 3.9+ and PyPI (torch==2.13.0 comes from a local wheel where
 # pip is configured with one); venv, the Python headers and a C++ compiler are
@@ -47,7 +48,8 @@ if [ -z "$cmake_version" ] || ! printf '3.24\n%s\n' "$cmake_version" | sort -V -
 command -v ninja >/dev/null || tools+=(ninja)
 "$PY" -m pip install -q torch==2.13.0 pytest numpy transformers safetensors accelerate "${tools[@]}"
 
-if [ -z "${FLASHGLA_CUDA:-}" ]; then
+FLASHGLA_CUDA=${FLASHGLA_PYTHON_CUDA:-${FLASHGLA_CUDA:-}}
+if [ -z "$FLASHGLA_CUDA" ]; then
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     export FLASHGLA_CUDA=AUTO
   else
@@ -55,6 +57,7 @@ if [ -z "${FLASHGLA_CUDA:-}" ]; then
   fi
 fi
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+export FLASHGLA_CUDA
 echo "test_python: pip install . (FLASHGLA_CUDA=$FLASHGLA_CUDA)"
 "$PY" -m pip install -q --no-build-isolation .
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <random>
 #include <string>
 
 #include "flashgla/flashgla.h"
@@ -222,6 +223,37 @@ TEST(ApiChecks, CuSeqlens) {
   a.cu_seqlens = {};
   a.cu_seqlens_host = host.view();
   expect_error([&] { check_forward(a); }, ErrorKind::value, "cu_seqlens_host", "without cu_seqlens");
+}
+
+// Issue 14: a host copy that contradicts cu_seqlens, both on the CPU, is an error (both valid on their
+// own: the same length, 0 first, non-decreasing, T last). Random interior boundaries, so the index named
+// is not a fixed one.
+TEST(ApiChecks, CuSeqlensHostContradictsCuSeqlens) {
+  VarlenTensors t;  // cu_seqlens = {0, 3, 3, 10}, int32
+  std::mt19937_64 rng(std::random_device{}());
+  const int64_t first = std::uniform_int_distribution<int64_t>(4, 10)(rng);  // differs from 3
+  const int64_t second = std::uniform_int_distribution<int64_t>(first, 10)(rng);
+  Buffer host(DType::i64, {4});
+  host.set_values({0, double(first), double(second), 10});
+  auto a = t.forward();
+  a.cu_seqlens_host = host.view();
+  expect_error([&] { check_forward(a); }, ErrorKind::value, "cu_seqlens_host",
+               "differs at index 1: " + std::to_string(first) + " vs 3");
+  // An exact copy (another dtype is fine) passes.
+  Buffer copy(DType::i64, {4});
+  copy.set_values({0, 3, 3, 10});
+  a.cu_seqlens_host = copy.view();
+  EXPECT_NO_THROW(check_forward(a));
+}
+
+// Issue 14: inputs without their batch dimension ([T, H, K], as some other libraries take) get a message
+// that names q and says the batch dimension is missing, whatever the gate looks like.
+TEST(ApiChecks, BatchDimensionMissing) {
+  Buffer q(DType::f32, {8, 3, 4}), k(DType::f32, {8, 3, 4}), v(DType::f32, {8, 3, 5}), g(DType::f32, {8, 3, 4});
+  Buffer o(DType::f32, {8, 3, 5});
+  GlaForwardArgs a;
+  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.g = g.view(), a.o = o.view();
+  expect_error([&] { check_forward(a); }, ErrorKind::value, "q", "batch dimension B missing");
 }
 
 TEST(ApiChecks, GlaOptions) {

@@ -143,3 +143,42 @@ TEST(CliOptions, MissingDeviceIsNotAUsageError) {
     EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
   }
 }
+
+// Issue 14: sizes that cannot fit in memory are refused before anything is allocated (no std::bad_alloc),
+// with the memory needed, this machine's memory and the largest -T that could fit.
+TEST(CliOptions, SizesTooLargeForMemoryNameTheLimit) {
+  const uint64_t memory = host_memory_bytes();
+  if (memory == 0) GTEST_SKIP() << "this machine's memory is unknown";
+  const std::vector<std::string> args = {"check", "-T", "2000000000", "-H", "64", "-K", "512", "-V", "512"};
+  try {
+    parse(args);
+    FAIL() << "accepted sizes that need more than " << memory << " bytes";
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("needs at least"), std::string::npos) << what;
+    EXPECT_NE(what.find("more than this machine's"), std::string::npos) << what;
+    const size_t at = what.find("-T above ");
+    ASSERT_NE(at, std::string::npos) << what;
+    const long long largest = std::stoll(what.substr(at + 9));
+    // The largest -T named is the one whose lower bound just fits.
+    CommandLine fits = parse({"check", "-H", "64", "-K", "512", "-V", "512"});
+    const long double per_token = min_bytes_per_token(fits.options, Command::check) * 2;  // -B 2 by default
+    EXPECT_LE(per_token * largest, (long double)memory) << what;
+    EXPECT_GT(per_token * (largest + 1), (long double)memory) << what;
+    EXPECT_NO_THROW(parse({"check", "-T", std::to_string(largest), "-H", "64", "-K", "512", "-V", "512"}));
+  }
+  // No -T at all can fit: say what to reduce instead.
+  try {
+    parse({"bench", "-B", "2147483647", "-H", "2147483647", "-T", "1"});
+    FAIL() << "accepted -B 2147483647 -H 2147483647";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("even -T 1 cannot fit"), std::string::npos) << e.what();
+  }
+  // Beyond the integer range the message says the range, not just a lower bound.
+  try {
+    parse({"check", "-T", "100000000000"});
+    FAIL() << "accepted -T 100000000000";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("from 1 to 2147483647"), std::string::npos) << e.what();
+  }
+}

@@ -7,6 +7,7 @@ torch's allocator, so the C++ side never allocates or synchronises.
 """
 
 import contextlib
+import numbers
 
 import torch
 
@@ -88,3 +89,31 @@ def run_op(function, workspace_bytes, device, args):
         num_bytes = workspace_bytes(*args)
         scratch, pointer = workspace(device, num_bytes)  # kept alive until the call has been queued
         function(*args, stream_of(device), pointer, num_bytes)
+
+
+def forbid_double_backward(backward_op, op_name):
+    """Gives the custom op `backward_op` (the gradients of `op_name`) an autograd formula that
+    refuses: the kernels have no second derivative, and a gradient of a gradient (create_graph=True,
+    then backward through the gradient) must say so instead of failing somewhere inside torch."""
+
+    def refuse(ctx, *grads):
+        raise NotImplementedError(
+            f"flashgla: {op_name}: double backward is not supported (the gradient of {op_name}'s gradient, "
+            "as with torch.autograd.grad(..., create_graph=True) followed by a backward through the result); "
+            "first-order gradients work")
+
+    backward_op.register_autograd(refuse, setup_context=lambda ctx, inputs, output: None)
+
+
+def as_scale(scale, op_name, hint=""):
+    """The optional float `scale`; a tensor in its place (a positional argument one slot off) is a TypeError."""
+    if scale is None:
+        return None
+    if isinstance(scale, torch.Tensor):
+        if scale.dim() == 0 and scale.is_floating_point():
+            return float(scale)
+        raise TypeError(f"flashgla: scale: {op_name} expects a number (or None), got a tensor of shape "
+                        f"{list(scale.shape)}{hint}")
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"flashgla: scale: {op_name} expects a number (or None), got {type(scale).__name__}")
+    return float(scale)

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from . import _C
-from ._torch import require_same_device, require_tensors, run_op, view
+from ._torch import forbid_double_backward, require_same_device, require_tensors, run_op, view
 
 __all__ = ["flash_attention"]
 
@@ -73,6 +73,7 @@ def _gradients(ctx, do, dlse):
 
 
 _flash_attention.register_autograd(_gradients, setup_context=_setup_context)
+forbid_double_backward(_flash_attention_backward, "flash_attention")
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: Optional[float] = None,

@@ -12,7 +12,8 @@ import torch
 from torch import Tensor
 
 from . import _C
-from ._torch import on_device, require_same_device, require_tensors, run_op, stream_of, view
+from ._torch import (as_scale, forbid_double_backward, on_device, require_same_device, require_tensors, run_op,
+                     stream_of, view)
 
 __all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "chunk_linear_attn", "gla_decode_step"]
 
@@ -122,6 +123,7 @@ def _define_gla_op(name, algorithm):
         return dq, dk, dv, dg if need_dg else None, dh0 if need_dh0 else None, None, None, None, None, None
 
     forward_op.register_autograd(gradients, setup_context=setup_context)
+    forbid_double_backward(backward_op, name)
     return forward_op
 
 
@@ -131,12 +133,10 @@ _chunk_linear_attn = _define_gla_op("chunk_linear_attn", _C.GlaAlgorithm.chunked
 _fused_recurrent_gla = _define_gla_op("fused_recurrent_gla", _C.GlaAlgorithm.recurrent)
 
 
-def _as_scale(scale):
-    return None if scale is None else float(scale)
-
-
-def _gate_dims(g, expected, name, op, hint):
-    if g is not None and isinstance(g, Tensor) and g.dim() != expected:
+def _gate_dims(q, g, expected, name, op, hint):
+    # Only once q has its 4 dimensions: with q, k, v, g all 3-D (the batch dimension left out) the
+    # C++ checks name q, the real mistake, instead of the gate.
+    if q.dim() == 4 and g is not None and g.dim() != expected:
         raise ValueError(f"flashgla: {name}: {op} expects {hint}, got shape {list(g.shape)}")
 
 
@@ -155,9 +155,9 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float]
                     cu_seqlens_host=cu_seqlens_host)
     if g is None:
         raise ValueError("flashgla: g: chunk_gla needs a gate; use chunk_linear_attn for none")
-    _gate_dims(g, 4, "g", "chunk_gla", "a per-key gate [B, T, H, K] (chunk_simple_gla takes [B, T, H])")
-    o, final_state = _chunk_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, _as_scale(scale), False,
-                                output_final_state)
+    _gate_dims(q, g, 4, "g", "chunk_gla", "a per-key gate [B, T, H, K] (chunk_simple_gla takes [B, T, H])")
+    o, final_state = _chunk_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, as_scale(scale, "chunk_gla"),
+                                False, output_final_state)
     return o, final_state if output_final_state else None
 
 
@@ -168,10 +168,15 @@ def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None
     """Chunked GLA with a scalar gate per head and step, g [B,T,H] (None: no gate). Else as chunk_gla."""
     require_tensors(q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
-    _gate_dims(g, 3, "g", "chunk_simple_gla", "a scalar gate [B, T, H] (chunk_gla takes [B, T, H, K])")
-    o, final_state = _chunk_simple_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, _as_scale(scale),
-                                       False, output_final_state)
+    _gate_dims(q, g, 3, "g", "chunk_simple_gla", "a scalar gate [B, T, H] (chunk_gla takes [B, T, H, K])")
+    o, final_state = _chunk_simple_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
+                                       as_scale(scale, "chunk_simple_gla"), False, output_final_state)
     return o, final_state if output_final_state else None
+
+
+# FLA users write chunk_linear_attn(q, k, v, g) by habit; the fourth slot is scale.
+_NO_GATE_HINT = (" (chunk_linear_attn takes no gate: its fourth argument is scale; for a gate use chunk_simple_gla "
+                 "or chunk_gla)")
 
 
 def chunk_linear_attn(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
@@ -182,7 +187,7 @@ def chunk_linear_attn(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = 
     require_tensors(q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
     o, final_state = _chunk_linear_attn(q, k, v, None, initial_state, cu_seqlens, cu_seqlens_host,
-                                        _as_scale(scale), False, output_final_state)
+                                        as_scale(scale, "chunk_linear_attn", _NO_GATE_HINT), False, output_final_state)
     return o, final_state if output_final_state else None
 
 
@@ -195,7 +200,8 @@ def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = 
     require_tensors(q=q, k=k, v=v, gk=gk, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
     o, final_state = _fused_recurrent_gla(q, k, v, gk, initial_state, cu_seqlens, cu_seqlens_host,
-                                          _as_scale(scale), bool(reverse), output_final_state)
+                                          as_scale(scale, "fused_recurrent_gla"), bool(reverse),
+                                          output_final_state)
     return o, final_state if output_final_state else None
 
 
@@ -237,5 +243,5 @@ def gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state:
         q, k, v = _drop_token_dim(q, "q"), _drop_token_dim(k, "k"), _drop_token_dim(v, "v")
         if g is not None:
             g = _drop_token_dim(g, "g")
-    o = _gla_decode_step(q, k, v, g, state, _as_scale(scale))
+    o = _gla_decode_step(q, k, v, g, state, as_scale(scale, "gla_decode_step"))
     return o.unsqueeze(1) if with_token_dim else o

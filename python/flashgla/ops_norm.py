@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from . import _C
-from ._torch import on_device, stream_of, view, workspace
+from ._torch import forbid_double_backward, on_device, stream_of, view, workspace
 
 __all__ = ["rms_norm", "rms_norm_gated", "logsigmoid_gate"]
 
@@ -97,6 +97,7 @@ def _norm_gradients(ctx, dy):
 
 
 _rms_norm_gated.register_autograd(_norm_gradients, setup_context=_norm_setup_context)
+forbid_double_backward(_rms_norm_gated_backward, "rms_norm_gated")
 
 
 def rms_norm_gated(x: Tensor, gate: Optional[Tensor], weight: Optional[Tensor] = None, eps: float = 1e-6,
@@ -158,6 +159,7 @@ def _gate_gradients(ctx, dg):
 
 
 _logsigmoid_gate.register_autograd(_gate_gradients, setup_context=_gate_setup_context)
+forbid_double_backward(_logsigmoid_gate_backward, "logsigmoid_gate")
 
 
 def logsigmoid_gate(x: Tensor, normalizer: float = 16.0, clamp_min: Optional[float] = None,

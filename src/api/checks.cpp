@@ -17,8 +17,12 @@ std::string shape_of(std::initializer_list<int64_t> dims) {
 
 void tensor(const TensorView& t, const std::string& name, int ndim, const char* dims, bool is_output) {
   FLASHGLA_REQUIRE(t.defined(), ErrorKind::value, name, std::string("is required: expected a tensor of shape ") + dims);
+  // One dimension short of a [B, ...] layout is almost always the batch dimension left out (FLA-style
+  // [T, H, K] inputs): say so, rather than leave the user to count.
+  const bool batch_missing = t.ndim == ndim - 1 && std::string(dims).rfind("[B,", 0) == 0;
   FLASHGLA_REQUIRE(t.ndim == ndim, ErrorKind::value, name,
-          "expected " + std::to_string(ndim) + " dimensions " + dims + ", got shape " + t.shape_str());
+          "expected " + std::to_string(ndim) + " dimensions " + dims + ", got shape " + t.shape_str() +
+              (batch_missing ? " (is the batch dimension B missing? add it, e.g. with unsqueeze(0))" : ""));
   for (int d = 0; d < t.ndim; ++d) {
     FLASHGLA_REQUIRE(t.shape[d] >= 0, ErrorKind::value, name, "negative size in shape " + t.shape_str());
     FLASHGLA_REQUIRE(t.stride[d] >= 0, ErrorKind::value, name,
@@ -103,6 +107,18 @@ int64_t cu_seqlens(const TensorView& t, const std::string& name, const Device& d
     FLASHGLA_REQUIRE(host_copy.shape[0] == t.shape[0], ErrorKind::value, host_name,
             "expected the shape of " + name + " " + t.shape_str() + ", got " + host_copy.shape_str());
     check_boundaries(host_copy, host_name, total);
+    // Both readable on the host (cu_seqlens on the CPU): a copy that disagrees is a caller's bug. A CUDA
+    // cu_seqlens is not compared: reading it back would synchronise the stream, which the host copy exists
+    // to avoid; its values are then trusted to match.
+    if (t.device.type == DeviceType::cpu) {
+      for (int64_t i = 0; i < t.shape[0]; ++i) {
+        const int64_t a = cpu::load_element<int64_t>(t, i * t.stride[0]);
+        const int64_t b = cpu::load_element<int64_t>(host_copy, i * host_copy.stride[0]);
+        FLASHGLA_REQUIRE(a == b, ErrorKind::value, host_name,
+                "must be a copy of " + name + ", but differs at index " + std::to_string(i) + ": " +
+                    std::to_string(b) + " vs " + std::to_string(a) + " in " + name);
+      }
+    }
   }
   if (t.device.type == DeviceType::cpu) check_boundaries(t, name, total);
   return t.shape[0] - 1;

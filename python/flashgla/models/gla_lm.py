@@ -27,6 +27,21 @@ __all__ = ["GLAForCausalLM", "GLABlock", "SwiGLU", "Cache", "CausalLMOutput"]
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.pt"
 
 
+def check_token_ids(input_ids: Tensor, vocab_size: int) -> None:
+    """ValueError naming the first token id outside [0, vocab_size), instead of an IndexError from the
+    embedding (or a device-side assert on a GPU). Reading the ids back costs a device sync, so the forward
+    checks CPU tensors only; generate checks its prompt on any device, once."""
+    if input_ids.numel() == 0 or torch.compiler.is_compiling():
+        return
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"flashgla: input_ids: expected integer token ids, got dtype {input_ids.dtype}")
+    bad = (input_ids < 0) | (input_ids >= vocab_size)
+    if bool(bad.any()):
+        where = bad.nonzero()[0].tolist()
+        raise ValueError(f"flashgla: input_ids: token id {int(input_ids[tuple(where)])} at position {where} is outside "
+                         f"the vocabulary: ids must lie in [0, {vocab_size}) (config.vocab_size = {vocab_size})")
+
+
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x))."""
 
@@ -188,6 +203,8 @@ class GLAForCausalLM(nn.Module):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids: expected [B, T], got shape {list(input_ids.shape)}")
         batch, seq_len = input_ids.shape
+        if input_ids.device.type == "cpu":
+            check_token_ids(input_ids, self.config.vocab_size)
         if attention_mask is not None:
             if cu_seqlens is not None:
                 raise ValueError("give either attention_mask or cu_seqlens, not both")
@@ -256,6 +273,10 @@ class GLAForCausalLM(nn.Module):
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be at least 1, got {top_k}")
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"flashgla: input_ids: generate needs a prompt of at least one token per sequence "
+                             f"[B, T] with T >= 1, got shape {list(input_ids.shape)}")
+        check_token_ids(input_ids, self.config.vocab_size)
         if max_new_tokens == 0:
             return input_ids
         if attention_mask is not None:
