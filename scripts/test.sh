@@ -50,4 +50,6 @@ echo "Summary"
 echo "  C++ (CTest):    $cpp_passed passed, $cpp_skipped skipped$why, $cpp_failed failed"
 echo "  flashgla check: passed"
 echo "  Python:         $py_passed passed, $py_skipped skipped$why, $py_failed failed"
-echo "$((cpp_passed + py_passed)) passed, $((cpp_failed + py_failed)) failed, $((cpp_skipped + py_skipped)) skipped$why"
+# The last line in the plain form CI reads ("N passed, N failed, N skipped"), alone on its line.
+[ -n "$why" ] && echo "  skipped:$why"
+echo "$((cpp_passed + py_passed)) passed, $((cpp_failed + py_failed)) failed, $((cpp_skipped + py_skipped)) skipped"
