@@ -32,30 +32,31 @@ def _absent(like):
     return like.new_empty(0, dtype=torch.float32)
 
 
-def _forward_outputs(q, v, cu_seqlens, output_final_state):
+def _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype=torch.float32):
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     if output_final_state:
-        final_state = torch.empty(_state_shape(q, v, cu_seqlens), dtype=torch.float32, device=q.device)
+        final_state = torch.empty(_state_shape(q, v, cu_seqlens), dtype=state_dtype, device=q.device)
     else:
         final_state = _absent(q)
     return o, final_state
 
 
-def _backward_outputs(q, k, v, g, cu_seqlens, need_dh0):
+def _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype=torch.float32):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     dg = torch.empty(g.shape, dtype=g.dtype, device=q.device) if g is not None else _absent(q)
     if need_dh0:
-        dh0 = torch.empty(_state_shape(q, v, cu_seqlens), dtype=torch.float32, device=q.device)
+        dh0 = torch.empty(_state_shape(q, v, cu_seqlens), dtype=state_dtype, device=q.device)
     else:
         dh0 = _absent(q)
     return dq, dk, dv, dg, dh0
 
 
 def _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse,
-                 output_final_state):
-    o, final_state = _forward_outputs(q, v, cu_seqlens, output_final_state)
+                 output_final_state, state_dtype=torch.float32):
+    """state_dtype: of the final state (float64 is allowed with float64 inputs)."""
+    o, final_state = _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype)
     args = (
         view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), view(initial_state, "initial_state"),
         view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale, algorithm, reverse,
@@ -66,8 +67,8 @@ def _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_ho
 
 
 def _run_backward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse,
-                  need_dh0):
-    dq, dk, dv, dg, dh0 = _backward_outputs(q, k, v, g, cu_seqlens, need_dh0)
+                  need_dh0, state_dtype=torch.float32):
+    dq, dk, dv, dg, dh0 = _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype)
     args = (
         view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), view(initial_state, "initial_state"),
         view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale, algorithm, reverse,
@@ -135,6 +136,13 @@ def _as_scale(scale):
     return None if scale is None else float(scale)
 
 
+def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context):
+    """The context-parallel path (flashgla.distributed), imported on first use."""
+    from .distributed import cp_chunk
+    return cp_chunk(op_name, q, k, v, g, _as_scale(scale), initial_state, output_final_state, cu_seqlens,
+                    cu_seqlens_host, cp_context)
+
+
 def _gate_dims(g, expected, name, op, hint):
     if g is not None and isinstance(g, Tensor) and g.dim() != expected:
         raise ValueError(f"flashgla: {name}: {op} expects {hint}, got shape {list(g.shape)}")
@@ -143,19 +151,25 @@ def _gate_dims(g, expected, name, op, hint):
 def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float] = None,
               initial_state: Optional[Tensor] = None, output_final_state: bool = False,
               cu_seqlens: Optional[Tensor] = None, *,
-              cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+              cu_seqlens_host: Optional[Tensor] = None, cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
     """Chunked GLA with a per-key gate.
 
     q, k [B,T,H,K], v [B,T,H,V] (fp32/bf16/fp16/fp64), g [B,T,H,K] log-space gate (any float dtype),
     scale (default K^-1/2), initial_state [N,H,K,V] fp32, cu_seqlens [N+1] int32/int64 with B == 1.
     cu_seqlens_host: optional CPU copy of a CUDA cu_seqlens, to have its values checked without a sync.
     Returns o [B,T,H,V] (dtype of q) and the final state [N,H,K,V] fp32 (None unless output_final_state).
+    cp_context: a flashgla.distributed.build_cp_context(...) context: q, k, v, g are this rank's slice of
+    the sequence dimension (context parallelism; see flashgla.distributed); the final states are then
+    those of the local sequences.
     """
     require_tensors(q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
     if g is None:
         raise ValueError("flashgla: g: chunk_gla needs a gate; use chunk_linear_attn for none")
     _gate_dims(g, 4, "g", "chunk_gla", "a per-key gate [B, T, H, K] (chunk_simple_gla takes [B, T, H])")
+    if cp_context is not None:
+        return _cp("chunk_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host,
+                   cp_context)
     o, final_state = _chunk_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, _as_scale(scale), False,
                                 output_final_state)
     return o, final_state if output_final_state else None
@@ -164,11 +178,14 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float]
 def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, scale: Optional[float] = None,
                      initial_state: Optional[Tensor] = None, output_final_state: bool = False,
                      cu_seqlens: Optional[Tensor] = None, *,
-                     cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                     cu_seqlens_host: Optional[Tensor] = None, cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
     """Chunked GLA with a scalar gate per head and step, g [B,T,H] (None: no gate). Else as chunk_gla."""
     require_tensors(q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
     _gate_dims(g, 3, "g", "chunk_simple_gla", "a scalar gate [B, T, H] (chunk_gla takes [B, T, H, K])")
+    if cp_context is not None:
+        return _cp("chunk_simple_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
+                   cu_seqlens_host, cp_context)
     o, final_state = _chunk_simple_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, _as_scale(scale),
                                        False, output_final_state)
     return o, final_state if output_final_state else None
@@ -177,10 +194,13 @@ def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None
 def chunk_linear_attn(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
                       initial_state: Optional[Tensor] = None, output_final_state: bool = False,
                       cu_seqlens: Optional[Tensor] = None, *,
-                      cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                      cu_seqlens_host: Optional[Tensor] = None, cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
     """Chunked linear attention (no gate). Else as chunk_gla."""
     require_tensors(q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
+    if cp_context is not None:
+        return _cp("chunk_linear_attn", q, k, v, None, scale, initial_state, output_final_state, cu_seqlens,
+                   cu_seqlens_host, cp_context)
     o, final_state = _chunk_linear_attn(q, k, v, None, initial_state, cu_seqlens, cu_seqlens_host,
                                         _as_scale(scale), False, output_final_state)
     return o, final_state if output_final_state else None

@@ -337,4 +337,5 @@ NB_MODULE(_C, m) {
       "algorithm"_a, "o"_a, "lse"_a, "d_o"_a, "dq"_a, "dk"_a, "dv"_a);
 
   bind_norm(m);  // gated RMSNorm and log-sigmoid gate (norm_bindings.cpp)
+  bind_fold(m);  // context parallelism's fold of state summaries (fold_bindings.cpp)
 }
