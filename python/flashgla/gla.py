@@ -14,7 +14,8 @@ from torch import Tensor
 from . import _C
 from ._torch import on_device, require_same_device, require_tensors, run_op, stream_of, view
 
-__all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "chunk_linear_attn", "gla_decode_step"]
+__all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "chunk_linear_attn", "gla_decode_step",
+           "chunk_gla_segment_states", "chunk_gla_segment_state_grads"]
 
 
 def _state_shape(q, v, cu_seqlens):
@@ -259,3 +260,90 @@ def gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state:
             g = _drop_token_dim(g, "g")
     o = _gla_decode_step(q, k, v, g, state, _as_scale(scale))
     return o.unsqueeze(1) if with_token_dim else o
+
+
+# ---- per-segment summaries (the context-parallel pre-pass) ------------------------
+
+
+def _summary_dtype(x):
+    """Summaries are fp32, fp64 for fp64 inputs (an fp64 computation keeps fp64 accuracy through them)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _segment_states_outputs(k, v, cu_seqlens):
+    shape = _state_shape(k, v, cu_seqlens)
+    dtype = _summary_dtype(k)
+    states = torch.empty(shape, dtype=dtype, device=k.device)
+    log_decay = torch.empty(shape[:3] if len(shape) == 4 else (0,), dtype=dtype, device=k.device)
+    return states, log_decay
+
+
+@torch.library.custom_op("flashgla::chunk_gla_segment_states", mutates_args=())
+def _chunk_gla_segment_states(k: Tensor, v: Tensor, g: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                              cu_seqlens_host: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    states, log_decay = _segment_states_outputs(k, v, cu_seqlens)
+    args = (view(k, "k"), view(v, "v"), view(g, "g"), view(cu_seqlens, "cu_seqlens"),
+            view(cu_seqlens_host, "cu_seqlens_host"), view(states, "states"), view(log_decay, "log_decay"))
+    run_op(_C.gla_segment_states, _C.gla_segment_states_workspace_bytes, k.device, args)
+    return states, log_decay
+
+
+@_chunk_gla_segment_states.register_fake
+def _(k, v, g, cu_seqlens, cu_seqlens_host):
+    _require_same_device_as(k, "k", v=v, g=g, cu_seqlens=cu_seqlens)
+    return _segment_states_outputs(k, v, cu_seqlens)
+
+
+@torch.library.custom_op("flashgla::chunk_gla_segment_state_grads", mutates_args=())
+def _chunk_gla_segment_state_grads(q: Tensor, do: Tensor, g: Optional[Tensor], scale: Optional[float],
+                                   cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor]) -> Tensor:
+    d_states = torch.empty(_state_shape(q, do, cu_seqlens), dtype=_summary_dtype(q), device=q.device)
+    args = (view(q, "q"), view(do, "d_o"), view(g, "g"), scale, view(cu_seqlens, "cu_seqlens"),
+            view(cu_seqlens_host, "cu_seqlens_host"), view(d_states, "d_states"))
+    run_op(_C.gla_segment_state_grads, _C.gla_segment_state_grads_workspace_bytes, q.device, args)
+    return d_states
+
+
+@_chunk_gla_segment_state_grads.register_fake
+def _(q, do, g, scale, cu_seqlens, cu_seqlens_host):
+    require_same_device(q, d_o=do, g=g, cu_seqlens=cu_seqlens)
+    return torch.empty(_state_shape(q, do, cu_seqlens), dtype=_summary_dtype(q), device=q.device)
+
+
+def _require_same_device_as(lead, lead_name, **tensors):
+    for name, t in tensors.items():
+        if t is not None and t.device != lead.device:
+            raise ValueError(f"flashgla: {name}: expected device {lead.device} (that of {lead_name}), got {t.device}")
+
+
+def chunk_gla_segment_states(k: Tensor, v: Tensor, g: Optional[Tensor] = None, cu_seqlens: Optional[Tensor] = None,
+                             cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Per segment (each sequence of the batch, or of cu_seqlens), the end state from a zero start and the
+    summed log decay, without computing any output:
+
+        states[n]    = S = sum_t (k_t * exp(sum_{u>t} g_u))^T v_t     [N, H, K, V]
+        log_decay[n] = a = sum_t g_t                                [N, H, K] (0 without a gate)
+
+    so that the end state from any start state h0 is exp(a)[..., None] * h0 + S. k [B,T,H,K], v [B,T,H,V]
+    (fp32/bf16/fp16/fp64, one dtype), g [B,T,H,K] or [B,T,H] (scalar gate: its sum repeated over K) or None,
+    cu_seqlens [N+1] with B == 1. Summaries are fp32 (fp64 for fp64 inputs); an empty segment gives zeros;
+    a -inf gate gives -inf in log_decay, never NaN. No gradient (a building block of context parallelism).
+    """
+    require_tensors(k=k, v=v, g=g, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host)
+    return _chunk_gla_segment_states(k, v, g, cu_seqlens, cu_seqlens_host)
+
+
+def chunk_gla_segment_state_grads(q: Tensor, do: Tensor, g: Optional[Tensor] = None, scale: Optional[float] = None,
+                                  cu_seqlens: Optional[Tensor] = None,
+                                  cu_seqlens_host: Optional[Tensor] = None) -> Tensor:
+    """The backward's mirror of chunk_gla_segment_states: per segment, the gradient of its start state when the
+    gradient at its end is zero,
+
+        d_states[n] = B = scale * sum_t (q_t * exp(sum_{u<=t} g_u))^T do_t     [N, H, K, V]
+
+    (the initial state's gradient chunk_gla's backward gives with no final-state gradient), so that with an end
+    gradient dht it is exp(a)[..., None] * dht + B. q [B,T,H,K], do [B,T,H,V] (one dtype), g as in
+    chunk_gla_segment_states, scale default K^-1/2. fp32 (fp64 for fp64 inputs). No gradient.
+    """
+    require_tensors(q=q, do=do, g=g, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host)
+    return _chunk_gla_segment_state_grads(q, do, g, _as_scale(scale), cu_seqlens, cu_seqlens_host)
