@@ -216,8 +216,18 @@ def bf16_check(label, rank, world, device, gate, kw, report):
     ctx = build_cp_context(cu, None, cu_seqlens_cpu=cu.cpu())
     sl = slice(ctx.token_offset, ctx.token_offset + local)
     mine = [x[:, sl].detach().clone().requires_grad_() if x is not None else None for x in (*to, gd)]
-    o, _ = run_op(gate, *mine, scale=scale, cp_context=ctx)
-    o.backward(dod[:, sl])
+    d_local = dod[:, sl].contiguous()
+    run_op(gate, *mine, scale=scale, cp_context=ctx)  # first call: ctx's device copies are made here
+    for x in mine:
+        if x is not None:
+            x.grad = None
+    # With cu_seqlens_cpu given, the CP op must not synchronise with the host (CUDA-graph friendly).
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        o, _ = run_op(gate, *mine, scale=scale, cp_context=ctx)
+        o.backward(d_local)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     failures, errors = [], {}
     pairs = [("o", o, o1[:, sl], ref_o[:, sl])]
     for letter, x, x1, ref in zip("qkvg", mine, one, ref_grads):
