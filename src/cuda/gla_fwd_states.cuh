@@ -86,7 +86,9 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
   const SeqRange seq = sequence_range(p.seqs, n);
   const int64_t num_chunks = (seq.len + C - 1) / C;
   const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
-  if (split >= last_split) return;  // no later split reads this one's state
+  // No later split reads the last one's state; the segment summaries (p.whole_segments) want every split's,
+  // an empty segment's included (zero).
+  if (split >= last_split && !p.whole_segments) return;
   const int64_t split_begin = split * p.chunks_per_split;
   const int64_t split_end = min(num_chunks, split_begin + p.chunks_per_split);
   const int64_t piece_len = (p.chunks_per_split + pieces - 1) / pieces;
@@ -259,7 +261,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
   if (blockIdx.y % value_tiles == 0 && gate_thread && quarter == 0)
 #pragma unroll
     for (int e = 0; e < 2; ++e)
-      if (2 * pair + e < kn) p.piece_decay[slot * K + k0 + 2 * pair + e] = __expf(carry[e]);
+      if (2 * pair + e < kn) {
+        p.piece_decay[slot * K + k0 + 2 * pair + e] = __expf(carry[e]);
+        if (p.piece_log_decay) p.piece_log_decay[slot * K + k0 + 2 * pair + e] = carry[e];
+      }
 }
 
 // The split slots from the piece slots, per (sequence, head) over its splits in order: split j's state
