@@ -8,7 +8,7 @@ Run on a CUDA machine with flashgla importable (pip-installed, or PYTHONPATH=<cm
 In one process, bf16 inputs (g = logsigmoid(randn), bf16 or fp32), per shape:
   * states: chunk_gla_segment_states (bf16: the forward's split states kernel, the default) and the same with
     FLASHGLA_GLA_SEGMENT_KERNEL=generic (the fp32 tile kernel);
-  * grads: chunk_gla_segment_state_grads (the fp32 tile kernel);
+  * grads: chunk_gla_segment_state_grads (the split states kernel walking forwards), and generic;
   * the byte floor: the bytes of k, v, g (q, do, g) read once at the device's copy rate (read + write);
   * chunk_gla forward, and forward + backward, on the same inputs: what the pre-pass is meant to be small against.
 Times are medians of triton's do_bench (CUDA graphs off).
@@ -59,8 +59,9 @@ def main():
     print(f"{card}: copy {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
     lines = [f"{datetime.date.today().isoformat()}, {card} (copy {bandwidth / 1e12:.2f} TB/s read + write)", "",
              "| shape | gate | states ms | floor ms | floor/states | generic states ms | grads ms | floor/grads | "
-             "chunk_gla fwd ms | states/fwd | chunk_gla fwd+bwd ms | (states+grads)/(fwd+bwd) | rel. diff states |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "generic grads ms | chunk_gla fwd ms | states/fwd | chunk_gla fwd+bwd ms | (states+grads)/(fwd+bwd) | "
+             "rel. diff states | rel. diff grads |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for B, T, H, K, V, gate_dtype in SHAPES:
         q, k = (torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         v = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
@@ -72,9 +73,12 @@ def main():
         states_ms = median_ms(states)
         generic_ms = with_env("FLASHGLA_GLA_SEGMENT_KERNEL", "generic", lambda: median_ms(states))
         grads_ms = median_ms(grads)
+        generic_grads_ms = with_env("FLASHGLA_GLA_SEGMENT_KERNEL", "generic", lambda: median_ms(grads))
         s_split, _ = states()
         s_generic, _ = with_env("FLASHGLA_GLA_SEGMENT_KERNEL", "generic", states)
         diff = ((s_split - s_generic).norm() / s_generic.norm()).item()
+        b_split, b_generic = grads(), with_env("FLASHGLA_GLA_SEGMENT_KERNEL", "generic", grads)
+        grads_diff = ((b_split - b_generic).norm() / b_generic.norm()).item()
         fwd_ms = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
         leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, g)]
         o_grad = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
@@ -87,8 +91,8 @@ def main():
         shape = f"B{B} T{T} H{H} K{K} V{V}"
         lines.append(f"| {shape} | {str(gate_dtype).replace('torch.', '')} | {states_ms:.3f} | {floor_ms:.3f} | "
                      f"{floor_ms / states_ms:.0%} | {generic_ms:.3f} | {grads_ms:.3f} | {floor_ms / grads_ms:.0%} | "
-                     f"{fwd_ms:.3f} | {states_ms / fwd_ms:.2f} | {fwd_bwd_ms:.3f} | "
-                     f"{(states_ms + grads_ms) / fwd_bwd_ms:.2f} | {diff:.1e} |")
+                     f"{generic_grads_ms:.3f} | {fwd_ms:.3f} | {states_ms / fwd_ms:.2f} | {fwd_bwd_ms:.3f} | "
+                     f"{(states_ms + grads_ms) / fwd_bwd_ms:.2f} | {diff:.1e} | {grads_diff:.1e} |")
         print(lines[-1], flush=True)
         del q, k, v, do, g, leaves, o_grad
         torch.cuda.empty_cache()

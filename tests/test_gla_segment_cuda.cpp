@@ -40,8 +40,8 @@ void check_on_gpu(const Case& c, const Inputs& cpu_in, const SegmentCall& call =
                tolerance(c.dtype));
 }
 
-// The states of bf16/fp16 inputs run the forward's split states kernel by default and the generic tile
-// kernel with FLASHGLA_GLA_SEGMENT_KERNEL=generic; the gradients and fp32 always the generic one.
+// bf16/fp16 inputs run the forward's split states kernel by default (states: walking backwards; gradients:
+// forwards) and the generic tile kernel with FLASHGLA_GLA_SEGMENT_KERNEL=generic; fp32 always the generic one.
 TEST(GlaSegmentCuda, MatchesDefinitionDtypesDimsGates) {
   SKIP_WITHOUT_GPU();
   const int64_t dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {128, 64}, {64, 256}, {100, 72}};

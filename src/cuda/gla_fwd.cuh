@@ -79,6 +79,10 @@ struct ChunkParams {
   // total log decay Σ g to piece_log_decay (exact where exp(Σ g) underflows; −inf stays −inf).
   bool whole_segments = false;
   float* piece_log_decay = nullptr;  // [N][H][state_pieces][K] when set
+  // The segment gradients: k, v hold q, d_o; the chunks are walked first to last with the weights
+  // exp Σ_{u ≤ t} g_u, and the pieces' summaries are multiplied by summary_scale (the attention scale).
+  bool walk_forward = false;
+  float summary_scale = 1.f;
   bool fast = false;              // run the fast path (gla_fwd_fast.cu) instead of the general kernel
   // The Hopper path (gla_fwd_hopper.cu): a chunk pass writes one slot per (chunk, head) to `prep`, the state
   // kernel reads them.

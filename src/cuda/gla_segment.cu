@@ -16,11 +16,13 @@
 // start. The products are fp32 FMAs on shared-memory tiles (any input dtype);
 // see bench/bench_segment_states.py for how close it runs to reading the inputs.
 //
-// The states of bf16/fp16 inputs with K ≤ 256 and 16-byte aligned rows run
-// the forward's split states kernel instead (gla_fwd_states.cuh: tensor cores,
-// copies in flight), one split per sequence cut into pieces, which writes each
-// piece's log decay too; the same fold combines them. FLASHGLA_GLA_SEGMENT_KERNEL
-// = split | generic forces one or the other (where the split kernel applies).
+// bf16/fp16 inputs with K ≤ 256 and 16-byte aligned rows run the forward's
+// split states kernel instead (gla_fwd_states.cuh: tensor cores, copies in
+// flight), one split per sequence cut into pieces, which also writes each
+// piece's log decay and, for the gradients, walks forward with inclusive
+// prefix sums (walk_forward); the same fold combines the pieces.
+// FLASHGLA_GLA_SEGMENT_KERNEL = split | generic forces one or the other (where
+// the split kernel applies).
 #include <algorithm>
 #include <string>
 
@@ -339,30 +341,30 @@ void launch(SegmentPlan& plan, void* workspace, size_t workspace_bytes, cudaStre
   check_cuda(cudaGetLastError(), "GLA segment fold kernel launch");
 }
 
-SegmentPlan plan_states(const GlaSegmentStatesArgs& a, const GlaProblem& pr) {
-  require_compute_dtype(a.k, "k");
-  SegmentPlan s = plan(a.k, a.v, a.g, a.cu_seqlens, a.cu_seqlens_host, pr, false);
-  s.params.states = view_of(a.states), s.params.log_decay = view_of(a.log_decay);
-
-  // The split states kernel where it applies (see the top of this file).
+// The forward's split states kernel where it applies (see the top of this file): s.use_split and its
+// parameters and workspace; else s is left as it is (the generic kernel).
+void plan_split(SegmentPlan& s, const TensorView& x, const TensorView& y, const TensorView& g,
+                const TensorView& cu_seqlens, const TensorView& cu_seqlens_host, const GlaProblem& pr) {
   const std::string choice = env_choice("FLASHGLA_GLA_SEGMENT_KERNEL", {"split", "generic"});
   gla::ChunkParams& c = s.split;
-  c.q = c.k = view_of(a.k), c.v = view_of(a.v), c.g = view_of(a.g);
+  c.q = c.k = view_of(x), c.v = view_of(y), c.g = view_of(g);
   c.seqs = s.params.seqs;
   c.heads = s.params.heads, c.key_dim = s.params.key_dim, c.value_dim = s.params.value_dim;
   c.gate = s.params.gate;
   const bool half = c.k.dtype == Elem::bf16 || c.k.dtype == Elem::f16;
   const bool gate_ok = c.gate != Gate::vector || ((c.g.dtype == c.k.dtype || c.g.dtype == Elem::f32) && c.g.rows16);
-  if (choice == "generic" || !half || !gate_ok || !c.k.rows16 || !c.v.rows16 || c.key_dim > 256) return s;
-  const int64_t chunks = (longest_segment(a.cu_seqlens, a.cu_seqlens_host, pr) + gla::kChunk - 1) / gla::kChunk;
+  if (choice == "generic" || !half || !gate_ok || !c.k.rows16 || !c.v.rows16 || c.key_dim > 256) return;
+  const int64_t chunks = (longest_segment(cu_seqlens, cu_seqlens_host, pr) + gla::kChunk - 1) / gla::kChunk;
   c.num_splits = 2;  // one split per sequence: slot nh · pieces + piece
   c.chunks_per_split = std::max<int64_t>(1, chunks);
   c.state_stages = 2;
   c.whole_segments = true;
-  if (!gla::split_states_fit(c)) return s;
+  c.walk_forward = s.params.grads;
+  c.summary_scale = s.params.scale;
+  if (!gla::split_states_fit(c)) return;
   // Pieces: about two CTAs per SM (the kernel's occupancy), each at least 8 chunks of the longest segment.
-  const int64_t tiles = int64_t((c.value_dim + gla::fast_value_tile(c.value_dim) - 1) / gla::fast_value_tile(c.value_dim)) *
-                        gla::fast_key_parts(c.key_dim);
+  const int value_tile = gla::fast_value_tile(c.value_dim);
+  const int64_t tiles = int64_t((c.value_dim + value_tile - 1) / value_tile) * gla::fast_key_parts(c.key_dim);
   int device = 0, sms = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
@@ -375,6 +377,13 @@ SegmentPlan plan_states(const GlaSegmentStatesArgs& a, const GlaProblem& pr) {
   s.params.pieces = int(pieces);  // for the fold
   // piece_states, piece_decay (the kernel's exp Σ g, unused here), piece_log_decay.
   s.workspace_bytes = size_t(s.pairs * pieces) * size_t(pr.key_dim * pr.value_dim + 2 * pr.key_dim) * 4;
+}
+
+SegmentPlan plan_states(const GlaSegmentStatesArgs& a, const GlaProblem& pr) {
+  require_compute_dtype(a.k, "k");
+  SegmentPlan s = plan(a.k, a.v, a.g, a.cu_seqlens, a.cu_seqlens_host, pr, false);
+  s.params.states = view_of(a.states), s.params.log_decay = view_of(a.log_decay);
+  plan_split(s, a.k, a.v, a.g, a.cu_seqlens, a.cu_seqlens_host, pr);
   return s;
 }
 
@@ -382,6 +391,7 @@ SegmentPlan plan_grads(const GlaSegmentStateGradsArgs& a, const GlaProblem& pr) 
   require_compute_dtype(a.q, "q");
   SegmentPlan s = plan(a.q, a.d_o, a.g, a.cu_seqlens, a.cu_seqlens_host, pr, true);
   s.params.states = view_of(a.d_states);
+  plan_split(s, a.q, a.d_o, a.g, a.cu_seqlens, a.cu_seqlens_host, pr);
   return s;
 }
 
