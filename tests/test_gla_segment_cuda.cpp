@@ -25,9 +25,9 @@ Case gpu_case(const std::string& name, int64_t B, int64_t T, int64_t H, int64_t 
   return c;
 }
 
-// fp32 accumulation of exact inputs, stored in f32: the same bound for every input dtype, a little looser
-// for fp32 inputs' wider spread of magnitudes than the CPU's (the GPU's exp is the fast approximate one).
-double tolerance(DType dtype) { return dtype == DType::f32 ? 2e-5 : 1e-4; }
+// As the forward's GPU tests: fp32 accumulation (the GPU's exp is the fast approximate one); bf16/fp16
+// inputs go through the tensor cores with the gated keys (or queries) rounded to the input dtype.
+double tolerance(DType dtype) { return dtype == DType::f32 ? 2e-5 : 5e-3; }
 
 void check_on_gpu(const Case& c, const Inputs& cpu_in, const SegmentCall& call = {}) {
   const Inputs in = to_device(c, cpu_in, gpu());
@@ -143,7 +143,7 @@ TEST(GlaSegmentCuda, EqualsForwardFinalState) {
     const Inputs in = to_device(c, make_inputs(c), gpu());
     ForwardCall call;
     const Outputs forward = run_forward(c, in, call);
-    expect_close("states vs final_state", run_segment_states(c, in).states, forward.ht, 1e-4);
+    expect_close("states vs final_state", run_segment_states(c, in).states, forward.ht, tolerance(dtype));
   }
 }
 
