@@ -21,6 +21,11 @@
 // slot instead of folding s of them; otherwise each split's own state (the
 // protocol of the other kernels), written directly when there is one piece.
 //
+// The segment summaries (gla_segment.cu) run this kernel alone with one split
+// per sequence (whole_segments: every split, each piece's log decay too); for
+// their gradients with k, v holding q, d_o, walking the chunks forwards with
+// inclusive prefix sums of g (walk_forward) and the result scaled.
+//
 // CTA: 8 warps; (sequence, head) × (value tile of BV, key part of KP) × (split,
 // piece). Warp w holds two 16-key tiles of the state and a share of its columns
 // as fp32 mma fragments. The gate phase: thread = (key pair, row quarter of 16
