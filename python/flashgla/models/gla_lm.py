@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from ..nn.attention import Attention, KVCache
 from ..nn.gla import GatedLinearAttention, GLAState
+from ..nn.loss import chunked_lm_cross_entropy
 from ..nn.norm import RMSNorm
 from ..nn.padding import check_mask, has_padding, pack, packing, unpack
 from .config import GLAConfig
@@ -72,7 +73,7 @@ class Cache:
 
 @dataclass
 class CausalLMOutput:
-    logits: Tensor                  # [B, T, vocab_size] (zeros at padding)
+    logits: Optional[Tensor]        # [B, T, vocab_size] (zeros at padding); None with model.loss_chunk_size
     loss: Optional[Tensor] = None   # mean next-token cross-entropy, when labels are given
     cache: Optional[Cache] = None   # with use_cache
 
@@ -88,6 +89,9 @@ class GLAForCausalLM(nn.Module):
         self.apply(self._init_weights)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embeddings.weight
+        # Tokens per chunk of the LM head + cross-entropy when labels are given (None: one piece).
+        # Chunked, the logits are never materialised and the output's logits are None.
+        self.loss_chunk_size: Optional[int] = None
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -126,9 +130,14 @@ class GLAForCausalLM(nn.Module):
             x, state = layer(x, cu_seqlens, state, use_cache)
             if use_cache:
                 cache.layers[i] = state
-        logits = self.lm_head(self.norm(x))
+        hidden = self.norm(x)
+        chunked = labels is not None and self.loss_chunk_size is not None
+        logits = None if chunked else self.lm_head(hidden)
         if p is not None:
-            logits = unpack(logits, p)
+            if chunked:
+                hidden = unpack(hidden, p)
+            else:
+                logits = unpack(logits, p)
         if use_cache:
             cache.seen_tokens += seq_len
 
@@ -144,8 +153,14 @@ class GLAForCausalLM(nn.Module):
                 starts = torch.zeros(seq_len + 1, dtype=torch.bool, device=labels.device)
                 starts[cu_seqlens[1:-1].long()] = True
                 targets = targets.masked_fill(starts[1:seq_len].unsqueeze(0), -100)
-            scores = logits[:, :-1] if logits.dtype in (torch.float32, torch.float64) else logits[:, :-1].float()
-            loss = F.cross_entropy(scores.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+            if chunked:
+                loss_sum, count = chunked_lm_cross_entropy(hidden[:, :-1].reshape(-1, hidden.shape[-1]),
+                                                           self.lm_head.weight, targets.reshape(-1),
+                                                           self.loss_chunk_size)
+                loss = loss_sum / count  # the mean over counted tokens, as F.cross_entropy's
+            else:
+                scores = logits[:, :-1] if logits.dtype in (torch.float32, torch.float64) else logits[:, :-1].float()
+                loss = F.cross_entropy(scores.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
         return CausalLMOutput(logits, loss, cache if use_cache else None)
 
     # ---- generation ------------------------------------------------------------------------------------
