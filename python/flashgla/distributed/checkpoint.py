@@ -7,6 +7,7 @@ of an FSDP2 model; the files hold full tensors' shards with the plain model's pa
 """
 
 import os
+import warnings
 from typing import Optional
 
 import torch
@@ -39,7 +40,13 @@ def save_checkpoint(directory: str, model: nn.Module, optimizer: Optional[torch.
     if extra:
         state["extra"] = extra
     os.makedirs(directory, exist_ok=True)
-    dcp.save(state, checkpoint_id=directory)
+    try:  # a training run rewrites its checkpoint directory (torch warns unless told so)
+        writer = dcp.FileSystemWriter(directory, overwrite=True)
+    except TypeError:  # torch < 2.5: always overwrites
+        writer = dcp.FileSystemWriter(directory)
+    with warnings.catch_warnings():  # "overwriting since self.overwrite=True": asked for
+        warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
+        dcp.save(state, storage_writer=writer)
     if (not dist.is_initialized() or dist.get_rank() == 0) and hasattr(model, "config"):
         model.config.to_json(os.path.join(directory, CONFIG_FILE))
     if dist.is_initialized():
