@@ -4,6 +4,7 @@
 #include "flashgla/attention.h"
 #include "flashgla/error.h"
 #include "flashgla/gla.h"
+#include "flashgla/gla_fold.h"
 #include "flashgla/norm.h"
 #include "flashgla/tensor.h"
 

@@ -76,10 +76,56 @@ struct GlaDecodeArgs {
   void* stream = nullptr;
 };
 
+// Per-segment summaries for context parallelism (each sequence of the batch is
+// a segment L; see DISTRIBUTED.md). With a zero start state, per head:
+//     states[n]    = S(L) = Σ_{t∈L} (k_t ⊙ exp Σ_{u∈L,u>t} g_u)ᵀ v_t   (the end state)
+//     log_decay[n] = a(L) = Σ_{t∈L} g_t                                 (0 without a gate)
+// so that the end state from any h0 is diag(exp a) h0 + S. An empty segment
+// gives S = 0, a = 0. −inf gates give −inf in log_decay, never NaN. Reads k,
+// v and g only: no output pass, no full forward.
+struct GlaSegmentStatesArgs {
+  TensorView k;                // [B,T,H,K] f64/f32/bf16/f16
+  TensorView v;                // [B,T,H,V] same dtype as k
+  TensorView g;                // optional: [B,T,H,K] or [B,T,H], any float dtype
+  TensorView cu_seqlens;       // optional: as in GlaForwardArgs (N segments)
+  TensorView cu_seqlens_host;  // optional: as in GlaForwardArgs
+
+  TensorView states;           // out: [N,H,K,V] f32 (or f64 for f64 inputs)
+  TensorView log_decay;        // out: [N,H,K] f32 (or f64 for f64 inputs); a scalar gate's sum
+                               // is repeated over K
+
+  void* stream = nullptr;      // as in GlaForwardArgs
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// The mirror for the backward: the gradient of each segment's entering state
+// when the gradient at its end is zero,
+//     d_states[n] = B(L) = scale · Σ_{t∈L} (q_t ⊙ exp Σ_{u∈L,u≤t} g_u)ᵀ do_t,
+// the d_initial_state gla_backward gives for d_final_state = 0, and then
+// dh0 = diag(exp a) dht + B for any dht. Reads q, d_o and g only.
+struct GlaSegmentStateGradsArgs {
+  TensorView q;                // [B,T,H,K] f64/f32/bf16/f16
+  TensorView d_o;              // [B,T,H,V] same dtype as q
+  TensorView g;                // optional: [B,T,H,K] or [B,T,H], any float dtype
+  TensorView cu_seqlens, cu_seqlens_host;  // optional: as in GlaForwardArgs
+  std::optional<double> scale;  // default K^-1/2
+
+  TensorView d_states;         // out: [N,H,K,V] f32 (or f64 for f64 inputs)
+
+  void* stream = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
 void gla_forward(const GlaForwardArgs& args);
 size_t gla_forward_workspace_bytes(const GlaForwardArgs& args);  // checks args; 0 on the CPU
 void gla_backward(const GlaBackwardArgs& args);
 size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args);
 void gla_decode(const GlaDecodeArgs& args);
+void gla_segment_states(const GlaSegmentStatesArgs& args);
+size_t gla_segment_states_workspace_bytes(const GlaSegmentStatesArgs& args);  // checks args; 0 on the CPU
+void gla_segment_state_grads(const GlaSegmentStateGradsArgs& args);
+size_t gla_segment_state_grads_workspace_bytes(const GlaSegmentStateGradsArgs& args);
 
 }  // namespace flashgla

@@ -28,6 +28,8 @@ _OPS = (
     "chunk_simple_gla",
     "chunk_linear_attn",
     "gla_decode_step",
+    "chunk_gla_segment_states",
+    "chunk_gla_segment_state_grads",
     "flash_attention",
 )
 
@@ -54,7 +56,8 @@ def _torch_problem():
 _problem = _torch_problem()
 if _problem is None:
     from .attention import flash_attention
-    from .gla import chunk_gla, chunk_linear_attn, chunk_simple_gla, fused_recurrent_gla, gla_decode_step
+    from .gla import (chunk_gla, chunk_gla_segment_state_grads, chunk_gla_segment_states, chunk_linear_attn,
+                      chunk_simple_gla, fused_recurrent_gla, gla_decode_step)
 
 
 def __getattr__(name):

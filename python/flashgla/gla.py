@@ -14,7 +14,8 @@ from torch import Tensor
 from . import _C
 from ._torch import on_device, require_same_device, require_tensors, run_op, stream_of, view
 
-__all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "chunk_linear_attn", "gla_decode_step"]
+__all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "chunk_linear_attn", "gla_decode_step",
+           "chunk_gla_segment_states", "chunk_gla_segment_state_grads"]
 
 
 def _state_shape(q, v, cu_seqlens):
@@ -32,30 +33,31 @@ def _absent(like):
     return like.new_empty(0, dtype=torch.float32)
 
 
-def _forward_outputs(q, v, cu_seqlens, output_final_state):
+def _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype=torch.float32):
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     if output_final_state:
-        final_state = torch.empty(_state_shape(q, v, cu_seqlens), dtype=torch.float32, device=q.device)
+        final_state = torch.empty(_state_shape(q, v, cu_seqlens), dtype=state_dtype, device=q.device)
     else:
         final_state = _absent(q)
     return o, final_state
 
 
-def _backward_outputs(q, k, v, g, cu_seqlens, need_dh0):
+def _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype=torch.float32):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     dg = torch.empty(g.shape, dtype=g.dtype, device=q.device) if g is not None else _absent(q)
     if need_dh0:
-        dh0 = torch.empty(_state_shape(q, v, cu_seqlens), dtype=torch.float32, device=q.device)
+        dh0 = torch.empty(_state_shape(q, v, cu_seqlens), dtype=state_dtype, device=q.device)
     else:
         dh0 = _absent(q)
     return dq, dk, dv, dg, dh0
 
 
 def _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse,
-                 output_final_state):
-    o, final_state = _forward_outputs(q, v, cu_seqlens, output_final_state)
+                 output_final_state, state_dtype=torch.float32):
+    """state_dtype: of the final state (float64 is allowed with float64 inputs)."""
+    o, final_state = _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype)
     args = (
         view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), view(initial_state, "initial_state"),
         view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale, algorithm, reverse,
@@ -66,8 +68,8 @@ def _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_ho
 
 
 def _run_backward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse,
-                  need_dh0):
-    dq, dk, dv, dg, dh0 = _backward_outputs(q, k, v, g, cu_seqlens, need_dh0)
+                  need_dh0, state_dtype=torch.float32):
+    dq, dk, dv, dg, dh0 = _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype)
     args = (
         view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), view(initial_state, "initial_state"),
         view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale, algorithm, reverse,
@@ -135,6 +137,13 @@ def _as_scale(scale):
     return None if scale is None else float(scale)
 
 
+def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context):
+    """The context-parallel path (flashgla.distributed), imported on first use."""
+    from .distributed import cp_chunk
+    return cp_chunk(op_name, q, k, v, g, _as_scale(scale), initial_state, output_final_state, cu_seqlens,
+                    cu_seqlens_host, cp_context)
+
+
 def _gate_dims(g, expected, name, op, hint):
     if g is not None and isinstance(g, Tensor) and g.dim() != expected:
         raise ValueError(f"flashgla: {name}: {op} expects {hint}, got shape {list(g.shape)}")
@@ -143,19 +152,25 @@ def _gate_dims(g, expected, name, op, hint):
 def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float] = None,
               initial_state: Optional[Tensor] = None, output_final_state: bool = False,
               cu_seqlens: Optional[Tensor] = None, *,
-              cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+              cu_seqlens_host: Optional[Tensor] = None, cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
     """Chunked GLA with a per-key gate.
 
     q, k [B,T,H,K], v [B,T,H,V] (fp32/bf16/fp16/fp64), g [B,T,H,K] log-space gate (any float dtype),
     scale (default K^-1/2), initial_state [N,H,K,V] fp32, cu_seqlens [N+1] int32/int64 with B == 1.
     cu_seqlens_host: optional CPU copy of a CUDA cu_seqlens, to have its values checked without a sync.
     Returns o [B,T,H,V] (dtype of q) and the final state [N,H,K,V] fp32 (None unless output_final_state).
+    cp_context: a flashgla.distributed.build_cp_context(...) context: q, k, v, g are this rank's slice of
+    the sequence dimension (context parallelism; see flashgla.distributed); the final states are then
+    those of the local sequences.
     """
     require_tensors(q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
     if g is None:
         raise ValueError("flashgla: g: chunk_gla needs a gate; use chunk_linear_attn for none")
     _gate_dims(g, 4, "g", "chunk_gla", "a per-key gate [B, T, H, K] (chunk_simple_gla takes [B, T, H])")
+    if cp_context is not None:
+        return _cp("chunk_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host,
+                   cp_context)
     o, final_state = _chunk_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, _as_scale(scale), False,
                                 output_final_state)
     return o, final_state if output_final_state else None
@@ -164,11 +179,14 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float]
 def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, scale: Optional[float] = None,
                      initial_state: Optional[Tensor] = None, output_final_state: bool = False,
                      cu_seqlens: Optional[Tensor] = None, *,
-                     cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                     cu_seqlens_host: Optional[Tensor] = None, cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
     """Chunked GLA with a scalar gate per head and step, g [B,T,H] (None: no gate). Else as chunk_gla."""
     require_tensors(q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
     _gate_dims(g, 3, "g", "chunk_simple_gla", "a scalar gate [B, T, H] (chunk_gla takes [B, T, H, K])")
+    if cp_context is not None:
+        return _cp("chunk_simple_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
+                   cu_seqlens_host, cp_context)
     o, final_state = _chunk_simple_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, _as_scale(scale),
                                        False, output_final_state)
     return o, final_state if output_final_state else None
@@ -177,10 +195,13 @@ def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None
 def chunk_linear_attn(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
                       initial_state: Optional[Tensor] = None, output_final_state: bool = False,
                       cu_seqlens: Optional[Tensor] = None, *,
-                      cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                      cu_seqlens_host: Optional[Tensor] = None, cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
     """Chunked linear attention (no gate). Else as chunk_gla."""
     require_tensors(q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
+    if cp_context is not None:
+        return _cp("chunk_linear_attn", q, k, v, None, scale, initial_state, output_final_state, cu_seqlens,
+                   cu_seqlens_host, cp_context)
     o, final_state = _chunk_linear_attn(q, k, v, None, initial_state, cu_seqlens, cu_seqlens_host,
                                         _as_scale(scale), False, output_final_state)
     return o, final_state if output_final_state else None
@@ -239,3 +260,90 @@ def gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state:
             g = _drop_token_dim(g, "g")
     o = _gla_decode_step(q, k, v, g, state, _as_scale(scale))
     return o.unsqueeze(1) if with_token_dim else o
+
+
+# ---- per-segment summaries (the context-parallel pre-pass) ------------------------
+
+
+def _summary_dtype(x):
+    """Summaries are fp32, fp64 for fp64 inputs (an fp64 computation keeps fp64 accuracy through them)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _segment_states_outputs(k, v, cu_seqlens):
+    shape = _state_shape(k, v, cu_seqlens)
+    dtype = _summary_dtype(k)
+    states = torch.empty(shape, dtype=dtype, device=k.device)
+    log_decay = torch.empty(shape[:3] if len(shape) == 4 else (0,), dtype=dtype, device=k.device)
+    return states, log_decay
+
+
+@torch.library.custom_op("flashgla::chunk_gla_segment_states", mutates_args=())
+def _chunk_gla_segment_states(k: Tensor, v: Tensor, g: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                              cu_seqlens_host: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    states, log_decay = _segment_states_outputs(k, v, cu_seqlens)
+    args = (view(k, "k"), view(v, "v"), view(g, "g"), view(cu_seqlens, "cu_seqlens"),
+            view(cu_seqlens_host, "cu_seqlens_host"), view(states, "states"), view(log_decay, "log_decay"))
+    run_op(_C.gla_segment_states, _C.gla_segment_states_workspace_bytes, k.device, args)
+    return states, log_decay
+
+
+@_chunk_gla_segment_states.register_fake
+def _(k, v, g, cu_seqlens, cu_seqlens_host):
+    _require_same_device_as(k, "k", v=v, g=g, cu_seqlens=cu_seqlens)
+    return _segment_states_outputs(k, v, cu_seqlens)
+
+
+@torch.library.custom_op("flashgla::chunk_gla_segment_state_grads", mutates_args=())
+def _chunk_gla_segment_state_grads(q: Tensor, do: Tensor, g: Optional[Tensor], scale: Optional[float],
+                                   cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor]) -> Tensor:
+    d_states = torch.empty(_state_shape(q, do, cu_seqlens), dtype=_summary_dtype(q), device=q.device)
+    args = (view(q, "q"), view(do, "d_o"), view(g, "g"), scale, view(cu_seqlens, "cu_seqlens"),
+            view(cu_seqlens_host, "cu_seqlens_host"), view(d_states, "d_states"))
+    run_op(_C.gla_segment_state_grads, _C.gla_segment_state_grads_workspace_bytes, q.device, args)
+    return d_states
+
+
+@_chunk_gla_segment_state_grads.register_fake
+def _(q, do, g, scale, cu_seqlens, cu_seqlens_host):
+    require_same_device(q, d_o=do, g=g, cu_seqlens=cu_seqlens)
+    return torch.empty(_state_shape(q, do, cu_seqlens), dtype=_summary_dtype(q), device=q.device)
+
+
+def _require_same_device_as(lead, lead_name, **tensors):
+    for name, t in tensors.items():
+        if t is not None and t.device != lead.device:
+            raise ValueError(f"flashgla: {name}: expected device {lead.device} (that of {lead_name}), got {t.device}")
+
+
+def chunk_gla_segment_states(k: Tensor, v: Tensor, g: Optional[Tensor] = None, cu_seqlens: Optional[Tensor] = None,
+                             cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Per segment (each sequence of the batch, or of cu_seqlens), the end state from a zero start and the
+    summed log decay, without computing any output:
+
+        states[n]    = S = sum_t (k_t * exp(sum_{u>t} g_u))^T v_t     [N, H, K, V]
+        log_decay[n] = a = sum_t g_t                                [N, H, K] (0 without a gate)
+
+    so that the end state from any start state h0 is exp(a)[..., None] * h0 + S. k [B,T,H,K], v [B,T,H,V]
+    (fp32/bf16/fp16/fp64, one dtype), g [B,T,H,K] or [B,T,H] (scalar gate: its sum repeated over K) or None,
+    cu_seqlens [N+1] with B == 1. Summaries are fp32 (fp64 for fp64 inputs); an empty segment gives zeros;
+    a -inf gate gives -inf in log_decay, never NaN. No gradient (a building block of context parallelism).
+    """
+    require_tensors(k=k, v=v, g=g, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host)
+    return _chunk_gla_segment_states(k, v, g, cu_seqlens, cu_seqlens_host)
+
+
+def chunk_gla_segment_state_grads(q: Tensor, do: Tensor, g: Optional[Tensor] = None, scale: Optional[float] = None,
+                                  cu_seqlens: Optional[Tensor] = None,
+                                  cu_seqlens_host: Optional[Tensor] = None) -> Tensor:
+    """The backward's mirror of chunk_gla_segment_states: per segment, the gradient of its start state when the
+    gradient at its end is zero,
+
+        d_states[n] = B = scale * sum_t (q_t * exp(sum_{u<=t} g_u))^T do_t     [N, H, K, V]
+
+    (the initial state's gradient chunk_gla's backward gives with no final-state gradient), so that with an end
+    gradient dht it is exp(a)[..., None] * dht + B. q [B,T,H,K], do [B,T,H,V] (one dtype), g as in
+    chunk_gla_segment_states, scale default K^-1/2. fp32 (fp64 for fp64 inputs). No gradient.
+    """
+    require_tensors(q=q, do=do, g=g, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host)
+    return _chunk_gla_segment_state_grads(q, do, g, _as_scale(scale), cu_seqlens, cu_seqlens_host)

@@ -14,6 +14,12 @@ flashgla::TensorView tensor_view_from_python(nanobind::handle spec, const char* 
 // Registers the norm and gate functions; defined in norm_bindings.cpp.
 void bind_norm(nanobind::module_& m);
 
+// Registers the per-segment state summaries; defined in segment_bindings.cpp.
+void bind_segment(nanobind::module_& m);
+
+// Registers gla_fold_states (context parallelism); defined in fold_bindings.cpp.
+void bind_fold(nanobind::module_& m);
+
 inline void* as_pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 // The execution fields every args struct with a workspace has: the CUDA stream

@@ -336,5 +336,7 @@ NB_MODULE(_C, m) {
       "q"_a, "k"_a, "v"_a, "cu_seqlens_q"_a.none(), "cu_seqlens_k"_a.none(), "causal"_a, "scale"_a.none(),
       "algorithm"_a, "o"_a, "lse"_a, "d_o"_a, "dq"_a, "dk"_a, "dv"_a);
 
-  bind_norm(m);  // gated RMSNorm and log-sigmoid gate (norm_bindings.cpp)
+  bind_norm(m);     // gated RMSNorm and log-sigmoid gate (norm_bindings.cpp)
+  bind_segment(m);  // per-segment state summaries for context parallelism (segment_bindings.cpp)
+  bind_fold(m);     // context parallelism's fold of state summaries (fold_bindings.cpp)
 }

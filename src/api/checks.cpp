@@ -86,13 +86,13 @@ void check_boundaries(const TensorView& t, const std::string& name, int64_t tota
 }  // namespace
 
 int64_t cu_seqlens(const TensorView& t, const std::string& name, const Device& dev, int64_t total,
-                   const TensorView& host_copy) {
+                   const TensorView& host_copy, const char* reference) {
   tensor(t, name, 1, "[N+1]");
   FLASHGLA_REQUIRE(t.dtype == DType::i32 || t.dtype == DType::i64, ErrorKind::type, name,
           std::string("expected dtype int32 or int64, got ") + dtype_name(t.dtype));
   FLASHGLA_REQUIRE(t.shape[0] >= 2, ErrorKind::value, name,
           "expected at least 2 boundaries [0, ..., T], got shape " + t.shape_str());
-  device(t, name, dev, "q");
+  device(t, name, dev, reference);
   if (host_copy.defined()) {
     const std::string host_name = name + "_host";
     tensor(host_copy, host_name, 1, "[N+1]");

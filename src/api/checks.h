@@ -35,9 +35,10 @@ void device(const TensorView& t, const std::string& name, const Device& expected
 
 // cu_seqlens: 1-D i32/i64 of length ≥ 2 on `dev`; when its values are readable
 // on the host (a CPU tensor, or the host copy), they start at 0, never
-// decrease and end at `total`. Returns the number of sequences N.
+// decrease and end at `total`. Returns the number of sequences N. `reference`
+// names the tensor whose device `dev` is, for messages.
 int64_t cu_seqlens(const TensorView& t, const std::string& name, const Device& dev, int64_t total,
-                   const TensorView& host_copy = {});
+                   const TensorView& host_copy = {}, const char* reference = "q");
 
 std::string shape_of(std::initializer_list<int64_t> dims);
 

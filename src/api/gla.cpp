@@ -7,6 +7,15 @@
 namespace flashgla {
 namespace {
 
+// States are fp32; with fp64 inputs (CPU only) they may be fp64 too, so that a
+// state handed from one call to the next (context parallelism) loses nothing.
+void check_state_dtype(const TensorView& s, const char* name, const TensorView& q) {
+  if (q.dtype == DType::f64 && s.dtype == DType::f64) return;
+  FLASHGLA_REQUIRE(s.dtype == DType::f32, ErrorKind::type, name,
+                   std::string("expected dtype float32") + (q.dtype == DType::f64 ? " or float64" : "") + ", got " +
+                       dtype_name(s.dtype));
+}
+
 
 // Common to forward and backward: q, k, v, g, h0, cu_seqlens, scale, algorithm.
 GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
@@ -55,7 +64,7 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
 
   if (h0.defined()) {
     check::shape(h0, "initial_state", {p.num_seqs, p.heads, p.key_dim, p.value_dim}, "[N, H, K, V]");
-    check::dtype(h0, "initial_state", DType::f32);
+    check_state_dtype(h0, "initial_state", q);
     check::device(h0, "initial_state", dev, "q");
   }
 
@@ -68,10 +77,10 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
   return p;
 }
 
-void check_state_output(const TensorView& s, const char* name, const GlaProblem& p, const Device& dev) {
+void check_state_output(const TensorView& s, const char* name, const GlaProblem& p, const Device& dev, const TensorView& q) {
   if (!s.defined()) return;
   check::shape(s, name, {p.num_seqs, p.heads, p.key_dim, p.value_dim}, "[N, H, K, V]", /*is_output=*/true);
-  check::dtype(s, name, DType::f32);
+  check_state_dtype(s, name, q);
   check::device(s, name, dev, "q");
 }
 
@@ -89,7 +98,7 @@ GlaProblem check_forward(const GlaForwardArgs& a) {
   const GlaProblem p = check_inputs(a.q, a.k, a.v, a.g, a.initial_state, a.cu_seqlens, a.cu_seqlens_host, a.scale,
                                     a.algorithm, a.reverse);
   check_like(a.o, "o", a.v, "[B, T, H, V]", a.q.dtype, a.q.device, true);
-  check_state_output(a.final_state, "final_state", p, a.q.device);
+  check_state_output(a.final_state, "final_state", p, a.q.device, a.q);
   return p;
 }
 
@@ -100,7 +109,7 @@ GlaProblem check_backward(const GlaBackwardArgs& a) {
   check_like(a.d_o, "d_o", a.v, "[B, T, H, V]", a.q.dtype, dev, false);
   if (a.d_final_state.defined()) {
     check::shape(a.d_final_state, "d_final_state", {p.num_seqs, p.heads, p.key_dim, p.value_dim}, "[N, H, K, V]");
-    check::dtype(a.d_final_state, "d_final_state", DType::f32);
+    check_state_dtype(a.d_final_state, "d_final_state", a.q);
     check::device(a.d_final_state, "d_final_state", dev, "q");
   }
   check_like(a.dq, "dq", a.q, "[B, T, H, K]", a.q.dtype, dev, true);
@@ -117,7 +126,7 @@ GlaProblem check_backward(const GlaBackwardArgs& a) {
   } else {
     FLASHGLA_REQUIRE(!a.dg.defined(), ErrorKind::value, "dg", "given without g: there is no gate to differentiate");
   }
-  check_state_output(a.d_initial_state, "d_initial_state", p, dev);
+  check_state_output(a.d_initial_state, "d_initial_state", p, dev, a.q);
   return p;
 }
 

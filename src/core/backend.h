@@ -10,6 +10,8 @@ namespace flashgla::cpu {
 void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem);
 void gla_backward(const GlaBackwardArgs& args, const GlaProblem& problem);
 void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem);  // batch = num_seqs, seq_len = 1
+void gla_segment_states(const GlaSegmentStatesArgs& args, const GlaProblem& problem);
+void gla_segment_state_grads(const GlaSegmentStateGradsArgs& args, const GlaProblem& problem);
 void attention_forward(const AttentionForwardArgs& args, const AttentionProblem& problem);
 void attention_backward(const AttentionBackwardArgs& args, const AttentionProblem& problem);
 }  // namespace flashgla::cpu
@@ -20,6 +22,10 @@ int device_count();
 void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem);
 void gla_backward(const GlaBackwardArgs& args, const GlaProblem& problem);
 void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem);
+void gla_segment_states(const GlaSegmentStatesArgs& args, const GlaProblem& problem);
+void gla_segment_state_grads(const GlaSegmentStateGradsArgs& args, const GlaProblem& problem);
+size_t gla_segment_states_workspace_bytes(const GlaSegmentStatesArgs& args, const GlaProblem& problem);
+size_t gla_segment_state_grads_workspace_bytes(const GlaSegmentStateGradsArgs& args, const GlaProblem& problem);
 void attention_forward(const AttentionForwardArgs& args, const AttentionProblem& problem);
 void attention_backward(const AttentionBackwardArgs& args, const AttentionProblem& problem);
 // Scratch each call needs (see GlaForwardArgs::workspace); 0 when none.

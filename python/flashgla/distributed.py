@@ -1,0 +1,460 @@
+"""Context parallelism (CP) for the chunked GLA ops, over torch.distributed.
+
+Each rank of a process group holds a contiguous slice of T/P tokens of the
+packed ``[1, T, H, D]`` batch (or of every row of a fixed-length ``[B, T, H, D]``
+batch) and calls the op on it with ``cp_context=``::
+
+    ctx = build_cp_context(cu_seqlens, group)          # global boundaries, once per batch
+    lo = ctx.token_offset; hi = lo + ctx.local_tokens
+    o, _ = chunk_gla(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], g[:, lo:hi], cp_context=ctx)
+
+Outputs and gradients equal one process running the op on the whole batch.
+GLA's rank-to-rank transition is a per-key diagonal (see DISTRIBUTED.md), so a
+pass costs one all-gather of a fixed-size summary per rank: the forward sends
+the end state from zero S and the summed log gate a of the rank's last local
+sequence, ``[B, H, K, V+1]``; the backward the entering-state gradient B of its
+first local sequence, ``[B, H, K, V]``. Each rank folds the summaries of the
+ranks its sequence spans (``flashgla._C.gla_fold_states``, C++/CUDA) and runs
+its ordinary chunked op with that entering state (forward) or end-state
+gradient (backward).
+
+Every collective sits inside one autograd Function and communicates on every
+rank whatever the local data (same shapes everywhere, never an empty tensor),
+so no rank waits on another that skipped it; each rank must backpropagate
+through the op's output (as with any collective in autograd). Given a
+``cu_seqlens_cpu``, nothing reads device memory back, so the op's forward and
+backward can be captured in a CUDA graph (with the context built outside it).
+"""
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from . import _C
+from ._torch import run_op, stream_of, view
+
+__all__ = ["CPContext", "build_cp_context"]
+
+
+@dataclass
+class CPContext:
+    """What one rank knows about the token layout of a context-parallel batch.
+
+    Built by :func:`build_cp_context` on every rank of ``group``; read-only
+    afterwards. "Local" means this rank's slice, ``[token_offset, token_offset +
+    local_tokens)`` of the global token index; a "local sequence" is the part of
+    a sequence that lies in that slice.
+
+    Fields (stable; layers and models build on them):
+
+    - ``group``: the process group; ``rank`` / ``world_size``: this rank's index
+      in the group and the group's size (group ranks, never global ranks).
+    - ``cu_seqlens``: local boundaries ``[N_local + 1]`` (first 0, last
+      ``local_tokens``; dtype and device of the global ``cu_seqlens``); what the
+      op passes to the local kernels. ``cu_seqlens_cpu``: the same on the CPU.
+    - ``global_cu_seqlens`` / ``global_cu_seqlens_cpu``: the boundaries given.
+    - ``total_tokens`` (T), ``local_tokens`` (T / P), ``token_offset`` (global
+      index of the first local token = rank · T / P).
+    - ``first_seq_offset``: position, within its sequence, of the first local
+      token (0 when a sequence starts there); with ``position_ids()`` it gives
+      RoPE positions.
+    - ``continues_from_prev``: the first local sequence started on an earlier
+      rank; ``continues_into_next``: the last local sequence goes on after this
+      rank. ``pre_num_ranks`` / ``post_num_ranks``: how many earlier / later
+      ranks those sequences span (FLA's names); ``is_first_rank`` /
+      ``is_last_rank``: this rank holds the start / the end of its first / last
+      local sequence.
+    - ``first_seq_end``: local index where the first local sequence ends;
+      ``last_seq_start``: local index where the last local sequence starts.
+    - ``num_local_seqs`` (N_local), ``num_seqs`` (N, global).
+    - ``conv1d_kernel_size`` (W or None) and ``pre_num_conv_tokens``: how many
+      rows of the previous rank a causal convolution of width W needs, min(W −
+      1, first_seq_offset) (0 when the first local sequence starts here).
+    - ``fold_forward`` / ``fold_backward``: the ranks ``(begin, end)`` whose
+      summaries the forward / backward folds (``begin == end``: none).
+    """
+
+    group: object
+    rank: int
+    world_size: int
+    cu_seqlens: Tensor
+    cu_seqlens_cpu: Tensor
+    global_cu_seqlens: Tensor
+    global_cu_seqlens_cpu: Tensor
+    total_tokens: int
+    local_tokens: int
+    token_offset: int
+    first_seq_offset: int
+    continues_from_prev: bool
+    continues_into_next: bool
+    pre_num_ranks: int
+    post_num_ranks: int
+    first_seq_end: int
+    last_seq_start: int
+    num_local_seqs: int
+    num_seqs: int
+    conv1d_kernel_size: Optional[int]
+    pre_num_conv_tokens: int
+    fold_forward: Tuple[int, int]
+    fold_backward: Tuple[int, int]
+    _device_cu_seqlens: dict = field(default_factory=dict, repr=False)
+    _position_ids: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def is_first_rank(self) -> bool:
+        return not self.continues_from_prev
+
+    @property
+    def is_last_rank(self) -> bool:
+        return not self.continues_into_next
+
+    def local_cu_seqlens(self, device) -> Tensor:
+        """ctx.cu_seqlens on `device` (copied once, then cached)."""
+        device = torch.device(device)
+        if self.cu_seqlens.device == device:
+            return self.cu_seqlens
+        if device not in self._device_cu_seqlens:
+            self._device_cu_seqlens[device] = self.cu_seqlens.to(device)
+        return self._device_cu_seqlens[device]
+
+    def position_ids(self, device=None) -> Tensor:
+        """[local_tokens] int64: each local token's position within its sequence (for RoPE)."""
+        device = torch.device(device) if device is not None else self.cu_seqlens.device
+        if device not in self._position_ids:
+            cu = self.cu_seqlens_cpu.to(torch.int64)
+            lengths = cu[1:] - cu[:-1]
+            starts = torch.repeat_interleave(cu[:-1], lengths)
+            positions = torch.arange(self.local_tokens, dtype=torch.int64) - starts
+            positions[: self.first_seq_end] += self.first_seq_offset
+            self._position_ids[device] = positions.to(device)
+        return self._position_ids[device]
+
+
+def _group_device(group):
+    """Where the group's collectives want their tensors: the current CUDA device for NCCL, else the CPU."""
+    backend = dist.get_backend(group)
+    if "nccl" in str(backend).lower():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _checksum(cu):
+    """Four int64 numbers that differ, with near certainty, when two cu_seqlens differ."""
+    values = [int(x) for x in cu]
+    h1, h2 = 0, 0
+    modulus = (1 << 61) - 1
+    for i, x in enumerate(values):
+        h1 = (h1 * 1000003 + x + 1) % modulus
+        h2 = (h2 + (i + 1) * (x + 7) * (x + 13)) % modulus
+    return [len(values), values[-1], h1, h2]
+
+
+def build_cp_context(cu_seqlens: Tensor, group=None, conv1d_kernel_size: Optional[int] = None,
+                     cu_seqlens_cpu: Optional[Tensor] = None, *, check: bool = True) -> CPContext:
+    """The context-parallel layout of one batch, for this rank of `group`.
+
+    cu_seqlens: global boundaries ``[N + 1]`` int32/int64 of the packed batch
+    (``0 = c0 ≤ … ≤ cN = T``); for a fixed-length batch ``[B, T, H, D]`` pass
+    ``[0, T]`` (every row one sequence spanning all ranks). T must be divisible
+    by the group's size P; rank r holds tokens ``[r·T/P, (r+1)·T/P)``.
+    group: the process group (default: the world). conv1d_kernel_size: width W
+    of a causal convolution run under CP; every rank must hold at least W − 1
+    tokens. cu_seqlens_cpu: a CPU copy of a CUDA cu_seqlens (nothing is then
+    read back from the device). check: compare cu_seqlens across the group
+    (one small all-gather; a mismatch raises ValueError on every rank).
+
+    A collective when `check` is true: call it on every rank of the group.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("flashgla: group: torch.distributed is not initialized (call init_process_group first)")
+    if group is None:
+        group = dist.group.WORLD
+    if not isinstance(cu_seqlens, Tensor):
+        raise TypeError(f"flashgla: cu_seqlens: expected a torch.Tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError("flashgla: cu_seqlens: expected a 1-D int32/int64 tensor [N + 1] with N >= 1, got "
+                         f"{cu_seqlens.dtype} of shape {list(cu_seqlens.shape)}")
+    if cu_seqlens_cpu is not None:
+        if not isinstance(cu_seqlens_cpu, Tensor) or cu_seqlens_cpu.device.type != "cpu":
+            raise ValueError("flashgla: cu_seqlens_cpu: expected a CPU tensor (a copy of cu_seqlens)")
+        if cu_seqlens_cpu.shape != cu_seqlens.shape:
+            raise ValueError(f"flashgla: cu_seqlens_cpu: expected the shape of cu_seqlens {list(cu_seqlens.shape)}, "
+                             f"got {list(cu_seqlens_cpu.shape)}")
+        host = cu_seqlens_cpu.to(torch.int64)
+    else:
+        host = cu_seqlens.detach().to("cpu", torch.int64)  # reads the device once, when building the context
+    bounds = host.tolist()
+    if bounds[0] != 0 or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"flashgla: cu_seqlens: expected 0 = c0 <= c1 <= ... <= cN, got {bounds[:8]}"
+                         f"{' ...' if len(bounds) > 8 else ''}")
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise ValueError("flashgla: group: this process is not a member of the group")
+    total = bounds[-1]
+
+    if check:
+        # Every rank sends four numbers, so a mismatch is seen by all ranks at once (no rank hangs in a
+        # later collective of a different shape), and all raise the same error.
+        device = _group_device(group)
+        mine = torch.tensor(_checksum(bounds), dtype=torch.int64, device=device)
+        every = torch.empty(world * 4, dtype=torch.int64, device=device)
+        dist.all_gather_into_tensor(every, mine, group=group)
+        every = every.view(world, 4).cpu().tolist()
+        different = [r for r in range(world) if every[r] != every[0]]
+        if different:
+            raise ValueError("flashgla: cu_seqlens: differs between the ranks of the group (rank 0 has "
+                             f"{every[0][0] - 1} sequences of {every[0][1]} tokens, rank {different[0]} "
+                             f"{every[different[0]][0] - 1} of {every[different[0]][1]}); every rank must pass the "
+                             "global boundaries of the same batch")
+
+    if total % world != 0 or total == 0:
+        raise ValueError(f"flashgla: cu_seqlens: the batch's {total} tokens do not split evenly over the "
+                         f"{world} ranks of the group (expected a positive multiple of {world}; pad the batch)")
+    local = total // world
+    if conv1d_kernel_size is not None:
+        if int(conv1d_kernel_size) < 1:
+            raise ValueError(f"flashgla: conv1d_kernel_size: expected >= 1, got {conv1d_kernel_size}")
+        if local < int(conv1d_kernel_size) - 1:
+            raise ValueError(f"flashgla: conv1d_kernel_size: a convolution of width {conv1d_kernel_size} needs "
+                             f"{int(conv1d_kernel_size) - 1} rows of the previous rank, but each rank holds only "
+                             f"{local} tokens ({total} over {world} ranks)")
+
+    boundary = set(bounds)
+
+    def starts_at(j):  # rank j's first token starts a sequence
+        return j == 0 or j * local in boundary
+
+    def whole(j):  # no sequence boundary strictly inside rank j
+        return not any(j * local < b < (j + 1) * local for b in boundary)
+
+    begin, end = rank * local, (rank + 1) * local
+    inner = sorted(b - begin for b in boundary if begin < b < end)
+    local_bounds = [0] + inner + [local]
+    first_seq_end, last_seq_start = local_bounds[1], local_bounds[-2]
+    seq_start = max(b for b in bounds if b <= begin)
+    first_seq_offset = begin - seq_start
+
+    # Forward: the state entering this rank comes from rank-1's last local sequence, which itself
+    # started from rank-2's when rank-1 is one piece of a sequence continuing from rank-2, and so on.
+    if starts_at(rank):
+        fold_forward = (rank, rank)
+    else:
+        lo = rank - 1
+        while not starts_at(lo) and whole(lo):
+            lo -= 1
+        fold_forward = (lo, rank)
+    # Backward: the mirror, towards the last rank.
+    if rank + 1 >= world or starts_at(rank + 1):
+        fold_backward = (rank + 1, rank + 1)
+    else:
+        hi = rank + 1
+        while hi + 1 < world and whole(hi) and not starts_at(hi + 1):
+            hi += 1
+        fold_backward = (rank + 1, hi + 1)
+
+    pre = rank - fold_forward[0] if fold_forward[0] < fold_forward[1] else 0
+    post = fold_backward[1] - fold_backward[0]
+    local_cpu = torch.tensor(local_bounds, dtype=torch.int64)
+    local_device = torch.tensor(local_bounds, dtype=cu_seqlens.dtype).to(cu_seqlens.device)
+    width = None if conv1d_kernel_size is None else int(conv1d_kernel_size)
+    halo = 0 if (width is None or starts_at(rank)) else min(width - 1, first_seq_offset)
+    return CPContext(
+        group=group, rank=rank, world_size=world, cu_seqlens=local_device, cu_seqlens_cpu=local_cpu,
+        global_cu_seqlens=cu_seqlens, global_cu_seqlens_cpu=host, total_tokens=total, local_tokens=local,
+        token_offset=begin, first_seq_offset=first_seq_offset, continues_from_prev=not starts_at(rank),
+        continues_into_next=rank + 1 < world and not starts_at(rank + 1), pre_num_ranks=pre, post_num_ranks=post,
+        first_seq_end=first_seq_end, last_seq_start=last_seq_start, num_local_seqs=len(local_bounds) - 1,
+        num_seqs=len(bounds) - 1, conv1d_kernel_size=width, pre_num_conv_tokens=halo, fold_forward=fold_forward,
+        fold_backward=fold_backward)
+
+
+# ---- timing hook for benchmarks ------------------------------------------------------
+
+# A benchmark sets this to a callable name -> context manager (e.g. recording CUDA events) to time
+# the phases "prepass", "allgather", "fold" and "local" of each pass; None costs nothing.
+phase_timer = None
+
+
+def _phase(name):
+    return phase_timer(name) if phase_timer is not None else contextlib.nullcontext()
+
+
+# ---- the pieces ------------------------------------------------------------------------
+
+def _all_gather(out, tensor, group):
+    """out [P, *tensor.shape] ← every rank's tensor (gloo wants the ranks stacked along dimension 0)."""
+    dist.all_gather_into_tensor(out.view(-1, *tensor.shape[1:]), tensor, group=group)
+
+
+def _fold(states, log_decay, begin, end, reverse, out, initial=None, accumulate=False):
+    """out (=|+=) fold of h ← diag(exp a_j) h + S_j over ranks begin..end-1, in C++/CUDA.
+    states [P, M, K, V], log_decay [P, M, K], out / initial [M, K, V]; any strides."""
+    device = out.device
+    args = (view(states, "states"), view(log_decay, "log_decay"), int(begin), int(end), bool(reverse),
+            view(initial, "initial"), bool(accumulate), view(out, "out"))
+    if device.type == "cpu":
+        _C.gla_fold_states(*args)
+    else:
+        with torch.cuda.device(device):
+            _C.gla_fold_states(*args, stream_of(device))
+
+
+def _segment_states(k, v, g):
+    """(S [B, H, K, V], a [B, H, K]) of each row from a zero state."""
+    from . import chunk_gla_segment_states
+    return chunk_gla_segment_states(k, v, g)
+
+
+def _segment_state_grads(q, do, g, scale):
+    """B [B, H, K, V] of each row: the entering-state gradient for a zero end-state gradient."""
+    from . import chunk_gla_segment_state_grads
+    return chunk_gla_segment_state_grads(q, do, g, scale=scale)
+
+
+def _first_rows(t, varlen):
+    """The state rows of the first local sequence(s) as [M, K, V]: row 0 (varlen) or all rows."""
+    rows = t[:1] if varlen else t
+    return rows.reshape(-1, t.shape[2], t.shape[3])
+
+
+def _last_rows(t, varlen):
+    rows = t[-1:] if varlen else t
+    return rows.reshape(-1, t.shape[2], t.shape[3])
+
+
+class _ChunkGlaCP(torch.autograd.Function):
+    """chunk_gla on this rank's slice, with the state carried across ranks (see the module docstring)."""
+
+    @staticmethod
+    def forward(fctx, q, k, v, g, scale, cp, output_final_state):
+        from .gla import _run_forward
+
+        B, T, H, K = q.shape
+        V = v.shape[3]
+        varlen = B == 1
+        state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        P = cp.world_size
+
+        # 1. This rank's summary: S and a of its last local sequence, packed as [B, H, K, V+1].
+        send = torch.zeros(B, H, K, V + 1, dtype=state_dtype, device=q.device)
+        with _phase("prepass"):
+            if cp.continues_into_next:  # else no rank folds it: send zeros
+                s0 = cp.last_seq_start
+                states, log_decay = _segment_states(k[:, s0:], v[:, s0:], None if g is None else g[:, s0:])
+                send[..., :V].copy_(states)
+                send[..., V].copy_(log_decay)
+        # 2. One all-gather, on every rank.
+        gathered = torch.empty(P, B, H, K, V + 1, dtype=state_dtype, device=q.device)
+        with _phase("allgather"):
+            _all_gather(gathered, send, cp.group)
+        packed = gathered.view(P, B * H, K, V + 1)
+        # 3. The state entering the first local sequence.
+        h0 = None
+        begin, end = cp.fold_forward
+        if begin < end:
+            with _phase("fold"):
+                rows = cp.num_local_seqs if varlen else B
+                h0 = torch.zeros(rows, H, K, V, dtype=state_dtype, device=q.device)
+                _fold(packed[..., :V], packed[..., V], begin, end, False, _first_rows(h0, varlen))
+        # 4. The ordinary chunked forward on the local slice.
+        cu = cp.local_cu_seqlens(q.device) if varlen else None
+        cu_host = cp.cu_seqlens_cpu if (varlen and q.is_cuda) else None
+        with _phase("local"):
+            o, ht = _run_forward(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, scale, False,
+                                 output_final_state, state_dtype)
+
+        fctx.save_for_backward(q, k, v, g, h0)
+        fctx.log_decay = packed[..., V].clone()  # [P, B·H, K]: the backward's decays (no second gather)
+        fctx.scale, fctx.cp, fctx.varlen, fctx.state_dtype = scale, cp, varlen, state_dtype
+        fctx.output_final_state = output_final_state
+        fctx.set_materialize_grads(False)
+        if not output_final_state:
+            return o, ht
+        return o, ht.float()
+
+    @staticmethod
+    def backward(fctx, do, dht):
+        from .gla import _run_backward
+
+        q, k, v, g, h0 = fctx.saved_tensors
+        cp, varlen, state_dtype = fctx.cp, fctx.varlen, fctx.state_dtype
+        B, T, H, K = q.shape
+        V = v.shape[3]
+        P = cp.world_size
+        if do is None:  # the output was unused here; the other ranks still need this rank's summary
+            do = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+        if dht is not None:
+            dht = dht.to(state_dtype)
+        log_decay = fctx.log_decay
+
+        # 1. This rank's summary: B of its first local sequence (plus, when that sequence is also the
+        # last and its end state's gradient is given, that gradient carried to its start).
+        send = torch.zeros(B, H, K, V, dtype=state_dtype, device=q.device)
+        with _phase("prepass"):
+            if cp.continues_from_prev:  # else no rank folds it: send zeros
+                e = cp.first_seq_end
+                d_states = _segment_state_grads(q[:, :e], do[:, :e], None if g is None else g[:, :e], fctx.scale)
+                if dht is not None and e == T:
+                    M = B * H
+                    _fold(d_states.reshape(1, M, K, V), log_decay[cp.rank:cp.rank + 1], 0, 1, False,
+                          send.view(M, K, V), initial=_last_rows(dht, varlen))
+                else:
+                    send.copy_(d_states)
+        # 2. One all-gather, on every rank.
+        gathered = torch.empty(P, B, H, K, V, dtype=state_dtype, device=q.device)
+        with _phase("allgather"):
+            _all_gather(gathered, send, cp.group)
+        # 3. The gradient of the last local sequence's end state.
+        begin, end = fctx.cp.fold_backward
+        d_end = None
+        if begin < end or dht is not None:
+            with _phase("fold"):
+                rows = cp.num_local_seqs if varlen else B
+                d_end = (dht.clone() if dht is not None else
+                         torch.zeros(rows, H, K, V, dtype=state_dtype, device=q.device))
+                if begin < end:
+                    _fold(gathered.view(P, B * H, K, V), log_decay, begin, end, True, _last_rows(d_end, varlen),
+                          accumulate=True)
+        # 4. The ordinary chunked backward on the local slice.
+        cu = cp.local_cu_seqlens(q.device) if varlen else None
+        cu_host = cp.cu_seqlens_cpu if (varlen and q.is_cuda) else None
+        with _phase("local"):
+            dq, dk, dv, dg, _ = _run_backward(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, do, d_end,
+                                              fctx.scale, False, False, state_dtype)
+        return dq, dk, dv, (dg if g is not None else None), None, None, None
+
+
+def cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp):
+    """The CP path of chunk_gla / chunk_simple_gla / chunk_linear_attn (argument checks, then the Function)."""
+    if not isinstance(cp, CPContext):
+        raise TypeError(f"flashgla: cp_context: expected a CPContext from build_cp_context, got {type(cp).__name__}")
+    if initial_state is not None:
+        raise ValueError(f"flashgla: initial_state: {op_name} with cp_context takes no initial_state (the state "
+                         "entering each rank comes from the previous ranks); start each sequence from zero")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"flashgla: q: expected q, k [B, T, H, K] and v [B, T, H, V], got shapes "
+                         f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    if q.shape[1] != cp.local_tokens:
+        raise ValueError(f"flashgla: q: with cp_context each rank passes its {cp.local_tokens} tokens "
+                         f"(T = {cp.total_tokens} over {cp.world_size} ranks), got T = {q.shape[1]}")
+    if q.shape[0] > 1 and cp.num_seqs != 1:
+        raise ValueError(f"flashgla: q: a batch of B = {q.shape[0]} rows needs a context of one sequence per row "
+                         f"(build_cp_context([0, T])), got one of {cp.num_seqs} sequences: pack them into B = 1")
+    if cu_seqlens is not None and cu_seqlens is not cp.cu_seqlens:
+        local = cp.cu_seqlens_cpu
+        given = cu_seqlens.detach().to("cpu", torch.int64)
+        if given.shape != local.shape or not torch.equal(given, local):
+            raise ValueError("flashgla: cu_seqlens: with cp_context the op takes the local boundaries from the "
+                             f"context: leave cu_seqlens out or pass ctx.cu_seqlens ({local.tolist()[:8]}), got "
+                             f"{given.tolist()[:8]}")
+    if cu_seqlens_host is not None:
+        given = cu_seqlens_host.detach().to(torch.int64)
+        if given.shape != cp.cu_seqlens_cpu.shape or not torch.equal(given, cp.cu_seqlens_cpu):
+            raise ValueError("flashgla: cu_seqlens_host: with cp_context leave it out or pass ctx.cu_seqlens_cpu")
+    o, ht = _ChunkGlaCP.apply(q, k, v, g, scale, cp, bool(output_final_state))
+    return o, ht if output_final_state else None

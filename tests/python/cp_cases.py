@@ -1,0 +1,362 @@
+"""Context-parallel GLA ops against one process: run by test_distributed*.py.
+
+    python cp_cases.py --world 2 [--backend gloo|nccl] [--suite numerics|errors]
+
+spawns `world` processes (one group, gloo on the CPU or NCCL on one GPU per
+rank); each builds the same random global batch, runs the op on its slice
+with cp_context and compares its output, final states and the gradients of
+q, k, v, g with one process running the op on the whole batch (same dtype,
+and fp64 reference), on every rank. Any failure makes the process exit with a
+non-zero status; the caller's timeout turns a hang into a failure.
+"""
+
+import argparse
+import os
+import socket
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def rel_rms_error(out, ref):
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    assert out.shape == ref.shape, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    if not torch.isfinite(out).all():
+        return float("nan")
+    norm = ref.norm()
+    return ((out - ref).norm() / (norm if norm > 0 else max(out.norm(), 1e-300))).item()
+
+
+OPS = {"vector": "chunk_gla", "scalar": "chunk_simple_gla", "none": "chunk_linear_attn"}
+
+
+def run_op(gate, q, k, v, g, **kw):
+    import flashgla
+    if gate == "vector":
+        return flashgla.chunk_gla(q, k, v, g, **kw)
+    if gate == "scalar":
+        return flashgla.chunk_simple_gla(q, k, v, g, **kw)
+    return flashgla.chunk_linear_attn(q, k, v, **kw)
+
+
+def make_inputs(seed, B, T, H, K, V, gate, dtype, device, neg_inf_at=()):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
+    v = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
+    g = None
+    if gate == "vector":
+        g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64) + 2.0)
+    elif gate == "scalar":
+        g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, dtype=torch.float64) + 2.0)
+    for t in neg_inf_at:  # a full reset of the state (some keys / the whole head) at token t
+        if gate == "vector":
+            g[:, t, :, ::2] = float("-inf")
+        elif gate == "scalar":
+            g[:, t, 0] = float("-inf")
+    do = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
+    cast = [x.to(device=device, dtype=dtype) if x is not None else None for x in (q, k, v)]
+    g = g.to(device=device, dtype=torch.float32 if dtype != torch.float64 else dtype) if g is not None else None
+    return cast[0], cast[1], cast[2], g, do.to(device=device, dtype=dtype), gen
+
+
+def local_pieces(bounds, world, local):
+    """For every rank: its local sequences as global (seq_start, piece_end) pairs."""
+    pieces = []
+    for r in range(world):
+        lo, hi = r * local, (r + 1) * local
+        inner = sorted({b for b in bounds if lo < b < hi})
+        ends = inner + [hi]
+        starts = [lo] + inner
+        out = []
+        for s, e in zip(starts, ends):
+            seq_start = max(b for b in bounds if b <= s)
+            out.append((seq_start, e))
+        pieces.append(out)
+    return pieces
+
+
+def reference(gate, q, k, v, g, do, bounds, world, local, dhts, scale):
+    """One process: the op on the whole batch plus every rank's local final states; gradients of
+    <o, do> + Σ <ht, dht>."""
+    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (q, k, v, g)]
+    q, k, v, g = leaves
+    B = q.shape[0]
+    cu = torch.tensor(bounds, dtype=torch.int64, device=q.device) if B == 1 else None
+    o, _ = run_op(gate, q, k, v, g, cu_seqlens=cu, scale=scale)
+    loss = (o.double() * do.double()).sum()
+    states = []
+    for r, rank_pieces in enumerate(local_pieces(bounds, world, local)):
+        rank_states = []
+        for (s, e) in rank_pieces:
+            sl = slice(s, e)
+            _, ht = run_op(gate, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
+                           output_final_state=True, scale=scale)
+            rank_states.append(ht)
+        ht = torch.cat(rank_states, 0)
+        states.append(ht)
+        loss = loss + (ht.double() * dhts[r].double()).sum()
+    loss.backward()
+    return o.detach(), [s.detach() for s in states], [x.grad if x is not None else None for x in leaves]
+
+
+def check_case(name, rank, world, dtype, device, gate, bounds, B=1, H=2, K=16, V=12, neg_inf_at=(),
+               use_final_state=True, with_cpu_copy=False, seed=0, report=None):
+    from flashgla.distributed import build_cp_context
+    T = bounds[-1]
+    local = T // world
+    q, k, v, g, do, gen = make_inputs(1000 + seed, B, T, H, K, V, gate, dtype, device, neg_inf_at)
+    scale = 0.3
+    pieces = local_pieces(bounds, world, local)
+    state_rows = [len(p) if B == 1 else B for p in pieces]
+    dhts = [torch.randn(n, H, K, V, generator=gen, dtype=torch.float64).to(device=device, dtype=torch.float32)
+            if use_final_state else torch.zeros(n, H, K, V, device=device) for n in state_rows]
+    ref_o, ref_states, ref_grads = reference(gate, q, k, v, g, do, bounds, world, local, dhts, scale)
+
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+    ctx = build_cp_context(cu, None, cu_seqlens_cpu=cu.cpu() if with_cpu_copy else None)
+    assert ctx.rank == rank and ctx.world_size == world and ctx.local_tokens == local
+    sl = slice(ctx.token_offset, ctx.token_offset + local)
+    mine = [x[:, sl].detach().clone().requires_grad_() if x is not None else None for x in (q, k, v, g)]
+    o, ht = run_op(gate, *mine, scale=scale, output_final_state=use_final_state, cp_context=ctx)
+    loss = (o.double() * do[:, sl].double()).sum()
+    if use_final_state:
+        loss = loss + (ht.double() * dhts[rank].double()).sum()
+    loss.backward()
+
+    errors = {"o": rel_rms_error(o, ref_o[:, sl])}
+    if use_final_state:
+        errors["ht"] = rel_rms_error(ht, ref_states[rank])
+    for label, x, ref in zip("qkvg", mine, ref_grads):
+        if x is not None:
+            errors["d" + label] = rel_rms_error(x.grad, ref[:, sl])
+    if report is not None:
+        report(name, errors)
+    return errors
+
+
+def numerics_cases(world):
+    """(name, kwargs) of the layouts; local T is 70 (not a multiple of 64) unless said otherwise."""
+    L = 70
+    T = world * L
+    cases = [
+        ("one sequence over all ranks", dict(bounds=[0, T])),
+        ("boundaries at rank edges", dict(bounds=[0] + [r * L for r in range(1, world)] + [T])),
+        ("boundaries inside ranks", dict(bounds=[0, 9, L + 20, T - 5, T])),
+        ("1-token sequences at the edges", dict(bounds=[0, L - 1, L, L + 1, T - 1, T])),
+        ("local T = 128", dict(bounds=[0, 3, world * 128])),
+        ("fixed length B = 3", dict(bounds=[0, T], B=3)),
+        ("-inf gate across a rank edge", dict(bounds=[0, 5, T], neg_inf_at=(L - 1, L + 2))),
+        ("no final state", dict(bounds=[0, 30, T], use_final_state=False)),
+        ("cu_seqlens_cpu given", dict(bounds=[0, L + 7, T], with_cpu_copy=True)),
+    ]
+    if world >= 4:
+        cases.append(("a sequence crossing three ranks", dict(bounds=[0, 5, 2 * L + 9, T])))
+        cases.append(("a sequence over the middle ranks", dict(bounds=[0, L, 3 * L, T])))
+    return cases
+
+
+def numerics(rank, world, device, dtypes):
+    failures = []
+    lines = []
+
+    def report(name, errors):
+        lines.append(f"  {name}: " + ", ".join(f"{k} {v:.2e}" for k, v in errors.items()))
+
+    for dtype in dtypes:
+        for gate in ("vector", "scalar", "none"):
+            for name, kw in numerics_cases(world):
+                if gate == "none" and kw.get("neg_inf_at"):
+                    continue
+                label = f"{dtype} {gate} gate: {name}"
+                try:
+                    if dtype in (torch.float64, torch.float32):
+                        tol = 1e-10 if dtype == torch.float64 else 2e-5
+                        errors = check_case(label, rank, world, dtype, device, gate, report=report, **kw)
+                        bad = {k: e for k, e in errors.items() if not e <= tol}
+                        if bad:
+                            failures.append(f"{label}: {bad} > {tol}")
+                    else:  # bf16 on GPUs: CP vs fp64 within 2x of one GPU vs fp64
+                        failures += bf16_check(label, rank, world, device, gate, kw, report)
+                except Exception:  # noqa: BLE001 - every failure is reported with its case
+                    failures.append(f"{label}: {traceback.format_exc()}")
+    return failures, lines
+
+
+def bf16_check(label, rank, world, device, gate, kw, report):
+    """bf16 under CP: error against the fp64 one-process reference ≤ 2× that of one GPU in bf16."""
+    from flashgla.distributed import build_cp_context
+    bounds = kw["bounds"]
+    B = kw.get("B", 1)
+    H, K, V = 2, 64, 64
+    T = bounds[-1]
+    local = T // world
+    q, k, v, g, do, _ = make_inputs(7, B, T, H, K, V, gate, torch.float64, torch.device("cpu"),
+                                    kw.get("neg_inf_at", ()))
+    scale = 0.125
+    zero = [torch.zeros(len(p) if B == 1 else B, H, K, V, dtype=torch.float64) for p in local_pieces(bounds, world, local)]
+    ref_o, _, ref_grads = reference(gate, q, k, v, g, do, bounds, world, local, zero, scale)
+    to = [x.to(device=device, dtype=torch.bfloat16) if x is not None else None for x in (q, k, v)]
+    gd = g.to(device=device, dtype=torch.float32) if g is not None else None
+    dod = do.to(device=device, dtype=torch.bfloat16)
+    # one GPU in bf16
+    one = [x.detach().clone().requires_grad_() if x is not None else None for x in (*to, gd)]
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+    o1, _ = run_op(gate, *one, scale=scale, cu_seqlens=cu if B == 1 else None)
+    o1.backward(dod)
+    ctx = build_cp_context(cu, None, cu_seqlens_cpu=cu.cpu())
+    sl = slice(ctx.token_offset, ctx.token_offset + local)
+    mine = [x[:, sl].detach().clone().requires_grad_() if x is not None else None for x in (*to, gd)]
+    o, _ = run_op(gate, *mine, scale=scale, cp_context=ctx)
+    o.backward(dod[:, sl])
+    failures, errors = [], {}
+    pairs = [("o", o, o1[:, sl], ref_o[:, sl])]
+    for label, x, x1, ref in zip("qkvg", mine, one, ref_grads):
+        if x is not None:
+            pairs.append(("d" + label, x.grad, x1.grad[:, sl], ref[:, sl]))
+    for name, cp_out, one_out, ref in pairs:
+        e_cp, e_one = rel_rms_error(cp_out, ref), rel_rms_error(one_out, ref)
+        errors[name] = e_cp
+        if not e_cp <= 2 * e_one + 1e-3:
+            failures.append(f"{label}: {name}: CP error {e_cp:.3g} > 2 x one-GPU error {e_one:.3g}")
+    report(label + " (bf16)", errors)
+    return failures
+
+
+def expect_error(failures, label, kind, fragment, call):
+    try:
+        call()
+    except kind as e:
+        if fragment not in str(e) or "flashgla: " not in str(e):
+            failures.append(f"{label}: message {str(e)!r} lacks {fragment!r}")
+        return
+    except Exception as e:  # noqa: BLE001
+        failures.append(f"{label}: expected {kind.__name__}, got {type(e).__name__}: {e}")
+        return
+    failures.append(f"{label}: no error")
+
+
+def errors_suite(rank, world, device):
+    import flashgla
+    from flashgla.distributed import build_cp_context
+    failures = []
+    L = 8
+    T = world * L
+    cu = torch.tensor([0, 3, T], dtype=torch.int64, device=device)
+    ctx = build_cp_context(cu)
+    q = torch.randn(1, L, 2, 8, device=device)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, L, 2, 8, device=device))
+    expect_error(failures, "T not divisible", ValueError, "cu_seqlens",
+                 lambda: build_cp_context(torch.tensor([0, T + 1], device=device)))
+    expect_error(failures, "initial_state", ValueError, "initial_state",
+                 lambda: flashgla.chunk_gla(q, q, q, g, initial_state=torch.zeros(ctx.num_local_seqs, 2, 8, 8,
+                                                                                   device=device), cp_context=ctx))
+    # A different cu_seqlens on rank 0 only: every rank must raise, none may hang.
+    differing = torch.tensor([0, 5, T] if rank == 0 else [0, 3, T], device=device)
+    expect_error(failures, "cu_seqlens differ", ValueError, "differs between the ranks",
+                 lambda: build_cp_context(differing))
+    expect_error(failures, "conv window", ValueError, "conv1d_kernel_size",
+                 lambda: build_cp_context(torch.tensor([0, 2 * world], device=device), conv1d_kernel_size=4))
+    expect_error(failures, "wrong local T", ValueError, "q",
+                 lambda: flashgla.chunk_gla(q[:, :L - 1], q[:, :L - 1], q[:, :L - 1], g[:, :L - 1], cp_context=ctx))
+    expect_error(failures, "cu_seqlens given to the op", ValueError, "cu_seqlens",
+                 lambda: flashgla.chunk_gla(q, q, q, g, cu_seqlens=cu, cp_context=ctx))
+    # After the errors the group still works: one op call on every rank, and passing ctx.cu_seqlens is fine.
+    o, _ = flashgla.chunk_gla(q, q, q, g, cu_seqlens=ctx.cu_seqlens, cp_context=ctx)
+    if not torch.isfinite(o).all():
+        failures.append("op after the errors: non-finite output")
+    # The context's layout fields.
+    ctx = build_cp_context(torch.tensor([0, L // 2, T], device=device), conv1d_kernel_size=4)
+    expected_prev = rank > 0
+    if ctx.continues_from_prev != expected_prev or ctx.continues_into_next != (rank < world - 1):
+        failures.append(f"context flags: {ctx}")
+    if rank > 0 and (ctx.first_seq_offset != rank * L - L // 2 or ctx.pre_num_conv_tokens != 3):
+        failures.append(f"context offsets: {ctx}")
+    pos = ctx.position_ids()
+    if rank > 0 and pos[0].item() != rank * L - L // 2:
+        failures.append(f"position_ids: {pos.tolist()}")
+    return failures
+
+
+def _install_standin():
+    """TEMPORARY (until flashgla.chunk_gla_segment_states lands): the summaries from a full forward /
+    backward of chunk_gla, for the tests only."""
+    import flashgla
+    import flashgla.distributed as fd
+    from flashgla import _C
+    from flashgla.gla import _run_backward, _run_forward
+    if hasattr(flashgla, "chunk_gla_segment_states"):
+        return
+
+    def states(k, v, g):
+        sd = torch.float64 if k.dtype == torch.float64 else torch.float32
+        _, S = _run_forward(_C.GlaAlgorithm.chunked, k, k, v, g, None, None, None, None, False, True, sd)
+        B, T, H, K = k.shape
+        if g is None:
+            a = torch.zeros(B, H, K, dtype=sd, device=k.device)
+        elif g.dim() == 3:
+            a = g.to(sd).sum(1)[..., None].expand(B, H, K)
+        else:
+            a = g.to(sd).sum(1)
+        return S, a
+
+    def grads(q, do, g, scale):
+        sd = torch.float64 if q.dtype == torch.float64 else torch.float32
+        return _run_backward(_C.GlaAlgorithm.chunked, q, q, do, g, None, None, None, do, None, scale, False, True,
+                             sd)[4]
+
+    fd._segment_states = states
+    fd._segment_state_grads = grads
+
+
+def worker(rank, world, backend, port, suite, result_dir):
+    _install_standin()
+    os.environ.setdefault("FLASHGLA_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        if suite == "numerics":
+            dtypes = (torch.float64, torch.float32) if backend == "gloo" else (torch.bfloat16,)
+            failures, lines = numerics(rank, world, device, dtypes)
+        else:
+            failures, lines = errors_suite(rank, world, device), []
+        with open(os.path.join(result_dir, f"rank{rank}.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+            for line in failures:
+                f.write("FAIL " + line + "\n")
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--suite", default="numerics", choices=["numerics", "errors"])
+    parser.add_argument("--out", required=True, help="folder for each rank's report")
+    args = parser.parse_args()
+    mp.spawn(worker, args=(args.world, args.backend, free_port(), args.suite, args.out), nprocs=args.world)
+    failed = False
+    for r in range(args.world):
+        text = open(os.path.join(args.out, f"rank{r}.txt")).read()
+        print(f"rank {r}:\n{text}")
+        failed |= "FAIL " in text
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
