@@ -140,18 +140,20 @@ def _load_worker(rank, world_size, config, seed, checkpoint_dir):
     assert all(len(s) > 0 for s in optimizer.state.values()) and len(optimizer.state) == len(expected)
 
 
-@requires_dist
-@pytest.mark.parametrize("options", [
-    dict(),
-    dict(activation_checkpointing=True, loss_chunk_size=7, reshard_after_forward=False, prefetch=False),
-], ids=["default", "checkpointing-chunked-loss"])
-def test_fsdp2_training_equals_one_process(options):
-    run_distributed(_fsdp_worker, 2, _config(), 1234, options, None, timeout=180)
+def _fsdp_cases_worker(rank, world_size, cases):
+    for config, seed, options in cases:
+        _fsdp_worker(rank, world_size, config, seed, options, None)
 
 
 @requires_dist
-def test_fsdp2_with_tied_embeddings_equals_one_process():
-    run_distributed(_fsdp_worker, 2, _config(tie_word_embeddings=True), 99, {}, None, timeout=180)
+def test_fsdp2_training_equals_one_process():
+    """Defaults; activation checkpointing + chunked loss + no reshard + no prefetch; tied embeddings
+    (one spawn of 2 processes for the three)."""
+    cases = [(_config(), 1234, {}),
+             (_config(), 1234, dict(activation_checkpointing=True, loss_chunk_size=7, reshard_after_forward=False,
+                                    prefetch=False)),
+             (_config(tie_word_embeddings=True), 99, {})]
+    run_distributed(_fsdp_cases_worker, 2, cases, timeout=240)
 
 
 @requires_dist
@@ -165,3 +167,144 @@ def test_dcp_checkpoint_of_two_ranks_loads_on_one_rank_and_into_the_plain_model(
     expected = _reference_parameters(config, seed, 2)
     for name, p in model.named_parameters():
         assert_close(p, expected[name], 1e-9, f"plain model {name}")
+
+
+# ---- context parallelism: the layers and the LM against one process (gloo, fp64) --------------------------
+
+def _all_reduce_sum(t):
+    t = t.clone()
+    dist.all_reduce(t)
+    return t
+
+
+def _halo_worker(rank, world_size, layouts, width):
+    from flashgla.distributed import build_cp_context, conv_with_halo, exchange_halo, local_slice
+    from flashgla.nn.conv import ShortConvolution
+
+    for batch, bounds in layouts:
+        g = torch.Generator().manual_seed(11 + len(bounds))
+        total = bounds[-1]
+        conv = ShortConvolution(6, width).double()
+        with torch.no_grad():
+            conv.weight.copy_(torch.randn(conv.weight.shape, generator=g, dtype=torch.float64))
+        x = torch.randn(batch, total, 6, generator=g, dtype=torch.float64, requires_grad=True)
+        dy = torch.randn(batch, total, 6, generator=g, dtype=torch.float64)
+        cu = torch.tensor(bounds, dtype=torch.int32)
+        ref, _ = conv(x, None, cu if batch == 1 else None)
+        ref_dx, ref_dw = torch.autograd.grad((ref * dy).sum(), (x, conv.weight))
+
+        ctx = build_cp_context(cu, conv1d_kernel_size=width)
+        x_local = local_slice(x.detach(), ctx).requires_grad_()
+        local_cu = ctx.cu_seqlens if batch == 1 else None
+        y = conv_with_halo(conv, x_local, exchange_halo(x_local, ctx, width), local_cu)
+        dx, dw = torch.autograd.grad((y * local_slice(dy, ctx)).sum(), (x_local, conv.weight))
+        what = f"rank {rank}, B {batch}, cu_seqlens {bounds}"
+        assert_close(y, local_slice(ref, ctx), 1e-12, f"conv output ({what})")
+        assert_close(dx, local_slice(ref_dx, ctx), 1e-12, f"conv dx ({what})")
+        assert_close(_all_reduce_sum(dw), ref_dw, 1e-12, f"conv dweight summed over ranks ({what})")
+
+
+@requires_dist
+def test_short_convolution_halo_equals_one_process():
+    # 2 ranks of 12 tokens: a sequence crossing the edge with 1 row (of W-1 = 3) on the previous rank,
+    # a boundary exactly at the edge, one sequence over both ranks, 1-token sequences, B = 2 rows.
+    layouts = [(1, [0, 10, 11, 13, 24]), (1, [0, 12, 24]), (1, [0, 24]), (1, [0, 1, 2, 12, 13, 24]), (2, [0, 24])]
+    run_distributed(_halo_worker, 2, layouts, 4, timeout=120)
+
+
+def _cp_model_worker(rank, world_size, config, batch, bounds, chunk, fsdp_steps):
+    from flashgla.distributed import build_cp_context, local_slice, parallelize, shift_labels
+
+    g = torch.Generator().manual_seed(5)
+    total = bounds[-1]
+    ids = torch.randint(0, config.vocab_size, (batch, total), generator=g)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    torch.manual_seed(17)
+    reference = GLAForCausalLM(config).double()
+    model = copy.deepcopy(reference)
+    model.loss_chunk_size = chunk
+    packed = batch == 1 and len(bounds) > 2
+    ref_loss = reference(ids, cu_seqlens=cu if packed else None, labels=ids).loss
+    ref_grads = torch.autograd.grad(ref_loss, list(reference.parameters()))
+
+    ctx = build_cp_context(cu if batch == 1 else torch.tensor([0, total], dtype=torch.int32),
+                           conv1d_kernel_size=config.conv_size if config.use_short_conv else None)
+    labels = shift_labels(ids, cu if packed else None)
+    local_ids, local_labels = local_slice(ids, ctx), local_slice(labels, ctx)
+    if fsdp_steps == 0:
+        loss = model(local_ids, labels=local_labels, cp_context=ctx).loss
+        assert_close(loss, ref_loss, 1e-12, f"rank {rank}: loss")
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        for (name, _), grad, ref in zip(model.named_parameters(), grads, ref_grads):
+            assert_close(_all_reduce_sum(grad), ref, 1e-10, f"rank {rank}: d{name} summed over the CP ranks")
+        return
+    # FSDP2 over a ("dp_shard", "cp") = (1, world) mesh: the gradient reduction must sum over the CP
+    # ranks (the loss is each rank's share of the group's mean), not average.
+    from flashgla.distributed import init_mesh
+
+    parallelize(model, init_mesh("cpu", cp=world_size), param_dtype=None, reduce_dtype=None,
+                activation_checkpointing=True, loss_chunk_size=chunk)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=LR)
+    for _ in range(fsdp_steps):
+        loss = model(local_ids, labels=local_labels, cp_context=ctx).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        ref_loss = reference(ids, cu_seqlens=cu if packed else None, labels=ids).loss
+        ref_optimizer.zero_grad()
+        ref_loss.backward()
+        ref_optimizer.step()
+    for name, p in model.named_parameters():
+        value = p.full_tensor() if isinstance(p, DTensor) else p
+        assert_close(value, dict(reference.named_parameters())[name], 1e-9, f"rank {rank}: {name} after "
+                     f"{fsdp_steps} steps")
+
+
+CP_CONFIG = dict(vocab_size=40, hidden_size=32, num_hidden_layers=3, num_heads=2, use_short_conv=True)
+
+
+def _cp_cases_worker(rank, world_size, cases):
+    for config, batch, bounds, chunk in cases:
+        _cp_model_worker(rank, world_size, config, batch, bounds, chunk, 0)
+
+
+@requires_dist
+def test_lm_loss_and_gradients_under_cp_equal_one_process():
+    """Loss on every rank and every parameter's gradient (summed over the ranks) against one process."""
+    cases = [
+        # a sequence crossing the edge, a hybrid attention block
+        (GLAConfig(attn_layers=[1], **CP_CONFIG), 1, [0, 7, 30, 40], None),
+        # a boundary at the edge, a 1-token sequence, attention first and last, chunked loss
+        (GLAConfig(attn_layers=[0, 2], **CP_CONFIG), 1, [0, 20, 21, 40], 6),
+        # B = 2 rows, each one sequence over both ranks
+        (GLAConfig(attn_layers=[1], **CP_CONFIG), 2, [0, 30], None),
+    ]
+    run_distributed(_cp_cases_worker, 2, cases, timeout=240)
+
+
+@requires_dist
+def test_fsdp2_with_cp_training_equals_one_process():
+    config = GLAConfig(attn_layers=[1], **CP_CONFIG)
+    run_distributed(_cp_model_worker, 2, config, 1, [0, 9, 33, 40], 5, STEPS, timeout=180)
+
+
+def _short_rank_worker(rank, world_size):
+    from flashgla.distributed import build_cp_context
+
+    model = GLAForCausalLM(GLAConfig(**CP_CONFIG)).double()
+    ctx = build_cp_context(torch.tensor([0, 4], dtype=torch.int32))  # 2 tokens per rank < W - 1 = 3
+    with pytest.raises(ValueError, match=r"conv_size 4\) needs 3 rows of the previous rank"):
+        model(torch.zeros(1, 2, dtype=torch.long), cp_context=ctx)
+    with pytest.raises(ValueError, match="conv1d_kernel_size"):
+        build_cp_context(torch.tensor([0, 4], dtype=torch.int32), conv1d_kernel_size=4)
+    ctx = build_cp_context(torch.tensor([0, 16], dtype=torch.int32))
+    with pytest.raises(ValueError, match="8 tokens"):
+        model(torch.zeros(1, 5, dtype=torch.long), cp_context=ctx)
+    with pytest.raises(ValueError, match="cp_context"):
+        model(torch.zeros(1, 8, dtype=torch.long), cp_context=ctx, use_cache=True)
+
+
+@requires_dist
+def test_cp_model_rejects_a_rank_shorter_than_the_conv_window():
+    run_distributed(_short_rank_worker, 2, timeout=120)

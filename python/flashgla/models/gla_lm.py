@@ -54,8 +54,9 @@ class GLABlock(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: Tensor, cu_seqlens: Optional[Tensor], state, use_cache: bool):
-        h, state = self.attn(self.attn_norm(x), cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
+    def forward(self, x: Tensor, cu_seqlens: Optional[Tensor], state, use_cache: bool, cp_context=None):
+        h, state = self.attn(self.attn_norm(x), cu_seqlens=cu_seqlens, state=state, use_cache=use_cache,
+                             cp_context=cp_context)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), state
 
@@ -105,10 +106,17 @@ class GLAForCausalLM(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 cu_seqlens: Optional[Tensor] = None, labels: Optional[Tensor] = None,
-                cache: Optional[Cache] = None, use_cache: bool = False) -> CausalLMOutput:
+                cache: Optional[Cache] = None, use_cache: bool = False, cp_context=None) -> CausalLMOutput:
         """input_ids [B, T]; attention_mask [B, T] (1: token, 0: padding) or cu_seqlens [N+1] with B == 1;
         labels [B, T] (the loss predicts labels[:, t+1] from position t; -100 and padding are ignored);
-        cache: the previous call's, continued (and updated) by this one."""
+        cache: the previous call's, continued (and updated) by this one.
+
+        cp_context (context parallelism, flashgla.distributed.build_cp_context): input_ids is this
+        rank's slice [1, T/P] of the packed batch (or [B, T/P] with a context of [0, T]); labels are
+        the targets of these positions, shifted over the whole batch *before* the split (-100 at
+        each sequence's last token); the loss is the mean over the valid tokens of all ranks."""
+        if cp_context is not None:
+            return self._forward_cp(input_ids, attention_mask, cu_seqlens, labels, cache, use_cache, cp_context)
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids: expected [B, T], got shape {list(input_ids.shape)}")
         batch, seq_len = input_ids.shape
@@ -162,6 +170,37 @@ class GLAForCausalLM(nn.Module):
                 scores = logits[:, :-1] if logits.dtype in (torch.float32, torch.float64) else logits[:, :-1].float()
                 loss = F.cross_entropy(scores.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
         return CausalLMOutput(logits, loss, cache if use_cache else None)
+
+    def _forward_cp(self, input_ids, attention_mask, cu_seqlens, labels, cache, use_cache, cp_context):
+        from ..parallel.layers import cp_mean_loss
+
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids: expected [B, T], got shape {list(input_ids.shape)}")
+        if attention_mask is not None or cu_seqlens is not None or cache is not None or use_cache:
+            raise ValueError("flashgla: cp_context: the model takes the boundaries from the context: pass no "
+                             "attention_mask, cu_seqlens or cache, and use_cache=False")
+        if labels is not None and labels.shape != input_ids.shape:
+            raise ValueError(f"labels: expected the shape of input_ids {list(input_ids.shape)} (targets shifted "
+                             f"before the split), got {list(labels.shape)}")
+        x = self.embeddings(input_ids)
+        for layer in self.layers:
+            x, _ = layer(x, None, None, False, cp_context)
+        hidden = self.norm(x)
+        chunked = labels is not None and self.loss_chunk_size is not None
+        logits = None if chunked else self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            targets = labels.reshape(-1)
+            if chunked:
+                loss_sum, count = chunked_lm_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight,
+                                                           targets, self.loss_chunk_size)
+            else:
+                scores = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+                loss_sum = F.cross_entropy(scores.reshape(-1, logits.shape[-1]), targets, ignore_index=-100,
+                                           reduction="sum")
+                count = (targets != -100).sum()
+            loss = cp_mean_loss(loss_sum, count, cp_context.group)
+        return CausalLMOutput(logits, loss, None)
 
     # ---- generation ------------------------------------------------------------------------------------
 

@@ -4,4 +4,4 @@ Re-exported by flashgla.distributed, next to the CP context and ops."""
 
 from .checkpoint import load_checkpoint, load_model, save_checkpoint
 from .fsdp import apply_activation_checkpointing, fsdp_mesh, init_mesh, parallelize
-from .layers import conv_with_halo, cp_mean_loss, exchange_halo, gather_keys_values
+from .layers import conv_with_halo, cp_mean_loss, exchange_halo, gather_keys_values, local_slice, shift_labels

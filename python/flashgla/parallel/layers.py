@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 __all__ = ["exchange_halo", "conv_with_halo", "gather_keys_values", "cp_mean_loss", "attention_layout",
-           "check_cp_context"]
+           "check_cp_context", "shift_labels", "local_slice"]
 
 
 def check_cp_context(ctx, hidden_states: Tensor, what: str) -> None:
@@ -187,3 +187,23 @@ def cp_mean_loss(loss_sum: Tensor, count: Tensor, group) -> Tensor:
     totals = totals.to(loss_sum.device)
     others = (totals[0] - loss_sum.detach().to(torch.float64)).to(loss_sum.dtype)
     return (loss_sum + others) / totals[1].to(loss_sum.dtype)
+
+
+# ---- data layout helpers ----------------------------------------------------------------------------------
+
+def shift_labels(input_ids: Tensor, cu_seqlens: Optional[Tensor] = None, ignore_index: int = -100) -> Tensor:
+    """Next-token targets of a whole batch, shifted *before* it is split over CP ranks:
+    labels[:, t] = input_ids[:, t + 1], ignore_index at each sequence's last token (each row's last
+    token without cu_seqlens; each packed sequence's with cu_seqlens [N+1] and B == 1)."""
+    labels = torch.full_like(input_ids, ignore_index)
+    labels[:, :-1] = input_ids[:, 1:]
+    if cu_seqlens is not None:
+        # An empty sequence's "last token" is the previous sequence's (or, at the start, index -1:
+        # the batch's last token), which is ignored anyway: no filtering, no host sync.
+        labels[:, cu_seqlens[1:].long() - 1] = ignore_index
+    return labels
+
+
+def local_slice(tensor: Tensor, ctx, dim: int = 1) -> Tensor:
+    """This rank's part [token_offset, token_offset + local_tokens) of a whole-batch tensor along `dim`."""
+    return tensor.narrow(dim, ctx.token_offset, ctx.local_tokens)
