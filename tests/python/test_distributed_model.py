@@ -308,3 +308,43 @@ def _short_rank_worker(rank, world_size):
 @requires_dist
 def test_cp_model_rejects_a_rank_shorter_than_the_conv_window():
     run_distributed(_short_rank_worker, 2, timeout=120)
+
+
+# ---- the training example under torchrun ------------------------------------------------------------------
+
+def _run(command, timeout):
+    import subprocess
+    import sys
+
+    env = dict(__import__("os").environ, OMP_NUM_THREADS="1")
+    try:
+        done = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{command} did not finish within {timeout} s (a hang?): {e.stdout}{e.stderr}")
+    assert done.returncode == 0, f"{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
+    return done.stdout
+
+
+@requires_dist
+def test_training_example_with_cp_under_torchrun_resumes_on_one_process(tmp_path):
+    import os
+
+    from flashgla.distributed import load_model
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "..", "..", "examples", "train_gla_lm.py")
+    out = str(tmp_path / "run")
+    common = ["--batch-size", "2", "--seq-len", "32", "--eval-batches", "2", "--eval-every", "2",
+              "--sample-tokens", "4", "--threads", "1", "--out", out, "--use-short-conv", "--attn-layers", "1",
+              "--device", "cpu"]
+    text = _run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script, "--steps", "2",
+                 "--cp", "2", "--activation-checkpointing", "--loss-chunk-size", "20", *common], timeout=240)
+    assert "2 ranks = 1 data-parallel x 2 context-parallel" in text and "step 2: held-out loss" in text
+    # The DCP checkpoint of 2 ranks and the full model.pt rank 0 wrote hold the same weights.
+    from_dcp = load_model(os.path.join(out, "checkpoint"))
+    plain = GLAForCausalLM.from_pretrained(out)
+    for (name, a), b in zip(from_dcp.named_parameters(), plain.parameters()):
+        assert torch.equal(a, b), name
+    # One process resumes the 2-rank run from its DCP checkpoint (model, optimizer, step).
+    text = _run([script, "--steps", "4", "--resume", *common], timeout=240)
+    assert "step 4: held-out loss" in text and "step 2:" not in text

@@ -139,8 +139,12 @@ def parallelize(model: nn.Module, mesh=None, *, param_dtype: Optional[torch.dtyp
             later.set_modules_to_backward_prefetch([earlier])
     if cp_size > 1:
         factor = float(shard_mesh.size() // cp_size)
+        # NCCL applies a custom factor as PreMulSum, which gloo lacks: there, plain sums plus a scaling.
+        gloo = "gloo" in str(dist.get_backend(shard_mesh.get_group())).lower()
         for module in [model, *units]:
             setter = getattr(module, "set_gradient_divide_factor", None) or module.set_reduce_scatter_divide_factor
             setter(factor)
+            if gloo and hasattr(module, "set_force_sum_reduction_for_comms"):
+                module.set_force_sum_reduction_for_comms(True)
     model.loss_chunk_size = loss_chunk_size
     return model
