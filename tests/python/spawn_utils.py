@@ -19,7 +19,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world_size, port, args, errors, timeout):
+def _entry(fn, rank, world_size, port, args, errors, timeout, backend):
     import torch
     import torch.distributed as dist
 
@@ -27,7 +27,12 @@ def _entry(fn, rank, world_size, port, args, errors, timeout):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout))
+        options = {}
+        if backend == "nccl":  # one GPU per rank
+            torch.cuda.set_device(rank)
+            options["device_id"] = torch.device("cuda", rank)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout),
+                                **options)
         try:
             fn(rank, world_size, *args)
         finally:
@@ -37,12 +42,13 @@ def _entry(fn, rank, world_size, port, args, errors, timeout):
         raise SystemExit(1)
 
 
-def run_distributed(fn, world_size: int, *args, timeout: float = 120.0) -> None:
-    """Calls fn(rank, world_size, *args) on world_size processes (fn must be a module-level function)."""
+def run_distributed(fn, world_size: int, *args, timeout: float = 120.0, backend: str = "gloo") -> None:
+    """Calls fn(rank, world_size, *args) on world_size processes (fn must be a module-level function);
+    backend "nccl" gives rank r the GPU r."""
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, rank, world_size, port, args, errors, timeout), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(fn, rank, world_size, port, args, errors, timeout, backend), daemon=True)
              for rank in range(world_size)]
     for p in procs:
         p.start()
