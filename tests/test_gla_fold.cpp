@@ -101,6 +101,56 @@ TEST(GlaFold, CudaMatchesReference) {
   check_fold(device, DType::f32, {4, 16, 128, 128, 0, 3, false}, true, 0);
 }
 
+// h starts from `initial` and the result is added to what `out` holds: the two uses of the
+// backward (a rank's own end-state gradient carried to its start; the folded gradient added to it).
+void check_initial_and_accumulate(Device device, DType dtype) {
+  const int64_t P = 4, M = 3, K = 8, V = 6;
+  std::mt19937_64 rng(99);
+  Buffer s_host(dtype, {P, M, K, V}), a_host(dtype, {P, M, K}), init_host(dtype, {M, K, V}), out0_host(dtype, {M, K, V});
+  s_host.fill_normal(rng);
+  a_host.fill_uniform(rng, -2.0, 0.0);
+  init_host.fill_normal(rng);
+  out0_host.fill_normal(rng);
+  for (bool reverse : {false, true}) {
+    Buffer s = s_host.to(device), a = a_host.to(device), init = init_host.to(device, 2), out = out0_host.to(device, 1);
+    GlaFoldStatesArgs args;
+    args.states = s.view();
+    args.log_decay = a.view();
+    args.begin = 1;
+    args.end = 4;
+    args.reverse = reverse;
+    args.initial = init.view();
+    args.accumulate = true;
+    args.out = out.view();
+    gla_fold_states(args);
+    testing::synchronize(device);
+    // Reference: h = initial, then h ← exp(a_j) h + S_j in order, plus the old out.
+    const auto sv = s_host.values(), av = a_host.values(), iv = init_host.values(), ov = out0_host.values();
+    std::vector<double> ref(ov.size());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t v = 0; v < V; ++v) {
+          double h = iv[size_t((m * K + k) * V + v)];
+          for (int64_t step = 0; step < 3; ++step) {
+            const int64_t j = reverse ? 3 - step : 1 + step;
+            h = std::exp(av[size_t((j * M + m) * K + k)]) * h + sv[size_t(((j * M + m) * K + k) * V + v)];
+          }
+          ref[size_t((m * K + k) * V + v)] = ov[size_t((m * K + k) * V + v)] + h;
+        }
+    EXPECT_LE(testing::rel_rms_error(out.values(), ref), dtype == DType::f64 ? 1e-14 : 1e-6) << "reverse=" << reverse;
+  }
+}
+
+TEST(GlaFold, CpuInitialAndAccumulate) {
+  check_initial_and_accumulate(Device{}, DType::f64);
+  check_initial_and_accumulate(Device{}, DType::f32);
+}
+
+TEST(GlaFold, CudaInitialAndAccumulate) {
+  if (!testing::has_cuda()) GTEST_SKIP() << "no CUDA device";
+  check_initial_and_accumulate(Device{DeviceType::cuda, 0}, DType::f32);
+}
+
 TEST(GlaFold, BadInput) {
   using testing::expect_error;
   Buffer s(DType::f32, {4, 2, 8, 8}), a(DType::f32, {4, 2, 8}), o(DType::f32, {2, 8, 8});
@@ -125,6 +175,18 @@ TEST(GlaFold, BadInput) {
   expect_error([&] { call(s.view(), a.view(), bad_o.view(), 0, 1); }, ErrorKind::value, "out");
   Buffer half_s(DType::bf16, {4, 2, 8, 8});
   expect_error([&] { call(half_s.view(), a.view(), o.view(), 0, 1); }, ErrorKind::type, "states");
+  Buffer bad_init(DType::f32, {2, 8, 7});
+  expect_error(
+      [&] {
+        GlaFoldStatesArgs args;
+        args.states = s.view();
+        args.log_decay = a.view();
+        args.out = o.view();
+        args.initial = bad_init.view();
+        args.end = 1;
+        gla_fold_states(args);
+      },
+      ErrorKind::value, "initial");
   Buffer f64_o(DType::f64, {2, 8, 8});
   expect_error([&] { call(s.view(), a.view(), f64_o.view(), 0, 1); }, ErrorKind::type, "out");
 }

@@ -203,7 +203,7 @@ def build_cp_context(cu_seqlens: Tensor, group=None, conv1d_kernel_size: Optiona
         device = _group_device(group)
         mine = torch.tensor(_checksum(bounds), dtype=torch.int64, device=device)
         every = torch.empty(world * 4, dtype=torch.int64, device=device)
-        dist.all_gather_into_tensor(every, mine, group=group)
+        _all_gather_single(every, mine, group=group)
         every = every.view(world, 4).cpu().tolist()
         different = [r for r in range(world) if every[r] != every[0]]
         if different:
@@ -286,9 +286,13 @@ def _phase(name):
 
 # ---- the pieces ------------------------------------------------------------------------
 
+# torch 2.13 renamed all_gather_into_tensor (older releases have only that name).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _all_gather(out, tensor, group):
     """out [P, *tensor.shape] ← every rank's tensor (gloo wants the ranks stacked along dimension 0)."""
-    dist.all_gather_into_tensor(out.view(-1, *tensor.shape[1:]), tensor, group=group)
+    _all_gather_single(out.view(-1, *tensor.shape[1:]), tensor, group=group)
 
 
 def _fold(states, log_decay, begin, end, reverse, out, initial=None, accumulate=False):
@@ -342,12 +346,18 @@ class _ChunkGlaCP(torch.autograd.Function):
 
         # 1. This rank's summary: S and a of its last local sequence, packed as [B, H, K, V+1].
         send = torch.zeros(B, H, K, V + 1, dtype=state_dtype, device=q.device)
+        first_decay = None  # a of the first local sequence: carries its end state's gradient to its start
         with _phase("prepass"):
             if cp.continues_into_next:  # else no rank folds it: send zeros
                 s0 = cp.last_seq_start
                 states, log_decay = _segment_states(k[:, s0:], v[:, s0:], None if g is None else g[:, s0:])
                 send[..., :V].copy_(states)
                 send[..., V].copy_(log_decay)
+                if s0 == 0:
+                    first_decay = log_decay
+            if output_final_state and cp.continues_from_prev and first_decay is None:
+                e = cp.first_seq_end
+                _, first_decay = _segment_states(k[:, :e], v[:, :e], None if g is None else g[:, :e])
         # 2. One all-gather, on every rank.
         gathered = torch.empty(P, B, H, K, V + 1, dtype=state_dtype, device=q.device)
         with _phase("allgather"):
@@ -370,6 +380,7 @@ class _ChunkGlaCP(torch.autograd.Function):
 
         fctx.save_for_backward(q, k, v, g, h0)
         fctx.log_decay = packed[..., V].clone()  # [P, B·H, K]: the backward's decays (no second gather)
+        fctx.first_decay = None if first_decay is None else first_decay.reshape(1, B * H, K)
         fctx.scale, fctx.cp, fctx.varlen, fctx.state_dtype = scale, cp, varlen, state_dtype
         fctx.output_final_state = output_final_state
         fctx.set_materialize_grads(False)
@@ -392,17 +403,17 @@ class _ChunkGlaCP(torch.autograd.Function):
             dht = dht.to(state_dtype)
         log_decay = fctx.log_decay
 
-        # 1. This rank's summary: B of its first local sequence (plus, when that sequence is also the
-        # last and its end state's gradient is given, that gradient carried to its start).
+        # 1. This rank's summary: B of its first local sequence, plus the gradient given to that
+        # sequence's local end state (an output when output_final_state) carried to its start.
         send = torch.zeros(B, H, K, V, dtype=state_dtype, device=q.device)
         with _phase("prepass"):
             if cp.continues_from_prev:  # else no rank folds it: send zeros
                 e = cp.first_seq_end
                 d_states = _segment_state_grads(q[:, :e], do[:, :e], None if g is None else g[:, :e], fctx.scale)
-                if dht is not None and e == T:
+                if dht is not None:
                     M = B * H
-                    _fold(d_states.reshape(1, M, K, V), log_decay[cp.rank:cp.rank + 1], 0, 1, False,
-                          send.view(M, K, V), initial=_last_rows(dht, varlen))
+                    _fold(d_states.reshape(1, M, K, V), fctx.first_decay, 0, 1, False, send.view(M, K, V),
+                          initial=_first_rows(dht, varlen))
                 else:
                     send.copy_(d_states)
         # 2. One all-gather, on every rank.

@@ -41,3 +41,36 @@ def test_cp_bad_input(tmp_path, world):
     """T not divisible by the ranks, initial_state, cu_seqlens differing between ranks (all ranks raise, none
     hangs), too few tokens for the conv window, a wrong local T or cu_seqlens; the context's layout fields."""
     run_cases(tmp_path, world, "errors")
+
+
+def test_fold_of_summaries_neg_inf():
+    """One process, no group: a sequence cut into pieces; the fold (C++) of the pieces' summaries gives the
+    whole sequence's end state and entering-state gradient, with −inf gates inside and at the cuts (exact
+    zeros, no NaN)."""
+    import flashgla
+    from flashgla.distributed import _fold
+
+    gen = torch.Generator().manual_seed(5)
+    H, K, V, cuts = 2, 8, 6, [0, 13, 14, 40, 41, 64]
+    T = cuts[-1]
+    q, k = (torch.randn(1, T, H, K, generator=gen, dtype=torch.float64) for _ in range(2))
+    v, do = (torch.randn(1, T, H, V, generator=gen, dtype=torch.float64) for _ in range(2))
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, H, K, generator=gen, dtype=torch.float64))
+    g[:, 13, :, ::2] = float("-inf")   # a whole 1-token piece that resets half the keys
+    g[:, 40, 0, 1::2] = float("-inf")  # the last token of a piece
+    g[:, 20, 1] = float("-inf")        # inside a piece
+    whole_s, _ = flashgla.chunk_gla_segment_states(k, v, g)
+    whole_b = flashgla.chunk_gla_segment_state_grads(q, do, g, scale=0.5)
+    cu = torch.tensor(cuts)
+    s, a = flashgla.chunk_gla_segment_states(k, v, g, cu_seqlens=cu)
+    b = flashgla.chunk_gla_segment_state_grads(q, do, g, scale=0.5, cu_seqlens=cu)
+    P = len(cuts) - 1
+    assert torch.isinf(a).any()
+    out_s = torch.full((H, K, V), float("nan"), dtype=torch.float64)
+    _fold(s, a, 0, P, False, out_s)
+    out_b = torch.full((H, K, V), float("nan"), dtype=torch.float64)
+    _fold(b, a, 0, P, True, out_b)
+    for out, ref in ((out_s, whole_s[0]), (out_b, whole_b[0])):
+        assert torch.isfinite(out).all()
+        error = ((out - ref).norm() / ref.norm()).item()
+        assert error <= 1e-12, error
