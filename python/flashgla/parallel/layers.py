@@ -41,6 +41,10 @@ def check_cp_context(ctx, hidden_states: Tensor, what: str) -> None:
                          "into B = 1")
 
 
+# all_gather_into_tensor is deprecated in newer torch (all_gather_single), absent from older.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _comm_device(group, like: Tensor) -> torch.device:
     """gloo takes CPU tensors; NCCL the tensor's own CUDA device."""
     backend = str(dist.get_backend(group)).lower()
@@ -52,7 +56,7 @@ def _all_gather_stacked(tensor: Tensor, group, world: int) -> Tensor:
     device = _comm_device(group, tensor)
     local = tensor.contiguous().to(device)
     out = torch.empty((world, *local.shape), dtype=local.dtype, device=device)
-    dist.all_gather_into_tensor(out.view(-1, *local.shape[1:]) if local.dim() > 0 else out, local, group=group)
+    _all_gather_single(out.view(-1, *local.shape[1:]) if local.dim() > 0 else out, local, group=group)
     return out.to(tensor.device)
 
 
