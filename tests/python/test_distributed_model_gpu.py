@@ -1,4 +1,4 @@
-"""The GLA LM across GPUs over NCCL (skipped without 2 GPUs): under CP = 2 in bf16 the loss and every
+"""The GLA LM across GPUs over NCCL (skipped without 2 GPUs): under CP = 2 and 4 in bf16 the loss and every
 gradient are within 2x the single-GPU bf16 error against the fp64 CPU reference; FSDP2 training in
 fp32 equals one GPU after three AdamW steps. Each test runs its processes under a hard timeout."""
 
@@ -18,8 +18,11 @@ try:
     NCCL = dist.is_available() and dist.is_nccl_available()
 except ImportError:
     NCCL = False
-requires_two_gpus = pytest.mark.skipif(not (NCCL and torch.cuda.is_available() and torch.cuda.device_count() >= 2),
-                                       reason="needs 2 GPUs and NCCL")
+def _gpus(n):
+    return NCCL and torch.cuda.is_available() and torch.cuda.device_count() >= n
+
+
+requires_two_gpus = pytest.mark.skipif(not _gpus(2), reason="needs 2 GPUs and NCCL")
 
 CONFIG = dict(vocab_size=512, hidden_size=256, num_hidden_layers=3, num_heads=2, use_short_conv=True)
 
@@ -63,11 +66,14 @@ def _cp_bf16_worker(rank, world_size, attn_layers, bounds, device_type="cuda"):
         check(f"d{name}", cp_grad, grad_1, ref)
 
 
-@requires_two_gpus
+@pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("attn_layers, bounds", [([], [0, 1000, 1500, 4096]), ([1], [0, 2048, 2049, 4096])],
                          ids=["gla", "hybrid-edge-boundary"])
-def test_lm_under_cp_on_two_gpus_bf16_within_twice_the_single_gpu_error(attn_layers, bounds):
-    run_distributed(_cp_bf16_worker, 2, attn_layers, bounds, timeout=300, backend="nccl")
+def test_lm_under_cp_on_gpus_bf16_within_twice_the_single_gpu_error(world, attn_layers, bounds):
+    """2 GPUs: a sequence crossing the edge; 4 GPUs: one crossing three ranks. 2048 is a rank edge."""
+    if not _gpus(world):
+        pytest.skip(f"needs {world} GPUs and NCCL")
+    run_distributed(_cp_bf16_worker, world, attn_layers, bounds, timeout=300, backend="nccl")
 
 
 def _fsdp_fp32_worker(rank, world_size):
