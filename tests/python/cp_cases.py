@@ -1,6 +1,6 @@
 """Context-parallel GLA ops against one process: run by test_distributed*.py.
 
-    python cp_cases.py --world 2 [--backend gloo|nccl] [--suite numerics|errors]
+    python cp_cases.py --world 2 --out DIR [--backend gloo|nccl] [--suite all|numerics|errors]
 
 spawns `world` processes (one group, gloo on the CPU or NCCL on one GPU per
 rank); each builds the same random global batch, runs the op on its slice
@@ -297,11 +297,13 @@ def worker(rank, world, backend, port, suite, result_dir):
         device = torch.device("cpu")
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        if suite == "numerics":
+        failures, lines = [], []
+        if suite in ("numerics", "all"):
             dtypes = (torch.float64, torch.float32) if backend == "gloo" else (torch.bfloat16,)
             failures, lines = numerics(rank, world, device, dtypes)
-        else:
-            failures, lines = errors_suite(rank, world, device), []
+        if suite in ("errors", "all"):
+            failures += errors_suite(rank, world, device)
+            lines.append("  bad-input suite: done")
         with open(os.path.join(result_dir, f"rank{rank}.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
             for line in failures:
@@ -320,7 +322,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--backend", default="gloo")
-    parser.add_argument("--suite", default="numerics", choices=["numerics", "errors"])
+    parser.add_argument("--suite", default="all", choices=["numerics", "errors", "all"])
     parser.add_argument("--out", required=True, help="folder for each rank's report")
     args = parser.parse_args()
     mp.spawn(worker, args=(args.world, args.backend, free_port(), args.suite, args.out), nprocs=args.world)

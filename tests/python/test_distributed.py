@@ -28,19 +28,15 @@ def run_cases(tmp_path, world, suite, backend="gloo"):
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 @pytest.mark.parametrize("world", [2, 4])
-def test_cp_matches_one_process(tmp_path, world):
-    """fp64 (≤ 1e-10) and fp32 (≤ 2e-5): o, final states, dq, dk, dv, dg on every rank; vector, scalar and no
-    gate; one sequence over all ranks, boundaries at and inside rank edges, 1-token sequences, local T = 70 and
-    128, B = 3 rows, −inf gates next to a rank edge, and (4 ranks) a sequence crossing three ranks."""
-    run_cases(tmp_path, world, "numerics")
-
-
-@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
-@pytest.mark.parametrize("world", [2, 4])
-def test_cp_bad_input(tmp_path, world):
-    """T not divisible by the ranks, initial_state, cu_seqlens differing between ranks (all ranks raise, none
-    hangs), too few tokens for the conv window, a wrong local T or cu_seqlens; the context's layout fields."""
-    run_cases(tmp_path, world, "errors")
+def test_cp_matches_one_process_and_bad_input(tmp_path, world):
+    """One group of `world` processes runs both suites of cp_cases.py (one start-up):
+    numerics: fp64 (≤ 1e-10) and fp32 (≤ 2e-5) against one process: o, final states, dq, dk, dv, dg on every
+    rank; vector, scalar and no gate; one sequence over all ranks, boundaries at and inside rank edges, 1-token
+    sequences, local T = 70 and 128, B = 3 rows, reset gates next to a rank edge, and (4 ranks) a sequence
+    crossing three ranks; bad input: T not divisible by the ranks, initial_state, cu_seqlens differing between
+    ranks (all ranks raise, none hangs), too few tokens for the conv window, a wrong local T or cu_seqlens;
+    the context's layout fields."""
+    run_cases(tmp_path, world, "all")
 
 
 def test_fold_of_summaries_neg_inf():
