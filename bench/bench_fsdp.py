@@ -18,7 +18,8 @@ tokens per GPU and step as batch x --seq-len):
 - tuned: flashgla.distributed.parallelize (embedding unit of its own, explicit one-ahead prefetch in
   forward and backward, last block kept gathered), fused AdamW;
 - tuned-noreshard: tuned with reshard_after_forward=False (no all-gather in backward; more memory).
-Efficiency = tokens/s per GPU over the same variant's on 1 GPU.
+Efficiency = tokens/s per GPU over the same variant's on 1 GPU (weak scaling), and over plain's on
+1 GPU (what sharding costs against not sharding at all).
 
 cp mode: one sequence of --contexts tokens split over all GPUs of the run ("dp_shard" 1 x "cp" N;
 FSDP over the same ranks), every block checkpointed, chunked LM cross-entropy; tokens/s and peak
@@ -180,12 +181,13 @@ def worker(args):
 def table(runs, mode):
     base = {r["variant"]: r["tokens_per_s_per_gpu"] for r in runs if r["gpus"] == 1 and "tokens_per_s_per_gpu" in r}
     if mode == "fsdp":
-        lines = ["| variant | GPUs | T | batch/GPU | tokens/s | tokens/s per GPU | efficiency vs 1 GPU | peak GiB |",
-                 "|---|---|---|---|---|---|---|---|"]
+        lines = ["| variant | GPUs | T | batch/GPU | tokens/s | tokens/s per GPU | efficiency vs 1 GPU | vs plain 1 GPU "
+                 "| peak GiB |", "|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(runs, key=lambda r: (VARIANTS.index(r["variant"]), r["gpus"])):
             eff = r["tokens_per_s_per_gpu"] / base[r["variant"]] if r["variant"] in base else float("nan")
+            plain = r["tokens_per_s_per_gpu"] / base["plain"] if "plain" in base else float("nan")
             lines.append(f"| {r['variant']} | {r['gpus']} | {r['seq_len']} | {r['batch']} | {r['tokens_per_s']:,.0f} | "
-                         f"{r['tokens_per_s_per_gpu']:,.0f} | {eff:.0%} | {r['peak_gib']:.1f} |")
+                         f"{r['tokens_per_s_per_gpu']:,.0f} | {eff:.0%} | {plain:.0%} | {r['peak_gib']:.1f} |")
     else:
         lines = ["| GPUs | context | tokens/s | tokens/s per GPU | peak GiB |", "|---|---|---|---|---|"]
         for r in sorted(runs, key=lambda r: (r["gpus"], r["context"])):
