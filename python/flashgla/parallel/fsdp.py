@@ -134,6 +134,8 @@ def parallelize(model: nn.Module, mesh=None, *, param_dtype: Optional[torch.dtyp
         units.append(block)
     fully_shard(model, mesh=shard_mesh, mp_policy=policy)
     if prefetch:
+        # The root's pre-forward queues the first two units' all-gathers right behind its own.
+        model.set_modules_to_forward_prefetch(units[:2])
         for earlier, later in zip(units, units[1:]):
             earlier.set_modules_to_forward_prefetch([later])
             later.set_modules_to_backward_prefetch([earlier])
