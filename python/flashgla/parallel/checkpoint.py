@@ -6,6 +6,7 @@ of an FSDP2 model; the files hold full tensors' shards with the plain model's pa
 `load_model` into an ordinary single-process GLAForCausalLM.
 """
 
+import contextlib
 import os
 import warnings
 from typing import Optional
@@ -28,6 +29,15 @@ def _dcp():
         set_optimizer_state_dict
 
 
+@contextlib.contextmanager
+def _quiet():
+    """DCP's notices about what was asked for: overwriting the run's own checkpoint, one process."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def save_checkpoint(directory: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
                     extra: Optional[dict] = None) -> None:
     """Called on every rank. Writes `directory` (DCP files) and, from rank 0, config.json."""
@@ -44,8 +54,7 @@ def save_checkpoint(directory: str, model: nn.Module, optimizer: Optional[torch.
         writer = dcp.FileSystemWriter(directory, overwrite=True)
     except TypeError:  # torch < 2.5: always overwrites
         writer = dcp.FileSystemWriter(directory)
-    with warnings.catch_warnings():  # "overwriting since self.overwrite=True": asked for
-        warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
+    with _quiet():
         dcp.save(state, storage_writer=writer)
     if (not dist.is_initialized() or dist.get_rank() == 0) and hasattr(model, "config"):
         model.config.to_json(os.path.join(directory, CONFIG_FILE))
@@ -64,7 +73,8 @@ def load_checkpoint(directory: str, model: nn.Module, optimizer: Optional[torch.
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     if extra is not None:
         state["extra"] = extra
-    dcp.load(state, checkpoint_id=directory)
+    with _quiet():
+        dcp.load(state, checkpoint_id=directory)
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
@@ -83,6 +93,7 @@ def load_model(directory: str, map_location="cpu", dtype: Optional[torch.dtype] 
     if dtype is not None:
         model = model.to(dtype)
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=directory, no_dist=True)
+    with _quiet():
+        dcp.load(state, checkpoint_id=directory, no_dist=True)
     model.load_state_dict(state["model"])
     return model.to(map_location)
