@@ -223,7 +223,7 @@ def _cp_model_worker(rank, world_size, config, batch, bounds, chunk, fsdp_steps)
     reference = GLAForCausalLM(config).double()
     model = copy.deepcopy(reference)
     model.loss_chunk_size = chunk
-    packed = batch == 1 and len(bounds) > 2
+    packed = batch == 1
     ref_loss = reference(ids, cu_seqlens=cu if packed else None, labels=ids).loss
     ref_grads = torch.autograd.grad(ref_loss, list(reference.parameters()))
 
@@ -279,6 +279,8 @@ def test_lm_loss_and_gradients_under_cp_equal_one_process():
         (GLAConfig(attn_layers=[0, 2], **CP_CONFIG), 1, [0, 20, 21, 40], 6),
         # B = 2 rows, each one sequence over both ranks
         (GLAConfig(attn_layers=[1], **CP_CONFIG), 2, [0, 30], None),
+        # B = 1, one packed sequence over both ranks (attention over keys from another rank, no boundaries)
+        (GLAConfig(attn_layers=[1], **CP_CONFIG), 1, [0, 40], None),
     ]
     run_distributed(_cp_cases_worker, 2, cases, timeout=240)
 
