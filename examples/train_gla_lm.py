@@ -9,14 +9,14 @@
 
 Every byte is a token (vocab 256). The last 5% of the text is held out for evaluation. The run prints a
 progress line (loss, tokens/s), evaluates every --eval-every steps (loss in nats and bits per byte),
-saves the model to --out (config.json + model.pt, loadable with GLAForCausalLM.from_pretrained) with
-the optimizer state for --resume, writes losses.json and, when matplotlib is installed, loss.png, and
+saves the model to --out (config.json + model.pt, loadable with GLAForCausalLM.from_pretrained) and
+model + optimizer as a torch.distributed.checkpoint in --out/checkpoint for --resume, writes losses.json and, when matplotlib is installed, loss.png, and
 finally prints a sampled continuation of --prompt.
 
 Under torchrun (WORLD_SIZE > 1) the model is sharded with FSDP2 (flashgla.distributed.parallelize:
 bf16 parameters and fp32 gradient reduction on GPUs, fp32 on the CPU with gloo), each data-parallel
 rank draws its own batches, and rank 0 prints the progress, evaluates (the evaluation batches split
-over the ranks) and plots. --cp N splits every sequence over N ranks (context parallelism; the
+over the ranks) and plots. Each evaluation and the logged loss average over all ranks. --cp N splits every sequence over N ranks (context parallelism; the
 batch's windows are packed into one sequence of batch-size x seq-len tokens per group of N ranks).
 Checkpoints go through torch.distributed.checkpoint into <out>/checkpoint (any number of ranks can
 --resume from them, one process included); rank 0 also writes config.json + model.pt for sample.py.
