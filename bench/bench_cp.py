@@ -17,6 +17,9 @@ T is in that file (run the 1-GPU command first).
     torchrun --nproc_per_node 2 bench/bench_cp.py --tokens 524288,1048576
     torchrun --nproc_per_node 4 bench/bench_cp.py --tokens 524288,1048576 --find-max
 
+--cpu-smoke runs the same code on CPU processes over gloo at tiny sizes (a check that the script works,
+no figures): `torchrun --nproc_per_node 2 bench/bench_cp.py --cpu-smoke`.
+
 --find-max then doubles T from the largest given while the memory measured
 at the given T's, scaled linearly, fits in 90% of every GPU, and runs it to
 confirm: the largest T that ran is reported.
@@ -27,6 +30,7 @@ import datetime
 import os
 import re
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -39,10 +43,26 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_cp.m
 PHASES = ("prepass", "allgather", "fold", "local")
 
 
+class Clock:
+    """A CUDA event (GPU) or the host clock (--cpu-smoke)."""
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+        if cuda:
+            self.event = torch.cuda.Event(enable_timing=True)
+            self.event.record()
+        else:
+            self.t = time.perf_counter()
+
+    def ms_since(self, start):
+        return start.event.elapsed_time(self.event) if self.cuda else (self.t - start.t) * 1e3
+
+
 class PhaseTimer:
     """flashgla.distributed.phase_timer: CUDA events around each phase, summed per phase."""
 
-    def __init__(self):
+    def __init__(self, cuda):
+        self.cuda = cuda
         self.events = []
 
     def __call__(self, name):
@@ -50,65 +70,70 @@ class PhaseTimer:
 
         class _Phase:
             def __enter__(self):
-                self.start = torch.cuda.Event(enable_timing=True)
-                self.start.record()
+                self.start = Clock(timer.cuda)
 
             def __exit__(self, *exc):
-                end = torch.cuda.Event(enable_timing=True)
-                end.record()
-                timer.events.append((name, self.start, end))
+                timer.events.append((name, self.start, Clock(timer.cuda)))
 
         return _Phase()
 
     def totals(self):
-        torch.cuda.synchronize()
+        if self.cuda:
+            torch.cuda.synchronize()
         out = dict.fromkeys(PHASES, 0.0)
         for name, start, end in self.events:
-            out[name] += start.elapsed_time(end)
+            out[name] += end.ms_since(start)
         self.events.clear()
         return out
 
 
-def init():
+def init(cpu):
     if "WORLD_SIZE" not in os.environ:  # one process without torchrun: a group of one
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29533"),
                           RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    if cpu:
+        dist.init_process_group("gloo")
+        return dist.get_rank(), dist.get_world_size(), torch.device("cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-    return dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", local_rank)
+    dist.init_process_group("nccl", device_id=device)
+    return dist.get_rank(), dist.get_world_size(), device
 
 
-def slowest(value):
-    t = torch.tensor([value], dtype=torch.float64, device="cuda")
+def slowest(value, device):
+    t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
 
-def time_ms(step, repeats, warmup=2):
+def time_ms(step, repeats, cuda, warmup=2):
     for _ in range(warmup):
         step()
     times = []
     for _ in range(repeats):
         dist.barrier()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        if cuda:
+            torch.cuda.synchronize()
+        start = Clock(cuda)
         step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        end = Clock(cuda)
+        if cuda:
+            end.event.synchronize()
+        times.append(end.ms_since(start))
     return statistics.median(times)
 
 
-def bench_tokens(T, world, repeats, H=16, K=128, V=128):
+def bench_tokens(T, world, repeats, device, H=16, K=128, V=128):
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
     local = T // world
-    gen = torch.Generator(device="cuda").manual_seed(1 + dist.get_rank())
-    q, k, v = (torch.randn(1, local, H, D, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    gen = torch.Generator(device=device).manual_seed(1 + dist.get_rank())
+    q, k, v = (torch.randn(1, local, H, D, device=device, dtype=dtype, generator=gen).requires_grad_()
                for D in (K, K, V))
-    g = F.logsigmoid(torch.randn(1, local, H, K, device="cuda", generator=gen) + 3).requires_grad_()
-    do = torch.randn(1, local, H, V, device="cuda", dtype=torch.bfloat16, generator=gen)
-    cu = torch.tensor([0, T], dtype=torch.int32, device="cuda")
+    g = F.logsigmoid(torch.randn(1, local, H, K, device=device, generator=gen) + 3).requires_grad_()
+    do = torch.randn(1, local, H, V, device=device, dtype=dtype, generator=gen)
+    cu = torch.tensor([0, T], dtype=torch.int32, device=device)
     ctx = fd.build_cp_context(cu, cu_seqlens_cpu=cu.cpu())
 
     def plain():
@@ -120,11 +145,12 @@ def bench_tokens(T, world, repeats, H=16, K=128, V=128):
         torch.autograd.grad(o, (q, k, v, g), do)
 
     row = {"T": T, "per_gpu": local}
-    row["plain"] = slowest(time_ms(plain, repeats))
-    torch.cuda.reset_peak_memory_stats()
-    row["cp"] = slowest(time_ms(cp, repeats))
-    row["peak_gib"] = slowest(torch.cuda.max_memory_allocated() / 2**30)
-    timer = PhaseTimer()
+    row["plain"] = slowest(time_ms(plain, repeats, cuda), device)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    row["cp"] = slowest(time_ms(cp, repeats, cuda), device)
+    row["peak_gib"] = slowest(torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0, device)
+    timer = PhaseTimer(cuda)
     fd.phase_timer = timer
     try:
         totals = dict.fromkeys(PHASES, 0.0)
@@ -136,9 +162,10 @@ def bench_tokens(T, world, repeats, H=16, K=128, V=128):
     finally:
         fd.phase_timer = None
     for name in PHASES:
-        row[name] = slowest(totals[name])
+        row[name] = slowest(totals[name], device)
     del q, k, v, g, do
-    torch.cuda.empty_cache()
+    if cuda:
+        torch.cuda.empty_cache()
     return row
 
 
@@ -161,15 +188,19 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--find-max", action="store_true", help="also find the largest T that runs")
     parser.add_argument("--no-append", action="store_true", help="print only; leave results_cp.md alone")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on CPU processes over gloo")
     args = parser.parse_args()
-    rank, world = init()
-    card = torch.cuda.get_device_name()
+    rank, world, device = init(args.cpu_smoke)
+    sizes = dict(H=2, K=16, V=16) if args.cpu_smoke else {}
+    if args.cpu_smoke:
+        args.tokens, args.no_append, args.find_max = "256,512", True, False
+    card = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (smoke test)"
     tokens = [int(t) for t in args.tokens.split(",")]
     rows = []
     for T in tokens:
         if T % world:
             raise SystemExit(f"--tokens: {T} is not divisible by {world} GPUs")
-        rows.append(bench_tokens(T, world, args.repeats))
+        rows.append(bench_tokens(T, world, args.repeats, device, **sizes))
         if rank == 0:
             print(rows[-1], flush=True)
 
@@ -180,11 +211,11 @@ def main():
         T = max(tokens)
         while True:
             T *= 2
-            fits = torch.tensor([per_token * (T // world) <= 0.9 * total], dtype=torch.int32, device="cuda")
+            fits = torch.tensor([per_token * (T // world) <= 0.9 * total], dtype=torch.int32, device=device)
             dist.all_reduce(fits, op=dist.ReduceOp.MIN)  # every rank decides the same
             if not fits.item():
                 break
-            rows.append(bench_tokens(T, world, max(1, args.repeats // 2)))
+            rows.append(bench_tokens(T, world, max(1, args.repeats // 2), device))
             largest = T
             if rank == 0:
                 print(rows[-1], flush=True)

@@ -39,6 +39,9 @@ from ._torch import run_op, stream_of, view
 
 __all__ = ["CPContext", "build_cp_context"]
 
+# torch 2.13 renamed all_gather_into_tensor (older releases have only that name).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 @dataclass
 class CPContext:
@@ -285,10 +288,6 @@ def _phase(name):
 
 
 # ---- the pieces ------------------------------------------------------------------------
-
-# torch 2.13 renamed all_gather_into_tensor (older releases have only that name).
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
 
 def _all_gather(out, tensor, group):
     """out [P, *tensor.shape] ← every rank's tensor (gloo wants the ranks stacked along dimension 0)."""

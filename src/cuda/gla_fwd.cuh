@@ -74,6 +74,15 @@ struct ChunkParams {
   bool split_prefix = false;
   float* piece_states = nullptr;  // [N][H][num_splits-1][state_pieces][K][V]
   float* piece_decay = nullptr;   // [N][H][num_splits-1][state_pieces][K]
+  // The segment summaries (gla_segment.cu) run the states kernel alone, with num_splits = 2 and one split
+  // per sequence: every split's pieces are written (not only those a later split reads), and each piece's
+  // total log decay Σ g to piece_log_decay (exact where exp(Σ g) underflows; −inf stays −inf).
+  bool whole_segments = false;
+  float* piece_log_decay = nullptr;  // [N][H][state_pieces][K] when set
+  // The segment gradients: k, v hold q, d_o; the chunks are walked first to last with the weights
+  // exp Σ_{u ≤ t} g_u, and the pieces' summaries are multiplied by summary_scale (the attention scale).
+  bool walk_forward = false;
+  float summary_scale = 1.f;
   bool fast = false;              // run the fast path (gla_fwd_fast.cu) instead of the general kernel
   // The Hopper path (gla_fwd_hopper.cu): a chunk pass writes one slot per (chunk, head) to `prep`, the state
   // kernel reads them.
@@ -104,6 +113,9 @@ void launch_fast_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t 
 // (for p's dtype, dims, gate and state_stages) fits this device.
 bool split_states_fit(const ChunkParams& p);
 void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream);
+// The states kernel alone for the segment summaries (p.whole_segments, num_splits = 2): pieces of each
+// sequence to piece_states, piece_decay and piece_log_decay; the caller folds them.
+void launch_segment_states(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // The Hopper path (gla_fwd_hopper.cu): bf16/fp16 q, k, v, any gate, K ≤ 256,
 // v and o rows 16-byte aligned; sm_90a only. Value tiles of 64 columns.

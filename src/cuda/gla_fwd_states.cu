@@ -74,4 +74,13 @@ void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream
   check_cuda(cudaGetLastError(), "GLA split states: fold kernel launch");
 }
 
+void launch_segment_states(const ChunkParams& p, int num_seqs, cudaStream_t stream) {
+  const int64_t nh = int64_t(num_seqs) * p.heads;
+  if (nh == 0 || p.state_pieces < 1) return;
+  const int tile = fast_value_tile(p.value_dim);
+  const int value_tiles = (p.value_dim + tile - 1) / tile;
+  const dim3 grid(unsigned(nh), unsigned(value_tiles * fast_key_parts(p.key_dim)), unsigned(p.state_pieces));
+  by_kernel(p, [&](auto, auto launch) { launch(p, grid, stream); });
+}
+
 }  // namespace flashgla::cuda::gla

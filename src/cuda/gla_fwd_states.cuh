@@ -21,6 +21,11 @@
 // slot instead of folding s of them; otherwise each split's own state (the
 // protocol of the other kernels), written directly when there is one piece.
 //
+// The segment summaries (gla_segment.cu) run this kernel alone with one split
+// per sequence (whole_segments: every split, each piece's log decay too); for
+// their gradients with k, v holding q, d_o, walking the chunks forwards with
+// inclusive prefix sums of g (walk_forward) and the result scaled.
+//
 // CTA: 8 warps; (sequence, head) × (value tile of BV, key part of KP) × (split,
 // piece). Warp w holds two 16-key tiles of the state and a share of its columns
 // as fp32 mma fragments. The gate phase: thread = (key pair, row quarter of 16
@@ -86,7 +91,9 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
   const SeqRange seq = sequence_range(p.seqs, n);
   const int64_t num_chunks = (seq.len + C - 1) / C;
   const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
-  if (split >= last_split) return;  // no later split reads this one's state
+  // No later split reads the last one's state; the segment summaries (p.whole_segments) want every split's,
+  // an empty segment's included (zero).
+  if (split >= last_split && !p.whole_segments) return;
   const int64_t split_begin = split * p.chunks_per_split;
   const int64_t split_end = min(num_chunks, split_begin + p.chunks_per_split);
   const int64_t piece_len = (p.chunks_per_split + pieces - 1) / pieces;
@@ -123,8 +130,12 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
   using KCols = std::integral_constant<int, KP>;
   using VCols = std::integral_constant<int, BV>;
   // Chunk number i of the walk (chunk c_end − 1 − i) into stage i % STAGES.
+  // p.walk_forward (the segment gradients): chunks first to last, each row's weight the inclusive
+  // prefix sum exp Σ_{u ≤ t} g_u instead of the suffix sum exp Σ_{u > t} g_u.
+  const bool forward = p.walk_forward;
+  auto chunk_of = [&](int i) { return forward ? c_begin + i : c_end - 1 - i; };
   auto issue = [&](int i) {
-    const int64_t c = c_end - 1 - i;
+    const int64_t c = chunk_of(i);
     const int s = i % STAGES;
     const int rows_valid = int(min(int64_t(C), seq.len - c * C));
     load_rows(KCols{}, stage_k(s), P, p.k, c, rows_valid, k0, K);
@@ -134,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
   float scalar_g_next = 0.f;  // the scalar gate of the next chunk, in registers of the first 64 threads
   auto fetch_scalar_gate = [&](int i) {
     if (GK == Gate::scalar && tid < C) {
-      const int64_t t = (c_end - 1 - i) * C + tid;
+      const int64_t t = chunk_of(i) * C + tid;
       scalar_g_next = t < seq.len ? load_float(p.g.data, row_offset(p.g, t), p.g.dtype) : 0.f;
     }
   };
@@ -177,7 +188,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
         // Step j is row (15 − rot − j) mod 16 of the quarter: first rows 15 − rot .. 0, then the top rows
         // 15 .. 16 − rot, whose sum `top` is everything after the first part within the quarter.
         const int r0 = quarter * kQuarterRows;
-        auto row_at = [&](int j) { return r0 + ((kQuarterRows - 1 - rot - j) & (kQuarterRows - 1)); };
+        // Walking forward, step j is row (rot + j) mod 16: rows rot .. 15, then 0 .. rot − 1 (the same banks).
+        auto row_at = [&](int j) {
+          return r0 + ((forward ? rot + j : kQuarterRows - 1 - rot - j) & (kQuarterRows - 1));
+        };
         auto gate_at = [&](int r) {
           if constexpr (GK == Gate::vector) {
             float pairx[2];
@@ -201,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
           const int from = (lane & ~3) | q;
           const float tx = __shfl_sync(0xffffffffu, total.x, from), ty = __shfl_sync(0xffffffffu, total.y, from);
           chunk.x += tx, chunk.y += ty;
-          if (q > quarter) after.x += tx, after.y += ty;
+          if (forward ? q < quarter : q > quarter) after.x += tx, after.y += ty;  // forward: the earlier quarters
         }
         // exp(carry + after + run) as one FFMA and one MUFU.EX2 (ftz: what underflows is 0, as it should be).
         const float2 base2 = make_float2((carry[0] + after.x) * kLog2e, (carry[1] + after.y) * kLog2e);
@@ -213,11 +227,12 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
           float kv[2];
           E* at = k_s + r * P + 2 * pair;
           load_keys<E, 2>(at, kv);
+          const float2 x = gate_at(r);
+          run.x += forward ? x.x : 0.f, run.y += forward ? x.y : 0.f;  // forward: the row's own gate included
           const float out[2] = {kv[0] * exp2_ftz(fmaf(run.x, kLog2e, base2.x)),
                                 kv[1] * exp2_ftz(fmaf(run.y, kLog2e, base2.y))};
           store_keys<E, 2>(at, out);
-          const float2 x = gate_at(r);
-          run.x += x.x, run.y += x.y;
+          run.x += forward ? 0.f : x.x, run.y += forward ? 0.f : x.y;
         }
         carry[0] += chunk.x, carry[1] += chunk.y;
       }
@@ -254,12 +269,15 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int lkey = 16 * (2 * kg + t) + g4 + (e >> 1) * 8, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
-        if (lkey < kn && vg < V) states_out[int64_t(k0 + lkey) * V + vg] = S[t][nt][e];
+        if (lkey < kn && vg < V) states_out[int64_t(k0 + lkey) * V + vg] = p.summary_scale * S[t][nt][e];
       }
   if (blockIdx.y % value_tiles == 0 && gate_thread && quarter == 0)
 #pragma unroll
     for (int e = 0; e < 2; ++e)
-      if (2 * pair + e < kn) p.piece_decay[slot * K + k0 + 2 * pair + e] = __expf(carry[e]);
+      if (2 * pair + e < kn) {
+        p.piece_decay[slot * K + k0 + 2 * pair + e] = __expf(carry[e]);
+        if (p.piece_log_decay) p.piece_log_decay[slot * K + k0 + 2 * pair + e] = carry[e];
+      }
 }
 
 // The split slots from the piece slots, per (sequence, head) over its splits in order: split j's state

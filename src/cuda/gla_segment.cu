@@ -15,12 +15,21 @@
 // first), which is exact in real arithmetic since each piece is linear in its
 // start. The products are fp32 FMAs on shared-memory tiles (any input dtype);
 // see bench/bench_segment_states.py for how close it runs to reading the inputs.
+//
+// bf16/fp16 inputs with K ≤ 256 and 16-byte aligned rows run the forward's
+// split states kernel instead (gla_fwd_states.cuh: tensor cores, copies in
+// flight), one split per sequence cut into pieces, which also writes each
+// piece's log decay and, for the gradients, walks forward with inclusive
+// prefix sums (walk_forward); the same fold combines the pieces.
+// FLASHGLA_GLA_SEGMENT_KERNEL = split | generic forces one or the other (where
+// the split kernel applies).
 #include <algorithm>
 #include <string>
 
 #include "core/backend.h"
 #include "cuda/common.cuh"
 #include "cuda/gla_device.cuh"
+#include "cuda/gla_fwd.cuh"
 
 namespace flashgla::cuda {
 namespace {
@@ -221,12 +230,21 @@ Elem elem_of(DType dtype) {
   }
 }
 
+// As gla_forward.cu's: rows16 says the split kernel's 16-byte copies apply.
 View view_of(const TensorView& t) {
   View v;
   if (!t.defined()) return v;
   v.data = t.data;
   v.dtype = elem_of(t.dtype);
+  const int last = t.ndim - 1;
   for (int d = 0; d < t.ndim; ++d) v.stride[d] = t.stride[d];
+  const int64_t esize = gla::elem_size(v.dtype);
+  const bool unit = t.shape[last] <= 1 || t.stride[last] == 1;
+  bool rows16 = unit && reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+  for (int d = 0; d < last; ++d)
+    if (t.shape[d] > 1) rows16 = rows16 && t.stride[d] * esize % 16 == 0;
+  v.rows16 = rows16;
+  if (unit) v.stride[last] = 1;
   return v;
 }
 
@@ -255,6 +273,8 @@ struct SegmentPlan {
   SegmentParams params;
   int64_t pairs = 0;  // N·H
   size_t workspace_bytes = 0;
+  bool use_split = false;  // the states through the forward's split states kernel, then the fold
+  gla::ChunkParams split;
 };
 
 SegmentPlan plan(const TensorView& x, const TensorView& y, const TensorView& g, const TensorView& cu_seqlens,
@@ -295,6 +315,19 @@ void launch(SegmentPlan& plan, void* workspace, size_t workspace_bytes, cudaStre
   SegmentParams& p = plan.params;
   if (plan.pairs == 0) return;
   const Scratch scratch(workspace, workspace_bytes, plan.workspace_bytes, stream, query, "workspace", 16);
+  const int blocks = ceil_div(int64_t(p.key_dim) * p.value_dim, kThreads);
+  if (plan.use_split) {
+    gla::ChunkParams& c = plan.split;
+    const int64_t slots = plan.pairs * c.state_pieces;
+    c.piece_states = scratch.floats();
+    c.piece_decay = c.piece_states + slots * int64_t(p.key_dim) * p.value_dim;
+    c.piece_log_decay = c.piece_decay + slots * p.key_dim;
+    gla::launch_segment_states(c, int(plan.pairs / p.heads), stream);
+    p.piece_states = c.piece_states, p.piece_log_decay = c.piece_log_decay;
+    fold_pieces_kernel<<<dim3(unsigned(plan.pairs), unsigned(blocks)), kThreads, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "GLA segment fold kernel launch");
+    return;
+  }
   if (p.pieces > 1) {
     p.piece_states = scratch.floats();
     p.piece_log_decay = p.piece_states + plan.pairs * p.pieces * int64_t(p.key_dim) * p.value_dim;
@@ -304,15 +337,53 @@ void launch(SegmentPlan& plan, void* workspace, size_t workspace_bytes, cudaStre
   segment_summary_kernel<<<dim3(unsigned(plan.pairs), unsigned(tiles), unsigned(p.pieces)), kThreads, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "GLA segment summary kernel launch");
   if (p.pieces == 1) return;
-  const int blocks = ceil_div(int64_t(p.key_dim) * p.value_dim, kThreads);
   fold_pieces_kernel<<<dim3(unsigned(plan.pairs), unsigned(blocks)), kThreads, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "GLA segment fold kernel launch");
+}
+
+// The forward's split states kernel where it applies (see the top of this file): s.use_split and its
+// parameters and workspace; else s is left as it is (the generic kernel).
+void plan_split(SegmentPlan& s, const TensorView& x, const TensorView& y, const TensorView& g,
+                const TensorView& cu_seqlens, const TensorView& cu_seqlens_host, const GlaProblem& pr) {
+  const std::string choice = env_choice("FLASHGLA_GLA_SEGMENT_KERNEL", {"split", "generic"});
+  gla::ChunkParams& c = s.split;
+  c.q = c.k = view_of(x), c.v = view_of(y), c.g = view_of(g);
+  c.seqs = s.params.seqs;
+  c.heads = s.params.heads, c.key_dim = s.params.key_dim, c.value_dim = s.params.value_dim;
+  c.gate = s.params.gate;
+  const bool half = c.k.dtype == Elem::bf16 || c.k.dtype == Elem::f16;
+  const bool gate_ok = c.gate != Gate::vector || ((c.g.dtype == c.k.dtype || c.g.dtype == Elem::f32) && c.g.rows16);
+  if (choice == "generic" || !half || !gate_ok || !c.k.rows16 || !c.v.rows16 || c.key_dim > 256) return;
+  const int64_t chunks = (longest_segment(cu_seqlens, cu_seqlens_host, pr) + gla::kChunk - 1) / gla::kChunk;
+  c.num_splits = 2;  // one split per sequence: slot nh · pieces + piece
+  c.chunks_per_split = std::max<int64_t>(1, chunks);
+  c.state_stages = 2;
+  c.whole_segments = true;
+  c.walk_forward = s.params.grads;
+  c.summary_scale = s.params.scale;
+  if (!gla::split_states_fit(c)) return;
+  // Pieces: about two CTAs per SM (the kernel's occupancy), each at least 8 chunks of the longest segment.
+  const int value_tile = gla::fast_value_tile(c.value_dim);
+  const int64_t tiles = int64_t((c.value_dim + value_tile - 1) / value_tile) * gla::fast_key_parts(c.key_dim);
+  int device = 0, sms = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  const int64_t ctas = std::max<int64_t>(1, s.pairs * tiles);
+  int64_t pieces = std::min<int64_t>((2 * int64_t(sms) + ctas - 1) / ctas, std::max<int64_t>(1, chunks / 8));
+  pieces = env_count("FLASHGLA_GLA_SEGMENT_PIECES", pieces, 1);
+  pieces = std::max<int64_t>(1, std::min<int64_t>({pieces, std::max<int64_t>(1, chunks), 65535}));
+  c.state_pieces = int(pieces);
+  s.use_split = true;
+  s.params.pieces = int(pieces);  // for the fold
+  // piece_states, piece_decay (the kernel's exp Σ g, unused here), piece_log_decay.
+  s.workspace_bytes = size_t(s.pairs * pieces) * size_t(pr.key_dim * pr.value_dim + 2 * pr.key_dim) * 4;
 }
 
 SegmentPlan plan_states(const GlaSegmentStatesArgs& a, const GlaProblem& pr) {
   require_compute_dtype(a.k, "k");
   SegmentPlan s = plan(a.k, a.v, a.g, a.cu_seqlens, a.cu_seqlens_host, pr, false);
   s.params.states = view_of(a.states), s.params.log_decay = view_of(a.log_decay);
+  plan_split(s, a.k, a.v, a.g, a.cu_seqlens, a.cu_seqlens_host, pr);
   return s;
 }
 
@@ -320,6 +391,7 @@ SegmentPlan plan_grads(const GlaSegmentStateGradsArgs& a, const GlaProblem& pr) 
   require_compute_dtype(a.q, "q");
   SegmentPlan s = plan(a.q, a.d_o, a.g, a.cu_seqlens, a.cu_seqlens_host, pr, true);
   s.params.states = view_of(a.d_states);
+  plan_split(s, a.q, a.d_o, a.g, a.cu_seqlens, a.cu_seqlens_host, pr);
   return s;
 }
 

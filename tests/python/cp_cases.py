@@ -216,8 +216,18 @@ def bf16_check(label, rank, world, device, gate, kw, report):
     ctx = build_cp_context(cu, None, cu_seqlens_cpu=cu.cpu())
     sl = slice(ctx.token_offset, ctx.token_offset + local)
     mine = [x[:, sl].detach().clone().requires_grad_() if x is not None else None for x in (*to, gd)]
-    o, _ = run_op(gate, *mine, scale=scale, cp_context=ctx)
-    o.backward(dod[:, sl])
+    d_local = dod[:, sl].contiguous()
+    run_op(gate, *mine, scale=scale, cp_context=ctx)  # first call: ctx's device copies are made here
+    for x in mine:
+        if x is not None:
+            x.grad = None
+    # With cu_seqlens_cpu given, the CP op must not synchronise with the host (CUDA-graph friendly).
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        o, _ = run_op(gate, *mine, scale=scale, cp_context=ctx)
+        o.backward(d_local)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     failures, errors = [], {}
     pairs = [("o", o, o1[:, sl], ref_o[:, sl])]
     for letter, x, x1, ref in zip("qkvg", mine, one, ref_grads):
@@ -274,6 +284,15 @@ def errors_suite(rank, world, device):
     o, _ = flashgla.chunk_gla(q, q, q, g, cu_seqlens=ctx.cu_seqlens, cp_context=ctx)
     if not torch.isfinite(o).all():
         failures.append("op after the errors: non-finite output")
+    # A rank whose loss uses only the final state (its o gets no gradient) still takes part in the
+    # backward's all-gather: no rank hangs, and the gradients are finite.
+    ctx1 = build_cp_context(torch.tensor([0, T], device=device))
+    xs = [torch.randn(1, L, 2, 8, device=device).requires_grad_() for _ in range(3)]
+    gg = torch.nn.functional.logsigmoid(torch.randn(1, L, 2, 8, device=device)).requires_grad_()
+    o, ht = flashgla.chunk_gla(*xs, gg, output_final_state=True, cp_context=ctx1)
+    (o.sum() if rank % 2 == 0 else ht.sum()).backward()
+    if not all(torch.isfinite(x.grad).all() for x in (*xs, gg)):
+        failures.append("output unused on some ranks: non-finite gradients")
     # The context's layout fields.
     ctx = build_cp_context(torch.tensor([0, L // 2, T], device=device), conv1d_kernel_size=4)
     expected_prev = rank > 0

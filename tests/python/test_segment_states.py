@@ -11,8 +11,10 @@ import flashgla
 from testing_utils import (assert_close, cu, gla_inputs, poisoned_outputs, randn, requires_gpu,
                            sequences)
 
-# Summaries are fp32 (fp64 for fp64 inputs); bf16/fp16 inputs are read exactly and accumulated in fp32.
+# Summaries are fp32 (fp64 for fp64 inputs); bf16/fp16 inputs are read exactly and accumulated in fp32 on the
+# CPU; on CUDA they go through the tensor cores with the gated keys (queries) rounded to the input dtype.
 SUMMARY_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 1e-4, torch.float16: 1e-4}
+CUDA_TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 5e-3, torch.float16: 5e-3}
 
 
 def _dense_gate(g, b, begin, end, K):
@@ -66,7 +68,8 @@ def summary_dtype(dtype):
 
 def check_against_reference(q, k, v, g, do, cu_seqlens=None, scale=None, device="cpu", tolerance=None):
     dtype = k.dtype
-    tolerance = SUMMARY_TOLERANCE[dtype] if tolerance is None else tolerance
+    if tolerance is None:
+        tolerance = SUMMARY_TOLERANCE[dtype] if device == "cpu" else CUDA_TOLERANCE[dtype]
     to = (lambda x: None if x is None else x.to(device))
     with poisoned_outputs():
         states, log_decay = flashgla.chunk_gla_segment_states(to(k), to(v), to(g), cu_seqlens=to(cu_seqlens))
@@ -86,7 +89,7 @@ def check_against_reference(q, k, v, g, do, cu_seqlens=None, scale=None, device=
     if g is None:
         assert (log_decay == 0).all()
     else:
-        assert_close(log_decay.cpu()[finite], ref_decay[finite], 1e-6 if dtype != torch.float64 else 1e-12,
+        assert_close(log_decay.cpu()[finite], ref_decay[finite], 1e-12 if dtype == torch.float64 else 1e-5,
                      "log_decay")
     return states, log_decay, d_states
 
@@ -211,9 +214,10 @@ def test_cuda_varlen_long_small_batch(gen, with_host_copy):
     d_states = flashgla.chunk_gla_segment_state_grads(q.cuda(), do.cuda(), g.cuda(), cu_seqlens=cu_seqlens.cuda(),
                                                       cu_seqlens_host=host)
     ref_states, ref_decay = reference_states(k, v, g, cu_seqlens)
-    assert_close(states, ref_states, 1e-4, "states")
+    assert_close(states, ref_states, CUDA_TOLERANCE[torch.bfloat16], "states")
     assert_close(log_decay, ref_decay, 1e-5, "log_decay")
-    assert_close(d_states, reference_state_grads(q, do, g, None, cu_seqlens), 1e-4, "d_states")
+    assert_close(d_states, reference_state_grads(q, do, g, None, cu_seqlens), CUDA_TOLERANCE[torch.bfloat16],
+                 "d_states")
 
 
 @requires_gpu
