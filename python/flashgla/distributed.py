@@ -476,5 +476,5 @@ from .parallel import (apply_activation_checkpointing, conv_with_halo, cp_mean_l
                        parallelize, save_checkpoint, shift_labels)
 
 __all__ += ["parallelize", "init_mesh", "fsdp_mesh", "apply_activation_checkpointing", "save_checkpoint",
-            "load_checkpoint", "load_model", "exchange_halo", "conv_with_halo", "gather_keys_values", "cp_mean_loss", "shift_labels",
-            "local_slice"]
+            "load_checkpoint", "load_model", "exchange_halo", "conv_with_halo", "gather_keys_values", "cp_mean_loss",
+            "shift_labels", "local_slice"]
