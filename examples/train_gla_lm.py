@@ -4,12 +4,22 @@
     python examples/train_gla_lm.py                      # tiny model, CPU, a few minutes
     python examples/train_gla_lm.py --preset small       # a larger one for a GPU
     python examples/sample.py runs/gla-tiny --prompt "And God said"
+    torchrun --nproc_per_node 4 examples/train_gla_lm.py --preset small          # FSDP2 on 4 GPUs
+    torchrun --nproc_per_node 4 examples/train_gla_lm.py --preset small --cp 2   # 2 data x 2 context ranks
 
 Every byte is a token (vocab 256). The last 5% of the text is held out for evaluation. The run prints a
 progress line (loss, tokens/s), evaluates every --eval-every steps (loss in nats and bits per byte),
-saves the model to --out (config.json + model.pt, loadable with GLAForCausalLM.from_pretrained) with
-the optimizer state for --resume, writes losses.json and, when matplotlib is installed, loss.png, and
+saves the model to --out (config.json + model.pt, loadable with GLAForCausalLM.from_pretrained) and
+model + optimizer as a torch.distributed.checkpoint in --out/checkpoint for --resume, writes losses.json and, when matplotlib is installed, loss.png, and
 finally prints a sampled continuation of --prompt.
+
+Under torchrun (WORLD_SIZE > 1) the model is sharded with FSDP2 (flashgla.distributed.parallelize:
+bf16 parameters and fp32 gradient reduction on GPUs, fp32 on the CPU with gloo), each data-parallel
+rank draws its own batches, and rank 0 prints the progress, evaluates (the evaluation batches split
+over the ranks) and plots. Each evaluation and the logged loss average over all ranks. --cp N splits every sequence over N ranks (context parallelism; the
+batch's windows are packed into one sequence of batch-size x seq-len tokens per group of N ranks).
+Checkpoints go through torch.distributed.checkpoint into <out>/checkpoint (any number of ranks can
+--resume from them, one process included); rank 0 also writes config.json + model.pt for sample.py.
 """
 
 import argparse
@@ -21,6 +31,7 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 
 from flashgla.models import GLAConfig, GLAForCausalLM
 
@@ -62,6 +73,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--resume", action="store_true", help="continue from --out")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel ranks per sequence (under torchrun)")
+    p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in the backward")
+    p.add_argument("--loss-chunk-size", type=int, default=None,
+                   help="tokens per chunk of the LM head + cross-entropy (never materialises all logits)")
     p.add_argument("--prompt", default="And God said")
     p.add_argument("--sample-tokens", type=int, default=300)
     p.add_argument("--temperature", type=float, default=0.8)
@@ -139,16 +154,85 @@ def autocast(device):
     return torch.autocast("cpu", enabled=False)
 
 
+class Ranks:
+    """Where this process sits: one process, or a torchrun rank with its data- and context-parallel places."""
+
+    def __init__(self, args):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.distributed = self.world > 1
+        if args.cp < 1 or (args.cp > 1 and not self.distributed):
+            raise SystemExit(f"--cp {args.cp}: context parallelism needs torchrun with a multiple of {args.cp} processes")
+        self.rank, self.dp_rank, self.dp_size, self.cp_rank, self.cp, self.cp_group, self.mesh = 0, 0, 1, 0, 1, None, None
+        if not self.distributed:
+            self.device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                                       "cpu" if args.device == "auto" else args.device)
+            return
+        from flashgla.distributed import init_mesh
+
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        cuda = args.device != "cpu" and torch.cuda.is_available()
+        self.device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(self.device)
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=self.device if cuda else None)
+        self.rank = dist.get_rank()
+        self.mesh = init_mesh(self.device.type, cp=args.cp)
+        self.dp_rank, self.dp_size = self.mesh["dp_shard"].get_local_rank(), self.mesh["dp_shard"].size()
+        self.cp_rank, self.cp, self.cp_group = self.mesh["cp"].get_local_rank(), args.cp, self.mesh["cp"].get_group()
+
+    @property
+    def main(self):
+        return self.rank == 0
+
+    def mean(self, total, count):
+        """sum(total) / sum(count) over all ranks (floats); under CP each group's value counts once."""
+        if not self.distributed:
+            return total / count
+        values = torch.tensor([total, count], dtype=torch.float64, device=self.device)
+        dist.all_reduce(values)
+        return (values[0] / values[1]).item()
+
+
+class Step:
+    """Runs the model on a batch of windows [B, seq_len + 1]: the whole batch on one rank or a
+    data-parallel rank; under --cp the windows packed into one sequence and split over the CP ranks
+    (labels shifted before the split, so the prediction of a rank's last token uses the next rank's
+    first byte)."""
+
+    def __init__(self, model, ranks, args):
+        self.model, self.ranks, self.context = model, ranks, None
+        if ranks.cp > 1:
+            from flashgla.distributed import build_cp_context
+
+            total = args.batch_size * args.seq_len
+            if total % ranks.cp:
+                raise SystemExit(f"--cp {ranks.cp}: batch-size x seq-len = {total} tokens must divide into the CP ranks")
+            cu_seqlens = torch.arange(0, total + 1, args.seq_len, dtype=torch.int32)
+            conv = model.config.conv_size if model.config.use_short_conv else None
+            self.context = build_cp_context(cu_seqlens.to(ranks.device), ranks.cp_group, conv1d_kernel_size=conv,
+                                            cu_seqlens_cpu=cu_seqlens)
+            self.local = total // ranks.cp
+
+    def loss(self, windows):
+        windows = windows.to(self.ranks.device, non_blocking=True)
+        if self.context is None:
+            return self.model(windows, labels=windows).loss
+        ids, labels = windows[:, :-1].reshape(1, -1), windows[:, 1:].reshape(1, -1)
+        part = slice(self.ranks.cp_rank * self.local, (self.ranks.cp_rank + 1) * self.local)
+        return self.model(ids[:, part], labels=labels[:, part], cp_context=self.context).loss
+
+
 @torch.no_grad()
-def evaluate(model, batches, device):
+def evaluate(step, batches, device):
+    """Mean held-out loss over the batches (each data-parallel rank evaluates its share)."""
+    model = step.model
     model.eval()
-    losses = []
+    total = 0.0
     for batch in batches:
-        batch = batch.to(device)
         with autocast(device):
-            losses.append(model(batch, labels=batch).loss.item())
+            total += step.loss(batch).item()
     model.train()
-    return sum(losses) / len(losses)
+    return step.ranks.mean(total, len(batches))
 
 
 def plot(history, path):
@@ -172,100 +256,165 @@ def plot(history, path):
     return True
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
-    torch.manual_seed(args.seed)
-
-    data = load_bytes(args.data)
-    batches = Batches(data, args.seq_len, args.batch_size, args.seed)
-    eval_batches = batches.evaluation(args.eval_batches)
-    os.makedirs(args.out, exist_ok=True)
-    state_path = os.path.join(args.out, "train_state.pt")
-
-    if args.resume:
-        model = GLAForCausalLM.from_pretrained(args.out, map_location=device)
+def build_model(args, ranks):
+    """The model (the same initial weights on every rank), sharded with FSDP2 under torchrun."""
+    checkpoint = os.path.join(args.out, CHECKPOINT_DIR)
+    if args.resume and os.path.exists(os.path.join(checkpoint, "config.json")):
+        config = GLAConfig.from_json(os.path.join(checkpoint, "config.json"))
+    elif args.resume and os.path.exists(os.path.join(args.out, "config.json")):
+        config = GLAConfig.from_json(os.path.join(args.out, "config.json"))
     else:
         attn_layers = [int(i) for i in args.attn_layers.split(",") if i.strip()]
         config = GLAConfig(vocab_size=256, hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers,
                            num_heads=args.num_heads, attn_layers=attn_layers, mode=args.mode,
                            use_short_conv=args.use_short_conv)
-        model = GLAForCausalLM(config).to(device)
+    model = GLAForCausalLM(config).to(ranks.device)
+    if ranks.distributed:
+        from flashgla.distributed import parallelize
+
+        # bf16 parameters with fp32 gradient reduction on GPUs; fp32 throughout on the CPU (gloo).
+        parallelize(model, ranks.mesh, param_dtype=torch.bfloat16 if ranks.device.type == "cuda" else None,
+                    reduce_dtype=torch.float32, activation_checkpointing=args.activation_checkpointing,
+                    loss_chunk_size=args.loss_chunk_size)
+    else:
+        from flashgla.distributed import apply_activation_checkpointing
+
+        if args.activation_checkpointing:
+            for block in model.layers:
+                apply_activation_checkpointing(block)
+        model.loss_chunk_size = args.loss_chunk_size
+    return model
+
+
+def save_plain_model(model, ranks, directory):
+    """config.json + model.pt (full tensors, rank 0) for GLAForCausalLM.from_pretrained and sample.py."""
+    if not ranks.distributed:
+        model.save_pretrained(directory)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if ranks.main:
+        model.config.to_json(os.path.join(directory, "config.json"))
+        torch.save(state, os.path.join(directory, "model.pt"))
+
+
+CHECKPOINT_DIR = "checkpoint"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ranks = Ranks(args)
+    device = ranks.device
+    torch.manual_seed(args.seed)
+    from flashgla.distributed import load_checkpoint, save_checkpoint
+
+    data = load_bytes(args.data)
+    # Each data-parallel group draws its own windows; the ranks of a CP group share theirs.
+    batches = Batches(data, args.seq_len, args.batch_size, args.seed + 1000 * ranks.dp_rank)
+    per_rank = -(-args.eval_batches // ranks.dp_size)  # every rank runs the same number of forwards
+    eval_batches = batches.evaluation(per_rank * ranks.dp_size)[ranks.dp_rank::ranks.dp_size]
+    os.makedirs(args.out, exist_ok=True)
+    checkpoint = os.path.join(args.out, CHECKPOINT_DIR)
+    history_path = os.path.join(args.out, "losses.json")
+
+    model = build_model(args, ranks)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
     start, history = 0, {"train": [], "eval": []}
-    if args.resume and os.path.exists(state_path):
-        state = torch.load(state_path, map_location=device, weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        start, history = state["step"], state["history"]
-        batches.generator.set_state(state["data_rng"])
+    if args.resume and os.path.exists(os.path.join(checkpoint, ".metadata")):
+        # DCP reshards: a checkpoint of any number of ranks loads here (one process included).
+        extra = load_checkpoint(checkpoint, model, optimizer, extra={"step": torch.tensor(0)})
+        start = int(extra["step"])
+        if os.path.exists(history_path):
+            with open(history_path) as f:
+                history = json.load(f)
+        batches.generator.manual_seed(args.seed + 1000 * ranks.dp_rank + start)
+    elif args.resume and os.path.exists(os.path.join(args.out, "model.pt")) and not ranks.distributed:
+        model.load_state_dict(torch.load(os.path.join(args.out, "model.pt"), map_location=device, weights_only=True))
 
-    print(f"data: {args.data}: {len(batches.train):,} training bytes, {len(batches.val):,} held out")
-    print(f"model: {model.num_parameters():,} parameters ({model.num_parameters(True):,} without embeddings), "
-          f"{model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, device {device}")
-    tokens_per_step = args.batch_size * args.seq_len
+    config = model.config
+    parameters = sum(p.numel() for p in model.parameters())
+    embeddings = model.embeddings.weight.numel()
+    if ranks.main:
+        print(f"data: {args.data}: {len(batches.train):,} training bytes, {len(batches.val):,} held out")
+        print(f"model: {parameters:,} parameters ({parameters - embeddings:,} without embeddings), "
+              f"{config.num_hidden_layers} layers, hidden {config.hidden_size}, device {device}")
+        if ranks.distributed:
+            print(f"torchrun: {ranks.world} ranks = {ranks.dp_size} data-parallel x {ranks.cp} context-parallel, "
+                  f"FSDP2 over all of them")
+    step_runner = Step(model, ranks, args)
+    tokens_per_step = args.batch_size * args.seq_len * ranks.dp_size
     if start == 0:
-        initial = evaluate(model, eval_batches, device)
+        initial = evaluate(step_runner, eval_batches, device)
         history["eval"].append({"step": 0, "loss": initial})
-        print(f"step 0: held-out loss {initial:.4f} ({initial / math.log(2):.3f} bits/byte)")
+        if ranks.main:
+            print(f"step 0: held-out loss {initial:.4f} ({initial / math.log(2):.3f} bits/byte)")
 
-    progress = Progress(args.steps, start)
+    progress = Progress(args.steps, start) if ranks.main else None
     window_tokens, window_start = 0, time.time()
     tokens_per_second = 0.0
     for step in range(start, args.steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, args)
-        batch = batches.next().to(device, non_blocking=True)
+        batch = batches.next()
         with autocast(device):
-            loss = model(batch, labels=batch).loss
+            loss = step_runner.loss(batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         window_tokens += tokens_per_step
         if step % 10 == 0 or step + 1 == args.steps:
-            value = loss.item()  # synchronises with the device, so the rate below is honest
+            value = ranks.mean(loss.item(), 1.0)  # synchronises with the device, so the rate below is honest
             elapsed = time.time() - window_start
             tokens_per_second = window_tokens / elapsed if elapsed > 0 else 0.0
             window_tokens, window_start = 0, time.time()
             history["train"].append({"step": step + 1, "loss": value})
-            progress.update(step, loss=f"{value:.4f}", lr=f"{learning_rate(step, args):.2e}",
-                            tok_s=f"{tokens_per_second:,.0f}")
+            if progress:
+                progress.update(step, loss=f"{value:.4f}", lr=f"{learning_rate(step, args):.2e}",
+                                tok_s=f"{tokens_per_second:,.0f}")
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            held_out = evaluate(model, eval_batches, device)
+            held_out = evaluate(step_runner, eval_batches, device)
             history["eval"].append({"step": step + 1, "loss": held_out})
-            progress.close()
-            print(f"step {step + 1}: held-out loss {held_out:.4f} ({held_out / math.log(2):.3f} bits/byte), "
-                  f"{tokens_per_second:,.0f} tokens/s")
-            model.save_pretrained(args.out)
-            torch.save({"optimizer": optimizer.state_dict(), "step": step + 1, "history": history,
-                        "data_rng": batches.generator.get_state()}, state_path)
-    progress.close()
+            if progress:
+                progress.close()
+                print(f"step {step + 1}: held-out loss {held_out:.4f} ({held_out / math.log(2):.3f} bits/byte), "
+                      f"{tokens_per_second:,.0f} tokens/s")
+            save_checkpoint(checkpoint, model, optimizer, extra={"step": torch.tensor(step + 1)})
+            save_plain_model(model, ranks, args.out)
+            if ranks.main:
+                with open(history_path, "w") as f:
+                    json.dump(history, f, indent=1)
+    if progress:
+        progress.close()
 
-    with open(os.path.join(args.out, "losses.json"), "w") as f:
-        json.dump(history, f, indent=1)
-    if plot(history, os.path.join(args.out, "loss.png")):
-        print(f"loss curve: {os.path.join(args.out, 'loss.png')}")
-    else:
-        print("no loss.png: matplotlib is not installed (pip install matplotlib, or pip install .[examples] "
-              "from the flashgla repository); the losses are in losses.json")
-    first, last = history["eval"][0]["loss"], history["eval"][-1]["loss"]
-    print(f"held-out loss {first:.4f} -> {last:.4f}; checkpoint in {args.out}")
-
-    model.eval()
-    prompt = torch.tensor([list(args.prompt.encode())], dtype=torch.long, device=device)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    with autocast(device):
-        out = model.generate(prompt, args.sample_tokens, do_sample=True, temperature=args.temperature,
-                             top_k=args.top_k, generator=generator)
-    print("---- sample ----")
-    print(bytes(out[0].tolist()).decode("utf-8", errors="replace"))
+    if ranks.main:
+        if plot(history, os.path.join(args.out, "loss.png")):
+            print(f"loss curve: {os.path.join(args.out, 'loss.png')}")
+        else:
+            print("no loss.png: matplotlib is not installed (pip install matplotlib, or pip install .[examples] "
+                  "from the flashgla repository); the losses are in losses.json")
+        first, last = history["eval"][0]["loss"], history["eval"][-1]["loss"]
+        print(f"held-out loss {first:.4f} -> {last:.4f}; checkpoint in {args.out}")
+        # Sampling needs no other rank: rank 0 reloads the full model it just wrote.
+        sampler = GLAForCausalLM.from_pretrained(args.out, map_location=device) if ranks.distributed else model
+        sampler.eval()
+        prompt = torch.tensor([list(args.prompt.encode())], dtype=torch.long, device=device)
+        generator = torch.Generator(device=device).manual_seed(args.seed)
+        with autocast(device):
+            out = sampler.generate(prompt, args.sample_tokens, do_sample=True, temperature=args.temperature,
+                                   top_k=args.top_k, generator=generator)
+        print("---- sample ----")
+        print(bytes(out[0].tolist()).decode("utf-8", errors="replace"))
+    if ranks.distributed:
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -468,3 +468,13 @@ def cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_s
             raise ValueError("flashgla: cu_seqlens_host: with cp_context leave it out or pass ctx.cu_seqlens_cpu")
     o, ht = _ChunkGlaCP.apply(q, k, v, g, scale, cp, bool(output_final_state))
     return o, ht if output_final_state else None
+
+
+# ---- the model across GPUs (flashgla.parallel): FSDP2, DCP checkpoints, CP layer pieces ----------
+from .parallel import (apply_activation_checkpointing, conv_with_halo, cp_mean_loss, exchange_halo,  # noqa: E402
+                       fsdp_mesh, gather_keys_values, init_mesh, load_checkpoint, load_model, local_slice,
+                       parallelize, save_checkpoint, shift_labels)
+
+__all__ += ["parallelize", "init_mesh", "fsdp_mesh", "apply_activation_checkpointing", "save_checkpoint",
+            "load_checkpoint", "load_model", "exchange_halo", "conv_with_halo", "gather_keys_values", "cp_mean_loss",
+            "shift_labels", "local_slice"]

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from ..nn.attention import Attention, KVCache
 from ..nn.gla import GatedLinearAttention, GLAState
+from ..nn.loss import chunked_lm_cross_entropy
 from ..nn.norm import RMSNorm
 from ..nn.padding import check_mask, has_padding, pack, packing, unpack
 from .checkpoint import FLA_MODEL_TYPE, HF_MODEL_TYPE, config_from_fla, load_weights, state_dict_from_fla
@@ -71,8 +72,9 @@ class GLABlock(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: Tensor, cu_seqlens: Optional[Tensor], state, use_cache: bool):
-        h, state = self.attn(self.attn_norm(x), cu_seqlens=cu_seqlens, state=state, use_cache=use_cache)
+    def forward(self, x: Tensor, cu_seqlens: Optional[Tensor], state, use_cache: bool, cp_context=None):
+        h, state = self.attn(self.attn_norm(x), cu_seqlens=cu_seqlens, state=state, use_cache=use_cache,
+                             cp_context=cp_context)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), state
 
@@ -90,7 +92,7 @@ class Cache:
 
 @dataclass
 class CausalLMOutput:
-    logits: Tensor                  # [B, T, vocab_size] (zeros at padding)
+    logits: Optional[Tensor]        # [B, T, vocab_size] (zeros at padding); None with model.loss_chunk_size
     loss: Optional[Tensor] = None   # mean next-token cross-entropy, when labels are given
     cache: Optional[Cache] = None   # with use_cache
 
@@ -182,6 +184,9 @@ class GLAForCausalLM(nn.Module):
         self.apply(self._init_weights)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embeddings.weight
+        # Tokens per chunk of the LM head + cross-entropy when labels are given (None: one piece).
+        # Chunked, the logits are never materialised and the output's logits are None.
+        self.loss_chunk_size: Optional[int] = None
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -195,11 +200,19 @@ class GLAForCausalLM(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                 cu_seqlens: Optional[Tensor] = None, labels: Optional[Tensor] = None,
-                cache: Optional[Cache] = None, use_cache: bool = False, logits_to_keep: int = 0) -> CausalLMOutput:
+                cache: Optional[Cache] = None, use_cache: bool = False, logits_to_keep: int = 0,
+                cp_context=None) -> CausalLMOutput:
         """input_ids [B, T]; attention_mask [B, T] (1: token, 0: padding) or cu_seqlens [N+1] with B == 1;
         labels [B, T] (the loss predicts labels[:, t+1] from position t; -100 and padding are ignored);
         cache: the previous call's, continued (and updated) by this one; logits_to_keep n > 0: only the
-        logits of the last n positions (generation needs the last one; ignored with labels)."""
+        logits of the last n positions (generation needs the last one; ignored with labels).
+
+        cp_context (context parallelism, flashgla.distributed.build_cp_context): input_ids is this
+        rank's slice [1, T/P] of the packed batch (or [B, T/P] with a context of [0, T]); labels are
+        the targets of these positions, shifted over the whole batch *before* the split (-100 at
+        each sequence's last token); the loss is the mean over the valid tokens of all ranks."""
+        if cp_context is not None:
+            return self._forward_cp(input_ids, attention_mask, cu_seqlens, labels, cache, use_cache, cp_context)
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids: expected [B, T], got shape {list(input_ids.shape)}")
         batch, seq_len = input_ids.shape
@@ -225,11 +238,16 @@ class GLAForCausalLM(nn.Module):
                 cache.layers[i] = state
         if logits_to_keep > 0 and labels is None and p is None and cu_seqlens is None:
             x = x[:, -logits_to_keep:]
-        logits = self.lm_head(self.norm(x))
+        hidden = self.norm(x)
+        chunked = labels is not None and self.loss_chunk_size is not None
+        logits = None if chunked else self.lm_head(hidden)
         if p is not None:
-            logits = unpack(logits, p)
-            if logits_to_keep > 0 and labels is None:
-                logits = logits[:, -logits_to_keep:]
+            if chunked:
+                hidden = unpack(hidden, p)
+            else:
+                logits = unpack(logits, p)
+                if logits_to_keep > 0 and labels is None:
+                    logits = logits[:, -logits_to_keep:]
         if use_cache:
             cache.seen_tokens += seq_len
 
@@ -245,9 +263,46 @@ class GLAForCausalLM(nn.Module):
                 starts = torch.zeros(seq_len + 1, dtype=torch.bool, device=labels.device)
                 starts[cu_seqlens[1:-1].long()] = True
                 targets = targets.masked_fill(starts[1:seq_len].unsqueeze(0), -100)
-            scores = logits[:, :-1] if logits.dtype in (torch.float32, torch.float64) else logits[:, :-1].float()
-            loss = F.cross_entropy(scores.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+            if chunked:
+                loss_sum, count = chunked_lm_cross_entropy(hidden[:, :-1].reshape(-1, hidden.shape[-1]),
+                                                           self.lm_head.weight, targets.reshape(-1),
+                                                           self.loss_chunk_size)
+                loss = loss_sum / count  # the mean over counted tokens, as F.cross_entropy's
+            else:
+                scores = logits[:, :-1] if logits.dtype in (torch.float32, torch.float64) else logits[:, :-1].float()
+                loss = F.cross_entropy(scores.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
         return CausalLMOutput(logits, loss, cache if use_cache else None)
+
+    def _forward_cp(self, input_ids, attention_mask, cu_seqlens, labels, cache, use_cache, cp_context):
+        from ..parallel.layers import cp_mean_loss
+
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids: expected [B, T], got shape {list(input_ids.shape)}")
+        if attention_mask is not None or cu_seqlens is not None or cache is not None or use_cache:
+            raise ValueError("flashgla: cp_context: the model takes the boundaries from the context: pass no "
+                             "attention_mask, cu_seqlens or cache, and use_cache=False")
+        if labels is not None and labels.shape != input_ids.shape:
+            raise ValueError(f"labels: expected the shape of input_ids {list(input_ids.shape)} (targets shifted "
+                             f"before the split), got {list(labels.shape)}")
+        x = self.embeddings(input_ids)
+        for layer in self.layers:
+            x, _ = layer(x, None, None, False, cp_context)
+        hidden = self.norm(x)
+        chunked = labels is not None and self.loss_chunk_size is not None
+        logits = None if chunked else self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            targets = labels.reshape(-1)
+            if chunked:
+                loss_sum, count = chunked_lm_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight,
+                                                           targets, self.loss_chunk_size)
+            else:
+                scores = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+                loss_sum = F.cross_entropy(scores.reshape(-1, logits.shape[-1]), targets, ignore_index=-100,
+                                           reduction="sum")
+                count = (targets != -100).sum()
+            loss = cp_mean_loss(loss_sum, count, cp_context.group)
+        return CausalLMOutput(logits, loss, None)
 
     # ---- generation ------------------------------------------------------------------------------------
 

@@ -94,8 +94,14 @@ class Attention(nn.Module):
 
     def forward(self, hidden_states: Tensor, attention_mask: Optional[Tensor] = None,
                 cu_seqlens: Optional[Tensor] = None, state: Optional[KVCache] = None,
-                use_cache: bool = False) -> Tuple[Tensor, Optional[KVCache]]:
-        """As GatedLinearAttention.forward; the state is a KVCache (not with padding or cu_seqlens)."""
+                use_cache: bool = False, cp_context=None) -> Tuple[Tensor, Optional[KVCache]]:
+        """As GatedLinearAttention.forward; the state is a KVCache (not with padding or cu_seqlens).
+
+        cp_context (context parallelism): the rank's local queries attend over the keys and values of
+        all ranks (all-gathered; their gradients summed back), up to the rank's own end, with
+        bottom-right causal alignment per sequence and RoPE positions from the global offsets."""
+        if cp_context is not None:
+            return self._forward_cp(hidden_states, attention_mask, cu_seqlens, state, use_cache, cp_context), None
         return forward_packed(self._forward, hidden_states, self.hidden_size, attention_mask, cu_seqlens, state,
                               use_cache)
 
@@ -147,6 +153,33 @@ class Attention(nn.Module):
                                            attn_mask=visible.view(1, 1, 1, -1),
                                            enable_gqa=self.num_kv_heads != self.num_heads)
         return self.o_proj(o.transpose(1, 2).reshape(batch, seq_len, self.hidden_size))
+
+    def _forward_cp(self, x: Tensor, attention_mask, cu_seqlens, cache, use_cache, ctx) -> Tensor:
+        from ..parallel.layers import attention_layout, check_cp_context, gather_keys_values
+
+        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden_states: expected [B, T, {self.hidden_size}], got {list(x.shape)}")
+        if attention_mask is not None or cu_seqlens is not None or cache is not None or use_cache:
+            raise ValueError("flashgla: cp_context: attention under context parallelism takes the boundaries from "
+                             "the context: pass no attention_mask, cu_seqlens or cache, and use_cache=False")
+        check_cp_context(ctx, x, "hidden_states")
+        batch, seq_len, _ = x.shape
+        q = self.q_proj(x).view(batch, seq_len, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, seq_len, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, seq_len, self.num_kv_heads, self.head_dim)
+        positions = ctx.position_ids(x.device)  # within each sequence, from the global offsets
+        q, k = self.rotary(q, positions), self.rotary(k, positions)
+        k, v = gather_keys_values(k, v, ctx)  # rotated by their own ranks
+        key_begin, key_end, cu_q, cu_k = attention_layout(ctx, batch, x.device)
+        k, v = k[:, key_begin:key_end], v[:, key_begin:key_end]
+        if self.backend == "flashgla":
+            o = flash_attention(q, k, v, causal=True, cu_seqlens=cu_q, cu_seqlens_k=cu_k)
+        elif cu_q is None:
+            o = self._sdpa(q, k, v)
+        else:
+            raise NotImplementedError("attention backend 'sdpa' takes no packed sequences (cp_context with "
+                                      "several sequences on a rank)")
+        return self.o_proj(o.reshape(batch, seq_len, self.hidden_size))
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

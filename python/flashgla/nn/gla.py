@@ -120,20 +120,62 @@ class GatedLinearAttention(nn.Module):
 
     def forward(self, hidden_states: Tensor, attention_mask: Optional[Tensor] = None,
                 cu_seqlens: Optional[Tensor] = None, state: Optional[GLAState] = None,
-                use_cache: bool = False) -> Tuple[Tensor, Optional[GLAState]]:
+                use_cache: bool = False, cp_context=None) -> Tuple[Tensor, Optional[GLAState]]:
         """hidden_states [B, T, hidden_size]; attention_mask [B, T] (1: token, 0: padding) or cu_seqlens
         [N+1] with B == 1 (packed sequences); state: the previous call's (one sequence per batch row, or
         per packed sequence). Returns the output [B, T, hidden_size] (zeros at padding) and, with
-        use_cache, the state after the last token of each sequence."""
+        use_cache, the state after the last token of each sequence.
+
+        cp_context: a flashgla.distributed.build_cp_context(...) context (context parallelism):
+        hidden_states is this rank's slice [1, T/P, hidden] of the packed batch (or [B, T/P, hidden]
+        with a context of [0, T]); the boundaries come from the context. No mask, cu_seqlens or state."""
+        if cp_context is not None:
+            return self._forward_cp(hidden_states, attention_mask, cu_seqlens, state, use_cache, cp_context)
         return forward_packed(self._forward, hidden_states, self.hidden_size, attention_mask, cu_seqlens, state,
                               use_cache)
 
+    def _forward_cp(self, x: Tensor, attention_mask, cu_seqlens, state, use_cache, cp_context):
+        from ..parallel.layers import check_cp_context
+
+        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden_states: expected [B, T, {self.hidden_size}], got {list(x.shape)}")
+        if attention_mask is not None or cu_seqlens is not None:
+            raise ValueError("flashgla: cp_context: the layer takes the boundaries from the context; pass no "
+                             "attention_mask or cu_seqlens (pack padded batches before splitting them)")
+        if state is not None or use_cache:
+            raise NotImplementedError("flashgla: cp_context: a GLA layer under context parallelism keeps no state "
+                                      "(training and prefill only): pass no state and use_cache=False")
+        if self.mode != "chunk":
+            raise NotImplementedError(f"flashgla: cp_context: context parallelism runs the chunked op; the layer's "
+                                      f"mode is {self.mode!r}")
+        check_cp_context(cp_context, x, "hidden_states")
+        return self._forward(x, None, None, False, cp_context)
+
+    def _short_conv_cp(self, q: Tensor, k: Tensor, v: Tensor, ctx) -> Tuple[Tensor, Tensor, Tensor]:
+        """The three convolutions of a rank's slice, with one exchange of the W-1 preceding rows of q, k, v."""
+        from ..parallel.layers import conv_with_halo, exchange_halo
+
+        width = self.q_conv.kernel_size
+        if q.shape[1] < width - 1:
+            raise ValueError(f"flashgla: cp_context: the short convolution (conv_size {width}) needs {width - 1} "
+                             f"rows of the previous rank, but each rank holds only {q.shape[1]} tokens "
+                             f"({ctx.total_tokens} over {ctx.world_size} ranks)")
+        cu_seqlens = ctx.local_cu_seqlens(q.device) if q.shape[0] == 1 else None
+        rows = width - 1
+        tails = torch.cat([t[:, q.shape[1] - rows:] for t in (q, k, v)], dim=-1)
+        halo = exchange_halo(tails, ctx, width)
+        hq, hk, hv = halo.split([q.shape[-1], k.shape[-1], v.shape[-1]], dim=-1)
+        return (conv_with_halo(self.q_conv, q, hq, cu_seqlens), conv_with_halo(self.k_conv, k, hk, cu_seqlens),
+                conv_with_halo(self.v_conv, v, hv, cu_seqlens))
+
     def _forward(self, x: Tensor, cu_seqlens: Optional[Tensor], state: Optional[GLAState],
-                 use_cache: bool) -> Tuple[Tensor, Optional[GLAState]]:
+                 use_cache: bool, cp_context=None) -> Tuple[Tensor, Optional[GLAState]]:
         batch, seq_len, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         conv_state = None
-        if self.use_short_conv:
+        if self.use_short_conv and cp_context is not None:
+            q, k, v = self._short_conv_cp(q, k, v, cp_context)
+        elif self.use_short_conv:
             caches = state.conv if state is not None and state.conv is not None else (None, None, None)
             q, q_cache = self.q_conv(q, caches[0], cu_seqlens, use_cache)
             k, k_cache = self.k_conv(k, caches[1], cu_seqlens, use_cache)
@@ -152,7 +194,9 @@ class GatedLinearAttention(nn.Module):
             k, v, g = (t.repeat_interleave(self.num_kv_groups, dim=2) for t in (k, v, g))
 
         initial = None if state is None else state.recurrent
-        if initial is not None and seq_len == 1 and cu_seqlens is None and not self._needs_grad(q, k, v, g, initial):
+        if cp_context is not None:  # the boundaries and the entering states come from the context
+            o, final = chunk_gla(q, k, v, g, cp_context=cp_context)
+        elif initial is not None and seq_len == 1 and cu_seqlens is None and not self._needs_grad(q, k, v, g, initial):
             # One token per sequence: the decode kernel updates the state in place.
             final = initial if use_cache else initial.clone()
             o = gla_decode_step(q, k, v, g, final)
