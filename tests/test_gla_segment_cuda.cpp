@@ -147,6 +147,21 @@ TEST(GlaSegmentCuda, EqualsForwardFinalState) {
   }
 }
 
+// Small cases for compute-sanitizer (scripts/gpu_check.sh): both kernels, forced pieces and the fold,
+// partial tiles, an empty and a one-token segment.
+TEST(GlaSegmentCuda, SanitizerSmallCases) {
+  SKIP_WITHOUT_GPU();
+  for (const char* kernel : {"", "generic"})
+    for (const char* pieces : {"", "3"}) {
+      const ScopedEnv choose("FLASHGLA_GLA_SEGMENT_KERNEL", kernel), split("FLASHGLA_GLA_SEGMENT_PIECES", pieces);
+      Case c = gpu_case(std::string("sanitizer ") + kernel + " " + pieces, 1, 200, 1, 72, 40, Gate::vector,
+                        DType::bf16);
+      c.cu_seqlens = {0, 0, 1, 200};
+      SCOPED_TRACE(c.name);
+      check_on_gpu(c, make_inputs(c));
+    }
+}
+
 TEST(GlaSegmentCuda, BadArguments) {
   SKIP_WITHOUT_GPU();
   Case c = gpu_case("f64", 1, 10, 1, 64, 64, Gate::vector, DType::f64);
