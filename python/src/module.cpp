@@ -274,19 +274,22 @@ NB_MODULE(_C, m) {
   m.def(
       "gla_decode",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle state, std::optional<double> scale,
-         nb::handle o, uintptr_t stream) {
+         nb::handle o, uintptr_t stream, nb::handle state_indices, nb::handle token_states) {
         flashgla::GlaDecodeArgs a;
         a.q = view_of(q, "q");
         a.k = view_of(k, "k");
         a.v = view_of(v, "v");
         a.g = view_of(g, "g");
         a.state = view_of(state, "state");
+        a.state_indices = view_of(state_indices, "state_indices");
         a.scale = scale;
         a.o = view_of(o, "o");
+        a.token_states = view_of(token_states, "token_states");
         a.stream = as_pointer(stream);
         without_gil([&] { flashgla::gla_decode(a); });
       },
-      "q"_a, "k"_a, "v"_a, "g"_a.none(), "state"_a, "scale"_a.none(), "o"_a, "stream"_a = 0);
+      "q"_a, "k"_a, "v"_a, "g"_a.none(), "state"_a, "scale"_a.none(), "o"_a, "stream"_a = 0,
+      "state_indices"_a.none() = nb::none(), "token_states"_a.none() = nb::none());
 
   m.def(
       "attention_forward",

@@ -1,5 +1,7 @@
 // GLA entry points: check every argument, resolve the problem sizes, dispatch.
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "api/dispatch.h"
 #include "flashgla/gla.h"
@@ -143,42 +145,111 @@ size_t gla_backward_workspace_bytes(const GlaBackwardArgs& a) {
   return 0;
 }
 
-void gla_decode(const GlaDecodeArgs& a) {
+namespace {
+
+// [N, ...] -> [N, 1, ...]: one token, as a view with a token dimension of 1.
+TensorView with_token_dim(TensorView t) {
+  if (!t.defined()) return t;
+  for (int d = t.ndim; d > 1; --d) t.shape[d] = t.shape[d - 1], t.stride[d] = t.stride[d - 1];
+  t.shape[1] = 1;
+  t.stride[1] = t.stride[0];
+  ++t.ndim;
+  return t;
+}
+
+// Pool rows: readable on the host only for CPU tensors; there every index must
+// be < P and the non-negative ones distinct (a duplicate would make two sequences
+// update one row in an undefined order).
+void check_state_indices(const TensorView& idx, int64_t num_seqs, int64_t pool, const Device& dev) {
+  check::shape(idx, "state_indices", {num_seqs}, "[N]");
+  check::dtype(idx, "state_indices", DType::i32);
+  check::device(idx, "state_indices", dev, "q");
+  if (dev.type != DeviceType::cpu) return;
+  std::vector<bool> used(size_t(pool), false);
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int32_t row = static_cast<const int32_t*>(idx.data)[i * idx.stride[0]];
+    if (row < 0) continue;
+    FLASHGLA_REQUIRE(row < pool, ErrorKind::value, "state_indices",
+                     "expected rows of the state pool (< P = " + std::to_string(pool) + ") or negative (padded), got " +
+                         std::to_string(row) + " at position " + std::to_string(i));
+    FLASHGLA_REQUIRE(!used[size_t(row)], ErrorKind::value, "state_indices",
+                     "expected distinct rows, got " + std::to_string(row) + " twice");
+    used[size_t(row)] = true;
+  }
+}
+
+}  // namespace
+
+void gla_decode(const GlaDecodeArgs& args) {
+  FLASHGLA_REQUIRE(args.q.defined(), ErrorKind::value, "q", "is required: [N, H, K] or [N, T, H, K]");
+  const bool tokens = args.q.ndim == 4;  // with a token dimension
+  const char* dims_k = tokens ? "[N, T, H, K]" : "[N, H, K]";
+  const char* dims_v = tokens ? "[N, T, H, V]" : "[N, H, V]";
+  const Device dev = args.q.device;
+  check::tensor(args.q, "q", tokens ? 4 : 3, tokens ? "[N, T, H, K] (or [N, H, K])" : "[N, H, K] (or [N, T, H, K])");
+  check::floating(args.q, "q");
+  // Checked in the caller's layout, then every tensor gets a token dimension.
+  GlaDecodeArgs a = args;
+  if (!tokens) {
+    for (const TensorView* t : {&args.k, &args.v, &args.o})
+      FLASHGLA_REQUIRE(!t->defined() || t->ndim == 3, ErrorKind::value,
+                       t == &args.k ? "k" : t == &args.v ? "v" : "o",
+                       std::string("expected ") + (t == &args.k ? dims_k : dims_v) + " like q, got shape " +
+                           t->shape_str());
+    FLASHGLA_REQUIRE(!a.g.defined() || a.g.ndim == 2 || a.g.ndim == 3, ErrorKind::value, "g",
+                     "expected [N, H, K] (vector gate) or [N, H] (scalar gate), got shape " + a.g.shape_str());
+    a.q = with_token_dim(a.q), a.k = with_token_dim(a.k), a.v = with_token_dim(a.v), a.o = with_token_dim(a.o);
+    a.g = with_token_dim(a.g);
+  }
   GlaProblem p;
-  check::tensor(a.q, "q", 3, "[N, H, K]");
-  check::floating(a.q, "q");
-  p.batch = p.num_seqs = a.q.shape[0], p.seq_len = 1, p.heads = a.q.shape[1], p.key_dim = a.q.shape[2];
-  FLASHGLA_REQUIRE(p.key_dim >= 1 && p.heads >= 1, ErrorKind::value, "q", "H and K must be at least 1, got shape " + a.q.shape_str());
-  const Device dev = a.q.device;
-  check::shape(a.k, "k", {p.batch, p.heads, p.key_dim}, "[N, H, K]");
+  p.batch = p.num_seqs = a.q.shape[0], p.seq_len = a.q.shape[1], p.heads = a.q.shape[2], p.key_dim = a.q.shape[3];
+  FLASHGLA_REQUIRE(p.key_dim >= 1 && p.heads >= 1, ErrorKind::value, "q",
+                   "H and K must be at least 1, got shape " + args.q.shape_str());
+  FLASHGLA_REQUIRE(p.seq_len >= 1 && p.seq_len <= kMaxDecodeTokens, ErrorKind::value, "q",
+                   "expected 1 to " + std::to_string(kMaxDecodeTokens) + " tokens per sequence, got T = " +
+                       std::to_string(p.seq_len) + " (use gla_forward for longer inputs)");
+  const int64_t N = p.num_seqs, T = p.seq_len, H = p.heads, K = p.key_dim;
+  check::shape(a.k, "k", {N, T, H, K}, dims_k);
   check::dtype(a.k, "k", a.q.dtype);
   check::device(a.k, "k", dev, "q");
-  check::tensor(a.v, "v", 3, "[N, H, V]");
-  p.value_dim = a.v.shape[2];
-  check::shape(a.v, "v", {p.batch, p.heads, p.value_dim}, "[N, H, V]");
-  FLASHGLA_REQUIRE(p.value_dim >= 1, ErrorKind::value, "v", "V must be at least 1, got shape " + a.v.shape_str());
+  check::tensor(a.v, "v", 4, dims_v);
+  p.value_dim = a.v.shape[3];
+  const int64_t V = p.value_dim;
+  check::shape(a.v, "v", {N, T, H, V}, dims_v);
+  FLASHGLA_REQUIRE(V >= 1, ErrorKind::value, "v", "V must be at least 1, got shape " + args.v.shape_str());
   check::dtype(a.v, "v", a.q.dtype);
   check::device(a.v, "v", dev, "q");
   if (a.g.defined()) {
-    FLASHGLA_REQUIRE(a.g.ndim == 2 || a.g.ndim == 3, ErrorKind::value, "g",
-            "expected [N, H, K] (vector gate) or [N, H] (scalar gate), got shape " + a.g.shape_str());
-    if (a.g.ndim == 3) {
-      check::shape(a.g, "g", {p.batch, p.heads, p.key_dim}, "[N, H, K]");
+    FLASHGLA_REQUIRE(a.g.ndim == 3 || a.g.ndim == 4, ErrorKind::value, "g",
+                     std::string("expected ") + (tokens ? "[N, T, H, K] (vector gate) or [N, T, H]" :
+                                                          "[N, H, K] (vector gate) or [N, H]") +
+                         " (scalar gate), got shape " + args.g.shape_str());
+    if (a.g.ndim == 4) {
+      check::shape(a.g, "g", {N, T, H, K}, dims_k);
       p.gate = GateKind::vector;
     } else {
-      check::shape(a.g, "g", {p.batch, p.heads}, "[N, H]");
+      check::shape(a.g, "g", {N, T, H}, tokens ? "[N, T, H]" : "[N, H]");
       p.gate = GateKind::scalar;
     }
     check::floating(a.g, "g");
     check::device(a.g, "g", dev, "q");
   }
-  check::shape(a.state, "state", {p.batch, p.heads, p.key_dim, p.value_dim}, "[N, H, K, V]", /*is_output=*/true);
+  check::tensor(a.state, "state", 4, a.state_indices.defined() ? "[P, H, K, V]" : "[N, H, K, V]", /*is_output=*/true);
+  p.state_rows = a.state_indices.defined() ? a.state.shape[0] : N;
+  check::shape(a.state, "state", {p.state_rows, H, K, V}, a.state_indices.defined() ? "[P, H, K, V]" : "[N, H, K, V]",
+               /*is_output=*/true);
   check::dtype(a.state, "state", DType::f32);
   check::device(a.state, "state", dev, "q");
-  check::shape(a.o, "o", {p.batch, p.heads, p.value_dim}, "[N, H, V]", /*is_output=*/true);
+  if (a.state_indices.defined()) check_state_indices(a.state_indices, N, p.state_rows, dev);
+  check::shape(a.o, "o", {N, T, H, V}, dims_v, /*is_output=*/true);
   check::dtype(a.o, "o", a.q.dtype);
   check::device(a.o, "o", dev, "q");
-  p.scale = a.scale.value_or(1.0 / std::sqrt(double(p.key_dim)));
+  if (a.token_states.defined()) {
+    check::shape(a.token_states, "token_states", {N * T, H, K, V}, "[N*T, H, K, V]", /*is_output=*/true);
+    check::dtype(a.token_states, "token_states", DType::f32);
+    check::device(a.token_states, "token_states", dev, "q");
+  }
+  p.scale = a.scale.value_or(1.0 / std::sqrt(double(K)));
   FLASHGLA_REQUIRE(std::isfinite(p.scale), ErrorKind::value, "scale", "must be finite, got " + std::to_string(p.scale));
   FLASHGLA_DISPATCH(dev, gla_decode, a, p);
 }

@@ -9,7 +9,7 @@
 namespace flashgla::cpu {
 void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem);
 void gla_backward(const GlaBackwardArgs& args, const GlaProblem& problem);
-void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem);  // batch = num_seqs, seq_len = 1
+void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem);  // args with a token dimension; seq_len = T
 void attention_forward(const AttentionForwardArgs& args, const AttentionProblem& problem);
 void attention_backward(const AttentionBackwardArgs& args, const AttentionProblem& problem);
 }  // namespace flashgla::cpu

@@ -252,11 +252,17 @@ void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem) {
   DeviceGuard guard(args.q.device.index);
   gla::DecodeParams d;
   d.q = view_of(args.q), d.k = view_of(args.k), d.v = view_of(args.v), d.g = view_of(args.g);
-  d.o = view_of(args.o), d.state = view_of(args.state);
+  d.o = view_of(args.o), d.state = view_of(args.state), d.token_states = view_of(args.token_states);
+  if (args.state_indices.defined()) {
+    d.state_indices = static_cast<const int32_t*>(args.state_indices.data);
+    d.index_stride = args.state_indices.stride[0];
+  }
+  d.state_rows = problem.state_rows;
   d.heads = int(problem.heads), d.key_dim = int(problem.key_dim), d.value_dim = int(problem.value_dim);
+  d.tokens = int(problem.seq_len);
   d.gate = gate_of(problem.gate);
   d.scale = float(problem.scale);
-  gla::launch_decode(d, int(problem.num_seqs), static_cast<cudaStream_t>(args.stream));
+  gla::launch_decode(d, int(problem.num_seqs), multiprocessors(), static_cast<cudaStream_t>(args.stream));
 }
 
 }  // namespace flashgla::cuda
