@@ -17,6 +17,7 @@
 
 #include "flashgla/flashgla.h"
 #include "gla_cuda_test_util.h"
+#include "test_util.h"
 
 #ifdef FLASHGLA_WITH_CUDA
 #include <cuda_runtime.h>
@@ -276,6 +277,105 @@ TEST(GlaCpuDecodePool, TokenStatesRollBack) {
   }
 }
 
+// ---- prefill into a pool (gla_forward with initial/final_state_indices) ------------------
+
+struct PrefillResult {
+  std::vector<double> o, pool;
+};
+
+// A chunked (or recurrent) forward of N = 3 sequences whose initial and final
+// states are rows of one pool: sequence 0 reads row 4 and writes row 1,
+// sequence 1 starts from zeros and writes row 5, sequence 2 reads row 1 and
+// writes row 4 (a swap: every row is read before any is written), and the
+// reference: a dense forward on the gathered rows, scattered by hand.
+PrefillResult prefill_pool(const Case& c, const Inputs& in, const Buffer& pool0, Device device, DType dtype,
+                           bool reference, GlaAlgorithm algorithm) {
+  const std::vector<int32_t> first = {4, -1, 1}, last = {1, 5, 4};
+  const int64_t slice = c.H * c.K * c.V;
+  const Buffer q = in.q.cast(dtype).to(device), k = in.k.cast(dtype).to(device), v = in.v.cast(dtype).to(device);
+  const Buffer g = in.g.cast(dtype == DType::f64 ? DType::f64 : in.g.dtype()).to(device);
+  Buffer o = poisoned_on(device, dtype, {c.B, c.T, c.H, c.V}, 0);
+  GlaForwardArgs a;
+  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.g = g.view(), a.o = o.view(), a.algorithm = algorithm;
+  if (reference) {
+    const std::vector<double> rows = pool0.values();
+    std::vector<double> h0(size_t(c.B * slice), 0.0);
+    for (int64_t n = 0; n < c.B; ++n)
+      if (first[size_t(n)] >= 0) std::copy_n(rows.begin() + first[size_t(n)] * slice, slice, h0.begin() + n * slice);
+    Buffer h0_dense(DType::f32, {c.B, c.H, c.K, c.V});
+    h0_dense.set_values(h0);
+    const Buffer h0_on = h0_dense.to(device);
+    Buffer ht = poisoned_on(device, DType::f32, {c.B, c.H, c.K, c.V}, 0);
+    a.initial_state = h0_on.view(), a.final_state = ht.view();
+    gla_forward(a);
+    synchronize(device);
+    std::vector<double> pool = rows;
+    const std::vector<double> final_states = ht.values();
+    for (int64_t n = 0; n < c.B; ++n)
+      std::copy_n(final_states.begin() + n * slice, slice, pool.begin() + last[size_t(n)] * slice);
+    return {o.values(), pool};
+  }
+  Buffer pool = pool0.to(device, 2);  // strided rows
+  Buffer first_rows(DType::i32, {c.B}), last_rows(DType::i32, {c.B});
+  first_rows.set_values(std::vector<double>(first.begin(), first.end()));
+  last_rows.set_values(std::vector<double>(last.begin(), last.end()));
+  const Buffer first_on = first_rows.to(device), last_on = last_rows.to(device);
+  a.initial_state = pool.view(), a.final_state = pool.view();
+  a.initial_state_indices = first_on.view(), a.final_state_indices = last_on.view();
+  gla_forward(a);
+  synchronize(device);
+  return {o.values(), pool.values()};
+}
+
+Case prefill_case(DType dtype, uint64_t seed) {
+  Case c;
+  c.B = 3, c.T = 70, c.H = 2, c.K = 32, c.V = 24, c.dtype = dtype, c.seed = seed;
+  return c;
+}
+
+Buffer random_pool(const Case& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Buffer pool(DType::f32, {6, c.H, c.K, c.V});
+  pool.fill_normal(rng);
+  return pool;
+}
+
+TEST(GlaCpuPrefillPool, MatchesDenseForward) {
+  for (GlaAlgorithm algorithm : {GlaAlgorithm::chunked, GlaAlgorithm::recurrent}) {
+    const Case c = prefill_case(DType::f32, 500 + int(algorithm));
+    const Inputs in = make_inputs(c);
+    const Buffer pool = random_pool(c, 501);
+    const PrefillResult out = prefill_pool(c, in, pool, Device{}, c.dtype, false, algorithm);
+    const PrefillResult ref = prefill_pool(c, in, pool, Device{}, c.dtype, true, algorithm);
+    expect_identical("o", out.o, ref.o);
+    expect_identical("pool (rows 0, 2, 3 untouched)", out.pool, ref.pool);
+  }
+}
+
+TEST(GlaCpuPrefillPool, BadRows) {
+  const Case c = prefill_case(DType::f32, 510);
+  const Inputs in = make_inputs(c);
+  Buffer pool = random_pool(c, 511), o(DType::f32, {c.B, c.T, c.H, c.V});
+  Buffer rows(DType::i32, {c.B}), rows64(DType::i64, {c.B});
+  GlaForwardArgs a;
+  a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view(), a.o = o.view();
+  a.final_state = pool.view(), a.final_state_indices = rows.view();
+  rows.set_values({0, 3, 0});
+  expect_error([&] { gla_forward(a); }, ErrorKind::value, "final_state_indices", "distinct");
+  rows.set_values({0, 6, 1});
+  expect_error([&] { gla_forward(a); }, ErrorKind::value, "final_state_indices", "< P = 6");
+  a.final_state_indices = rows64.view();
+  expect_error([&] { gla_forward(a); }, ErrorKind::type, "final_state_indices", "int32");
+  a.final_state_indices = {};
+  expect_error([&] { gla_forward(a); }, ErrorKind::value, "final_state", "[N, H, K, V]");
+  rows.set_values({0, 0, -1});  // initial rows may repeat
+  a.final_state = {};
+  a.initial_state = pool.view(), a.initial_state_indices = rows.view();
+  EXPECT_NO_THROW(gla_forward(a));
+  a.initial_state = {};
+  expect_error([&] { gla_forward(a); }, ErrorKind::value, "initial_state", "initial_state_indices");
+}
+
 // ---- CUDA ----------------------------------------------------------------------------
 
 double tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : 5e-3; }
@@ -345,6 +445,27 @@ TEST(CudaGlaDecode, PoolOutOfRangeRowIsSkipped) {
   const PoolOutputs out = run_pool_decode(c, in, gpu(), c.dtype);
   expect_pool_semantics(c, in, out);
   EXPECT_TRUE(all_finite(std::vector<double>(out.o.begin(), out.o.begin() + c.T * c.H * c.V)));
+}
+
+TEST(CudaGlaDecode, PrefillIntoPool) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (GlaAlgorithm algorithm : {GlaAlgorithm::chunked, GlaAlgorithm::recurrent})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const Case c = prefill_case(dtype, 2400 + i++);
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (algorithm == GlaAlgorithm::chunked ? " chunked" : " recurrent"));
+      const Inputs in = make_inputs(c);
+      const Buffer pool = random_pool(c, 2450 + i);
+      const PrefillResult out = prefill_pool(c, in, pool, gpu(), dtype, false, algorithm);
+      const PrefillResult ref = prefill_pool(c, in, pool, Device{}, DType::f64, true, GlaAlgorithm::recurrent);
+      expect_close("o", out.o, ref.o, tolerance(dtype));
+      expect_close("pool", out.pool, ref.pool, 1e-5);
+      const int64_t slice = c.H * c.K * c.V;
+      const std::vector<double> before = pool.values();
+      for (int64_t r : {0, 2, 3})
+        for (int64_t e = 0; e < slice; ++e)
+          ASSERT_EQ(out.pool[size_t(r * slice + e)], before[size_t(r * slice + e)]) << "pool row " << r << " changed";
+    }
 }
 
 #ifdef FLASHGLA_WITH_CUDA

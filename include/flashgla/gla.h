@@ -39,6 +39,17 @@ struct GlaForwardArgs {
   TensorView o;              // out: [B,T,H,V], dtype of q
   TensorView final_state;    // optional out: [N,H,K,V] f32
 
+  // State pools (prefill into a serving stack's pool; forward only). With
+  // initial_state_indices (i32 [N]), initial_state is a pool [P,H,K,V] and
+  // sequence n starts from row initial_state_indices[n] (negative: zeros); with
+  // final_state_indices (i32 [N]), final_state is a pool [P',H,K,V] and sequence
+  // n's final state goes to row final_state_indices[n] (negative: not written).
+  // Both may name one pool. Rows are checked (< P, final rows distinct) for CPU
+  // tensors only; on CUDA a row ≥ P counts as negative and duplicate final rows
+  // are undefined. The states pass through dense copies in the workspace.
+  TensorView initial_state_indices;
+  TensorView final_state_indices;
+
   void* stream = nullptr;    // cudaStream_t for CUDA tensors (nullptr: the default stream)
   // Device scratch of at least gla_*_workspace_bytes(args) bytes. Left null, a
   // CUDA backend that needs scratch takes it stream-ordered (cudaMallocAsync),

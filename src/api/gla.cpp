@@ -13,7 +13,8 @@ namespace {
 // Common to forward and backward: q, k, v, g, h0, cu_seqlens, scale, algorithm.
 GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
                         const TensorView& h0, const TensorView& cu_seqlens, const TensorView& cu_seqlens_host,
-                        const std::optional<double>& scale, GlaAlgorithm algorithm, bool reverse) {
+                        const std::optional<double>& scale, GlaAlgorithm algorithm, bool reverse,
+                        bool h0_pool = false) {
   GlaProblem p;
   check::tensor(q, "q", 4, "[B, T, H, K]");
   check::floating(q, "q");
@@ -56,7 +57,9 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
   }
 
   if (h0.defined()) {
-    check::shape(h0, "initial_state", {p.num_seqs, p.heads, p.key_dim, p.value_dim}, "[N, H, K, V]");
+    if (h0_pool) check::tensor(h0, "initial_state", 4, "[P, H, K, V]");
+    check::shape(h0, "initial_state", {h0_pool ? h0.shape[0] : p.num_seqs, p.heads, p.key_dim, p.value_dim},
+                 h0_pool ? "[P, H, K, V]" : "[N, H, K, V]");
     check::dtype(h0, "initial_state", DType::f32);
     check::device(h0, "initial_state", dev, "q");
   }
@@ -70,9 +73,12 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
   return p;
 }
 
-void check_state_output(const TensorView& s, const char* name, const GlaProblem& p, const Device& dev) {
+void check_state_output(const TensorView& s, const char* name, const GlaProblem& p, const Device& dev,
+                        bool pool = false) {
   if (!s.defined()) return;
-  check::shape(s, name, {p.num_seqs, p.heads, p.key_dim, p.value_dim}, "[N, H, K, V]", /*is_output=*/true);
+  if (pool) check::tensor(s, name, 4, "[P, H, K, V]", /*is_output=*/true);
+  check::shape(s, name, {pool ? s.shape[0] : p.num_seqs, p.heads, p.key_dim, p.value_dim},
+               pool ? "[P, H, K, V]" : "[N, H, K, V]", /*is_output=*/true);
   check::dtype(s, name, DType::f32);
   check::device(s, name, dev, "q");
 }
@@ -87,11 +93,45 @@ void check_like(const TensorView& t, const char* name, const TensorView& like, c
   check::device(t, name, dev, "q");
 }
 
+// Pool rows: readable on the host only for CPU tensors; there every index must
+// be < P and, where `distinct`, the non-negative ones distinct (two sequences
+// writing one row would race).
+void check_rows(const TensorView& idx, const char* name, int64_t num_seqs, int64_t pool, bool distinct,
+                const Device& dev) {
+  check::shape(idx, name, {num_seqs}, "[N]");
+  check::dtype(idx, name, DType::i32);
+  check::device(idx, name, dev, "q");
+  if (dev.type != DeviceType::cpu) return;
+  std::vector<bool> used(size_t(pool), false);
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int32_t row = static_cast<const int32_t*>(idx.data)[i * idx.stride[0]];
+    if (row < 0) continue;
+    FLASHGLA_REQUIRE(row < pool, ErrorKind::value, name,
+                     "expected rows of the state pool (< P = " + std::to_string(pool) + ") or negative (padded), got " +
+                         std::to_string(row) + " at position " + std::to_string(i));
+    FLASHGLA_REQUIRE(!distinct || !used[size_t(row)], ErrorKind::value, name,
+                     "expected distinct rows, got " + std::to_string(row) + " twice");
+    used[size_t(row)] = true;
+  }
+}
+
 GlaProblem check_forward(const GlaForwardArgs& a) {
+  const bool h0_pool = a.initial_state_indices.defined(), ht_pool = a.final_state_indices.defined();
   const GlaProblem p = check_inputs(a.q, a.k, a.v, a.g, a.initial_state, a.cu_seqlens, a.cu_seqlens_host, a.scale,
-                                    a.algorithm, a.reverse);
+                                    a.algorithm, a.reverse, h0_pool);
   check_like(a.o, "o", a.v, "[B, T, H, V]", a.q.dtype, a.q.device, true);
-  check_state_output(a.final_state, "final_state", p, a.q.device);
+  check_state_output(a.final_state, "final_state", p, a.q.device, ht_pool);
+  if (h0_pool) {
+    FLASHGLA_REQUIRE(a.initial_state.defined(), ErrorKind::value, "initial_state",
+                     "is required with initial_state_indices: the pool [P, H, K, V] they index");
+    check_rows(a.initial_state_indices, "initial_state_indices", p.num_seqs, a.initial_state.shape[0], false,
+               a.q.device);
+  }
+  if (ht_pool) {
+    FLASHGLA_REQUIRE(a.final_state.defined(), ErrorKind::value, "final_state",
+                     "is required with final_state_indices: the pool [P, H, K, V] they index");
+    check_rows(a.final_state_indices, "final_state_indices", p.num_seqs, a.final_state.shape[0], true, a.q.device);
+  }
   return p;
 }
 
@@ -157,27 +197,6 @@ TensorView with_token_dim(TensorView t) {
   return t;
 }
 
-// Pool rows: readable on the host only for CPU tensors; there every index must
-// be < P and the non-negative ones distinct (a duplicate would make two sequences
-// update one row in an undefined order).
-void check_state_indices(const TensorView& idx, int64_t num_seqs, int64_t pool, const Device& dev) {
-  check::shape(idx, "state_indices", {num_seqs}, "[N]");
-  check::dtype(idx, "state_indices", DType::i32);
-  check::device(idx, "state_indices", dev, "q");
-  if (dev.type != DeviceType::cpu) return;
-  std::vector<bool> used(size_t(pool), false);
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    const int32_t row = static_cast<const int32_t*>(idx.data)[i * idx.stride[0]];
-    if (row < 0) continue;
-    FLASHGLA_REQUIRE(row < pool, ErrorKind::value, "state_indices",
-                     "expected rows of the state pool (< P = " + std::to_string(pool) + ") or negative (padded), got " +
-                         std::to_string(row) + " at position " + std::to_string(i));
-    FLASHGLA_REQUIRE(!used[size_t(row)], ErrorKind::value, "state_indices",
-                     "expected distinct rows, got " + std::to_string(row) + " twice");
-    used[size_t(row)] = true;
-  }
-}
-
 }  // namespace
 
 void gla_decode(const GlaDecodeArgs& args) {
@@ -240,7 +259,7 @@ void gla_decode(const GlaDecodeArgs& args) {
                /*is_output=*/true);
   check::dtype(a.state, "state", DType::f32);
   check::device(a.state, "state", dev, "q");
-  if (a.state_indices.defined()) check_state_indices(a.state_indices, N, p.state_rows, dev);
+  if (a.state_indices.defined()) check_rows(a.state_indices, "state_indices", N, p.state_rows, true, dev);
   check::shape(a.o, "o", {N, T, H, V}, dims_v, /*is_output=*/true);
   check::dtype(a.o, "o", a.q.dtype);
   check::device(a.o, "o", dev, "q");

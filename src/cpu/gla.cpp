@@ -100,7 +100,41 @@ void backward_each_head(const GlaBackwardArgs& a, const GlaProblem& p, Kernel ke
 
 }  // namespace
 
+// Pool rows (initial_state_indices / final_state_indices): dense [N,H,K,V]
+// copies gathered before and scattered after the forward, so that one pool may
+// be both the initial and the final state.
+static bool forward_pooled(const GlaForwardArgs& a, const GlaProblem& p) {
+  if (!a.initial_state_indices.defined() && !a.final_state_indices.defined()) return false;
+  const int64_t N = p.num_seqs, H = p.heads, K = p.key_dim, V = p.value_dim;
+  auto row = [](const TensorView& idx, int64_t n) {
+    return int64_t(static_cast<const int32_t*>(idx.data)[n * idx.stride[0]]);
+  };
+  GlaForwardArgs dense = a;
+  dense.initial_state_indices = {}, dense.final_state_indices = {};
+  std::vector<float> h0, ht;
+  if (a.initial_state_indices.defined()) {
+    h0.assign(size_t(N * H * K * V), 0.f);
+    dense.initial_state = TensorView::contiguous(h0.data(), DType::f32, {N, H, K, V});
+    for (int64_t n = 0; n < N; ++n)
+      if (row(a.initial_state_indices, n) >= 0)
+        for (int64_t h = 0; h < H; ++h)
+          gather_state(a.initial_state, row(a.initial_state_indices, n), h, K, V, h0.data() + (n * H + h) * K * V);
+  }
+  if (a.final_state_indices.defined()) {
+    ht.assign(size_t(N * H * K * V), 0.f);
+    dense.final_state = TensorView::contiguous(ht.data(), DType::f32, {N, H, K, V});
+  }
+  gla_forward(dense, p);
+  if (a.final_state_indices.defined())
+    for (int64_t n = 0; n < N; ++n)
+      if (row(a.final_state_indices, n) >= 0)
+        for (int64_t h = 0; h < H; ++h)
+          scatter_state(a.final_state, row(a.final_state_indices, n), h, K, V, ht.data() + (n * H + h) * K * V);
+  return true;
+}
+
 void gla_forward(const GlaForwardArgs& a, const GlaProblem& p) {
+  if (forward_pooled(a, p)) return;
   if (a.algorithm == GlaAlgorithm::recurrent) {
     forward_each_head<double>(a, p, [&](const HeadInputs<double>& in, double* state, double* o) {
       gla::recurrent_forward(in, a.reverse, state, o);

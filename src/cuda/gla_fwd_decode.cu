@@ -199,7 +199,30 @@ void launch(const DecodeParams& p, dim3 grid, int columns, int stage_tokens, siz
   check_cuda(cudaGetLastError(), "GLA decode kernel launch");
 }
 
+__global__ void __launch_bounds__(kThreads) copy_state_rows_kernel(const StateRowsCopy c) {
+  const int64_t n = blockIdx.x / c.heads;
+  const int h = int(blockIdx.x % c.heads);
+  const int64_t src_row = c.src_index ? int64_t(c.src_index[n * c.src_index_stride]) : n;
+  const int64_t dst_row = c.dst_index ? int64_t(c.dst_index[n * c.dst_index_stride]) : n;
+  if (dst_row < 0 || dst_row >= c.dst_rows) return;
+  const bool zero = src_row < 0 || src_row >= c.src_rows;
+  const float* src = static_cast<const float*>(c.src.data) + (zero ? 0 : src_row * c.src.stride[0] + h * c.src.stride[1]);
+  float* dst = static_cast<float*>(c.dst.data) + dst_row * c.dst.stride[0] + h * c.dst.stride[1];
+  const int64_t size = int64_t(c.key_dim) * c.value_dim;
+  for (int64_t i = threadIdx.x; i < size; i += kThreads) {
+    const int64_t k = i / c.value_dim, v = i % c.value_dim;
+    dst[k * c.dst.stride[2] + v * c.dst.stride[3]] = zero ? 0.f : src[k * c.src.stride[2] + v * c.src.stride[3]];
+  }
+}
+
 }  // namespace
+
+void launch_copy_state_rows(const StateRowsCopy& c, int num_seqs, cudaStream_t stream) {
+  const int64_t blocks = int64_t(num_seqs) * c.heads;
+  if (blocks == 0) return;
+  copy_state_rows_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(c);
+  check_cuda(cudaGetLastError(), "GLA state rows copy launch");
+}
 
 void launch_decode(const DecodeParams& p, int num_seqs, int multiprocessors, cudaStream_t stream) {
   const int64_t pairs = int64_t(num_seqs) * p.heads;
