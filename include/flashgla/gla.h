@@ -84,15 +84,15 @@ inline constexpr int kMaxDecodeTokens = 16;
 //
 // State pool: with state_indices (i32 [N], on the device of q), `state` is a
 // pool [P,H,K,V] and sequence i reads and updates row state_indices[i]; a
-// negative index is a padded slot (its outputs are zeros, no state is read or
-// written). Indices must be < P and the non-negative ones distinct: checked for
+// negative index is a padded slot (its outputs and token states are zeros, no
+// pool row is read or written). Indices must be < P and the non-negative ones distinct: checked for
 // CPU tensors; on CUDA they are not read back (no sync) and a row ≥ P is
 // treated like a padded slot, never accessed; duplicates are undefined there.
 // Without state_indices, state is [N,H,K,V].
 //
 // token_states (optional out, f32 [N*T,H,K,V], row n*T + t) receives the state
 // of sequence n after its token t, so that a verifier accepting tokens 0..t can
-// copy row n*T + t back into the pool (rows of padded slots are not written).
+// copy row n*T + t back into the pool.
 struct GlaDecodeArgs {
   TensorView q;              // [N,H,K] or [N,T,H,K]
   TensorView k;              // shape and dtype of q

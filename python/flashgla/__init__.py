@@ -28,6 +28,7 @@ _OPS = (
     "chunk_simple_gla",
     "chunk_linear_attn",
     "gla_decode_step",
+    "gla_prefill",
     "flash_attention",
 )
 
@@ -54,7 +55,8 @@ def _torch_problem():
 _problem = _torch_problem()
 if _problem is None:
     from .attention import flash_attention
-    from .gla import chunk_gla, chunk_linear_attn, chunk_simple_gla, fused_recurrent_gla, gla_decode_step
+    from .gla import (chunk_gla, chunk_linear_attn, chunk_simple_gla, fused_recurrent_gla, gla_decode_step,
+                      gla_prefill)
 
 
 def __getattr__(name):

@@ -170,9 +170,12 @@ void gla_decode(const GlaDecodeArgs& a, const GlaProblem& p) {
     const int64_t row = a.state_indices.defined()
                             ? int64_t(static_cast<const int32_t*>(a.state_indices.data)[n * a.state_indices.stride[0]])
                             : n;
-    if (row < 0) {  // padded slot: zero outputs, no state touched
-      for (int64_t t = 0; t < T; ++t)
+    if (row < 0) {  // padded slot: zero outputs and token states, no pool row touched
+      const std::vector<double> zeros(size_t(K * V), 0.0);
+      for (int64_t t = 0; t < T; ++t) {
         for (int64_t j = 0; j < V; ++j) store_element(a.o, at(a.o, t, j), 0.0);
+        scatter_state(a.token_states, n * T + t, head, K, V, zeros.data());
+      }
       return;
     }
     std::vector<double> state(size_t(K * V)), value(static_cast<size_t>(V)), out(static_cast<size_t>(V));

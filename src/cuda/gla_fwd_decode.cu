@@ -16,7 +16,7 @@
 // no synchronisation is needed between tokens). The partial products q·S are
 // summed by warp shuffles, then across the 8 warps in shared memory. With a
 // state pool, a negative (or out-of-range) row makes the CTA write zero
-// outputs and touch no state.
+// outputs (and zero token states) and touch no pool row.
 #include <algorithm>
 
 #include "cuda/common.cuh"
@@ -75,11 +75,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_kernel(const Deco
     row = p.state_indices[n * p.index_stride];
     if (row >= p.state_rows) row = -1;  // cannot be checked on the host without a sync: never accessed
   }
-  if (row < 0) {  // padded slot (uniform over the CTA)
+  if (row < 0) {  // padded slot (uniform over the CTA): zero outputs and token states
     for (int i = tid; i < T * columns; i += kThreads) {
       const int t = i / columns, c = col0 + i % columns;
       if (c < V) o[t * p.o.stride[1] + c * p.o.stride[3]] = from_float<E>(0.f);
     }
+    if (p.token_states.data != nullptr)
+      for (int64_t i = tid; i < int64_t(T) * K * columns; i += kThreads) {
+        const int64_t t = i / (int64_t(K) * columns), k = i / columns % K;
+        const int c = col0 + int(i % columns);
+        if (c < V)
+          static_cast<float*>(p.token_states.data)[(n * T + t) * p.token_states.stride[0] + h * p.token_states.stride[1] +
+                                                   k * p.token_states.stride[2] + c * p.token_states.stride[3]] = 0.f;
+      }
     return;
   }
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import flashgla
-from testing_utils import TOLERANCE, assert_close, gla_inputs, naive_gla, poisoned_outputs
+from testing_utils import TOLERANCE, assert_close, cu, gla_inputs, naive_gla, poisoned_outputs
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
@@ -51,7 +51,7 @@ def pool_inputs(gen, N, T, P, gate="vector", dtype=torch.float32, H=2, K=8, V=6)
 @pytest.mark.parametrize("T", [1, 4, 16])
 def test_pool_matches_dense_steps(gen, gate, T):
     """A pool call equals T dense one-token calls on the gathered rows, bit for bit; rows no index names
-    are untouched, padded slots give zero outputs and write no token state."""
+    are untouched, padded slots give zero outputs and token states."""
     q, k, v, g, pool = pool_inputs(gen, 4, T, 7, gate=gate, dtype=torch.bfloat16)
     rows = torch.tensor([5, -1, 0, 3], dtype=torch.int32)
     live = [0, 2, 3]
@@ -71,7 +71,7 @@ def test_pool_matches_dense_steps(gen, gate, T):
     untouched = [1, 2, 4, 6]
     assert torch.equal(pool[untouched], before[untouched])
     assert torch.equal(token_states[live], torch.stack(states, dim=1))
-    assert torch.isnan(token_states[1]).all(), "a padded slot's token states are not written"
+    assert torch.equal(token_states[1], torch.zeros_like(token_states[1]))
 
 
 def test_tokens_match_chunk_gla(gen):
@@ -133,3 +133,51 @@ def test_pool_bad_inputs(gen):
         flashgla.gla_decode_step(q, k, v, g, pool, state_indices=[3, -1, 0])
     before = pool.clone()
     assert torch.equal(pool, before)
+
+
+# ---- prefill into a pool -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("gate", ["vector", "scalar", None], ids=str)
+def test_prefill_into_pool(gen, gate):
+    """gla_prefill reads and writes pool rows (one row read by one sequence and written by another):
+    the same as chunk_gla on the gathered rows, rows no index names untouched."""
+    lengths = [70, 3, 0]
+    q, k, v, g, pool = gla_inputs(gen, 1, sum(lengths), 2, 16, 8, gate=gate, num_states=6, dtype=torch.float32)
+    cu_seqlens = cu(lengths)
+    first = torch.tensor([4, -1, 1], dtype=torch.int32)
+    last = torch.tensor([1, 5, 4], dtype=torch.int32)
+    h0 = torch.stack([pool[4], torch.zeros_like(pool[0]), pool[1]])
+    op = {"vector": flashgla.chunk_gla, "scalar": flashgla.chunk_simple_gla}.get(gate)
+    if op is None:
+        o_ref, ht = flashgla.chunk_linear_attn(q, k, v, initial_state=h0, output_final_state=True,
+                                               cu_seqlens=cu_seqlens)
+    else:
+        o_ref, ht = op(q, k, v, g, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)
+    expected = pool.clone()
+    expected[last.long()] = ht
+    with poisoned_outputs():
+        o = flashgla.gla_prefill(q, k, v, g, pool, last, initial_state_indices=first, cu_seqlens=cu_seqlens)
+    assert torch.equal(o, o_ref)
+    assert torch.equal(pool, expected)
+
+
+def test_prefill_then_decode_from_pool(gen):
+    """A prompt prefilled into pool rows, then decoded from them, equals one forward over prompt and token."""
+    q, k, v, g, pool = gla_inputs(gen, 2, 9, 2, 8, 8, num_states=4, dtype=torch.float32)
+    rows = torch.tensor([3, 0], dtype=torch.int32)
+    o_ref, _ = naive_gla(q, k, v, g)
+    pool.normal_()
+    flashgla.gla_prefill(q[:, :8], k[:, :8], v[:, :8], g[:, :8], pool, rows)
+    o = flashgla.gla_decode_step(q[:, 8:], k[:, 8:], v[:, 8:], g[:, 8:], pool, state_indices=rows)
+    assert_close(o, o_ref[:, 8:], TOLERANCE[torch.float32], "o of the decoded token")
+
+
+def test_prefill_bad_inputs(gen):
+    q, k, v, g, pool = gla_inputs(gen, 2, 5, 2, 8, 8, num_states=4, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"^flashgla: final_state_indices: .*distinct"):
+        flashgla.gla_prefill(q, k, v, g, pool, torch.tensor([1, 1], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^flashgla: initial_state_indices: .*< P = 4"):
+        flashgla.gla_prefill(q, k, v, g, pool, torch.tensor([1, 2], dtype=torch.int32),
+                             initial_state_indices=torch.tensor([4, 0], dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match=r"^flashgla: state: "):
+        flashgla.gla_prefill(q.requires_grad_(), k, v, g, pool, torch.tensor([1, 2], dtype=torch.int32))
