@@ -231,8 +231,8 @@ NB_MODULE(_C, m) {
       },
       "q"_a, "k"_a, "v"_a, "g"_a.none(), "initial_state"_a.none(), "cu_seqlens"_a.none(),
       "cu_seqlens_host"_a.none(), "scale"_a.none(), "algorithm"_a, "reverse"_a, "o"_a, "final_state"_a.none(),
-      "initial_state_indices"_a.none() = nb::none(), "final_state_indices"_a.none() = nb::none(), "stream"_a = 0, "workspace"_a = 0,
-      "workspace_bytes"_a = 0);
+      "initial_state_indices"_a.none() = nb::none(), "final_state_indices"_a.none() = nb::none(), "stream"_a = 0,
+      "workspace"_a = 0, "workspace_bytes"_a = 0);
 
   m.def(
       "gla_forward_workspace_bytes",

@@ -81,3 +81,7 @@ def test_opcheck_attention_and_decode(gen):
     rows = torch.tensor([4, -1, 0], dtype=torch.int32)
     torch.library.opcheck(torch.ops.flashgla.gla_decode_step.default,
                           (q, k, v, g, pool.float(), None, rows, True))
+    q, k, v, g, pool = gla_inputs(gen, 2, 5, 2, 4, 5, num_states=4)
+    last, first = torch.tensor([3, 0], dtype=torch.int32), torch.tensor([0, -1], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.flashgla.gla_prefill.default,
+                          (q, k, v, g, pool.float(), last, first, None, None, None))

@@ -209,6 +209,25 @@ def test_decode_pool_cuda_graph(gen):
         assert_close(cpool, ref_pool, TOLERANCE[torch.float32], f"pool (replay {replay})")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_prefill_into_pool(gen, dtype):
+    """gla_prefill on CUDA (varlen, rows read by one sequence and written by another) against the CPU in fp64."""
+    lengths = [300, 1, 0, 64]
+    q, k, v, g, pool = gla_inputs(gen, 1, sum(lengths), 4, 64, 64, num_states=7, dtype=dtype)
+    first = torch.tensor([6, -1, 2, 0], dtype=torch.int32)
+    last = torch.tensor([2, 5, 6, -1], dtype=torch.int32)
+    ref_pool = pool.clone()
+    o_ref = flashgla.gla_prefill(q.double(), k.double(), v.double(), g.double(), ref_pool, last,
+                                 initial_state_indices=first, cu_seqlens=cu(lengths))
+    cpool = pool.cuda()
+    with poisoned_outputs():
+        o = on_gpu(flashgla.gla_prefill, *cuda(q, k, v, g), cpool, last.cuda(), initial_state_indices=first.cuda(),
+                   cu_seqlens=cu(lengths).cuda())
+    assert_close(o, o_ref, TOLERANCE[dtype], "o")
+    assert_close(cpool, ref_pool, TOLERANCE[torch.float32], "pool")
+    assert torch.equal(cpool[[0, 1, 3, 4]].cpu(), pool[[0, 1, 3, 4]])
+
+
 def raises(kind, argument):
     return pytest.raises(kind, match=rf"^flashgla: {re.escape(argument)}: ")
 
