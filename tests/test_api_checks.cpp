@@ -5,6 +5,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "flashgla/flashgla.h"
 #include "test_util.h"
@@ -322,7 +323,11 @@ TEST(ApiChecks, Decode) {
   expect_error([&] { gla_decode(a); }, ErrorKind::type, "state", "float32");
   Buffer q4(DType::f32, {4, 1, 2, 8});
   a = valid();
-  a.q = q4.view();
+  a.q = q4.view();  // a token dimension on q only
+  expect_error([&] { gla_decode(a); }, ErrorKind::value, "k", "[N, T, H, K]");
+  Buffer q2(DType::f32, {4, 16});
+  a = valid();
+  a.q = q2.view();
   expect_error([&] { gla_decode(a); }, ErrorKind::value, "q", "[N, H, K]");
   Buffer g_bad(DType::f32, {4, 3});
   a = valid();
@@ -333,6 +338,47 @@ TEST(ApiChecks, Decode) {
   a.v = o.view();
   a.o.stride[0] = 0;
   expect_error([&] { gla_decode(a); }, ErrorKind::value, "o", "overlap");
+}
+
+TEST(ApiChecks, DecodeTokensAndPool) {
+  const int64_t N = 3, T = 2, H = 2, K = 8, V = 6, P = 5;
+  Buffer q(DType::f32, {N, T, H, K}), k(DType::f32, {N, T, H, K}), v(DType::f32, {N, T, H, V});
+  Buffer pool(DType::f32, {P, H, K, V}), o(DType::f32, {N, T, H, V}), states(DType::f32, {N * T, H, K, V});
+  Buffer idx(DType::i32, {N});
+  auto set = [&](std::vector<int32_t> rows) {
+    for (int64_t i = 0; i < N; ++i) static_cast<int32_t*>(idx.view().data)[i] = rows[size_t(i)];
+  };
+  set({4, -1, 0});
+  auto valid = [&] {
+    GlaDecodeArgs a;
+    a.q = q.view(), a.k = k.view(), a.v = v.view(), a.state = pool.view(), a.o = o.view();
+    a.state_indices = idx.view(), a.token_states = states.view();
+    return a;
+  };
+  auto a = valid();
+  Buffer q17(DType::f32, {N, 17, H, K});
+  a.q = q17.view();
+  expect_error([&] { gla_decode(a); }, ErrorKind::value, "q", "1 to 16 tokens");
+  Buffer idx64(DType::i64, {N});
+  a = valid();
+  a.state_indices = idx64.view();
+  expect_error([&] { gla_decode(a); }, ErrorKind::type, "state_indices", "int32");
+  Buffer idx_long(DType::i32, {N + 1});
+  a = valid();
+  a.state_indices = idx_long.view();
+  expect_error([&] { gla_decode(a); }, ErrorKind::value, "state_indices", "[N]");
+  a = valid();
+  a.state_indices = {};  // then the state must have N rows
+  expect_error([&] { gla_decode(a); }, ErrorKind::value, "state", "[N, H, K, V]");
+  set({4, 5, 0});
+  expect_error([&] { gla_decode(valid()); }, ErrorKind::value, "state_indices", "< P = 5");
+  set({2, -1, 2});
+  expect_error([&] { gla_decode(valid()); }, ErrorKind::value, "state_indices", "distinct");
+  set({2, -1, -7});  // several padded slots are fine; only the shape of token_states is wrong here
+  Buffer states_bad(DType::f32, {N, H, K, V});
+  a = valid();
+  a.token_states = states_bad.view();
+  expect_error([&] { gla_decode(a); }, ErrorKind::value, "token_states", "[N*T, H, K, V]");
 }
 
 // Attention: B=2, Tq=6, Tk=7, Hq=4, Hkv=2, D=8, Dv=5.

@@ -39,6 +39,17 @@ struct GlaForwardArgs {
   TensorView o;              // out: [B,T,H,V], dtype of q
   TensorView final_state;    // optional out: [N,H,K,V] f32
 
+  // State pools (prefill into a serving stack's pool; forward only). With
+  // initial_state_indices (i32 [N]), initial_state is a pool [P,H,K,V] and
+  // sequence n starts from row initial_state_indices[n] (negative: zeros); with
+  // final_state_indices (i32 [N]), final_state is a pool [P',H,K,V] and sequence
+  // n's final state goes to row final_state_indices[n] (negative: not written).
+  // Both may name one pool. Rows are checked (< P, final rows distinct) for CPU
+  // tensors only; on CUDA a row ≥ P counts as negative and duplicate final rows
+  // are undefined. The states pass through dense copies in the workspace.
+  TensorView initial_state_indices;
+  TensorView final_state_indices;
+
   void* stream = nullptr;    // cudaStream_t for CUDA tensors (nullptr: the default stream)
   // Device scratch of at least gla_*_workspace_bytes(args) bytes. Left null, a
   // CUDA backend that needs scratch takes it stream-ordered (cudaMallocAsync),
@@ -64,15 +75,34 @@ struct GlaBackwardArgs {
   size_t workspace_bytes = 0;
 };
 
-// One token per sequence; `state` is read and updated in place.
+// Most tokens one gla_decode call takes per sequence (speculative decoding).
+inline constexpr int kMaxDecodeTokens = 16;
+
+// T ≤ kMaxDecodeTokens tokens per sequence, applied in order; the state is read
+// and updated in place. q, k, v, g, o either have no token dimension (one token:
+// q [N,H,K]) or one after N (q [N,T,H,K], g [N,T,H,K] or [N,T,H]).
+//
+// State pool: with state_indices (i32 [N], on the device of q), `state` is a
+// pool [P,H,K,V] and sequence i reads and updates row state_indices[i]; a
+// negative index is a padded slot (its outputs and token states are zeros, no
+// pool row is read or written). Indices must be < P and the non-negative ones distinct: checked for
+// CPU tensors; on CUDA they are not read back (no sync) and a row ≥ P is
+// treated like a padded slot, never accessed; duplicates are undefined there.
+// Without state_indices, state is [N,H,K,V].
+//
+// token_states (optional out, f32 [N*T,H,K,V], row n*T + t) receives the state
+// of sequence n after its token t, so that a verifier accepting tokens 0..t can
+// copy row n*T + t back into the pool.
 struct GlaDecodeArgs {
-  TensorView q;              // [N,H,K]
-  TensorView k;              // [N,H,K], dtype of q
-  TensorView v;              // [N,H,V], dtype of q
-  TensorView g;              // optional: [N,H,K] or [N,H], any float dtype
-  TensorView state;          // in/out: [N,H,K,V] f32
+  TensorView q;              // [N,H,K] or [N,T,H,K]
+  TensorView k;              // shape and dtype of q
+  TensorView v;              // [N,H,V] or [N,T,H,V], dtype of q
+  TensorView g;              // optional: [N,H,K] / [N,H], or [N,T,H,K] / [N,T,H]; any float dtype
+  TensorView state;          // in/out: [N,H,K,V] f32, or the pool [P,H,K,V] with state_indices
+  TensorView state_indices;  // optional: i32 [N], pool rows (negative: padded slot)
   std::optional<double> scale;
-  TensorView o;              // out: [N,H,V], dtype of q
+  TensorView o;              // out: shape of v, dtype of q
+  TensorView token_states;   // optional out: f32 [N*T,H,K,V]
   void* stream = nullptr;
 };
 

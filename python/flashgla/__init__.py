@@ -30,6 +30,7 @@ _OPS = (
     "gla_decode_step",
     "chunk_gla_segment_states",
     "chunk_gla_segment_state_grads",
+    "gla_prefill",
     "flash_attention",
 )
 
@@ -57,7 +58,7 @@ _problem = _torch_problem()
 if _problem is None:
     from .attention import flash_attention
     from .gla import (chunk_gla, chunk_gla_segment_state_grads, chunk_gla_segment_states, chunk_linear_attn,
-                      chunk_simple_gla, fused_recurrent_gla, gla_decode_step)
+                      chunk_simple_gla, fused_recurrent_gla, gla_decode_step, gla_prefill)
 
     # transformers' AutoModelForCausalLM learns the "flashgla_gla" model type when transformers is (or
     # gets) imported; flashgla itself never imports transformers (see _hf_hook).

@@ -16,7 +16,7 @@ from ._torch import (as_scale, forbid_double_backward, on_device, require_same_d
                      stream_of, view)
 
 __all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "chunk_linear_attn", "gla_decode_step",
-           "chunk_gla_segment_states", "chunk_gla_segment_state_grads"]
+           "chunk_gla_segment_states", "chunk_gla_segment_state_grads", "gla_prefill"]
 
 
 def _state_shape(q, v, cu_seqlens):
@@ -62,7 +62,7 @@ def _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_ho
     args = (
         view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), view(initial_state, "initial_state"),
         view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale, algorithm, reverse,
-        view(o, "o"), view(final_state, "final_state") if output_final_state else None,
+        view(o, "o"), view(final_state, "final_state") if output_final_state else None, None, None,
     )
     run_op(_C.gla_forward, _C.gla_forward_workspace_bytes, q.device, args)
     return o, final_state
@@ -226,46 +226,105 @@ def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = 
     return o, final_state if output_final_state else None
 
 
+def _decode_outputs(q, v, state, output_token_states):
+    o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    if not output_token_states:
+        return o, _absent(q)
+    if q.dim() == 4 and v.dim() == 4 and state.dim() == 4:  # [N, T, H, K, V]
+        shape = (q.shape[0], q.shape[1], q.shape[2], q.shape[3], v.shape[3])
+    elif q.dim() == 3 and v.dim() == 3 and state.dim() == 4:  # one token: [N, H, K, V]
+        shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[2])
+    else:
+        shape = (0,)  # malformed: the C++ checks say why
+    return o, torch.empty(shape, dtype=torch.float32, device=q.device)
+
+
 @torch.library.custom_op("flashgla::gla_decode_step", mutates_args=("state",))
 def _gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state: Tensor,
-                     scale: Optional[float]) -> Tensor:
-    o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+                     scale: Optional[float], state_indices: Optional[Tensor],
+                     output_token_states: bool) -> Tuple[Tensor, Tensor]:
+    o, token_states = _decode_outputs(q, v, state, output_token_states)
+    rows = None
+    if output_token_states:  # the C++ API takes them as [N*T, H, K, V], row n*T + t
+        rows = token_states.view(-1, *token_states.shape[-3:]) if token_states.dim() >= 4 else token_states
     device = q.device
     with on_device(device):
         _C.gla_decode(view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), view(state, "state"), scale,
-                      view(o, "o"), stream_of(device))
-    return o
+                      view(o, "o"), stream_of(device), view(state_indices, "state_indices"),
+                      view(rows, "token_states"))
+    return o, token_states
 
 
 @_gla_decode_step.register_fake
-def _(q, k, v, g, state, scale):
-    require_same_device(q, k=k, v=v, g=g, state=state)
-    return torch.empty(v.shape, dtype=q.dtype, device=q.device)
-
-
-def _drop_token_dim(t, name):
-    """[N, 1, ...] -> [N, ...] (a view)."""
-    if t.dim() < 2 or t.shape[1] != 1:
-        raise ValueError(f"flashgla: {name}: expected one token per sequence [N, 1, ...], got shape {list(t.shape)}")
-    return t.squeeze(1)
+def _(q, k, v, g, state, scale, state_indices, output_token_states):
+    require_same_device(q, k=k, v=v, g=g, state=state, state_indices=state_indices)
+    return _decode_outputs(q, v, state, output_token_states)
 
 
 def gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state: Tensor,
-                    scale: Optional[float] = None) -> Tensor:
-    """One token per sequence: state = diag(exp g) state + k^T v, o = scale q state.
+                    scale: Optional[float] = None, state_indices: Optional[Tensor] = None, *,
+                    output_token_states: bool = False):
+    """T ≤ 16 tokens per sequence, in order: state = diag(exp g_t) state + k_t^T v_t, o_t = scale q_t state.
 
-    q, k [N,H,K], v [N,H,V], g [N,H,K] or [N,H] (or None); or the same with a token dimension of 1:
-    [N,1,H,K] (then g is [N,1,H,K] or [N,1,H]). state [N,H,K,V] fp32 is updated in place.
-    Returns o [N,H,V] (or [N,1,H,V]) in the dtype of q. No gradient.
+    q, k [N,H,K], v [N,H,V], g [N,H,K] or [N,H] (or None) for one token; or with a token dimension
+    [N,T,H,K] (g [N,T,H,K] or [N,T,H]), T ≤ 16 (speculative decoding: draft tokens in one call).
+    state [N,H,K,V] fp32 is updated in place. With state_indices (int32 [N], device of q), state is a
+    pool [P,H,K,V] and sequence i reads and updates row state_indices[i]; a negative index is a padded
+    slot (zero outputs, no pool row touched). Indices must be < P and distinct (checked on the CPU; on CUDA
+    they are not read back: a row >= P is treated as padded, duplicates are undefined).
+    Returns o [N,H,V] (or [N,T,H,V]) in the dtype of q; with output_token_states=True also the state
+    after each token, fp32 [N,T,H,K,V] ([N,H,K,V] without a token dimension), so a verifier that
+    accepts tokens 0..a of sequence i rolls back with state[state_indices[i]] = token_states[i, a].
+    Padded slots' token states are zeros. No gradient.
     """
-    require_tensors(q=q, k=k, v=v, g=g, state=state)
-    with_token_dim = q.dim() == 4
-    if with_token_dim:
-        q, k, v = _drop_token_dim(q, "q"), _drop_token_dim(k, "k"), _drop_token_dim(v, "v")
-        if g is not None:
-            g = _drop_token_dim(g, "g")
-    o = _gla_decode_step(q, k, v, g, state, as_scale(scale, "gla_decode_step"))
-    return o.unsqueeze(1) if with_token_dim else o
+    require_tensors(q=q, k=k, v=v, g=g, state=state, state_indices=state_indices)
+    o, token_states = _gla_decode_step(q, k, v, g, state, as_scale(scale, "gla_decode_step"), state_indices,
+                                       bool(output_token_states))
+    return (o, token_states) if output_token_states else o
+
+
+@torch.library.custom_op("flashgla::gla_prefill", mutates_args=("state",))
+def _gla_prefill(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state: Tensor,
+                 final_state_indices: Tensor, initial_state_indices: Optional[Tensor],
+                 cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], scale: Optional[float]) -> Tensor:
+    o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    args = (
+        view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"),
+        view(state, "state") if initial_state_indices is not None else None,
+        view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale, _C.GlaAlgorithm.chunked,
+        False, view(o, "o"), view(state, "state"), view(initial_state_indices, "initial_state_indices"),
+        view(final_state_indices, "final_state_indices"),
+    )
+    run_op(_C.gla_forward, _C.gla_forward_workspace_bytes, q.device, args)
+    return o
+
+
+@_gla_prefill.register_fake
+def _(q, k, v, g, state, final_state_indices, initial_state_indices, cu_seqlens, cu_seqlens_host, scale):
+    require_same_device(q, k=k, v=v, g=g, state=state, final_state_indices=final_state_indices,
+                        initial_state_indices=initial_state_indices, cu_seqlens=cu_seqlens)
+    return torch.empty(v.shape, dtype=q.dtype, device=q.device)
+
+
+def gla_prefill(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state: Tensor, final_state_indices: Tensor,
+                initial_state_indices: Optional[Tensor] = None, scale: Optional[float] = None,
+                cu_seqlens: Optional[Tensor] = None, *, cu_seqlens_host: Optional[Tensor] = None) -> Tensor:
+    """The chunked forward (prompt prefill) with its states in a pool: sequence n starts from
+    state[initial_state_indices[n]] (zeros without initial_state_indices or for a negative row) and its final
+    state is written to state[final_state_indices[n]] (a negative row: not written). state [P,H,K,V] fp32 is
+    updated in place; one row may be both read and written. q, k, v, g, scale, cu_seqlens as in chunk_gla, with
+    g [B,T,H,K] (per-key gate), [B,T,H] (scalar) or None. Indices are int32 [N] on the device of q, checked
+    on the CPU (< P, final rows distinct); on CUDA a row >= P is treated as negative. Returns o [B,T,H,V].
+    Inference only (no gradient).
+    """
+    require_tensors(q=q, k=k, v=v, g=g, state=state, final_state_indices=final_state_indices,
+                    initial_state_indices=initial_state_indices, cu_seqlens=cu_seqlens,
+                    cu_seqlens_host=cu_seqlens_host)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, state)):
+        raise NotImplementedError("flashgla: state: gla_prefill has no gradient (inference only); "
+                                  "use chunk_gla for training")
+    return _gla_prefill(q, k, v, g, state, final_state_indices, initial_state_indices, cu_seqlens, cu_seqlens_host,
+                        as_scale(scale, "gla_prefill"))
 
 
 # ---- per-segment summaries (the context-parallel pre-pass) ------------------------

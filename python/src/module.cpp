@@ -108,11 +108,14 @@ flashgla::GlaForwardArgs gla_forward_args(nb::handle q, nb::handle k, nb::handle
                                           nb::handle initial_state, nb::handle cu_seqlens,
                                           nb::handle cu_seqlens_host, std::optional<double> scale,
                                           flashgla::GlaAlgorithm algorithm, bool reverse, nb::handle o,
-                                          nb::handle final_state) {
+                                          nb::handle final_state, nb::handle initial_state_indices,
+                                          nb::handle final_state_indices) {
   flashgla::GlaForwardArgs a;
   set_gla_inputs(a, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, algorithm, reverse);
   a.o = view_of(o, "o");
   a.final_state = view_of(final_state, "final_state");
+  a.initial_state_indices = view_of(initial_state_indices, "initial_state_indices");
+  a.final_state_indices = view_of(final_state_indices, "final_state_indices");
   return a;
 }
 
@@ -219,26 +222,30 @@ NB_MODULE(_C, m) {
       "gla_forward",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle initial_state, nb::handle cu_seqlens,
          nb::handle cu_seqlens_host, std::optional<double> scale, flashgla::GlaAlgorithm algorithm, bool reverse,
-         nb::handle o, nb::handle final_state, uintptr_t stream, uintptr_t workspace, size_t workspace_bytes) {
+         nb::handle o, nb::handle final_state, nb::handle initial_state_indices, nb::handle final_state_indices,
+         uintptr_t stream, uintptr_t workspace, size_t workspace_bytes) {
         auto a = gla_forward_args(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, algorithm, reverse,
-                                  o, final_state);
+                                  o, final_state, initial_state_indices, final_state_indices);
         set_execution(a, stream, workspace, workspace_bytes);
         without_gil([&] { flashgla::gla_forward(a); });
       },
       "q"_a, "k"_a, "v"_a, "g"_a.none(), "initial_state"_a.none(), "cu_seqlens"_a.none(),
       "cu_seqlens_host"_a.none(), "scale"_a.none(), "algorithm"_a, "reverse"_a, "o"_a, "final_state"_a.none(),
-      "stream"_a = 0, "workspace"_a = 0, "workspace_bytes"_a = 0);
+      "initial_state_indices"_a.none() = nb::none(), "final_state_indices"_a.none() = nb::none(), "stream"_a = 0,
+      "workspace"_a = 0, "workspace_bytes"_a = 0);
 
   m.def(
       "gla_forward_workspace_bytes",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle initial_state, nb::handle cu_seqlens,
          nb::handle cu_seqlens_host, std::optional<double> scale, flashgla::GlaAlgorithm algorithm, bool reverse,
-         nb::handle o, nb::handle final_state) {
-        return flashgla::gla_forward_workspace_bytes(gla_forward_args(
-            q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, algorithm, reverse, o, final_state));
+         nb::handle o, nb::handle final_state, nb::handle initial_state_indices, nb::handle final_state_indices) {
+        return flashgla::gla_forward_workspace_bytes(
+            gla_forward_args(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, algorithm, reverse, o,
+                             final_state, initial_state_indices, final_state_indices));
       },
       "q"_a, "k"_a, "v"_a, "g"_a.none(), "initial_state"_a.none(), "cu_seqlens"_a.none(),
-      "cu_seqlens_host"_a.none(), "scale"_a.none(), "algorithm"_a, "reverse"_a, "o"_a, "final_state"_a.none());
+      "cu_seqlens_host"_a.none(), "scale"_a.none(), "algorithm"_a, "reverse"_a, "o"_a, "final_state"_a.none(),
+      "initial_state_indices"_a.none() = nb::none(), "final_state_indices"_a.none() = nb::none());
 
   m.def(
       "gla_backward",
@@ -274,19 +281,22 @@ NB_MODULE(_C, m) {
   m.def(
       "gla_decode",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle state, std::optional<double> scale,
-         nb::handle o, uintptr_t stream) {
+         nb::handle o, uintptr_t stream, nb::handle state_indices, nb::handle token_states) {
         flashgla::GlaDecodeArgs a;
         a.q = view_of(q, "q");
         a.k = view_of(k, "k");
         a.v = view_of(v, "v");
         a.g = view_of(g, "g");
         a.state = view_of(state, "state");
+        a.state_indices = view_of(state_indices, "state_indices");
         a.scale = scale;
         a.o = view_of(o, "o");
+        a.token_states = view_of(token_states, "token_states");
         a.stream = as_pointer(stream);
         without_gil([&] { flashgla::gla_decode(a); });
       },
-      "q"_a, "k"_a, "v"_a, "g"_a.none(), "state"_a, "scale"_a.none(), "o"_a, "stream"_a = 0);
+      "q"_a, "k"_a, "v"_a, "g"_a.none(), "state"_a, "scale"_a.none(), "o"_a, "stream"_a = 0,
+      "state_indices"_a.none() = nb::none(), "token_states"_a.none() = nb::none());
 
   m.def(
       "attention_forward",

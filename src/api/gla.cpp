@@ -1,5 +1,7 @@
 // GLA entry points: check every argument, resolve the problem sizes, dispatch.
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "api/dispatch.h"
 #include "flashgla/gla.h"
@@ -20,7 +22,8 @@ void check_state_dtype(const TensorView& s, const char* name, const TensorView& 
 // Common to forward and backward: q, k, v, g, h0, cu_seqlens, scale, algorithm.
 GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
                         const TensorView& h0, const TensorView& cu_seqlens, const TensorView& cu_seqlens_host,
-                        const std::optional<double>& scale, GlaAlgorithm algorithm, bool reverse) {
+                        const std::optional<double>& scale, GlaAlgorithm algorithm, bool reverse,
+                        bool h0_pool = false) {
   GlaProblem p;
   check::tensor(q, "q", 4, "[B, T, H, K]");
   check::floating(q, "q");
@@ -63,8 +66,12 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
   }
 
   if (h0.defined()) {
-    check::shape(h0, "initial_state", {p.num_seqs, p.heads, p.key_dim, p.value_dim}, "[N, H, K, V]");
-    check_state_dtype(h0, "initial_state", q);
+    if (h0_pool) check::tensor(h0, "initial_state", 4, "[P, H, K, V]");
+    check::shape(h0, "initial_state", {h0_pool ? h0.shape[0] : p.num_seqs, p.heads, p.key_dim, p.value_dim},
+                 h0_pool ? "[P, H, K, V]" : "[N, H, K, V]");
+    // Pools are fp32 (the pool copies move floats); dense states may be fp64 with fp64 inputs.
+    if (h0_pool) check::dtype(h0, "initial_state", DType::f32);
+    else check_state_dtype(h0, "initial_state", q);
     check::device(h0, "initial_state", dev, "q");
   }
 
@@ -77,10 +84,14 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
   return p;
 }
 
-void check_state_output(const TensorView& s, const char* name, const GlaProblem& p, const Device& dev, const TensorView& q) {
+void check_state_output(const TensorView& s, const char* name, const GlaProblem& p, const Device& dev,
+                        const TensorView& q, bool pool = false) {
   if (!s.defined()) return;
-  check::shape(s, name, {p.num_seqs, p.heads, p.key_dim, p.value_dim}, "[N, H, K, V]", /*is_output=*/true);
-  check_state_dtype(s, name, q);
+  if (pool) check::tensor(s, name, 4, "[P, H, K, V]", /*is_output=*/true);
+  check::shape(s, name, {pool ? s.shape[0] : p.num_seqs, p.heads, p.key_dim, p.value_dim},
+               pool ? "[P, H, K, V]" : "[N, H, K, V]", /*is_output=*/true);
+  if (pool) check::dtype(s, name, DType::f32);
+  else check_state_dtype(s, name, q);
   check::device(s, name, dev, "q");
 }
 
@@ -94,11 +105,45 @@ void check_like(const TensorView& t, const char* name, const TensorView& like, c
   check::device(t, name, dev, "q");
 }
 
+// Pool rows: readable on the host only for CPU tensors; there every index must
+// be < P and, where `distinct`, the non-negative ones distinct (two sequences
+// writing one row would race).
+void check_rows(const TensorView& idx, const char* name, int64_t num_seqs, int64_t pool, bool distinct,
+                const Device& dev) {
+  check::shape(idx, name, {num_seqs}, "[N]");
+  check::dtype(idx, name, DType::i32);
+  check::device(idx, name, dev, "q");
+  if (dev.type != DeviceType::cpu) return;
+  std::vector<bool> used(size_t(pool), false);
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int32_t row = static_cast<const int32_t*>(idx.data)[i * idx.stride[0]];
+    if (row < 0) continue;
+    FLASHGLA_REQUIRE(row < pool, ErrorKind::value, name,
+                     "expected rows of the state pool (< P = " + std::to_string(pool) + ") or negative (padded), got " +
+                         std::to_string(row) + " at position " + std::to_string(i));
+    FLASHGLA_REQUIRE(!distinct || !used[size_t(row)], ErrorKind::value, name,
+                     "expected distinct rows, got " + std::to_string(row) + " twice");
+    used[size_t(row)] = true;
+  }
+}
+
 GlaProblem check_forward(const GlaForwardArgs& a) {
+  const bool h0_pool = a.initial_state_indices.defined(), ht_pool = a.final_state_indices.defined();
   const GlaProblem p = check_inputs(a.q, a.k, a.v, a.g, a.initial_state, a.cu_seqlens, a.cu_seqlens_host, a.scale,
-                                    a.algorithm, a.reverse);
+                                    a.algorithm, a.reverse, h0_pool);
   check_like(a.o, "o", a.v, "[B, T, H, V]", a.q.dtype, a.q.device, true);
-  check_state_output(a.final_state, "final_state", p, a.q.device, a.q);
+  check_state_output(a.final_state, "final_state", p, a.q.device, a.q, ht_pool);
+  if (h0_pool) {
+    FLASHGLA_REQUIRE(a.initial_state.defined(), ErrorKind::value, "initial_state",
+                     "is required with initial_state_indices: the pool [P, H, K, V] they index");
+    check_rows(a.initial_state_indices, "initial_state_indices", p.num_seqs, a.initial_state.shape[0], false,
+               a.q.device);
+  }
+  if (ht_pool) {
+    FLASHGLA_REQUIRE(a.final_state.defined(), ErrorKind::value, "final_state",
+                     "is required with final_state_indices: the pool [P, H, K, V] they index");
+    check_rows(a.final_state_indices, "final_state_indices", p.num_seqs, a.final_state.shape[0], true, a.q.device);
+  }
   return p;
 }
 
@@ -152,42 +197,90 @@ size_t gla_backward_workspace_bytes(const GlaBackwardArgs& a) {
   return 0;
 }
 
-void gla_decode(const GlaDecodeArgs& a) {
+namespace {
+
+// [N, ...] -> [N, 1, ...]: one token, as a view with a token dimension of 1.
+TensorView with_token_dim(TensorView t) {
+  if (!t.defined()) return t;
+  for (int d = t.ndim; d > 1; --d) t.shape[d] = t.shape[d - 1], t.stride[d] = t.stride[d - 1];
+  t.shape[1] = 1;
+  t.stride[1] = t.stride[0];
+  ++t.ndim;
+  return t;
+}
+
+}  // namespace
+
+void gla_decode(const GlaDecodeArgs& args) {
+  FLASHGLA_REQUIRE(args.q.defined(), ErrorKind::value, "q", "is required: [N, H, K] or [N, T, H, K]");
+  const bool tokens = args.q.ndim == 4;  // with a token dimension
+  const char* dims_k = tokens ? "[N, T, H, K]" : "[N, H, K]";
+  const char* dims_v = tokens ? "[N, T, H, V]" : "[N, H, V]";
+  const Device dev = args.q.device;
+  check::tensor(args.q, "q", tokens ? 4 : 3, tokens ? "[N, T, H, K] (or [N, H, K])" : "[N, H, K] (or [N, T, H, K])");
+  check::floating(args.q, "q");
+  // Checked in the caller's layout, then every tensor gets a token dimension.
+  GlaDecodeArgs a = args;
+  if (!tokens) {
+    for (const TensorView* t : {&args.k, &args.v, &args.o})
+      FLASHGLA_REQUIRE(!t->defined() || t->ndim == 3, ErrorKind::value,
+                       t == &args.k ? "k" : t == &args.v ? "v" : "o",
+                       std::string("expected ") + (t == &args.k ? dims_k : dims_v) + " like q, got shape " +
+                           t->shape_str());
+    FLASHGLA_REQUIRE(!a.g.defined() || a.g.ndim == 2 || a.g.ndim == 3, ErrorKind::value, "g",
+                     "expected [N, H, K] (vector gate) or [N, H] (scalar gate), got shape " + a.g.shape_str());
+    a.q = with_token_dim(a.q), a.k = with_token_dim(a.k), a.v = with_token_dim(a.v), a.o = with_token_dim(a.o);
+    a.g = with_token_dim(a.g);
+  }
   GlaProblem p;
-  check::tensor(a.q, "q", 3, "[N, H, K]");
-  check::floating(a.q, "q");
-  p.batch = p.num_seqs = a.q.shape[0], p.seq_len = 1, p.heads = a.q.shape[1], p.key_dim = a.q.shape[2];
-  FLASHGLA_REQUIRE(p.key_dim >= 1 && p.heads >= 1, ErrorKind::value, "q", "H and K must be at least 1, got shape " + a.q.shape_str());
-  const Device dev = a.q.device;
-  check::shape(a.k, "k", {p.batch, p.heads, p.key_dim}, "[N, H, K]");
+  p.batch = p.num_seqs = a.q.shape[0], p.seq_len = a.q.shape[1], p.heads = a.q.shape[2], p.key_dim = a.q.shape[3];
+  FLASHGLA_REQUIRE(p.key_dim >= 1 && p.heads >= 1, ErrorKind::value, "q",
+                   "H and K must be at least 1, got shape " + args.q.shape_str());
+  FLASHGLA_REQUIRE(p.seq_len >= 1 && p.seq_len <= kMaxDecodeTokens, ErrorKind::value, "q",
+                   "expected 1 to " + std::to_string(kMaxDecodeTokens) + " tokens per sequence, got T = " +
+                       std::to_string(p.seq_len) + " (use gla_forward for longer inputs)");
+  const int64_t N = p.num_seqs, T = p.seq_len, H = p.heads, K = p.key_dim;
+  check::shape(a.k, "k", {N, T, H, K}, dims_k);
   check::dtype(a.k, "k", a.q.dtype);
   check::device(a.k, "k", dev, "q");
-  check::tensor(a.v, "v", 3, "[N, H, V]");
-  p.value_dim = a.v.shape[2];
-  check::shape(a.v, "v", {p.batch, p.heads, p.value_dim}, "[N, H, V]");
-  FLASHGLA_REQUIRE(p.value_dim >= 1, ErrorKind::value, "v", "V must be at least 1, got shape " + a.v.shape_str());
+  check::tensor(a.v, "v", 4, dims_v);
+  p.value_dim = a.v.shape[3];
+  const int64_t V = p.value_dim;
+  check::shape(a.v, "v", {N, T, H, V}, dims_v);
+  FLASHGLA_REQUIRE(V >= 1, ErrorKind::value, "v", "V must be at least 1, got shape " + args.v.shape_str());
   check::dtype(a.v, "v", a.q.dtype);
   check::device(a.v, "v", dev, "q");
   if (a.g.defined()) {
-    FLASHGLA_REQUIRE(a.g.ndim == 2 || a.g.ndim == 3, ErrorKind::value, "g",
-            "expected [N, H, K] (vector gate) or [N, H] (scalar gate), got shape " + a.g.shape_str());
-    if (a.g.ndim == 3) {
-      check::shape(a.g, "g", {p.batch, p.heads, p.key_dim}, "[N, H, K]");
+    FLASHGLA_REQUIRE(a.g.ndim == 3 || a.g.ndim == 4, ErrorKind::value, "g",
+                     std::string("expected ") + (tokens ? "[N, T, H, K] (vector gate) or [N, T, H]" :
+                                                          "[N, H, K] (vector gate) or [N, H]") +
+                         " (scalar gate), got shape " + args.g.shape_str());
+    if (a.g.ndim == 4) {
+      check::shape(a.g, "g", {N, T, H, K}, dims_k);
       p.gate = GateKind::vector;
     } else {
-      check::shape(a.g, "g", {p.batch, p.heads}, "[N, H]");
+      check::shape(a.g, "g", {N, T, H}, tokens ? "[N, T, H]" : "[N, H]");
       p.gate = GateKind::scalar;
     }
     check::floating(a.g, "g");
     check::device(a.g, "g", dev, "q");
   }
-  check::shape(a.state, "state", {p.batch, p.heads, p.key_dim, p.value_dim}, "[N, H, K, V]", /*is_output=*/true);
+  check::tensor(a.state, "state", 4, a.state_indices.defined() ? "[P, H, K, V]" : "[N, H, K, V]", /*is_output=*/true);
+  p.state_rows = a.state_indices.defined() ? a.state.shape[0] : N;
+  check::shape(a.state, "state", {p.state_rows, H, K, V}, a.state_indices.defined() ? "[P, H, K, V]" : "[N, H, K, V]",
+               /*is_output=*/true);
   check::dtype(a.state, "state", DType::f32);
   check::device(a.state, "state", dev, "q");
-  check::shape(a.o, "o", {p.batch, p.heads, p.value_dim}, "[N, H, V]", /*is_output=*/true);
+  if (a.state_indices.defined()) check_rows(a.state_indices, "state_indices", N, p.state_rows, true, dev);
+  check::shape(a.o, "o", {N, T, H, V}, dims_v, /*is_output=*/true);
   check::dtype(a.o, "o", a.q.dtype);
   check::device(a.o, "o", dev, "q");
-  p.scale = a.scale.value_or(1.0 / std::sqrt(double(p.key_dim)));
+  if (a.token_states.defined()) {
+    check::shape(a.token_states, "token_states", {N * T, H, K, V}, "[N*T, H, K, V]", /*is_output=*/true);
+    check::dtype(a.token_states, "token_states", DType::f32);
+    check::device(a.token_states, "token_states", dev, "q");
+  }
+  p.scale = a.scale.value_or(1.0 / std::sqrt(double(K)));
   FLASHGLA_REQUIRE(std::isfinite(p.scale), ErrorKind::value, "scale", "must be finite, got " + std::to_string(p.scale));
   FLASHGLA_DISPATCH(dev, gla_decode, a, p);
 }

@@ -9,7 +9,7 @@
 namespace flashgla::cpu {
 void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem);
 void gla_backward(const GlaBackwardArgs& args, const GlaProblem& problem);
-void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem);  // batch = num_seqs, seq_len = 1
+void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem);  // args with a token dimension; seq_len = T
 void gla_segment_states(const GlaSegmentStatesArgs& args, const GlaProblem& problem);
 void gla_segment_state_grads(const GlaSegmentStateGradsArgs& args, const GlaProblem& problem);
 void attention_forward(const AttentionForwardArgs& args, const AttentionProblem& problem);

@@ -17,6 +17,7 @@ struct GlaProblem {
   GateKind gate = GateKind::none;
   double scale = 1.0;     // resolved (K^-1/2 unless given)
   bool varlen = false;
+  int64_t state_rows = 0; // decode: rows of the state (the pool size P with state_indices, else N)
 };
 
 struct AttentionProblem {

@@ -100,7 +100,41 @@ void backward_each_head(const GlaBackwardArgs& a, const GlaProblem& p, Kernel ke
 
 }  // namespace
 
+// Pool rows (initial_state_indices / final_state_indices): dense [N,H,K,V]
+// copies gathered before and scattered after the forward, so that one pool may
+// be both the initial and the final state.
+static bool forward_pooled(const GlaForwardArgs& a, const GlaProblem& p) {
+  if (!a.initial_state_indices.defined() && !a.final_state_indices.defined()) return false;
+  const int64_t N = p.num_seqs, H = p.heads, K = p.key_dim, V = p.value_dim;
+  auto row = [](const TensorView& idx, int64_t n) {
+    return int64_t(static_cast<const int32_t*>(idx.data)[n * idx.stride[0]]);
+  };
+  GlaForwardArgs dense = a;
+  dense.initial_state_indices = {}, dense.final_state_indices = {};
+  std::vector<float> h0, ht;
+  if (a.initial_state_indices.defined()) {
+    h0.assign(size_t(N * H * K * V), 0.f);
+    dense.initial_state = TensorView::contiguous(h0.data(), DType::f32, {N, H, K, V});
+    for (int64_t n = 0; n < N; ++n)
+      if (row(a.initial_state_indices, n) >= 0)
+        for (int64_t h = 0; h < H; ++h)
+          gather_state(a.initial_state, row(a.initial_state_indices, n), h, K, V, h0.data() + (n * H + h) * K * V);
+  }
+  if (a.final_state_indices.defined()) {
+    ht.assign(size_t(N * H * K * V), 0.f);
+    dense.final_state = TensorView::contiguous(ht.data(), DType::f32, {N, H, K, V});
+  }
+  gla_forward(dense, p);
+  if (a.final_state_indices.defined())
+    for (int64_t n = 0; n < N; ++n)
+      if (row(a.final_state_indices, n) >= 0)
+        for (int64_t h = 0; h < H; ++h)
+          scatter_state(a.final_state, row(a.final_state_indices, n), h, K, V, ht.data() + (n * H + h) * K * V);
+  return true;
+}
+
 void gla_forward(const GlaForwardArgs& a, const GlaProblem& p) {
+  if (forward_pooled(a, p)) return;
   if (a.algorithm == GlaAlgorithm::recurrent) {
     forward_each_head<double>(a, p, [&](const HeadInputs<double>& in, double* state, double* o) {
       gla::recurrent_forward(in, a.reverse, state, o);
@@ -124,31 +158,51 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& p) {
   }
 }
 
-// One recurrent step per (sequence, head), in fp64; the state is stored back in fp32.
+// T recurrent steps per (sequence, head), each in fp64 from the fp32 state. The API gave
+// every tensor a token dimension and checked the pool rows.
 void gla_decode(const GlaDecodeArgs& a, const GlaProblem& p) {
-  const int64_t H = p.heads, K = p.key_dim, V = p.value_dim;
-  for_each_head(p.num_seqs * H, K * V, [&](int64_t item) {
+  const int64_t H = p.heads, K = p.key_dim, V = p.value_dim, T = p.seq_len;
+  for_each_head(p.num_seqs * H, T * K * V, [&](int64_t item) {
     const int64_t n = item / H, head = item % H;
-    auto at = [&](const TensorView& t, int64_t d) {  // element [n, head, d] of an [N, H, D] tensor
-      return n * t.stride[0] + head * t.stride[1] + d * t.stride[2];
+    auto at = [&](const TensorView& t, int64_t token, int64_t d) {  // element [n, token, head, d]
+      return n * t.stride[0] + token * t.stride[1] + head * t.stride[2] + d * t.stride[3];
     };
-    std::vector<double> state(size_t(K * V)), value(static_cast<size_t>(V)), out(static_cast<size_t>(V), 0.0);
-    gather_state(a.state, n, head, K, V, state.data());
-    for (int64_t j = 0; j < V; ++j) value[size_t(j)] = load_element<double>(a.v, at(a.v, j));
-    for (int64_t i = 0; i < K; ++i) {
-      double gate = 0;
-      if (p.gate == GateKind::vector) gate = load_element<double>(a.g, at(a.g, i));
-      if (p.gate == GateKind::scalar) gate = load_element<double>(a.g, n * a.g.stride[0] + head * a.g.stride[1]);
-      const double decay = std::exp(gate), key = load_element<double>(a.k, at(a.k, i));
-      const double query = p.scale * load_element<double>(a.q, at(a.q, i));
-      for (int64_t j = 0; j < V; ++j) {
-        double& s = state[size_t(i * V + j)];
-        s = decay * s + key * value[size_t(j)];
-        out[size_t(j)] += query * s;
+    const int64_t row = a.state_indices.defined()
+                            ? int64_t(static_cast<const int32_t*>(a.state_indices.data)[n * a.state_indices.stride[0]])
+                            : n;
+    if (row < 0) {  // padded slot: zero outputs and token states, no pool row touched
+      const std::vector<double> zeros(size_t(K * V), 0.0);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t j = 0; j < V; ++j) store_element(a.o, at(a.o, t, j), 0.0);
+        scatter_state(a.token_states, n * T + t, head, K, V, zeros.data());
       }
+      return;
     }
-    scatter_state(a.state, n, head, K, V, state.data());
-    for (int64_t j = 0; j < V; ++j) store_element(a.o, at(a.o, j), out[size_t(j)]);
+    std::vector<double> state(size_t(K * V)), value(static_cast<size_t>(V)), out(static_cast<size_t>(V));
+    gather_state(a.state, row, head, K, V, state.data());
+    for (int64_t t = 0; t < T; ++t) {
+      std::fill(out.begin(), out.end(), 0.0);
+      for (int64_t j = 0; j < V; ++j) value[size_t(j)] = load_element<double>(a.v, at(a.v, t, j));
+      for (int64_t i = 0; i < K; ++i) {
+        double gate = 0;
+        if (p.gate == GateKind::vector) gate = load_element<double>(a.g, at(a.g, t, i));
+        if (p.gate == GateKind::scalar)
+          gate = load_element<double>(a.g, n * a.g.stride[0] + t * a.g.stride[1] + head * a.g.stride[2]);
+        const double decay = std::exp(gate), key = load_element<double>(a.k, at(a.k, t, i));
+        const double query = p.scale * load_element<double>(a.q, at(a.q, t, i));
+        for (int64_t j = 0; j < V; ++j) {
+          double& s = state[size_t(i * V + j)];
+          s = decay * s + key * value[size_t(j)];
+          out[size_t(j)] += query * s;
+        }
+      }
+      for (int64_t j = 0; j < V; ++j) store_element(a.o, at(a.o, t, j), out[size_t(j)]);
+      // The state is fp32 between tokens, as between calls: T tokens in one call
+      // give bit for bit what T one-token calls give.
+      for (double& s : state) s = double(float(s));
+      scatter_state(a.token_states, n * T + t, head, K, V, state.data());
+    }
+    scatter_state(a.state, row, head, K, V, state.data());
   });
 }
 

@@ -186,15 +186,94 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   return plan;
 }
 
-}  // namespace
 
-size_t gla_forward_workspace_bytes(const GlaForwardArgs& args, const GlaProblem& problem) {
+// ---- state pools: dense copies of the states at the start of the workspace --------
+
+size_t dense_state_bytes(const GlaProblem& p) {
+  const size_t bytes = size_t(p.num_seqs * p.heads * p.key_dim * p.value_dim) * sizeof(float);
+  return (bytes + 255) / 256 * 256;
+}
+
+size_t pooled_bytes(const GlaForwardArgs& a, const GlaProblem& p) {
+  return (a.initial_state_indices.defined() ? dense_state_bytes(p) : 0) +
+         (a.final_state_indices.defined() ? dense_state_bytes(p) : 0);
+}
+
+// `a` with dense [N,H,K,V] states at `base` in place of the pools (and the
+// workspace after them); base may be a stand-in address for size queries.
+GlaForwardArgs with_dense_states(const GlaForwardArgs& a, const GlaProblem& p, char* base) {
+  GlaForwardArgs d = a;
+  size_t offset = 0;
+  auto dense = [&] {
+    const TensorView t = TensorView::contiguous(base + offset, DType::f32,
+                                                {p.num_seqs, p.heads, p.key_dim, p.value_dim}, a.q.device);
+    offset += dense_state_bytes(p);
+    return t;
+  };
+  if (a.initial_state_indices.defined()) d.initial_state = dense();
+  if (a.final_state_indices.defined()) d.final_state = dense();
+  d.initial_state_indices = {}, d.final_state_indices = {};
+  if (a.workspace) {
+    FLASHGLA_REQUIRE(a.workspace_bytes >= offset, ErrorKind::value, "workspace",
+                     "needs at least " + std::to_string(offset) + " bytes (gla_forward_workspace_bytes), got " +
+                         std::to_string(a.workspace_bytes));
+    d.workspace = static_cast<char*>(a.workspace) + offset, d.workspace_bytes = a.workspace_bytes - offset;
+  }
+  return d;
+}
+
+gla::StateRowsCopy rows_copy(const TensorView& src, const TensorView& src_index, const TensorView& dst,
+                             const TensorView& dst_index, const GlaProblem& p) {
+  gla::StateRowsCopy c;
+  c.src = view_of(src), c.dst = view_of(dst);
+  c.src_rows = src.shape[0], c.dst_rows = dst.shape[0];
+  if (src_index.defined())
+    c.src_index = static_cast<const int32_t*>(src_index.data), c.src_index_stride = src_index.stride[0];
+  if (dst_index.defined())
+    c.dst_index = static_cast<const int32_t*>(dst_index.data), c.dst_index_stride = dst_index.stride[0];
+  c.heads = int(p.heads), c.key_dim = int(p.key_dim), c.value_dim = int(p.value_dim);
+  return c;
+}
+
+size_t dense_workspace_bytes(const GlaForwardArgs& args, const GlaProblem& problem) {
   if (args.algorithm != GlaAlgorithm::chunked || args.q.dtype == DType::f64) return 0;
   DeviceGuard guard(args.q.device.index);
   return plan_chunked(args, problem).workspace_bytes;
 }
 
+void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem);
+
+}  // namespace
+
+size_t gla_forward_workspace_bytes(const GlaForwardArgs& args, const GlaProblem& problem) {
+  const size_t pooled = pooled_bytes(args, problem);
+  if (pooled == 0) return dense_workspace_bytes(args, problem);
+  // A 256-aligned stand-in address: the plan looks at alignment only.
+  return pooled + dense_workspace_bytes(with_dense_states(args, problem, reinterpret_cast<char*>(256)), problem);
+}
+
 void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
+  const size_t pooled = pooled_bytes(args, problem);
+  if (pooled == 0) return forward_dense(args, problem);
+  // Gather the initial rows, run on dense states, scatter the final ones: one
+  // pool may be both the initial and the final state.
+  require_compute_dtype(args.q);
+  DeviceGuard guard(args.q.device.index);
+  const auto stream = static_cast<cudaStream_t>(args.stream);
+  Scratch dense(args.workspace, args.workspace_bytes, pooled, stream, "gla_forward_workspace_bytes");
+  const GlaForwardArgs d = with_dense_states(args, problem, dense.bytes());
+  if (args.initial_state_indices.defined())
+    gla::launch_copy_state_rows(rows_copy(args.initial_state, args.initial_state_indices, d.initial_state, {}, problem),
+                                int(problem.num_seqs), stream);
+  forward_dense(d, problem);
+  if (args.final_state_indices.defined())
+    gla::launch_copy_state_rows(rows_copy(d.final_state, {}, args.final_state, args.final_state_indices, problem),
+                                int(problem.num_seqs), stream);
+}
+
+namespace {
+
+void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
   require_compute_dtype(args.q);
   DeviceGuard guard(args.q.device.index);
   const auto stream = static_cast<cudaStream_t>(args.stream);
@@ -247,16 +326,24 @@ void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
   launch(c, plan.num_seqs, stream);
 }
 
+}  // namespace
+
 void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem) {
   require_compute_dtype(args.q);
   DeviceGuard guard(args.q.device.index);
   gla::DecodeParams d;
   d.q = view_of(args.q), d.k = view_of(args.k), d.v = view_of(args.v), d.g = view_of(args.g);
-  d.o = view_of(args.o), d.state = view_of(args.state);
+  d.o = view_of(args.o), d.state = view_of(args.state), d.token_states = view_of(args.token_states);
+  if (args.state_indices.defined()) {
+    d.state_indices = static_cast<const int32_t*>(args.state_indices.data);
+    d.index_stride = args.state_indices.stride[0];
+  }
+  d.state_rows = problem.state_rows;
   d.heads = int(problem.heads), d.key_dim = int(problem.key_dim), d.value_dim = int(problem.value_dim);
+  d.tokens = int(problem.seq_len);
   d.gate = gate_of(problem.gate);
   d.scale = float(problem.scale);
-  gla::launch_decode(d, int(problem.num_seqs), static_cast<cudaStream_t>(args.stream));
+  gla::launch_decode(d, int(problem.num_seqs), multiprocessors(), static_cast<cudaStream_t>(args.stream));
 }
 
 }  // namespace flashgla::cuda

@@ -147,13 +147,33 @@ void launch_recurrent_forward(RecurrentParams p, int num_seqs, cudaStream_t stre
 
 // ---- decode --------------------------------------------------------------------
 struct DecodeParams {
-  View q, k, v, g, o;   // [N,H,*]; g [N,H] for a scalar gate
-  View state;           // [N,H,K,V] f32, updated in place
-  int heads = 0, key_dim = 0, value_dim = 0;
+  View q, k, v, g, o;   // [N,T,H,*]; g [N,T,H] for a scalar gate
+  View state;           // [P,H,K,V] f32, updated in place (P = N without indices)
+  View token_states;    // optional out: [N*T,H,K,V] f32, row n*T + t
+  const int32_t* state_indices = nullptr;  // [N] pool rows (null: row n); < 0 or ≥ P: padded slot
+  int64_t index_stride = 1;
+  int64_t state_rows = 0;                  // P
+  int heads = 0, key_dim = 0, value_dim = 0, tokens = 1;
   Gate gate = Gate::none;
   float scale = 1.f;
 };
 
-void launch_decode(const DecodeParams& p, int num_seqs, cudaStream_t stream);
+// multiprocessors: of the device, to size the grid.
+void launch_decode(const DecodeParams& p, int num_seqs, int multiprocessors, cudaStream_t stream);
+
+// dst[dst row of n, h] = src[src row of n, h] for every sequence n and head h of
+// [*,H,K,V] f32 states; a rows array maps n to a pool row (null: row n). A
+// source row outside [0, src_rows) gives zeros, a destination row outside
+// [0, dst_rows) is not written (prefill into and from state pools).
+struct StateRowsCopy {
+  View src, dst;
+  const int32_t* src_index = nullptr;
+  const int32_t* dst_index = nullptr;
+  int64_t src_index_stride = 1, dst_index_stride = 1;
+  int64_t src_rows = 0, dst_rows = 0;
+  int heads = 0, key_dim = 0, value_dim = 0;
+};
+
+void launch_copy_state_rows(const StateRowsCopy& c, int num_seqs, cudaStream_t stream);
 
 }  // namespace flashgla::cuda::gla

@@ -76,4 +76,12 @@ def test_opcheck_attention_and_decode(gen):
     torch.library.opcheck(torch.ops.flashgla.flash_attention.default, (q, k, v, cu([1, 1]), cu([3, 4]), True, None))
     q, k, v, g, state = gla_inputs(gen, 3, 1, 2, 4, 5)
     torch.library.opcheck(torch.ops.flashgla.gla_decode_step.default,
-                          (q[:, 0], k[:, 0], v[:, 0], g[:, 0], state.float(), 0.5))
+                          (q[:, 0], k[:, 0], v[:, 0], g[:, 0], state.float(), 0.5, None, False))
+    q, k, v, g, pool = gla_inputs(gen, 3, 4, 2, 4, 5, num_states=5)
+    rows = torch.tensor([4, -1, 0], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.flashgla.gla_decode_step.default,
+                          (q, k, v, g, pool.float(), None, rows, True))
+    q, k, v, g, pool = gla_inputs(gen, 2, 5, 2, 4, 5, num_states=4)
+    last, first = torch.tensor([3, 0], dtype=torch.int32), torch.tensor([0, -1], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.flashgla.gla_prefill.default,
+                          (q, k, v, g, pool.float(), last, first, None, None, None))

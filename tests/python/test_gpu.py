@@ -142,6 +142,92 @@ def test_decode(gen, dtype):
     assert_close(state, state_ref, TOLERANCE[torch.float32], "state")
 
 
+@pytest.mark.parametrize("T", [1, 4, 16])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_decode_pool_tokens(gen, dtype, T):
+    """A state pool with padded slots and T tokens per call, with the per-token states, against the CPU
+    in fp64; rows no index names stay bit-identical, padded slots give zero outputs and token states."""
+    N, P, H, K, V = 5, 9, 4, 128, 96
+    q, k, v, g, pool = gla_inputs(gen, N, T, H, K, V, num_states=P, dtype=dtype)
+    rows = torch.tensor([7, -1, 0, 4, 8], dtype=torch.int32)
+    ref_pool = pool.clone()
+    o_ref, states_ref = flashgla.gla_decode_step(q.double(), k.double(), v.double(), g.double(), ref_pool,
+                                                 state_indices=rows, output_token_states=True)
+    cpool = pool.cuda()
+    with poisoned_outputs():
+        o, states = on_gpu(flashgla.gla_decode_step, *cuda(q, k, v, g), cpool, state_indices=rows.cuda(),
+                           output_token_states=True)
+    live = [0, 2, 3, 4]
+    assert_close(o[live], o_ref[live], TOLERANCE[dtype], "o")
+    assert torch.equal(o[1].cpu(), torch.zeros_like(o[1].cpu()))
+    assert_close(cpool, ref_pool, TOLERANCE[torch.float32], "pool")
+    untouched = [1, 2, 3, 5, 6]
+    assert torch.equal(cpool[untouched].cpu(), pool[untouched])
+    assert_close(states[live], states_ref[live], TOLERANCE[torch.float32], "token states")
+    assert torch.equal(states[1].cpu(), torch.zeros_like(states[1].cpu()))
+
+
+def test_decode_pool_out_of_range_row_is_skipped(gen):
+    """Rows >= P are not read back on CUDA (no sync): the kernel treats them as padded slots."""
+    q, k, v, g, pool = gla_inputs(gen, 3, 2, 2, 64, 64, num_states=4, dtype=torch.bfloat16)
+    cpool = pool.cuda()
+    o = on_gpu(flashgla.gla_decode_step, *cuda(q, k, v, g), cpool,
+               state_indices=torch.tensor([4, 1 << 30, -1], dtype=torch.int32, device="cuda"))
+    torch.cuda.synchronize()
+    assert torch.equal(o.cpu(), torch.zeros_like(o.cpu()))
+    assert torch.equal(cpool.cpu(), pool)
+
+
+def test_decode_pool_cuda_graph(gen):
+    """The pool decode captured in a CUDA graph: each replay reads the current indices and inputs and
+    advances the pool rows they name."""
+    N, P, T = 4, 6, 2
+    q, k, v, g, pool = gla_inputs(gen, N, T, 2, 64, 64, num_states=P, dtype=torch.bfloat16)
+    static = cuda(q, k, v, g)
+    rows = torch.tensor([5, 0, -1, 2], dtype=torch.int32, device="cuda")
+    cpool = pool.cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_gpu(flashgla.gla_decode_step, *static, cpool.clone(), state_indices=rows)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = flashgla.gla_decode_step(*static, cpool, state_indices=rows)
+    cpool.copy_(pool.cuda())  # capture does not run the kernel; start from the pool again
+    ref_pool = pool.double().float().clone()
+    for replay, new_rows in enumerate(([5, 0, -1, 2], [1, -1, 3, 5])):
+        fresh = gla_inputs(gen, N, T, 2, 64, 64, num_states=P, dtype=torch.bfloat16)
+        for target, source in zip(static, fresh[:4]):
+            target.copy_(source)
+        rows.copy_(torch.tensor(new_rows, dtype=torch.int32))
+        graph.replay()
+        o_ref = flashgla.gla_decode_step(*(x.double() for x in fresh[:4]), ref_pool,
+                                         state_indices=torch.tensor(new_rows, dtype=torch.int32))
+        torch.cuda.synchronize()
+        assert_close(captured, o_ref, TOLERANCE[torch.bfloat16], f"o (replay {replay})")
+        assert_close(cpool, ref_pool, TOLERANCE[torch.float32], f"pool (replay {replay})")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_prefill_into_pool(gen, dtype):
+    """gla_prefill on CUDA (varlen, rows read by one sequence and written by another) against the CPU in fp64."""
+    lengths = [300, 1, 0, 64]
+    q, k, v, g, pool = gla_inputs(gen, 1, sum(lengths), 4, 64, 64, num_states=7, dtype=dtype)
+    first = torch.tensor([6, -1, 2, 0], dtype=torch.int32)
+    last = torch.tensor([2, 5, 6, -1], dtype=torch.int32)
+    ref_pool = pool.clone()
+    o_ref = flashgla.gla_prefill(q.double(), k.double(), v.double(), g.double(), ref_pool, last,
+                                 initial_state_indices=first, cu_seqlens=cu(lengths))
+    cpool = pool.cuda()
+    with poisoned_outputs():
+        o = on_gpu(flashgla.gla_prefill, *cuda(q, k, v, g), cpool, last.cuda(), initial_state_indices=first.cuda(),
+                   cu_seqlens=cu(lengths).cuda())
+    assert_close(o, o_ref, TOLERANCE[dtype], "o")
+    assert_close(cpool, ref_pool, TOLERANCE[torch.float32], "pool")
+    assert torch.equal(cpool[[0, 1, 3, 4]].cpu(), pool[[0, 1, 3, 4]])
+
+
 def raises(kind, argument):
     return pytest.raises(kind, match=rf"^flashgla: {re.escape(argument)}: ")
 

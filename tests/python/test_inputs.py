@@ -173,8 +173,11 @@ def test_decode(gen):
         flashgla.gla_decode_step(q, k, v, g, state.double())
     with raises(ValueError, "state"):
         flashgla.gla_decode_step(q, k, v, g, state[:2])
-    with raises(ValueError, "q"):  # two tokens per sequence
+    with raises(ValueError, "k"):  # two tokens for q, one for k
         flashgla.gla_decode_step(q.expand(3, 2, H, K), k, v, g, state)
+    with raises(ValueError, "q"):  # more than 16 tokens per sequence
+        flashgla.gla_decode_step(q.expand(3, 17, H, K), k.expand(3, 17, H, K), v.expand(3, 17, H, V),
+                                 g.expand(3, 17, H, K), state)
     with raises(ValueError, "v"):
         flashgla.gla_decode_step(q[:, 0], k[:, 0], v[:, 0, :1], g[:, 0], state)
 

@@ -80,5 +80,5 @@ def test_ops_are_registered_custom_ops():
     import torch
 
     for name in ("chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "chunk_linear_attn", "gla_decode_step",
-                 "flash_attention", "chunk_gla_backward", "flash_attention_backward"):
+                 "gla_prefill", "flash_attention", "chunk_gla_backward", "flash_attention_backward"):
         assert hasattr(torch.ops.flashgla, name), name
