@@ -179,6 +179,18 @@ __device__ __forceinline__ void add1(__half* p, float x) {
   asm volatile("red.global.add.noftz.f16 [%0], %1;\n" ::"l"(p), "h"(__half_as_ushort(__float2half_rn(x))));
 }
 
+// Whether any of the 8 bf16/fp16 elements of w is a NaN or an Inf (all exponent bits set).
+template <class E>
+__device__ __forceinline__ bool any_nonfinite8(uint4 w) {
+  constexpr uint32_t m = std::is_same_v<E, __half> ? 0x7C007C00u : 0x7F807F80u;
+  constexpr uint32_t lo = m & 0xFFFFu, hi = m & 0xFFFF0000u;
+  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) bad |= (x[i] & lo) == lo || (x[i] & hi) == hi;
+  return bad;
+}
+
 // G: the vector gate's element type (E, or float with bf16/fp16 inputs); unused for other gate kinds.
 // PARTS: K > KP, blockIdx.y also picks the key part, and o is accumulated (a separate instantiation: the
 // key offset and the reductions cost registers).
@@ -357,6 +369,14 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     cp_async_commit();
 
     // ---- P1: group totals of α; the diagonal 8×8 triangles of A (fp32, this lane's keys) ----
+    // And whether v holds a NaN or Inf: then O += A V takes its diagonal blocks on CUDA cores (below).
+    bool v_nonfinite = false;
+    if (!p.states_only) {
+      constexpr int kPieces = BV / 8;  // 16-byte pieces per row of v
+#pragma unroll
+      for (int i = tid; i < C * kPieces; i += NT)
+        v_nonfinite |= any_nonfinite8<E>(*reinterpret_cast<const uint4*>(v_s + (i / kPieces) * PV + (i % kPieces) * 8));
+    }
     float alpha[KPL][8];  // this thread's α (its 8 rows, its keys), kept for P2
     alphas(alpha);
     {
@@ -414,7 +434,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         }
       }
     }
-    __syncthreads();  // B1: totals and triangles visible
+    v_nonfinite = __syncthreads_or(v_nonfinite);  // B1: totals and triangles visible
 
     // ---- P2: operands of this chunk (Qg and Kd over q and k in place: each thread its own elements) ----
     if (!p.states_only && tid < 8 * kTriangle) {
@@ -580,6 +600,22 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
 
     // ---- O += (A ⊙ M) V: row block mo needs the column blocks 0..mo ----
     for (int ks = 0; ks <= mo; ++ks) {
+      if (ks == mo && v_nonfinite) {
+        // The diagonal block's product would multiply the zeros above the diagonal of A by later rows of v: a
+        // NaN or Inf there would reach earlier outputs. Row by row up to the diagonal instead (rare chunks).
+        const E* a_rows = a_s + 16 * mo * PA + 16 * mo;
+        const E* v_rows = v_s + 16 * mo * PV;
+#pragma unroll
+        for (int nt = 0; nt < NO; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = g4 + 8 * (e >> 1), col = 8 * (no0 + nt) + 2 * t4 + (e & 1);
+            float sum = 0.f;
+            for (int b = 0; b <= r; ++b) sum = fmaf(to_float(a_rows[r * PA + b]), to_float(v_rows[b * PV + col]), sum);
+            o[nt][e] += sum;
+          }
+        break;
+      }
       const auto af = frag_a(a_s + 16 * mo * PA + 16 * ks, PA, lane);
 #pragma unroll
       for (int np = 0; np < NO / 2; ++np) {
