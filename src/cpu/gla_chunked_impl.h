@@ -28,7 +28,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/gla_kernels.h"
@@ -232,6 +234,20 @@ struct Chunk {
   }
 };
 
+// No NaN or Inf among x[0, n) (integer tests on the exponent bits: they vectorize).
+template <class T>
+bool all_finite(const T* x, int64_t n) {
+  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  constexpr U kExponent = sizeof(T) == 4 ? U(0x7F800000u) : U(0x7FF0000000000000ull);
+  U bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    U u;
+    std::memcpy(&u, x + i, sizeof u);
+    bad |= U((u & kExponent) == kExponent);
+  }
+  return bad == 0;
+}
+
 template <class T>
 void chunked_forward_impl(const HeadInputs<T>& in, T* state, T* o) {
   const int64_t K = in.K, V = in.V;
@@ -246,12 +262,21 @@ void chunked_forward_impl(const HeadInputs<T>& in, T* state, T* o) {
     const T* q = c.q();
     for (int64_t r = 0; r < len * K; ++r) q_decayed[r] = q[r] * c.exp_G[r];
     matmul_acc(len, V, K, q_decayed, K, 1, state, V, out, V);
-    // Intra-chunk: (A ⊙ M) V, each row up to its diagonal and no further: a
-    // product 0 · v_b with b > a would carry a NaN or Inf of a later v into
-    // an earlier output.
+    // Intra-chunk: (A ⊙ M) V, each row block up to its diagonal. Where the
+    // block's rows of v hold a NaN or Inf, the diagonal block goes row by row
+    // up to the diagonal and no further: a product 0 · v_b with b > a would
+    // carry it into an earlier output (the same sums in the same order).
     c.scores();
-    for (int64_t a = 0; a < len; ++a)
-      matmul_acc(1, V, a + 1, c.A.data() + a * kChunk, kChunk, 1, c.v(), V, out + a * V, V);
+    for (int64_t i = 0; i < c.num_sub(); ++i) {
+      const int64_t a0 = i * kSub, a1 = c.sub_end(i);
+      if (all_finite(c.v() + a0 * V, (a1 - a0) * V)) {
+        matmul_acc(a1 - a0, V, a1, c.A.data() + a0 * kChunk, kChunk, 1, c.v(), V, out + a0 * V, V);
+        continue;
+      }
+      matmul_acc(a1 - a0, V, a0, c.A.data() + a0 * kChunk, kChunk, 1, c.v(), V, out + a0 * V, V);
+      for (int64_t a = a0; a < a1; ++a)
+        matmul_acc(1, V, a - a0 + 1, c.A.data() + a * kChunk + a0, kChunk, 1, c.v() + a0 * V, V, out + a * V, V);
+    }
     c.update_state(state);
   }
 }
