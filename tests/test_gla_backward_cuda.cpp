@@ -643,11 +643,12 @@ TEST(CudaGlaBackward, EdgeGatesEveryPath) {
   struct Setting {
     const char *name, *value;
   };
-  for (const Setting& st : {Setting{"FLASHGLA_GLA_BWD_DIAG", "factored"}, Setting{"FLASHGLA_GLA_BWD_DIAG", "elementwise"},
-                            Setting{"FLASHGLA_GLA_BWD_LAYOUT", "general"}, Setting{"FLASHGLA_GLA_BWD_GATE", "registers"},
-                            Setting{"FLASHGLA_GLA_BWD_SCAN_SPLIT", "1"}, Setting{"FLASHGLA_GLA_BWD_OVERLAP", "1"},
-                            Setting{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "0"}, Setting{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "lean"},
-                            Setting{"FLASHGLA_GLA_BWD_SCAN_PAIR", "0"}})
+  const Setting settings[] = {{"FLASHGLA_GLA_BWD_DIAG", "factored"},     {"FLASHGLA_GLA_BWD_DIAG", "elementwise"},
+                              {"FLASHGLA_GLA_BWD_LAYOUT", "general"},     {"FLASHGLA_GLA_BWD_GATE", "registers"},
+                              {"FLASHGLA_GLA_BWD_SCAN_SPLIT", "1"},       {"FLASHGLA_GLA_BWD_OVERLAP", "1"},
+                              {"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "0"},    {"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "lean"},
+                              {"FLASHGLA_GLA_BWD_SCAN_PAIR", "0"}};
+  for (const Setting& st : settings)
     for (DType dtype : {DType::bf16, DType::f32}) {
       const ScopedEnv setting(st.name, st.value);
       check_edge_gates(edge_case(dtype, Gate::vector, 128, 128, 9200 + int(dtype)), Call{}, sets);
@@ -663,7 +664,8 @@ TEST(CudaGlaBackward, EdgeGatesVarlen) {
       c.B = 1, c.cu_seqlens = {0, 50, 130, 130, 200};
       Call call;
       call.algorithm = algorithm;
-      check_edge_gates(c, call, {{"neg_inf_at_starts", {0, 50, 130}, -inf, 1}, {"neg_inf_inside", {60, 64, 65}, -inf, 2}});
+      check_edge_gates(c, call,
+                       {{"neg_inf_at_starts", {0, 50, 130}, -inf, 1}, {"neg_inf_inside", {60, 64, 65}, -inf, 2}});
     }
 }
 

@@ -51,7 +51,8 @@ std::vector<Path> forward_paths() {
       {"split_fast_states_bf16", DType::bf16, 128, 64, 1, 1000,
        {{"FLASHGLA_GLA_SPLITS", "4"}, {"FLASHGLA_GLA_STATES", "fast"}}},
       {"split_general_f32", DType::f32, 64, 64, 1, 1000, {{"FLASHGLA_GLA_SPLITS", "4"}}},
-      {"split_hopper_bf16_K256", DType::bf16, 256, 64, 1, 1000, {{"FLASHGLA_GLA_HOPPER", "1"}, {"FLASHGLA_GLA_SPLITS", "3"}}},
+      {"split_hopper_bf16_K256", DType::bf16, 256, 64, 1, 1000,
+       {{"FLASHGLA_GLA_HOPPER", "1"}, {"FLASHGLA_GLA_SPLITS", "3"}}},
       {"recurrent_f32", DType::f32, 64, 64, 2, 200, {}, kRecurrent},
       {"recurrent_bf16_K128", DType::bf16, 128, 128, 2, 200, {}, kRecurrent},
   };

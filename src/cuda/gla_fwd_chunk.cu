@@ -394,7 +394,8 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
           for (int e = 0; e < 4; ++e) {
             const int r = g4 + 8 * (e >> 1), col = 8 * cg + 2 * t4 + (e & 1);
             float sum = 0.f;
-            for (int b = 0; b <= r; ++b) sum = fmaf(to_float(a_rows[r * PC + b]), to_float(VT[col * PC + 16 * m + b]), sum);
+            for (int b = 0; b <= r; ++b)
+              sum = fmaf(to_float(a_rows[r * PC + b]), to_float(VT[col * PC + 16 * m + b]), sum);
             o_acc[mt][e] += sum;
           }
           break;

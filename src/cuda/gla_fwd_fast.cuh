@@ -191,6 +191,31 @@ __device__ __forceinline__ bool any_nonfinite8(uint4 w) {
   return bad;
 }
 
+// O's diagonal block row by row up to the diagonal (the rare chunks whose v holds a NaN or Inf): the sums of
+// this lane's fragment elements. Out of line: inlined, it made ptxas spill in the 128×128 kernels.
+template <class E, int NO, int PA, int PV>
+struct DiagSums {
+  float x[NO][4];
+};
+template <class E, int NO, int PA, int PV>
+__device__ __noinline__ DiagSums<E, NO, PA, PV> diagonal_rowwise(const E* a_rows, const E* v_rows, int lane) {
+  const int g4 = lane >> 2, t4 = lane & 3;
+  DiagSums<E, NO, PA, PV> s;
+#pragma unroll
+  for (int nt = 0; nt < NO; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = g4 + 8 * (e >> 1);
+      const E* a_row = a_rows + r * PA;
+      const E* v_col = v_rows + 8 * nt + 2 * t4 + (e & 1);
+      float sum = 0.f;
+#pragma unroll 1
+      for (int b = 0; b <= r; ++b) sum = fmaf(to_float(a_row[b]), to_float(v_col[b * PV]), sum);
+      s.x[nt][e] = sum;
+    }
+  return s;
+}
+
 // G: the vector gate's element type (E, or float with bf16/fp16 inputs); unused for other gate kinds.
 // PARTS: K > KP, blockIdx.y also picks the key part, and o is accumulated (a separate instantiation: the
 // key offset and the reductions cost registers).
@@ -369,14 +394,6 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     cp_async_commit();
 
     // ---- P1: group totals of α; the diagonal 8×8 triangles of A (fp32, this lane's keys) ----
-    // And whether v holds a NaN or Inf: then O += A V takes its diagonal blocks on CUDA cores (below).
-    bool v_nonfinite = false;
-    if (!p.states_only) {
-      constexpr int kPieces = BV / 8;  // 16-byte pieces per row of v
-#pragma unroll
-      for (int i = tid; i < C * kPieces; i += NT)
-        v_nonfinite |= any_nonfinite8<E>(*reinterpret_cast<const uint4*>(v_s + (i / kPieces) * PV + (i % kPieces) * 8));
-    }
     float alpha[KPL][8];  // this thread's α (its 8 rows, its keys), kept for P2
     alphas(alpha);
     {
@@ -434,7 +451,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         }
       }
     }
-    v_nonfinite = __syncthreads_or(v_nonfinite);  // B1: totals and triangles visible
+    __syncthreads();  // B1: totals and triangles visible
 
     // ---- P2: operands of this chunk (Qg and Kd over q and k in place: each thread its own elements) ----
     if (!p.states_only && tid < 8 * kTriangle) {
@@ -600,20 +617,25 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
 
     // ---- O += (A ⊙ M) V: row block mo needs the column blocks 0..mo ----
     for (int ks = 0; ks <= mo; ++ks) {
-      if (ks == mo && v_nonfinite) {
-        // The diagonal block's product would multiply the zeros above the diagonal of A by later rows of v: a
-        // NaN or Inf there would reach earlier outputs. Row by row up to the diagonal instead (rare chunks).
-        const E* a_rows = a_s + 16 * mo * PA + 16 * mo;
-        const E* v_rows = v_s + 16 * mo * PV;
+      // The diagonal block's product multiplies the zeros above the diagonal of A by later rows of v: a NaN or
+      // Inf there would reach earlier outputs. Where this warp's rows and columns of v hold one (a warp vote on
+      // one or two 16-byte loads per lane), row by row up to the diagonal instead.
+      bool bad = false;
+      if (ks == mo) {
+        int piece = lane;
+        asm volatile("" : "+r"(piece));  // addresses made here, not held through the chunk loop
+#pragma unroll
+        for (int i = 0; i < NO / 2; ++i, piece += 32)
+          bad |= any_nonfinite8<E>(
+              *reinterpret_cast<const uint4*>(v_s + (16 * mo + piece / NO) * PV + 8 * (no0 + piece % NO)));
+      }
+      if (ks == mo && __any_sync(0xffffffffu, bad)) {
+        const auto sums =
+            diagonal_rowwise<E, NO, PA, PV>(a_s + 16 * mo * PA + 16 * mo, v_s + 16 * mo * PV + 8 * no0, lane);
 #pragma unroll
         for (int nt = 0; nt < NO; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = g4 + 8 * (e >> 1), col = 8 * (no0 + nt) + 2 * t4 + (e & 1);
-            float sum = 0.f;
-            for (int b = 0; b <= r; ++b) sum = fmaf(to_float(a_rows[r * PA + b]), to_float(v_rows[b * PV + col]), sum);
-            o[nt][e] += sum;
-          }
+          for (int e = 0; e < 4; ++e) o[nt][e] += sums.x[nt][e];
         break;
       }
       const auto af = frag_a(a_s + 16 * mo * PA + 16 * ks, PA, lane);
