@@ -201,14 +201,18 @@ TEST(CudaGlaEdges, DecodeThroughMinusInfGates) {
     }
 }
 
-// Small cases of the above for compute-sanitizer: one −inf and one alternating
-// −1e4 set, and a NaN in v, on every forward path.
+// Small cases of the above for compute-sanitizer (its time limit covers the
+// whole filter): −inf around chunk boundaries and a NaN in v, on one path of
+// each kernel.
 TEST(CudaGlaEdges, SanitizerEdgeValues) {
   SKIP_WITHOUT_GPU();
   std::vector<EdgeGates> sets;
   for (const EdgeGates& e : edge_gate_sets())
-    if (e.name == "neg_inf_chunk_boundaries" || e.name == "minus_1e4_alternating") sets.push_back(e);
+    if (e.name == "neg_inf_chunk_boundaries") sets.push_back(e);
   for (Path path : forward_paths()) {
+    if (path.name != "fast_bf16_K128_V128" && path.name != "general_f32_K64" && path.name != "hopper_bf16_K256" &&
+        path.name != "split_states_kernel_bf16" && path.name != "recurrent_f32")
+      continue;
     path.B = 1, path.T = std::min<int64_t>(path.T, 200);
     check_edge_gates(path, Gate::vector, sets);
     if (path.causal_fixed) {
