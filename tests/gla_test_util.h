@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>
+#include <limits>
 #include <ostream>
 #include <random>
 #include <string>
@@ -165,6 +166,63 @@ inline bool all_finite(const std::vector<double>& x) {
   for (double v : x)
     if (!std::isfinite(v)) return false;
   return true;
+}
+
+// ---- edge values: gates in [−inf, 0] of any size, non-finite q, k, v ----------
+
+// x[b, t, ...] = value for every b and every `every`-th element of the token's
+// row (over heads and features: every = 2 touches half the gate columns).
+inline void set_token(Buffer& x, int64_t t, double value, int64_t every = 1) {
+  std::vector<double> values = x.values();
+  const int64_t B = x.shape()[0], T = x.shape()[1], row = x.numel() / (B * T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < row; i += every) values[size_t((b * T + t) * row + i)] = value;
+  x.set_values(values);
+}
+
+// A case whose gates are the usual random ones except on some tokens.
+struct EdgeGates {
+  std::string name;
+  std::vector<int64_t> tokens;  // the tokens that get `value`
+  double value = 0;
+  int64_t every = 1;            // see set_token
+};
+
+inline Inputs make_edge_inputs(const Case& c, const EdgeGates& e) {
+  Inputs in = make_inputs(c);
+  for (int64_t t : e.tokens) set_token(in.g, t, e.value, e.every);
+  return in;
+}
+
+// The sets of gate edits every backend is tested with (T ≥ 200): −inf once,
+// over a whole chunk, around chunk boundaries and at t = 0; large finite
+// gates once, alternating (every other token) and in a few columns only.
+inline std::vector<EdgeGates> edge_gate_sets() {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<int64_t> whole_chunk, alternating;
+  for (int64_t t = 64; t < 128; ++t) whole_chunk.push_back(t);
+  for (int64_t t = 11; t < 190; t += 2) alternating.push_back(t);
+  return {
+      {"neg_inf_once", {37}, -inf, 1},
+      {"neg_inf_half_columns", {37, 100}, -inf, 2},
+      {"neg_inf_whole_chunk", whole_chunk, -inf, 1},
+      {"neg_inf_chunk_boundaries", {15, 16, 63, 64, 127, 128}, -inf, 3},
+      {"neg_inf_t0", {0}, -inf, 1},
+      {"minus_1e3", {20}, -1e3, 1},
+      {"minus_1e4", {70}, -1e4, 1},
+      {"minus_1e4_alternating", alternating, -1e4, 1},
+      {"minus_1e4_alternating_half_columns", alternating, -1e4, 2},
+      {"minus_1e8", {5, 130}, -1e8, 1},
+      {"minus_1e30", {50}, -1e30, 1},
+  };
+}
+
+// Outputs o[b, t', ...] for t' < t (every b) of a [B, T, H, V] output.
+inline std::vector<double> tokens_before(const std::vector<double>& o, int64_t B, int64_t T, int64_t t) {
+  const int64_t row = int64_t(o.size()) / (B * T);
+  std::vector<double> y;
+  for (int64_t b = 0; b < B; ++b) y.insert(y.end(), o.begin() + b * T * row, o.begin() + (b * T + t) * row);
+  return y;
 }
 
 }  // namespace flashgla::testing::gla_test

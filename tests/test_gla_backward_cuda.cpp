@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -590,6 +591,93 @@ TEST(CudaGlaBackward, SanitizerSmallCases) {
           check_against_reference(pipelined, call);
         }
     }
+}
+
+
+// ---- gates anywhere in [−inf, 0] (GlaCpuEdgeGates of test_gla_cpu.cpp on the GPU) ----
+
+Case edge_case(DType dtype, Gate gate, int64_t K, int64_t V, uint64_t seed) {
+  Case c;
+  c.B = 2, c.T = 200, c.H = 2, c.K = K, c.V = V, c.gate = gate, c.dtype = dtype, c.seed = seed;
+  if (dtype != DType::f32) c.gate_dtype = c.dg_dtype = dtype;  // bf16 gate and dg: the plain layout
+  return c;
+}
+
+void check_edge_gates(const Case& c, const Call& call, const std::vector<EdgeGates>& sets) {
+  for (const EdgeGates& e : sets) {
+    SCOPED_TRACE(e.name);
+    check_against_reference(c, call, make_edge_inputs(c, e));
+  }
+}
+
+// −inf once, over a chunk, at chunk boundaries and t = 0; −1e3 … −1e30, alternating.
+TEST(CudaGlaBackward, EdgeGatesChunked) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    DType dtype;
+    int64_t K, V;
+  };
+  int i = 0;
+  for (const Shape& s : {Shape{DType::bf16, 64, 64}, Shape{DType::bf16, 128, 128}, Shape{DType::f32, 64, 64},
+                         Shape{DType::f32, 100, 48}, Shape{DType::bf16, 256, 64}})
+    for (Gate gate : {Gate::vector, Gate::scalar})
+      check_edge_gates(edge_case(s.dtype, gate, s.K, s.V, 9000 + i++), Call{}, edge_gate_sets());
+}
+
+TEST(CudaGlaBackward, EdgeGatesRecurrent) {
+  SKIP_WITHOUT_GPU();
+  Call call;
+  call.algorithm = kRecurrent;
+  for (DType dtype : {DType::f32, DType::bf16})
+    check_edge_gates(edge_case(dtype, Gate::vector, 64, 64, 9100 + int(dtype)), call, edge_gate_sets());
+}
+
+// Every backward switch once, on the sets that broke the old code.
+TEST(CudaGlaBackward, EdgeGatesEveryPath) {
+  SKIP_WITHOUT_GPU();
+  std::vector<EdgeGates> sets;
+  for (const EdgeGates& e : edge_gate_sets())
+    if (e.name == "neg_inf_half_columns" || e.name == "neg_inf_chunk_boundaries" || e.name == "minus_1e4_alternating" ||
+        e.name == "minus_1e30")
+      sets.push_back(e);
+  struct Setting {
+    const char *name, *value;
+  };
+  const Setting settings[] = {{"FLASHGLA_GLA_BWD_DIAG", "factored"},     {"FLASHGLA_GLA_BWD_DIAG", "elementwise"},
+                              {"FLASHGLA_GLA_BWD_LAYOUT", "general"},     {"FLASHGLA_GLA_BWD_GATE", "registers"},
+                              {"FLASHGLA_GLA_BWD_SCAN_SPLIT", "1"},       {"FLASHGLA_GLA_BWD_OVERLAP", "1"},
+                              {"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "0"},    {"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "lean"},
+                              {"FLASHGLA_GLA_BWD_SCAN_PAIR", "0"}};
+  for (const Setting& st : settings)
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      const ScopedEnv setting(st.name, st.value);
+      check_edge_gates(edge_case(dtype, Gate::vector, 128, 128, 9200 + int(dtype)), Call{}, sets);
+    }
+}
+
+TEST(CudaGlaBackward, EdgeGatesVarlen) {
+  SKIP_WITHOUT_GPU();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (GlaAlgorithm algorithm : {kChunked, kRecurrent}) {
+      Case c = edge_case(dtype, Gate::vector, 64, 64, 9300 + int(dtype));
+      c.B = 1, c.cu_seqlens = {0, 50, 130, 130, 200};
+      Call call;
+      call.algorithm = algorithm;
+      check_edge_gates(c, call,
+                       {{"neg_inf_at_starts", {0, 50, 130}, -inf, 1}, {"neg_inf_inside", {60, 64, 65}, -inf, 2}});
+    }
+}
+
+// Small cases for compute-sanitizer.
+TEST(CudaGlaBackward, SanitizerEdgeGates) {
+  SKIP_WITHOUT_GPU();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    Case c = edge_case(dtype, Gate::vector, 64, 64, 9400 + int(dtype));
+    c.B = 1, c.T = 130;
+    check_edge_gates(c, Call{}, {{"neg_inf_chunk_boundaries", {15, 16, 63, 64, 127, 128}, -inf, 3}});
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 
 #include "cpu/gla_kernels.h"
 #include "gla_test_util.h"
@@ -177,8 +178,7 @@ Tolerance tolerance_for(DType dtype) {
 
 void check_chunked_outputs(const Case& c, const Inputs& in, const Outputs& ref, const Grads& ref_grads);
 
-void check_chunked_against_reference(const Case& c) {
-  const Inputs in = make_inputs(c);
+void check_chunked_against_reference(const Case& c, const Inputs& in) {
   // The reference runs in fp64 on the very same (rounded) input values.
   const Case ref_case = f64_case(c);
   const Inputs ref_in = as_f64(in);
@@ -193,6 +193,8 @@ void check_chunked_against_reference(const Case& c) {
     check_chunked_outputs(c, in, ref, ref_grads);
   }
 }
+
+void check_chunked_against_reference(const Case& c) { check_chunked_against_reference(c, make_inputs(c)); }
 
 void check_chunked_outputs(const Case& c, const Inputs& in, const Outputs& ref, const Grads& ref_grads) {
   const Outputs out = run_forward(c, in, kChunked);
@@ -427,6 +429,90 @@ TEST(GlaCpuChaining, TwoCallsEqualOneCall) {
                      tokens_of(*whole_grads[i], whole.B, whole.T, split, whole.T), tol);
       }
     }
+}
+
+
+// ---- edge values ------------------------------------------------------------------
+
+// Gates anywhere in [−inf, 0]: −inf is a full reset, any magnitude is legal,
+// and the chunked algorithm matches the fp64 recurrence within the usual
+// tolerances (fp32 1e-5), forward and backward, dg and dh0 included.
+void check_edge_gates(Case c, const std::vector<EdgeGates>& sets) {
+  const std::string base = c.name;
+  for (const EdgeGates& e : sets) {
+    SCOPED_TRACE(e.name);
+    c.name = base + "_" + e.name;
+    check_chunked_against_reference(c, make_edge_inputs(c, e));
+  }
+}
+
+Case edge_case(Gate gate, DType dtype) {
+  Case c = make_case("edge", 2, 200, 2, 32, 16, gate);
+  c.dtype = dtype;
+  if (dtype == DType::f64) c.gate_dtype = c.dg_dtype = DType::f64;
+  return c;
+}
+
+TEST(GlaCpuEdgeGates, VectorF32) { check_edge_gates(edge_case(Gate::vector, DType::f32), edge_gate_sets()); }
+TEST(GlaCpuEdgeGates, ScalarF32) { check_edge_gates(edge_case(Gate::scalar, DType::f32), edge_gate_sets()); }
+TEST(GlaCpuEdgeGates, VectorBf16) { check_edge_gates(edge_case(Gate::vector, DType::bf16), edge_gate_sets()); }
+
+TEST(GlaCpuEdgeGates, F64) {
+  std::vector<EdgeGates> sets = edge_gate_sets();
+  std::vector<int64_t> alternating;
+  for (int64_t t = 11; t < 190; t += 2) alternating.push_back(t);
+  sets.push_back({"minus_1e20", {3, 64, 65}, -1e20, 1});
+  sets.push_back({"minus_1e20_alternating", alternating, -1e20, 2});
+  sets.push_back({"minus_1e3_alternating", alternating, -1e3, 1});  // below fp64's reset threshold
+  check_edge_gates(edge_case(Gate::vector, DType::f64), sets);
+  check_edge_gates(edge_case(Gate::scalar, DType::f64), sets);
+}
+
+TEST(GlaCpuEdgeGates, Varlen) {
+  Case c = edge_case(Gate::vector, DType::f32);
+  c.B = 1, c.cu_seqlens = {0, 50, 130, 130, 200};
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<int64_t> alternating;
+  for (int64_t t = 1; t < 200; t += 2) alternating.push_back(t);
+  check_edge_gates(c, {{"neg_inf_at_starts", {0, 50, 130}, -inf, 1},
+                       {"neg_inf_at_ends", {49, 129, 199}, -inf, 2},
+                       {"neg_inf_inside", {60, 64, 65}, -inf, 1},
+                       {"minus_1e4_alternating", alternating, -1e4, 1}});
+}
+
+// A NaN or Inf in q, k or v at token t leaves every output before t as it was
+// (finite, and bit for bit that of the clean inputs); outputs from t on may
+// be anything. Tokens inside a sub-chunk, at sub-chunk and chunk starts.
+TEST(GlaCpuCausality, NonFiniteInputsDoNotReachEarlierOutputs) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (GlaAlgorithm algorithm : {kChunked, kRecurrent})
+    for (DType dtype : {DType::f32, DType::f64, DType::bf16})
+      for (Gate gate : {Gate::vector, Gate::scalar, Gate::none}) {
+        if (dtype != DType::f32 && gate != Gate::vector) continue;
+        Case c = edge_case(gate, dtype);
+        c.T = 130;
+        const Inputs clean = make_inputs(c);
+        for (const char* isa : InstructionSet::available()) {
+          InstructionSet use(isa);
+          const Outputs ref = run_forward(c, clean, algorithm);
+          for (Buffer Inputs::*input : {&Inputs::q, &Inputs::k, &Inputs::v})
+            for (double bad : {std::nan(""), inf})
+              for (int64_t t : {5, 16, 63, 64, 100}) {
+                SCOPED_TRACE(::testing::Message()
+                             << (algorithm == kChunked ? "chunked " : "recurrent ") << isa << " "
+                             << dtype_name(dtype) << " gate " << int(gate) << " input "
+                             << (input == &Inputs::q ? "q" : input == &Inputs::k ? "k" : "v") << " value " << bad
+                             << " t " << t);
+                Inputs in = clean;
+                in.*input = (clean.*input).to(Device{});  // a copy
+                set_token(in.*input, t, bad);
+                const Outputs out = run_forward(c, in, algorithm);
+                const std::vector<double> before = tokens_before(out.o, c.B, c.T, t);
+                ASSERT_TRUE(all_finite(before));
+                ASSERT_EQ(before, tokens_before(ref.o, c.B, c.T, t));
+              }
+        }
+      }
 }
 
 }  // namespace

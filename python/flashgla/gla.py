@@ -149,15 +149,25 @@ def _gate_dims(q, g, expected, name, op, hint):
         raise ValueError(f"flashgla: {name}: {op} expects {hint}, got shape {list(g.shape)}")
 
 
+def _check_gate(g, check_gate):
+    """check_gate=True: every gate value in [-inf, 0] (the contract), else ValueError. Reads g (a device
+    synchronisation on CUDA), hence opt-in."""
+    if check_gate and isinstance(g, Tensor) and not bool((g <= 0).all()):
+        raise ValueError("flashgla: g: a log gate in [-inf, 0] (check_gate=True found a value above 0 or a NaN)")
+
+
 def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float] = None,
               initial_state: Optional[Tensor] = None, output_final_state: bool = False,
               cu_seqlens: Optional[Tensor] = None, *,
-              cu_seqlens_host: Optional[Tensor] = None, cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
+              cu_seqlens_host: Optional[Tensor] = None, check_gate: bool = False,
+              cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
     """Chunked GLA with a per-key gate.
 
-    q, k [B,T,H,K], v [B,T,H,V] (fp32/bf16/fp16/fp64), g [B,T,H,K] log-space gate (any float dtype),
-    scale (default K^-1/2), initial_state [N,H,K,V] fp32, cu_seqlens [N+1] int32/int64 with B == 1.
+    q, k [B,T,H,K], v [B,T,H,V] (fp32/bf16/fp16/fp64), g [B,T,H,K] log-space gate (any float dtype) in
+    [-inf, 0] (-inf: a full reset), scale (default K^-1/2), initial_state [N,H,K,V] fp32, cu_seqlens [N+1]
+    int32/int64 with B == 1.
     cu_seqlens_host: optional CPU copy of a CUDA cu_seqlens, to have its values checked without a sync.
+    check_gate: raise ValueError when a gate is above 0 or NaN (reads g: a synchronisation on CUDA).
     Returns o [B,T,H,V] (dtype of q) and the final state [N,H,K,V] fp32 (None unless output_final_state).
     cp_context: a flashgla.distributed.build_cp_context(...) context: q, k, v, g are this rank's slice of
     the sequence dimension (context parallelism; see flashgla.distributed); the final states are then
@@ -168,6 +178,7 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float]
     if g is None:
         raise ValueError("flashgla: g: chunk_gla needs a gate; use chunk_linear_attn for none")
     _gate_dims(q, g, 4, "g", "chunk_gla", "a per-key gate [B, T, H, K] (chunk_simple_gla takes [B, T, H])")
+    _check_gate(g, check_gate)
     if cp_context is not None:
         return _cp("chunk_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host,
                    cp_context)
@@ -179,11 +190,13 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float]
 def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, scale: Optional[float] = None,
                      initial_state: Optional[Tensor] = None, output_final_state: bool = False,
                      cu_seqlens: Optional[Tensor] = None, *,
-                     cu_seqlens_host: Optional[Tensor] = None, cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
+                     cu_seqlens_host: Optional[Tensor] = None, check_gate: bool = False,
+                     cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
     """Chunked GLA with a scalar gate per head and step, g [B,T,H] (None: no gate). Else as chunk_gla."""
     require_tensors(q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
     _gate_dims(q, g, 3, "g", "chunk_simple_gla", "a scalar gate [B, T, H] (chunk_gla takes [B, T, H, K])")
+    _check_gate(g, check_gate)
     if cp_context is not None:
         return _cp("chunk_simple_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
                    cu_seqlens_host, cp_context)

@@ -10,12 +10,27 @@
 // 002 step 3), the diagonal ones use exp(Γ_a − Γ_b) with b ≤ a directly.
 // Cost per head: O(T·C·K + T·K·V); the matrix products are matmul_acc calls.
 //
+// Resets. A gate at or below −reset_gate<T>() (−88 in fp32, −709 in fp64,
+// −inf included) makes the weight exp(Γ_a − Γ_b) of every pair b < r ≤ a
+// across it underflow to 0 in T anyway. Summing such a gate into Γ would
+// give −inf − −inf = NaN, or a Γ so large that the differences of the pairs
+// that do matter lose their digits. So a chunk holding one is cut into
+// segments per column: the cumsum restarts at 0 on every reset row (seg
+// counts the resets so far), and every exponent between two rows of
+// different segments is set to −inf before the exp, giving an exact 0 (a
+// select, so nothing ever meets the large values). Chunks without a reset
+// run the plain code: bit for bit the same, for one compare per gate.
+//
 // This header is compiled once per instruction set (gla_chunked.cpp for the
 // baseline, gla_chunked_avx2.cpp for AVX2 + FMA), so everything in it has
 // internal linkage: the two copies must never be merged by the linker.
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/gla_kernels.h"
@@ -26,6 +41,15 @@ namespace {
 
 constexpr int64_t kChunk = 64;
 constexpr int64_t kSub = 16;
+
+// exp(−reset_gate) is below the smallest normal number of T (exp_array's
+// float version flushes there): see "Resets" above.
+template <class T>
+constexpr T reset_gate();
+template <>
+constexpr float reset_gate<float>() { return 88.0f; }
+template <>
+constexpr double reset_gate<double>() { return 709.0; }
 
 // Buffers for one chunk, allocated once per (sequence, head).
 template <class T>
@@ -42,7 +66,8 @@ struct Chunk {
         k_ref(size_t(kChunk * K)),
         k_ref_t(size_t(K * kChunk)),
         row_exp(size_t(kSub * K)),
-        work(size_t(kChunk * std::max(K, V))) {}
+        work(size_t(kChunk * std::max(K, V))),
+        seg(size_t(kChunk * K)) {}
 
   const HeadInputs<T>& in;
   const int64_t K, V;
@@ -57,6 +82,8 @@ struct Chunk {
   std::vector<T> k_ref_t;     // [K, C] its transpose
   std::vector<T> row_exp;     // [kSub, K] exp(Γ_a − Γ_b) for the pairs of one row of a diagonal block
   std::vector<T> work;        // [C, max(K, V)] scratch for products
+  bool has_reset = false;     // some gate of this chunk ≤ −reset_gate<T>()
+  std::vector<int32_t> seg;   // [C, K] with has_reset: the resets in rows ≤ r of column d
 
   const T* q() const { return in.q + begin * K; }
   const T* k() const { return in.k + begin * K; }
@@ -79,15 +106,46 @@ struct Chunk {
   void prepare(int64_t chunk_begin, int64_t chunk_len) {
     begin = chunk_begin, len = chunk_len;
     const T* g = in.g + begin * K;
-    for (int64_t d = 0; d < K; ++d) G[d] = g[d];
-    for (int64_t r = 1; r < len; ++r)
-      for (int64_t d = 0; d < K; ++d) G[r * K + d] = G[(r - 1) * K + d] + g[r * K + d];
+    has_reset = false;
+    if (in.gate != GateKind::none) {
+      int resets = 0;  // an int sum vectorizes where a bool || does not
+      for (int64_t r = 0; r < len * K; ++r) resets += g[r] <= -reset_gate<T>();
+      has_reset = resets != 0;
+    }
+    if (!has_reset) {
+      for (int64_t d = 0; d < K; ++d) G[d] = g[d];
+      for (int64_t r = 1; r < len; ++r)
+        for (int64_t d = 0; d < K; ++d) G[r * K + d] = G[(r - 1) * K + d] + g[r * K + d];
+    } else {
+      for (int64_t r = 0; r < len; ++r)
+        for (int64_t d = 0; d < K; ++d) {
+          const bool reset = g[r * K + d] <= -reset_gate<T>();
+          const int32_t before = r > 0 ? seg[(r - 1) * K + d] : 0;
+          const T sum = r > 0 ? G[(r - 1) * K + d] : T(0);
+          seg[r * K + d] = before + reset;
+          G[r * K + d] = reset ? T(0) : sum + g[r * K + d];
+        }
+    }
     std::copy(G.begin(), G.begin() + len * K, exp_G.begin());
+    cut(exp_G.data(), 0, len, -1);
     exp_rows(exp_G.data(), len);
     const T* last = gamma();
     for (int64_t r = 0; r < len; ++r)
       for (int64_t d = 0; d < K; ++d) exp_to_end[r * K + d] = last[d] - G[r * K + d];
+    cut(exp_to_end.data(), 0, len, len - 1);
     exp_rows(exp_to_end.data(), len);
+  }
+
+  // With has_reset: x[(r − r0) * K + d] = −inf for the rows r in [r0, r1)
+  // whose segment in column d differs from that of row `other` (−1: the
+  // state before the chunk, segment 0), so that their exp is exactly 0.
+  void cut(T* x, int64_t r0, int64_t r1, int64_t other) const {
+    if (!has_reset) return;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t d = 0; d < K; ++d) {
+        const int32_t s = other < 0 ? 0 : seg[other * K + d];
+        if (seg[r * K + d] != s) x[(r - r0) * K + d] = -std::numeric_limits<T>::infinity();
+      }
   }
 
   // Sub-chunk i holds rows [i * kSub, min((i + 1) * kSub, len)).
@@ -103,9 +161,11 @@ struct Chunk {
     const T* ref = G.data() + a0 * K;
     for (int64_t a = a0; a < a1; ++a)
       for (int64_t d = 0; d < K; ++d) q_ref[(a - a0) * K + d] = G[a * K + d] - ref[d];
+    cut(q_ref.data(), a0, a1, a0);
     exp_rows(q_ref.data(), a1 - a0);
     for (int64_t b = 0; b < a0; ++b)
       for (int64_t d = 0; d < K; ++d) k_ref[b * K + d] = ref[d] - G[b * K + d];
+    cut(k_ref.data(), 0, a0, a0);
     exp_rows(k_ref.data(), a0);
     const T* kk = k();
     for (int64_t b = 0; b < a0; ++b)
@@ -136,6 +196,7 @@ struct Chunk {
         const int64_t pairs = a - a0 + 1;  // b in [a0, a]
         for (int64_t b = a0; b <= a; ++b)
           for (int64_t d = 0; d < K; ++d) row_exp[(b - a0) * K + d] = G[a * K + d] - G[b * K + d];
+        cut(row_exp.data(), a0, a + 1, a);
         exp_rows(row_exp.data(), pairs);
         for (int64_t b = a0; b <= a; ++b) {
           const T* e = row_exp.data() + (b - a0) * K;
@@ -173,6 +234,20 @@ struct Chunk {
   }
 };
 
+// No NaN or Inf among x[0, n) (integer tests on the exponent bits: they vectorize).
+template <class T>
+bool all_finite(const T* x, int64_t n) {
+  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  constexpr U kExponent = sizeof(T) == 4 ? U(0x7F800000u) : U(0x7FF0000000000000ull);
+  U bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    U u;
+    std::memcpy(&u, x + i, sizeof u);
+    bad |= U((u & kExponent) == kExponent);
+  }
+  return bad == 0;
+}
+
 template <class T>
 void chunked_forward_impl(const HeadInputs<T>& in, T* state, T* o) {
   const int64_t K = in.K, V = in.V;
@@ -187,11 +262,20 @@ void chunked_forward_impl(const HeadInputs<T>& in, T* state, T* o) {
     const T* q = c.q();
     for (int64_t r = 0; r < len * K; ++r) q_decayed[r] = q[r] * c.exp_G[r];
     matmul_acc(len, V, K, q_decayed, K, 1, state, V, out, V);
-    // Intra-chunk: (A ⊙ M) V, each row block up to its diagonal.
+    // Intra-chunk: (A ⊙ M) V, each row block up to its diagonal. Where the
+    // block's rows of v hold a NaN or Inf, the diagonal block goes row by row
+    // up to the diagonal and no further: a product 0 · v_b with b > a would
+    // carry it into an earlier output (the same sums in the same order).
     c.scores();
     for (int64_t i = 0; i < c.num_sub(); ++i) {
       const int64_t a0 = i * kSub, a1 = c.sub_end(i);
-      matmul_acc(a1 - a0, V, a1, c.A.data() + a0 * kChunk, kChunk, 1, c.v(), V, out + a0 * V, V);
+      if (all_finite(c.v() + a0 * V, (a1 - a0) * V)) {
+        matmul_acc(a1 - a0, V, a1, c.A.data() + a0 * kChunk, kChunk, 1, c.v(), V, out + a0 * V, V);
+        continue;
+      }
+      matmul_acc(a1 - a0, V, a0, c.A.data() + a0 * kChunk, kChunk, 1, c.v(), V, out + a0 * V, V);
+      for (int64_t a = a0; a < a1; ++a)
+        matmul_acc(1, V, a - a0 + 1, c.A.data() + a * kChunk + a0, kChunk, 1, c.v() + a0 * V, V, out + a * V, V);
     }
     c.update_state(state);
   }
@@ -281,6 +365,7 @@ void chunked_backward_impl(const HeadInputs<T>& in, const T* h0, const T* d_o, T
       T* q_ref = c.work.data();  // [len − b1, K]: q_a ⊙ exp(Γ_a − ref)
       for (int64_t a = b1; a < len; ++a)
         for (int64_t d = 0; d < K; ++d) q_ref[(a - b1) * K + d] = c.G[a * K + d] - ref[d];
+      c.cut(q_ref, b1, len, b1 - 1);
       c.exp_rows(q_ref, len - b1);
       for (int64_t r = 0; r < (len - b1) * K; ++r) q_ref[r] *= q[b1 * K + r];
       std::fill(block.begin(), block.end(), T(0));
@@ -288,6 +373,7 @@ void chunked_backward_impl(const HeadInputs<T>& in, const T* h0, const T* d_o, T
       T* scale_back = c.row_exp.data();  // exp(ref − Γ_b) for b in the block
       for (int64_t b = b0; b < b1; ++b)
         for (int64_t d = 0; d < K; ++d) scale_back[(b - b0) * K + d] = ref[d] - c.G[b * K + d];
+      c.cut(scale_back, b0, b1, b1 - 1);
       c.exp_rows(scale_back, b1 - b0);
       for (int64_t r = 0; r < (b1 - b0) * K; ++r) dK[b0 * K + r] += block[r] * scale_back[r];
     }

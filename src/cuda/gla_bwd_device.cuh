@@ -421,10 +421,18 @@ struct GateTile {
   GT x[kRows];
 };
 
+// The gate in log2 units, clamped at −127 (a gate of −88 and below, −inf
+// included): every weight across such a gate is below 2^-126 and exp2_of
+// flushes it to 0, exactly what the gate gives, while Γ stays finite (no
+// −inf − −inf) and small enough for the differences of the other pairs. A
+// compare per element; gates above the clamp keep their bits.
+constexpr double kGateFloorLog2 = -127.0;
 template <class GT, class In>
 __device__ __forceinline__ GT gate_value(In x) {
-  if constexpr (std::is_same_v<In, double>) return GT(x) * GT(1.4426950408889634);
-  else return GT(to_float(x)) * GT(1.4426950408889634);
+  GT y;
+  if constexpr (std::is_same_v<In, double>) y = GT(x) * GT(1.4426950408889634);
+  else y = GT(to_float(x)) * GT(1.4426950408889634);
+  return y > GT(kGateFloorLog2) ? y : GT(kGateFloorLog2);
 }
 
 template <class GT, class In, int R>

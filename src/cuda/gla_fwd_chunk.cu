@@ -167,6 +167,8 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
     const int rows_valid = int(min(int64_t(C), seq.len - c * C));
     if (p.gate == Gate::scalar && tid < C) scalar_alpha[tid] = __expf(scalar_g_next);
     if (c + 1 < c_end) fetch_scalar_gate(c + 1);
+    // Whether this chunk's v holds a NaN or Inf: then O += A V takes its diagonal blocks on CUDA cores (below).
+    bool v_nonfinite = false;
 
     for (int slice = 0; slice < p.num_slices; ++slice) {
       cp_async_wait_all();
@@ -258,12 +260,16 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
             const int col = lane + 32 * half;
             float vv[8];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) vv[j] = to_float(raw_v[(r0 + j) * BV + col]);
+            for (int j = 0; j < 8; ++j) {
+              vv[j] = to_float(raw_v[(r0 + j) * BV + col]);
+              v_nonfinite |= (__float_as_uint(vv[j]) & 0x7F800000u) == 0x7F800000u;
+            }
             store8(VT + col * PC + r0, vv);
           }
         }
       }
-      __syncthreads();  // operands ready; raw v consumed
+      if (slice == 0) v_nonfinite = __syncthreads_or(v_nonfinite);  // operands ready; raw v consumed
+      else __syncthreads();
       if (slice == 0 && c + 1 < c_end) issue(c + 1, 0, 0, kValueTileLoad);
       cp_async_commit();
 
@@ -380,6 +386,20 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
     for (int mt = 0; mt < MT_O; ++mt) {
       const int m = MT_O * part + mt;
       for (int ks = 0; ks <= m; ++ks) {
+        if (ks == m && v_nonfinite) {
+          // The diagonal block's product would multiply the zeros above the diagonal of A by later rows of v: a
+          // NaN or Inf there would reach earlier outputs. Row by row up to the diagonal instead (rare chunks).
+          const E* a_rows = Amat + 16 * m * PC + 16 * m;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = g4 + 8 * (e >> 1), col = 8 * cg + 2 * t4 + (e & 1);
+            float sum = 0.f;
+            for (int b = 0; b <= r; ++b)
+              sum = fmaf(to_float(a_rows[r * PC + b]), to_float(VT[col * PC + 16 * m + b]), sum);
+            o_acc[mt][e] += sum;
+          }
+          break;
+        }
         const auto af = M::load_a(Amat + 16 * m * PC + 16 * ks, PC, lane);
         const auto bf = M::load_b(VT + 8 * cg * PC + 16 * ks, PC, lane);
         M::mma(o_acc[mt], af, bf);

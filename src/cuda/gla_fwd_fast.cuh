@@ -179,6 +179,43 @@ __device__ __forceinline__ void add1(__half* p, float x) {
   asm volatile("red.global.add.noftz.f16 [%0], %1;\n" ::"l"(p), "h"(__half_as_ushort(__float2half_rn(x))));
 }
 
+// Whether any of the 8 bf16/fp16 elements of w is a NaN or an Inf (all exponent bits set).
+template <class E>
+__device__ __forceinline__ bool any_nonfinite8(uint4 w) {
+  constexpr uint32_t m = std::is_same_v<E, __half> ? 0x7C007C00u : 0x7F807F80u;
+  constexpr uint32_t lo = m & 0xFFFFu, hi = m & 0xFFFF0000u;
+  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) bad |= (x[i] & lo) == lo || (x[i] & hi) == hi;
+  return bad;
+}
+
+// O's diagonal block row by row up to the diagonal (the rare chunks whose v holds a NaN or Inf): the sums of
+// this lane's fragment elements. Out of line: inlined, it made ptxas spill in the 128×128 kernels.
+template <class E, int NO, int PA, int PV>
+struct DiagSums {
+  float x[NO][4];
+};
+template <class E, int NO, int PA, int PV>
+__device__ __noinline__ DiagSums<E, NO, PA, PV> diagonal_rowwise(const E* a_rows, const E* v_rows, int lane) {
+  const int g4 = lane >> 2, t4 = lane & 3;
+  DiagSums<E, NO, PA, PV> s;
+#pragma unroll
+  for (int nt = 0; nt < NO; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = g4 + 8 * (e >> 1);
+      const E* a_row = a_rows + r * PA;
+      const E* v_col = v_rows + 8 * nt + 2 * t4 + (e & 1);
+      float sum = 0.f;
+#pragma unroll 1
+      for (int b = 0; b <= r; ++b) sum = fmaf(to_float(a_row[b]), to_float(v_col[b * PV]), sum);
+      s.x[nt][e] = sum;
+    }
+  return s;
+}
+
 // G: the vector gate's element type (E, or float with bf16/fp16 inputs); unused for other gate kinds.
 // PARTS: K > KP, blockIdx.y also picks the key part, and o is accumulated (a separate instantiation: the
 // key offset and the reductions cost registers).
@@ -580,6 +617,27 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
 
     // ---- O += (A ⊙ M) V: row block mo needs the column blocks 0..mo ----
     for (int ks = 0; ks <= mo; ++ks) {
+      // The diagonal block's product multiplies the zeros above the diagonal of A by later rows of v: a NaN or
+      // Inf there would reach earlier outputs. Where this warp's rows and columns of v hold one (a warp vote on
+      // one or two 16-byte loads per lane), row by row up to the diagonal instead.
+      bool bad = false;
+      if (ks == mo) {
+        int piece = lane;
+        asm volatile("" : "+r"(piece));  // addresses made here, not held through the chunk loop
+#pragma unroll
+        for (int i = 0; i < NO / 2; ++i, piece += 32)
+          bad |= any_nonfinite8<E>(
+              *reinterpret_cast<const uint4*>(v_s + (16 * mo + piece / NO) * PV + 8 * (no0 + piece % NO)));
+      }
+      if (ks == mo && __any_sync(0xffffffffu, bad)) {
+        const auto sums =
+            diagonal_rowwise<E, NO, PA, PV>(a_s + 16 * mo * PA + 16 * mo, v_s + 16 * mo * PV + 8 * no0, lane);
+#pragma unroll
+        for (int nt = 0; nt < NO; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[nt][e] += sums.x[nt][e];
+        break;
+      }
       const auto af = frag_a(a_s + 16 * mo * PA + 16 * ks, PA, lane);
 #pragma unroll
       for (int np = 0; np < NO / 2; ++np) {

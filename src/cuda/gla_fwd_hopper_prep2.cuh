@@ -115,6 +115,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kGateFloor = -88.f;  // see the cumsum below
   extern __shared__ __align__(16) float fsm[];
   float* fac = fsm;                      // factor rows [kRows][kP]; at the end the diagonal partial sums
   float* a_tile = fsm + kAOffset;        // fp32 A [64][kPA] (entries below the diagonal tiles and on them)
@@ -205,11 +206,14 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
       }
     }
     // ---- G = Γ · log2 e: inclusive sums over the eighth's rows, then the earlier eighths' totals ----
+    // Gates are clamped at −88 first (−inf included): every weight across such a gate is below 2^-126, which
+    // exp2_ftz flushes to 0, exactly what the gate gives, and Γ stays finite (no −inf − −inf, no −1e30 that
+    // swallows the other gates of the chunk). Gates above −88 keep their bits.
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
       float run = 0.f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) G[j][kk] = run = fmaf(G[j][kk], kLog2e, run);
+      for (int j = 0; j < 8; ++j) G[j][kk] = run = fmaf(fmaxf(G[j][kk], kGateFloor), kLog2e, run);
     }
     *reinterpret_cast<float2*>(totals + eighth * 64 + 2 * pair) = make_float2(G[7][0], G[7][1]);
     *reinterpret_cast<float2*>(firsts + (2 * eighth) * 64 + 2 * pair) = make_float2(G[0][0], G[0][1]);
