@@ -31,6 +31,7 @@ _OPS = (
     "chunk_gla_segment_states",
     "chunk_gla_segment_state_grads",
     "flash_attention",
+    "flash_attention_with_kvcache",
 )
 
 MIN_TORCH = (2, 4)
@@ -56,6 +57,7 @@ def _torch_problem():
 _problem = _torch_problem()
 if _problem is None:
     from .attention import flash_attention
+    from .kvcache import flash_attention_with_kvcache
     from .gla import (chunk_gla, chunk_gla_segment_state_grads, chunk_gla_segment_states, chunk_linear_attn,
                       chunk_simple_gla, fused_recurrent_gla, gla_decode_step)
 

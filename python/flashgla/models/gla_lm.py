@@ -120,6 +120,8 @@ class _GraphDecoder:
                 static.k[:, :state.length] = state.k[:, :state.length]
                 static.v[:, :state.length] = state.v[:, :state.length]
                 static.length, static.position = state.length, self.position
+                # Per-sequence lengths (flashgla backend): a fixed device buffer the step advances in place.
+                static.seqlens = state.lengths().clone()
                 cache.layers[i] = static
         self.token = torch.zeros(batch, 1, dtype=torch.int64, device=device)
         self.graph, self.logits, self.calls = None, None, 0
@@ -338,8 +340,9 @@ class GLAForCausalLM(nn.Module):
             check_mask(attention_mask, *input_ids.shape)
             if not bool(attention_mask[:, -1].bool().all()):
                 raise ValueError("generate: pad prompts on the left (attention_mask[:, -1] must be all 1)")
-        if has_padding(attention_mask) and self.config.attn_layers:
-            # Attention blocks keep one KV cache per batch: generate padded prompts one at a time.
+        if has_padding(attention_mask) and self.config.attn_layers and self.config.attn_backend != "flashgla":
+            # The sdpa baseline keeps one KV length per batch: generate padded prompts one at a time
+            # (flashgla's attention keeps one length per sequence and takes them in one batch).
             new_tokens = [self.generate(input_ids[b:b + 1][:, attention_mask[b].bool()], max_new_tokens, None,
                                         do_sample, temperature, top_k, eos_token_id, generator,
                                         cuda_graph)[:, -max_new_tokens:]
