@@ -33,7 +33,6 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kRows = 16;  // query rows (query × head of a KV group) per CTA
-constexpr int kKeyPad = 8; // elements after each key row in shared memory: rows start on distinct banks
 
 template <class E>
 constexpr int key_tile() {
@@ -95,16 +94,27 @@ __global__ void append_kernel(Params p, int head_dim, int value_dim) {
 }
 
 // Loads `keys` rows of one head into shared memory [KT][ld]; rows at offset −1 (or past `keys`) become 0.
+// The 16-byte path issues all of a thread's loads before its stores, so they are in flight together.
 template <class E, int D, int KT>
 __device__ __forceinline__ void load_tile(const E* cache, const int64_t* stride, const int64_t* rows, int keys, bool vec,
                                           E* tile, int ld) {
   constexpr int kVec = 16 / sizeof(E);
+  constexpr int kChunks = KT * (D / kVec);
+  static_assert(kChunks % kThreads == 0, "a tile is a whole number of 16-byte loads per thread");
   if (vec) {
-    for (int idx = threadIdx.x; idx < KT * (D / kVec); idx += kThreads) {
+    uint4 value[kChunks / kThreads];
+#pragma unroll
+    for (int it = 0; it < kChunks / kThreads; ++it) {
+      const int idx = threadIdx.x + it * kThreads;
       const int c = idx / (D / kVec), part = idx % (D / kVec);
-      uint4 value = make_uint4(0, 0, 0, 0);
-      if (c < keys && rows[c] >= 0) value = *reinterpret_cast<const uint4*>(cache + rows[c] + part * kVec);
-      *reinterpret_cast<uint4*>(tile + c * ld + part * kVec) = value;
+      value[it] = make_uint4(0, 0, 0, 0);
+      if (c < keys && rows[c] >= 0) value[it] = *reinterpret_cast<const uint4*>(cache + rows[c] + part * kVec);
+    }
+#pragma unroll
+    for (int it = 0; it < kChunks / kThreads; ++it) {
+      const int idx = threadIdx.x + it * kThreads;
+      const int c = idx / (D / kVec), part = idx % (D / kVec);
+      *reinterpret_cast<uint4*>(tile + c * ld + part * kVec) = value[it];
     }
   } else {
     for (int idx = threadIdx.x; idx < KT * D; idx += kThreads) {
@@ -117,7 +127,7 @@ __device__ __forceinline__ void load_tile(const E* cache, const int64_t* stride,
 template <class E, int D>
 __global__ void __launch_bounds__(kThreads) split_kernel(Params p) {
   constexpr int KT = key_tile<E>();
-  constexpr int LD = D + kKeyPad;
+  constexpr int LD = D;  // warps read whole key rows: no padding needed against bank conflicts
   constexpr int kGroups = kThreads / D;           // row groups of the output accumulation
   constexpr int kAccRows = kRows / kGroups;       // rows each thread accumulates
   __shared__ __align__(16) E k_tile[KT * LD];
@@ -173,21 +183,28 @@ __global__ void __launch_bounds__(kThreads) split_kernel(Params p) {
     load_tile<E, D, KT>(vc, p.vc_stride, v_rows, keys, p.vec_v, v_tile, D);
     __syncthreads();
 
-    // Scores: thread → key c, rows c-group apart.
-    for (int idx = threadIdx.x; idx < rows * KT; idx += kThreads) {
-      const int r = idx / KT, c = idx % KT;
+    // Scores: a warp per key, its lanes splitting D (one contiguous row read per key, no bank
+    // conflicts), the key's elements reused for every row; shuffles sum the lanes' parts.
+    for (int c = warp; c < KT; c += kThreads / 32) {
+      constexpr int kPer = D / 32;
+      float kf[kPer];
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) kf[e] = to_float(k_tile[c * LD + lane * kPer + e]);
       const int j = j0 + c;
-      const int i = (row0 + r) / p.group;
-      const bool visible = c < keys && k_rows[c] >= 0 && (!p.causal || j <= i + L - p.q_len);
-      float s = -INFINITY;
-      if (visible) {
-        s = 0.f;
-        const float* qr = q_s + r * D;
-        const E* kr = k_tile + c * LD;
-#pragma unroll 8
-        for (int d = 0; d < D; ++d) s += qr[d] * to_float(kr[d]);
+      const bool key_ok = c < keys && k_rows[c] >= 0;
+      for (int r = 0; r < rows; ++r) {
+        const float* qr = q_s + r * D + lane * kPer;
+        float s = 0.f;
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) s += qr[e] * kf[e];
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+        if (lane == 0) {
+          const int i = (row0 + r) / p.group;
+          const bool visible = key_ok && (!p.causal || j <= i + L - p.q_len);
+          p_s[r * KT + c] = visible ? s : -INFINITY;
+        }
       }
-      p_s[r * KT + c] = s;
     }
     __syncthreads();
 
@@ -308,13 +325,14 @@ int sm_count(int device) {
   return count;
 }
 
-// Key splits per (sequence, KV head, row chunk): enough CTAs for about two
-// waves over the SMs, each split at least two key tiles long.
+// Key splits per (sequence, KV head, row chunk): enough CTAs to fill the SMs
+// (about four resident per SM, limited by shared memory), each split at least
+// 128 keys long so the partials stay small next to the keys.
 int plan_splits(const AttentionKvCacheArgs& a, const KvCacheProblem& p) {
   if (a.num_splits > 0) return a.num_splits;
   const int64_t row_chunks = ceil_div(p.q_len * (p.q_heads / p.kv_heads), kRows);
   const int64_t ctas = p.batch * p.kv_heads * row_chunks;
-  const int64_t wanted = ceil_div(2 * int64_t(sm_count(a.q.device.index)), ctas);
+  const int64_t wanted = ceil_div(4 * int64_t(sm_count(a.q.device.index)), ctas);
   const int64_t most = std::max<int64_t>(1, p.max_seqlen_k / 128);
   return int(std::clamp<int64_t>(std::min(wanted, most), 1, 256));
 }
