@@ -101,8 +101,9 @@ class _GraphDecoder:
     """The one-token decode step of a model on a fixed batch, as a CUDA graph.
 
     Every per-layer state is a fixed buffer updated in place by the step (GLA states by the decode
-    kernel, short-convolution inputs by a copy, attention keys and values written at a device-side
-    position into caches preallocated to the final length), so the step has static shapes and no
+    kernel, short-convolution inputs by a copy, attention keys and values written at device-side
+    positions, one per sequence for the flashgla backend, into caches preallocated to the final
+    length), so the step has static shapes and no
     host synchronization. The first call runs the step eagerly on a side stream (warm-up: lazy
     initializations, workspace allocations), the second captures it, and every call from then on
     copies the token into the graph's input and replays it. On capture failure it stays eager.
