@@ -28,6 +28,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashgla
 
+DEVICE = "cuda"  # the benchmark runs on the GPU; a CPU dry run of run_shape sets "cpu"
+
 try:
     import triton.testing
 
@@ -50,7 +52,7 @@ except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
 
 
 def run_shape(B, L, Hq, Hkv, D, paged, copy_cache):
-    dtype, device = torch.bfloat16, "cuda"
+    dtype, device = torch.bfloat16, DEVICE
     q = torch.randn(B, 1, Hq, D, dtype=dtype, device=device)
     if paged:
         per_seq = (L + paged - 1) // paged
