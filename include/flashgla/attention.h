@@ -66,8 +66,12 @@ size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& args);
 // of sequence b is row j % block_size of block block_table[b, j / block_size].
 // The capacity of a sequence is Tmax, or max_blocks · block_size.
 //
+// CUDA runs f32/bf16/f16 with D ∈ {64, 128} and Dv == D (else an unsupported
+// error); the CPU any float dtype and sizes (fp32 accumulation, fp64 for f64).
+//
 // Bounds: on the CPU, cache_seqlens and block_table are read and checked
-// (0 ≤ L_b ≤ capacity, blocks in [0, num_blocks); errors name them). On CUDA
+// (0 ≤ L_b ≤ capacity; the blocks holding a sequence's L_b keys in
+// [0, num_blocks), entries past them are never read; errors name them). On CUDA
 // they stay on the device and are never read back (graph-capturable): there L_b
 // is clamped to [0, capacity], new keys past the capacity are dropped, and a
 // key whose block index is outside [0, num_blocks) is neither read nor written
