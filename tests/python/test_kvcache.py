@@ -123,10 +123,11 @@ def test_opcheck(gen):
                           test_utils=("test_schema", "test_faketensor"))
 
 
-def tiny_hybrid(seed, dtype=torch.float64, device="cpu"):
+def tiny_hybrid(seed, dtype=torch.float64, device="cpu", hidden_size=32, attn_heads=(4, 2)):
     torch.manual_seed(seed)
-    config = GLAConfig(vocab_size=40, hidden_size=32, num_hidden_layers=3, num_heads=2, use_short_conv=True,
-                       attn_layers=[0, 2], attn_num_heads=4, attn_num_kv_heads=2)
+    config = GLAConfig(vocab_size=40, hidden_size=hidden_size, num_hidden_layers=3, num_heads=2,
+                       use_short_conv=True, attn_layers=[0, 2], attn_num_heads=attn_heads[0],
+                       attn_num_kv_heads=attn_heads[1])
     return GLAForCausalLM(config).to(device=device, dtype=dtype).eval()
 
 
@@ -202,8 +203,9 @@ def test_kvcache_gpu_cuda_graph_capture(gen):
 
 
 @cuda
-def test_kvcache_gpu_padded_hybrid_generation():
-    model = tiny_hybrid(5, torch.float32, "cuda")
+@pytest.mark.parametrize("hidden_size", [128, 32], ids=["D64_kernel", "D8_masked_fallback"])
+def test_kvcache_gpu_padded_hybrid_generation(hidden_size):
+    model = tiny_hybrid(5, torch.float32, "cuda", hidden_size, (2, 1))
     ids = torch.randint(0, 40, (3, 9), generator=torch.Generator().manual_seed(4)).cuda()
     mask = torch.ones_like(ids)
     mask[1, :4] = 0
@@ -211,3 +213,24 @@ def test_kvcache_gpu_padded_hybrid_generation():
     graph = model.generate(ids, 12, attention_mask=mask, cuda_graph=True)
     eager = model.generate(ids, 12, attention_mask=mask, cuda_graph=False)
     assert torch.equal(graph, eager)
+
+
+def test_layer_masked_fallback_matches_the_op(gen):
+    """Where flash_attention_with_kvcache does not run (CUDA with other head dims, fp64 on CUDA) the layer
+    appends and attends through index writes and masked SDPA: the same result and cache."""
+    from flashgla.nn.attention import Attention, KVCache
+
+    torch.manual_seed(0)
+    layer = Attention(32, 4, 2).double()
+    B, capacity = 3, 20
+    for T in (1, 3):
+        k_cache, v_cache = randn(gen, B, capacity, 2, 8), randn(gen, B, capacity, 2, 8)
+        lengths = torch.tensor([0, 5, capacity - T], dtype=torch.int32)
+        q, k, v = randn(gen, B, T, 4, 8), randn(gen, B, T, 2, 8), randn(gen, B, T, 2, 8)
+        positions = lengths.long()[:, None] + torch.arange(T)
+        caches = [KVCache(k_cache.clone(), v_cache.clone(), capacity - T, seqlens=lengths.clone()) for _ in range(2)]
+        with poisoned_outputs():
+            op = layer._attend_cache(q, k, v, caches[0], caches[0].seqlens, positions, None)
+        masked = layer._attend_cache_masked(q, k, v, caches[1], positions)
+        assert_close(op, masked, 1e-12, f"T={T}")
+        assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)

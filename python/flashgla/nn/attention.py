@@ -182,11 +182,29 @@ class Attention(nn.Module):
         cache.reserve(cache.length + seq_len)
         positions = lengths.long().unsqueeze(1) + torch.arange(seq_len, device=q.device)  # [B, T]
         q, k = self.rotary(q, positions), self.rotary(k, positions)
-        o = flash_attention_with_kvcache(q, cache.k, cache.v, lengths, k=k, v=v, causal=True,
-                                         max_seqlen_k=cache.length + seq_len)
+        o = self._attend_cache(q, k, v, cache, lengths, positions, cache.length + seq_len)
         lengths.add_(seq_len)
         cache.length += seq_len
         return self.o_proj(o.reshape(batch, seq_len, self.hidden_size))
+
+    def _attend_cache(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache, lengths: Tensor, positions: Tensor,
+                      max_seqlen_k: Optional[int]) -> Tensor:
+        """Appends k, v [B, T, Hkv, D] at rows lengths[b].. of the cache and attends causally (query t of
+        sequence b sees rows <= positions[b, t] = lengths[b] + t), all on the device. flash_attention_with_kvcache
+        where it runs (the CPU; CUDA with D in {64, 128} and no fp64); elsewhere the same through index writes
+        and SDPA with a mask over the capacity."""
+        if not q.is_cuda or (self.head_dim in (64, 128) and q.dtype != torch.float64):
+            return flash_attention_with_kvcache(q, cache.k, cache.v, lengths, k=k, v=v, causal=True,
+                                                max_seqlen_k=max_seqlen_k)
+        return self._attend_cache_masked(q, k, v, cache, positions)
+
+    def _attend_cache_masked(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache, positions: Tensor) -> Tensor:
+        rows = torch.arange(q.shape[0], device=q.device).unsqueeze(1)
+        cache.k[rows, positions], cache.v[rows, positions] = k, v
+        visible = torch.arange(cache.k.shape[1], device=q.device) <= positions.unsqueeze(-1)  # [B, T, capacity]
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), cache.k.transpose(1, 2), cache.v.transpose(1, 2),
+                                           attn_mask=visible.unsqueeze(1), enable_gqa=self.num_kv_heads != self.num_heads)
+        return o.transpose(1, 2)
 
     def _static_step(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], cache: KVCache) -> Tensor:
         """One token per sequence against a static cache, without reading anything back to the host, so the
@@ -201,7 +219,7 @@ class Attention(nn.Module):
             lengths = cache.lengths()
             positions = lengths.long().unsqueeze(1)
             q, k = self.rotary(q, positions), self.rotary(k, positions)
-            o = flash_attention_with_kvcache(q, cache.k, cache.v, lengths, k=k, v=v, causal=True)
+            o = self._attend_cache(q, k, v, cache, lengths, positions, None)
             lengths.add_(1)
             return self.o_proj(o.reshape(batch, seq_len, self.hidden_size))
         position = cache.position
