@@ -189,10 +189,11 @@ inline Expected reference(const Case& c, const Inputs& in) {
   return e;
 }
 
-inline double tolerance(DType d) {
+// CUDA computes exp with the fast intrinsic (a few ulp), hence its looser fp32 bound.
+inline double tolerance(DType d, Device dev) {
   switch (d) {
     case DType::f64: return 1e-12;
-    case DType::f32: return 2e-6;
+    case DType::f32: return dev.type == DeviceType::cuda ? 2e-5 : 2e-6;
     case DType::f16: return 2e-3;
     default: return 1e-2;
   }
@@ -215,7 +216,7 @@ inline void check_case(const Case& c, Device dev, uint64_t seed) {
   }
   attention_with_kvcache(a);
   synchronize(dev);
-  EXPECT_LE(rel_rms_error(o.values(), e.o), tolerance(c.dtype));
+  EXPECT_LE(rel_rms_error(o.values(), e.o), tolerance(c.dtype, dev));
   const std::vector<double> lv = lse.values();
   for (size_t i = 0; i < lv.size(); ++i) {
     if (std::isinf(e.lse[i])) {
