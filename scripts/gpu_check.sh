@@ -18,7 +18,7 @@ LOGS=$(mktemp -d)
 mkdir -p "$OUT"
 BUILD=build-gpu
 ARCH=${FLASHGLA_CUDA_ARCH:-90a}
-SANITIZE_FILTER=${SANITIZE_FILTER:-CudaGlaForward.Sanitizer*:GlaSegmentCuda.Sanitizer*:CudaGlaBackward.Sanitizer*:CudaGlaEdges.Sanitizer*:CudaGlaDecode.*:AttentionCudaApi.BadDeviceBoundariesStayInBounds:Sanitizer/AttentionGenericCuda.*:AttentionGenericCudaApi.Small*:NormGpu.*:GateGpu.*:Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33:GroupedHeads/AttentionCuda.*/2:Varlen/AttentionCuda.*/5}
+SANITIZE_FILTER=${SANITIZE_FILTER:-CudaGlaForward.Sanitizer*:GlaSegmentCuda.Sanitizer*:CudaGlaBackward.Sanitizer*:CudaGlaEdges.Sanitizer*:CudaGlaDecode.*:AttentionCudaApi.BadDeviceBoundariesStayInBounds:Sanitizer/AttentionGenericCuda.*:AttentionGenericCudaApi.Small*:NormGpu.*:GateGpu.*:Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33:GroupedHeads/AttentionCuda.*/2:Varlen/AttentionCuda.*/5:Shapes/KvCacheCudaSmall.*:KvCacheCudaSmallApi.*}
 BENCH=${BENCH-ops}
 AB_BASE=${AB_BASE:-}
 PY=${PY:-1}

@@ -53,4 +53,50 @@ void attention_backward(const AttentionBackwardArgs& args);
 size_t attention_forward_workspace_bytes(const AttentionForwardArgs& args);  // checks args; 0 on the CPU
 size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& args);
 
+// Attention of new queries over a KV cache (decoding), FlashAttention's
+// flash_attn_with_kvcache. Sequence b has L_b = cache_seqlens[b] cached keys,
+// plus Tq when new k, v are given: those are first written into the cache at
+// rows cache_seqlens[b] .. cache_seqlens[b] + Tq − 1 (in place) and then
+// attended. Query i of sequence b sees keys j < L_b, and with causal those with
+// j ≤ i + L_b − Tq (bottom-right aligned); a query that sees no key gets o = 0
+// and lse = −inf.
+//
+// The cache is contiguous, k_cache [B, Tmax, Hkv, D], or paged, k_cache
+// [num_blocks, block_size, Hkv, D] with block_table [B, max_blocks] i32: key j
+// of sequence b is row j % block_size of block block_table[b, j / block_size].
+// The capacity of a sequence is Tmax, or max_blocks · block_size.
+//
+// CUDA runs f32/bf16/f16 with D ∈ {64, 128} and Dv == D (else an unsupported
+// error); the CPU any float dtype and sizes (fp32 accumulation, fp64 for f64).
+//
+// Bounds: on the CPU, cache_seqlens and block_table are read and checked
+// (0 ≤ L_b ≤ capacity; the blocks holding a sequence's L_b keys in
+// [0, num_blocks), entries past them are never read; errors name them). On CUDA
+// they stay on the device and are never read back (graph-capturable): there L_b
+// is clamped to [0, capacity], new keys past the capacity are dropped, and a
+// key whose block index is outside [0, num_blocks) is neither read nor written
+// (it is masked out) — garbage in gives wrong numbers, never an illegal access.
+struct AttentionKvCacheArgs {
+  TensorView q;                 // [B, Tq, Hq, D], f64/f32/bf16/f16
+  TensorView k_cache, v_cache;  // [B, Tmax, Hkv, D] / [.., Dv], or paged [num_blocks, block_size, Hkv, D] / [.., Dv]
+  TensorView cache_seqlens;     // [B] i32, keys already in the cache
+  TensorView block_table;       // optional: [B, max_blocks] i32 (a paged cache)
+  TensorView k, v;              // optional, both or neither: [B, Tq, Hkv, D] / [.., Dv], appended in place
+  bool causal = true;
+  std::optional<double> scale;  // default D^-1/2
+  // A host-side bound on L_b (after the append) used to plan the CUDA split
+  // over keys; default the capacity. Never read from the device.
+  std::optional<int64_t> max_seqlen_k;
+  int num_splits = 0;  // CUDA: key splits per (sequence, head); 0 picks one to fill the GPU
+
+  TensorView o;    // out: [B, Tq, Hq, Dv], dtype of q
+  TensorView lse;  // optional out: [B, Hq, Tq] f32
+  void* stream = nullptr;
+  void* workspace = nullptr;  // CUDA: attention_with_kvcache_workspace_bytes() of scratch
+  size_t workspace_bytes = 0;
+};
+
+void attention_with_kvcache(const AttentionKvCacheArgs& args);
+size_t attention_with_kvcache_workspace_bytes(const AttentionKvCacheArgs& args);  // checks args; 0 on the CPU
+
 }  // namespace flashgla

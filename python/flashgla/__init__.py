@@ -32,6 +32,7 @@ _OPS = (
     "chunk_gla_segment_state_grads",
     "gla_prefill",
     "flash_attention",
+    "flash_attention_with_kvcache",
 )
 
 MIN_TORCH = (2, 4)
@@ -57,6 +58,7 @@ def _torch_problem():
 _problem = _torch_problem()
 if _problem is None:
     from .attention import flash_attention
+    from .kvcache import flash_attention_with_kvcache
     from .gla import (chunk_gla, chunk_gla_segment_state_grads, chunk_gla_segment_states, chunk_linear_attn,
                       chunk_simple_gla, fused_recurrent_gla, gla_decode_step, gla_prefill)
 

@@ -20,6 +20,9 @@ void bind_segment(nanobind::module_& m);
 // Registers gla_fold_states (context parallelism); defined in fold_bindings.cpp.
 void bind_fold(nanobind::module_& m);
 
+// Registers attention_with_kvcache; defined in kvcache_bindings.cpp.
+void bind_kvcache(nanobind::module_& m);
+
 inline void* as_pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 // The execution fields every args struct with a workspace has: the CUDA stream

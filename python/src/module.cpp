@@ -349,4 +349,5 @@ NB_MODULE(_C, m) {
   bind_norm(m);     // gated RMSNorm and log-sigmoid gate (norm_bindings.cpp)
   bind_segment(m);  // per-segment state summaries for context parallelism (segment_bindings.cpp)
   bind_fold(m);     // context parallelism's fold of state summaries (fold_bindings.cpp)
+  bind_kvcache(m);  // attention over a KV cache (kvcache_bindings.cpp)
 }

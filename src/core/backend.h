@@ -14,6 +14,7 @@ void gla_segment_states(const GlaSegmentStatesArgs& args, const GlaProblem& prob
 void gla_segment_state_grads(const GlaSegmentStateGradsArgs& args, const GlaProblem& problem);
 void attention_forward(const AttentionForwardArgs& args, const AttentionProblem& problem);
 void attention_backward(const AttentionBackwardArgs& args, const AttentionProblem& problem);
+void attention_with_kvcache(const AttentionKvCacheArgs& args, const KvCacheProblem& problem);
 }  // namespace flashgla::cpu
 
 #ifdef FLASHGLA_WITH_CUDA
@@ -33,6 +34,8 @@ size_t gla_forward_workspace_bytes(const GlaForwardArgs& args, const GlaProblem&
 size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args, const GlaProblem& problem);
 size_t attention_forward_workspace_bytes(const AttentionForwardArgs& args, const AttentionProblem& problem);
 size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& args, const AttentionProblem& problem);
+void attention_with_kvcache(const AttentionKvCacheArgs& args, const KvCacheProblem& problem);
+size_t attention_with_kvcache_workspace_bytes(const AttentionKvCacheArgs& args, const KvCacheProblem& problem);
 }  // namespace flashgla::cuda
 #endif
 

@@ -99,8 +99,9 @@ def test_greedy_generate_matches_flashgla_generate_and_the_argmax(options):
     assert torch.equal(logits[:, 5:-1].argmax(-1), out[:, 6:])
 
 
-def test_generate_with_left_padding_matches_one_prompt_at_a_time():
-    model = tiny_hf(seed=7, use_short_conv=True)
+@pytest.mark.parametrize("options", [dict(use_short_conv=True), dict(use_short_conv=True, **HYBRID)])
+def test_generate_with_left_padding_matches_one_prompt_at_a_time(options):
+    model = tiny_hf(seed=7, **options)
     prompts = [torch.randint(0, 40, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 3)]
     ids = torch.zeros(2, 5, dtype=torch.long)
     mask = torch.zeros(2, 5, dtype=torch.long)

@@ -101,8 +101,9 @@ class _GraphDecoder:
     """The one-token decode step of a model on a fixed batch, as a CUDA graph.
 
     Every per-layer state is a fixed buffer updated in place by the step (GLA states by the decode
-    kernel, short-convolution inputs by a copy, attention keys and values written at a device-side
-    position into caches preallocated to the final length), so the step has static shapes and no
+    kernel, short-convolution inputs by a copy, attention keys and values written at device-side
+    positions, one per sequence for the flashgla backend, into caches preallocated to the final
+    length), so the step has static shapes and no
     host synchronization. The first call runs the step eagerly on a side stream (warm-up: lazy
     initializations, workspace allocations), the second captures it, and every call from then on
     copies the token into the graph's input and replays it. On capture failure it stays eager.
@@ -120,6 +121,8 @@ class _GraphDecoder:
                 static.k[:, :state.length] = state.k[:, :state.length]
                 static.v[:, :state.length] = state.v[:, :state.length]
                 static.length, static.position = state.length, self.position
+                # Per-sequence lengths (flashgla backend): a fixed device buffer the step advances in place.
+                static.seqlens = state.lengths().clone()
                 cache.layers[i] = static
         self.token = torch.zeros(batch, 1, dtype=torch.int64, device=device)
         self.graph, self.logits, self.calls = None, None, 0
@@ -338,8 +341,9 @@ class GLAForCausalLM(nn.Module):
             check_mask(attention_mask, *input_ids.shape)
             if not bool(attention_mask[:, -1].bool().all()):
                 raise ValueError("generate: pad prompts on the left (attention_mask[:, -1] must be all 1)")
-        if has_padding(attention_mask) and self.config.attn_layers:
-            # Attention blocks keep one KV cache per batch: generate padded prompts one at a time.
+        if has_padding(attention_mask) and self.config.attn_layers and self.config.attn_backend != "flashgla":
+            # The sdpa baseline keeps one KV length per batch: generate padded prompts one at a time
+            # (flashgla's attention keeps one length per sequence and takes them in one batch).
             new_tokens = [self.generate(input_ids[b:b + 1][:, attention_mask[b].bool()], max_new_tokens, None,
                                         do_sample, temperature, top_k, eos_token_id, generator,
                                         cuda_graph)[:, -max_new_tokens:]

@@ -113,13 +113,15 @@ class GLACache(_CoreCache, _HFCache):
                 conv = None if state.conv is None else tuple(fn(c) for c in state.conv)
                 self.layers[i] = GLAState(fn(state.recurrent), conv)
             elif isinstance(state, KVCache):
-                self.layers[i] = KVCache(fn(state.k), fn(state.v), state.length)
+                seqlens = None if state.seqlens is None else fn(state.seqlens)
+                self.layers[i] = KVCache(fn(state.k), fn(state.v), state.length, seqlens=seqlens)
 
     def reorder_cache(self, beam_idx: Tensor) -> None:
         """Beam search: row b becomes row beam_idx[b] (in place: a captured decode step keeps its buffers)."""
         for state in self.layers:
             tensors = ([state.recurrent, *(state.conv or ())] if isinstance(state, GLAState)
-                       else [state.k, state.v] if isinstance(state, KVCache) else [])
+                       else [state.k, state.v, *([] if state.seqlens is None else [state.seqlens])]
+                       if isinstance(state, KVCache) else [])
             for t in tensors:
                 t.copy_(t.index_select(0, beam_idx.to(t.device)))
 
@@ -208,7 +210,8 @@ class FlashGLAForCausalLM(PreTrainedModel, GenerationMixin):
                             f"{type(past_key_values).__name__}")
         if use_cache is None:  # transformers' default, except where a cache is useless or cannot be kept
             use_cache = (getattr(self.config, "use_cache", True) and not self.training and labels is None
-                         and not (self.config.attn_layers and has_padding(attention_mask)))
+                         and not (self.config.attn_layers and self.config.attn_backend != "flashgla"
+                                  and has_padding(attention_mask)))
         if use_cache and past_key_values is None:
             past_key_values = GLACache(len(self.model.layers))
         if past_key_values is not None and past_key_values.seen_tokens > 0 and attention_mask is not None:

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import flash_attention
-from .padding import forward_packed, positions_in_sequence
+from ..kvcache import flash_attention_with_kvcache
+from .padding import forward_packed, positions_in_sequence, sequence_ids
 
 __all__ = ["Attention", "KVCache", "RotaryEmbedding"]
 
@@ -43,7 +44,9 @@ class RotaryEmbedding(nn.Module):
 
 @dataclass
 class KVCache:
-    """Keys and values of the tokens seen so far, [B, capacity, Hkv, D], the first `length` valid."""
+    """Keys and values of the tokens seen so far, [B, capacity, Hkv, D], the first `length` valid; with
+    `seqlens` (int32 [B], on the device) sequence b has its own seqlens[b] valid keys from row 0 (left-padded
+    prompts keep no padding) and `length` is their maximum, kept on the host."""
 
     k: Tensor
     v: Tensor
@@ -51,23 +54,48 @@ class KVCache:
     # Static caches (CUDA-graph decoding): the capacity is fixed and the next write position is this
     # device tensor (int64 [1]), advanced by the caller after each step; `length` is only its host mirror.
     position: Optional[Tensor] = None
+    seqlens: Optional[Tensor] = None
+
+    def reserve(self, needed: int) -> None:
+        """Grows the capacity to at least `needed` rows, geometrically, so that appending one token at a
+        time stays cheap."""
+        if needed > self.k.shape[1]:
+            capacity = max(needed, 2 * self.k.shape[1])
+            grow = (0, 0, 0, 0, 0, capacity - self.k.shape[1])
+            self.k, self.v = F.pad(self.k, grow), F.pad(self.v, grow)
 
     def append(self, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
         """Adds [B, T, Hkv, D] and returns all valid keys and values (views)."""
         needed = self.length + k.shape[1]
-        if needed > self.k.shape[1]:  # grow geometrically, so appending one token at a time stays cheap
-            capacity = max(needed, 2 * self.k.shape[1])
-            grow = (0, 0, 0, 0, 0, capacity - self.k.shape[1])
-            self.k, self.v = F.pad(self.k, grow), F.pad(self.v, grow)
+        self.reserve(needed)
         self.k[:, self.length:needed] = k
         self.v[:, self.length:needed] = v
         self.length = needed
         return self.k[:, :needed], self.v[:, :needed]
 
+    def lengths(self) -> Tensor:
+        """seqlens, made from `length` (every sequence equally long) when absent."""
+        if self.seqlens is None:
+            self.seqlens = torch.full((self.k.shape[0],), self.length, dtype=torch.int32, device=self.k.device)
+        return self.seqlens
+
     @staticmethod
     def empty(batch: int, num_kv_heads: int, head_dim: int, capacity: int, dtype, device) -> "KVCache":
         shape = (batch, capacity, num_kv_heads, head_dim)
         return KVCache(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
+
+    @staticmethod
+    def from_packed(k: Tensor, v: Tensor, cu_seqlens: Tensor) -> "KVCache":
+        """A cache of N sequences from packed keys and values [1, total, Hkv, D] with boundaries cu_seqlens
+        [N+1]: each sequence's keys from row 0, its length in seqlens (reads the longest back to the host)."""
+        total = k.shape[1]
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int32)
+        cache = KVCache.empty(len(lengths), k.shape[2], k.shape[3], max(int(lengths.max()), 1), k.dtype, k.device)
+        rows, cols = sequence_ids(cu_seqlens, total), positions_in_sequence(cu_seqlens, total)
+        cache.k.zero_(), cache.v.zero_()  # rows past a sequence's length are never attended; keep them finite
+        cache.k[rows, cols], cache.v[rows, cols] = k[0], v[0]
+        cache.length, cache.seqlens = int(lengths.max()), lengths
+        return cache
 
 
 class Attention(nn.Module):
@@ -95,7 +123,8 @@ class Attention(nn.Module):
     def forward(self, hidden_states: Tensor, attention_mask: Optional[Tensor] = None,
                 cu_seqlens: Optional[Tensor] = None, state: Optional[KVCache] = None,
                 use_cache: bool = False, cp_context=None) -> Tuple[Tensor, Optional[KVCache]]:
-        """As GatedLinearAttention.forward; the state is a KVCache (not with padding or cu_seqlens).
+        """As GatedLinearAttention.forward; the state is a KVCache. A padded or packed prompt starts one (backend
+        flashgla: each sequence keeps its own length), which later steps continue unpadded, [B, T].
 
         cp_context (context parallelism): the rank's local queries attend over the keys and values of
         all ranks (all-gathered; their gradients summed back), up to the rank's own end, with
@@ -108,21 +137,28 @@ class Attention(nn.Module):
     def _forward(self, x: Tensor, cu_seqlens: Optional[Tensor], cache: Optional[KVCache],
                  use_cache: bool) -> Tuple[Tensor, Optional[KVCache]]:
         batch, seq_len, _ = x.shape
-        if cu_seqlens is not None and (cache is not None or use_cache):
-            raise NotImplementedError("attention: a KV cache with packed or padded sequences is not supported; "
+        if cu_seqlens is not None and cache is not None:
+            raise NotImplementedError("attention: continuing a KV cache with packed or padded sequences is not "
+                                      "supported; pass one step of every sequence unpadded, [B, T]")
+        if cu_seqlens is not None and use_cache and self.backend != "flashgla":
+            raise NotImplementedError("attention backend 'sdpa' keeps no KV cache of packed or padded sequences; "
                                       "generate such sequences one at a time")
         q = self.q_proj(x).view(batch, seq_len, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(batch, seq_len, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(batch, seq_len, self.num_kv_heads, self.head_dim)
         if cache is not None and cache.position is not None:
             return self._static_step(q, k, v, cu_seqlens, cache), cache
+        if cache is not None and use_cache and self.backend == "flashgla":
+            return self._cached_step(q, k, v, cache), cache
         offset = 0 if cache is None else cache.length
         if cu_seqlens is None:
             positions = torch.arange(offset, offset + seq_len, device=x.device)
         else:
             positions = positions_in_sequence(cu_seqlens, seq_len)
         q, k = self.rotary(q, positions), self.rotary(k, positions)
-        if use_cache:
+        if use_cache and cu_seqlens is not None:  # packed prompts: one cache row per sequence, no padding
+            cache = KVCache.from_packed(k, v, cu_seqlens)
+        elif use_cache:
             if cache is None:
                 cache = KVCache.empty(batch, self.num_kv_heads, self.head_dim, seq_len, k.dtype, k.device)
             k, v = cache.append(k, v)
@@ -137,13 +173,55 @@ class Attention(nn.Module):
             o = self._sdpa(q, k, v)
         return self.o_proj(o.reshape(batch, seq_len, self.hidden_size)), (cache if use_cache else None)
 
+    def _cached_step(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
+        """T new tokens per sequence after a growing cache: sequence b's tokens take positions seqlens[b]..
+        (its own length, so left-padded prompts decode in one batch), are appended there by
+        flash_attention_with_kvcache and attend causally to the sequence's keys."""
+        batch, seq_len = q.shape[:2]
+        lengths = cache.lengths()
+        cache.reserve(cache.length + seq_len)
+        positions = lengths.long().unsqueeze(1) + torch.arange(seq_len, device=q.device)  # [B, T]
+        q, k = self.rotary(q, positions), self.rotary(k, positions)
+        o = self._attend_cache(q, k, v, cache, lengths, positions, cache.length + seq_len)
+        lengths.add_(seq_len)
+        cache.length += seq_len
+        return self.o_proj(o.reshape(batch, seq_len, self.hidden_size))
+
+    def _attend_cache(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache, lengths: Tensor, positions: Tensor,
+                      max_seqlen_k: Optional[int]) -> Tensor:
+        """Appends k, v [B, T, Hkv, D] at rows lengths[b].. of the cache and attends causally (query t of
+        sequence b sees rows <= positions[b, t] = lengths[b] + t), all on the device. flash_attention_with_kvcache
+        where it runs (the CPU; CUDA with D in {64, 128} and no fp64); elsewhere the same through index writes
+        and SDPA with a mask over the capacity."""
+        if not q.is_cuda or (self.head_dim in (64, 128) and q.dtype != torch.float64):
+            return flash_attention_with_kvcache(q, cache.k, cache.v, lengths, k=k, v=v, causal=True,
+                                                max_seqlen_k=max_seqlen_k)
+        return self._attend_cache_masked(q, k, v, cache, positions)
+
+    def _attend_cache_masked(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache, positions: Tensor) -> Tensor:
+        rows = torch.arange(q.shape[0], device=q.device).unsqueeze(1)
+        cache.k[rows, positions], cache.v[rows, positions] = k, v
+        visible = torch.arange(cache.k.shape[1], device=q.device) <= positions.unsqueeze(-1)  # [B, T, capacity]
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), cache.k.transpose(1, 2), cache.v.transpose(1, 2),
+                                           attn_mask=visible.unsqueeze(1), enable_gqa=self.num_kv_heads != self.num_heads)
+        return o.transpose(1, 2)
+
     def _static_step(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], cache: KVCache) -> Tensor:
-        """One token per sequence against a static cache, without reading anything back to the host (the
-        write position is a device tensor), so the step can be captured in a CUDA graph: keys and values
-        go to row `position`, and the query attends to the rows up to it (a mask over the capacity)."""
+        """One token per sequence against a static cache, without reading anything back to the host, so the
+        step can be captured in a CUDA graph. flashgla backend: sequence b's token goes to row seqlens[b]
+        (a device tensor this step advances) and attends to its rows through flash_attention_with_kvcache.
+        sdpa: keys and values go to row `position` (advanced by the caller), and the query attends to the
+        rows up to it (a mask over the capacity)."""
         batch, seq_len = q.shape[:2]
         if seq_len != 1 or cu_seqlens is not None:
             raise NotImplementedError("attention: a static KV cache takes one token per sequence, unpacked")
+        if self.backend == "flashgla":
+            lengths = cache.lengths()
+            positions = lengths.long().unsqueeze(1)
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
+            o = self._attend_cache(q, k, v, cache, lengths, positions, None)
+            lengths.add_(1)
+            return self.o_proj(o.reshape(batch, seq_len, self.hidden_size))
         position = cache.position
         q, k = self.rotary(q, position), self.rotary(k, position)
         cache.k.index_copy_(1, position, k)
