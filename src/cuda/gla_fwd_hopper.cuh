@@ -28,7 +28,10 @@
 //      H[keys_w] ← decay ⊙ H[keys_w] + K̃ᵀ[keys_w] · V
 //    (wgmma m64n64k16, operands from shared memory); the two partial outputs
 //    are summed through shared memory. The sequence split and its states pass
-//    work as in gla_fwd_chunk.cu.
+//    work as in gla_fwd_chunk.cu. A V meets A's zeros above the diagonal with
+//    later rows of v: the consumers probe o for NaN/Inf after the wgmmas, and
+//    where a warpgroup's rows of v hold one (rare), its warps recompute their
+//    rows on CUDA cores with j ≤ i selected (chunk_output_rowwise).
 // Measured (bench/results_gla_forward.md, session 4) at B4 T4096 H4 K256 V512:
 // chunk pass 0.143 ms, state kernel 0.162 ms, forward 0.306-0.309 ms. (The
 // first state kernel, without warp specialization, took 0.172 ms; it was

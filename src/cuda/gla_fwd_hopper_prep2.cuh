@@ -372,6 +372,9 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
   }
   __syncthreads();
   // ---- A into the slot: entries above the diagonal are zero (never written in a_tile) ----
+  // A select, not a mask product: entry (i, j ≤ i) is made only of q_i, k_j and exps of differences of finite
+  // (clamped) cumsums, so a NaN or Inf of q or k at token t reaches only row t or column t (rows from t on),
+  // never an earlier row (what v does through A V is handled in the state kernel: chunk_output_rowwise).
   for (int piece = tid; piece < C * 8; piece += kPrepThreads) {
     const int r = piece >> 3, p8 = piece & 7;
     float x[8];

@@ -30,6 +30,8 @@
 //   it before the first read of a slot or of the split states.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/gla_fwd_hopper.cuh"
 
 namespace flashgla::cuda::gla::hopper {
@@ -105,6 +107,107 @@ __device__ __forceinline__ void set_max_registers_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// ---- NaN/Inf causality: the rare chunks whose v holds a NaN or an Inf ----
+// O += A V multiplies the zeros of A above the diagonal by the later rows of v; 0 · NaN and 0 · Inf are NaN, so
+// a NaN or Inf in v at token t would reach the outputs before t of its chunk. The consumers probe their
+// accumulators for non-finite values after the wgmmas (32 FFMAs and a vote per chunk); only a warp that finds
+// one and whose warpgroup's tokens of v hold a NaN or Inf recomputes its rows on CUDA cores, A V with j ≤ i
+// selected (never multiplied by a zero).
+
+// Whether any of the 8 bf16/fp16 elements of w is a NaN or an Inf (all exponent bits set).
+template <class E>
+__device__ __forceinline__ bool nonfinite8(uint4 w) {
+  constexpr uint32_t m = std::is_same_v<E, __half> ? 0x7C007C00u : 0x7F807F80u;
+  constexpr uint32_t lo = m & 0xFFFFu, hi = m & 0xFFFF0000u;
+  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) bad |= (x[i] & lo) == lo || (x[i] & hi) == hi;
+  return bad;
+}
+
+// Whether x holds a NaN or an Inf: x · 0 is NaN exactly for those (the zero opaque, so that nothing folds it).
+__device__ __forceinline__ bool any_nonfinite32(const float (&x)[32]) {
+  float zero = 0.f;
+  asm("" : "+f"(zero));
+  float probe[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int e = 0; e < 32; ++e) probe[e & 3] = fmaf(x[e], zero, probe[e & 3]);
+  const float sum = (probe[0] + probe[1]) + (probe[2] + probe[3]);
+  return sum != sum;
+}
+
+// Whether pred holds for any of `threads` threads meeting at named barrier ID (they all wait there).
+template <int ID>
+__device__ __forceinline__ bool barrier_any(bool pred, int threads) {
+  uint32_t any;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(uint32_t(pred)), "n"(ID), "r"(threads)
+      : "memory");
+  return any != 0;
+}
+
+// Whether rows [row0, row0 + rows) of a [64][64] tile of 2-byte elements (128-byte rows; the swizzle only moves
+// 16-byte pieces inside a row) hold a NaN or an Inf: a vote of the warp, the same in every warp.
+template <class E>
+__device__ __forceinline__ bool rows_nonfinite(const unsigned char* tile, int row0, int rows, int lane) {
+  bool bad = false;
+#pragma unroll 1
+  for (int piece = lane; piece < rows * 8; piece += 32)
+    bad |= nonfinite8<E>(*reinterpret_cast<const uint4*>(tile + row0 * 128 + piece * 16));
+  return __any_sync(0xffffffffu, bad);
+}
+
+template <class E>
+__device__ __forceinline__ float2 widen2(uint32_t w) {
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  else return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+
+// This warp's 16 rows (row0..) of a warpgroup's partial output, o = Q̃[:, keys] · bf16(H[keys]) + Σ_{j ≤ i} A_ij V_j
+// over the warpgroup's keys and tokens: what its wgmmas compute, from the same operands in shared memory (the stage
+// of the chunk, the state they read), with the terms j > i left out instead of multiplied by A's zeros. In the
+// accumulator layout: element e is row row0 + lane/4 (+8 for e%4 ≥ 2), column 8·(e/4) + 2·(lane%4) + e%2.
+template <class E, int KP, int NWG>
+__device__ __forceinline__ void chunk_output_rowwise(float (&o)[32], const unsigned char* stage, const unsigned char* hs,
+                                                     int wg, int row0, int lane) {
+  constexpr Slot slot{KP};
+  constexpr int kV = slot.bytes();  // V's tile follows the slot image in a stage (WsLayout::v)
+  const int t4 = lane & 3, r0 = row0 + (lane >> 2), r1 = r0 + 8;
+#pragma unroll
+  for (int e = 0; e < 32; ++e) o[e] = 0.f;
+  // Q̃ H: key by key, the thread's two rows of Q̃ times its 16 columns of the state (8 column pairs).
+  constexpr int kKeys = KP / NWG;
+#pragma unroll 1
+  for (int key = wg * kKeys; key < (wg + 1) * kKeys; ++key) {
+    const unsigned char* q_tile = stage + slot.q() + (key / 64) * C * 128;
+    const float q0 = to_float(*reinterpret_cast<const E*>(q_tile + swizzled(r0, key % 64)));
+    const float q1 = to_float(*reinterpret_cast<const E*>(q_tile + swizzled(r1, key % 64)));
+#pragma unroll
+    for (int cp = 0; cp < 8; ++cp) {
+      const float2 h = widen2<E>(*reinterpret_cast<const uint32_t*>(hs + swizzled(key, 8 * cp + 2 * t4)));
+      o[4 * cp] = fmaf(q0, h.x, o[4 * cp]), o[4 * cp + 1] = fmaf(q0, h.y, o[4 * cp + 1]);
+      o[4 * cp + 2] = fmaf(q1, h.x, o[4 * cp + 2]), o[4 * cp + 3] = fmaf(q1, h.y, o[4 * cp + 3]);
+    }
+  }
+  // A V: token by token over the warpgroup's tokens, each row only from the tokens at or before it.
+  constexpr int kTokens = C / NWG;
+#pragma unroll 1
+  for (int j = wg * kTokens; j < (wg + 1) * kTokens; ++j) {
+    const bool take0 = j <= r0, take1 = j <= r1;
+    const float a0 = take0 ? to_float(*reinterpret_cast<const E*>(stage + slot.a() + swizzled(r0, j))) : 0.f;
+    const float a1 = take1 ? to_float(*reinterpret_cast<const E*>(stage + slot.a() + swizzled(r1, j))) : 0.f;
+#pragma unroll
+    for (int cp = 0; cp < 8; ++cp) {
+      const float2 v = widen2<E>(*reinterpret_cast<const uint32_t*>(stage + kV + swizzled(j, 8 * cp + 2 * t4)));
+      if (take0) o[4 * cp] = fmaf(a0, v.x, o[4 * cp]), o[4 * cp + 1] = fmaf(a0, v.y, o[4 * cp + 1]);
+      if (take1) o[4 * cp + 2] = fmaf(a1, v.x, o[4 * cp + 2]), o[4 * cp + 3] = fmaf(a1, v.y, o[4 * cp + 3]);
+    }
+  }
+}
 
 // CS: CTAs per cluster along the value tiles (blockIdx.y) of one (sequence, head, split); each loads 1/CS
 // of the slot image and multicasts it to all of them (CS = 1: no cluster).
@@ -290,7 +393,24 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
     if constexpr (!STATES) fence_accumulators(o);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) fence_accumulators(H[mt]);
-    // This thread's reads of the stage (decay, its warpgroup's wgmmas) are done: the producer may refill it.
+    if constexpr (!STATES) {
+      // NaN/Inf causality (see chunk_output_rowwise): a non-finite value in this warp's rows of o is either what it
+      // should be (a NaN state from an earlier chunk, a NaN or Inf of q or k in this one) or one of v met A's zeros
+      // above the diagonal; in the latter case the warp's rows are recomputed with j ≤ i selected.
+      bool suspect = any_nonfinite32(o);
+      // With one warpgroup the decision is the warpgroup's (the recompute reads every warp's key rows of the bf16
+      // state, which each warp overwrites below; a barrier after it keeps them until all have read).
+      if constexpr (NWG == 1) suspect = barrier_any<3>(suspect, NC);
+      else suspect = __any_sync(0xffffffffu, suspect);
+      if (suspect) {
+        const unsigned char* stage = smem + s * L::stage;
+        if (rows_nonfinite<E>(stage + L::v, wg * (C / NWG), C / NWG, lane))
+          chunk_output_rowwise<E, KP, NWG>(o, stage, smem + L::hs, wg, 16 * wwarp, lane);
+        if constexpr (NWG == 1) attn::sm90::named_barrier_sync<3>(NC);
+      }
+    }
+    // This thread's reads of the stage (decay, its warpgroup's wgmmas, a recompute) are done: the producer may
+    // refill it.
     attn::sm90::mbar_arrive(empty_bar + 8 * s);
     if constexpr (STATES) continue;
 

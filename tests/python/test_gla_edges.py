@@ -52,8 +52,9 @@ def test_gates_anywhere_in_minus_inf_to_zero(gen, device, case, gate):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t", [5, 16, 40, 64])
-def test_nonfinite_v_does_not_reach_earlier_outputs(gen, device, dtype, t):
-    q, k, v, g, h0 = (x.to(device) for x in gla_inputs(gen, 1, 100, 2, 64, 64, gate="vector", dtype=dtype))
+@pytest.mark.parametrize("K", [64, 256])  # bf16 with K = 256 takes the Hopper path on sm_90
+def test_nonfinite_v_does_not_reach_earlier_outputs(gen, device, dtype, t, K):
+    q, k, v, g, h0 = (x.to(device) for x in gla_inputs(gen, 1, 100, 2, K, 64, gate="vector", dtype=dtype))
     q, k, v = (x.to(dtype) for x in (q, k, v))
     g = g.float()
     clean, _ = flashgla.chunk_gla(q, k, v, g)
