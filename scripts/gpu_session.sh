@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Every GPU check of a change in two calls on one 4-GPU machine (device tool, kind nvidia-h100-x4,
-# carry [".deps", ".base"]; .base is `git archive` of the commit to compare with, for the A/B):
+# Every GPU check of a change in two calls on one machine of 2 or 4 GPUs (device tool, kind nvidia-h100-x2
+# or -x4, carry [".deps", ".base"]; .base is `git archive` of the commit to compare with, for the A/B):
 #   PART=A bash scripts/gpu_session.sh   # builds; then in parallel, one GPU each: C++ tests and
-#                                        # compute-sanitizer; the Python tests; the A/B of the flashgla
-#                                        # command against .base; the single-GPU benchmarks. Then the
-#                                        # distributed tests over NCCL on 2 and 4 GPUs.
-#   PART=B bash scripts/gpu_session.sh   # (the warm machine keeps A's builds) op-level CP scaling on
-#                                        # 1/2/4 GPUs, FSDP2 weak scaling of the 340M LM, LM with CP at long context.
-# Lanes that share the machine run on different GPUs; the A/B and the single-GPU benchmarks time one GPU
-# each while the other GPUs run tests (the ratios compare two builds in the same lane and call).
+#                                        # compute-sanitizer; the Python tests. Then the distributed
+#                                        # tests over NCCL (2 GPUs; 4 where present).
+#   PART=B bash scripts/gpu_session.sh   # (right after A: the warm machine keeps A's builds) in parallel,
+#                                        # one GPU each: the A/B of the flashgla command against .base; the
+#                                        # single-GPU benchmarks. Then op-level CP scaling, FSDP2 weak
+#                                        # scaling of the 340M LM, and (4 GPUs) the LM with CP at long context.
+# Lanes that share the machine run on different GPUs; the A/B and the single-GPU benchmarks run side by
+# side on two GPUs of the host (the A/B's ratios compare two builds on the same GPU in the same call).
 # Logs and appended results files come back in $OUT/session.tgz; a short table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,7 @@ step() {
 pack() { cp bench/results*.md "$LOGS"/ 2>/dev/null; tar czf "$OUT/session.tgz" -C "$WORK" logs status; }
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+GPUS=$(nvidia-smi -L | wc -l)
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl && export PYTHONPATH=/tmp/site
 
 if [ "$PART" = A ]; then
@@ -52,51 +54,58 @@ if [ "$PART" = A ]; then
   wait; pack
   # The sanitizers run gpu_check.sh's list of small GPU tests.
   SAN=${SANITIZE_FILTER:-$(grep -oE 'SANITIZE_FILTER:-[^}]*' scripts/gpu_check.sh | cut -d- -f2-)}
-  ( export CUDA_VISIBLE_DEVICES=3
+  ( export CUDA_VISIBLE_DEVICES=$((GPUS - 1))
     step cpp_tests 330 build-gpu/flashgla_tests --gtest_brief=1
     step cli_check 60 build-gpu/flashgla check
     step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/flashgla_tests --gtest_filter="$SAN"
     step racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/flashgla_tests --gtest_filter="$SAN"
   ) &
-  ( export CUDA_VISIBLE_DEVICES=2
-    step py_tests 480 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp "$PWD/tests/python" \
+  ( export CUDA_VISIBLE_DEVICES=0
+    step py_tests 420 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp "$PWD/tests/python" \
       --ignore="$PWD/tests/python/test_distributed.py" --ignore="$PWD/tests/python/test_distributed_model.py" \
       --ignore="$PWD/tests/python/test_distributed_gpu.py" --ignore="$PWD/tests/python/test_distributed_model_gpu.py"
   ) &
-  ( export CUDA_VISIBLE_DEVICES=1
-    step bench_decode 120 python3 bench/bench_decode.py
-    step fla_checkpoint 150 python3 bench/check_fla_checkpoint.py
-    step bench_generate 200 python3 bench/bench_generate.py --repeats 2
-    [ -f bench/bench_kvcache.py ] && step bench_kvcache 120 python3 bench/bench_kvcache.py
-  ) &
-  ( export CUDA_VISIBLE_DEVICES=0
-    [ -x build-base/flashgla ] && step ab 330 bash bench/ab_cli.sh build-base/flashgla build-gpu/flashgla "${AB_ROUNDS:-3}"
-  ) &
   wait; pack
-  step dist_tests 300 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp \
+  step dist_tests 240 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp \
     "$PWD/tests/python/test_distributed_gpu.py" "$PWD/tests/python/test_distributed_model_gpu.py"
   pack
   grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$LOGS/cpp_tests.log" | head -5
   for f in py_tests dist_tests; do echo "== $f"; tail -3 "$LOGS/$f.log"; done
-  for f in bench_decode fla_checkpoint bench_generate bench_kvcache; do
-    [ -f "$LOGS/$f.log" ] && { echo "== $f"; tail -14 "$LOGS/$f.log"; }
+else
+  # A's builds are still there when B follows on the warm machine; otherwise build what B needs.
+  python3 -c "import flashgla, sys; sys.exit(not flashgla.cuda_available())" 2>/dev/null ||
+    step py_install 420 env CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$ARCH" FLASHGLA_CUDA=ON \
+      CMAKE_BUILD_PARALLEL_LEVEL=24 python3 -m pip install --no-build-isolation --no-deps . &
+  [ -x build-gpu/flashgla ] || step build 420 bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DFLASHGLA_CUDA=ON -DFLASHGLA_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=$ARCH >/dev/null && cmake --build build-gpu -j16 --target flashgla_cli" &
+  [ ! -d .base ] || [ -x build-base/flashgla ] || step base_build 420 bash -c "cmake -S .base -B build-base -G Ninja \
+    -DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON -DFLASHGLA_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=$ARCH >/dev/null &&
+    cmake --build build-base -j16 --target flashgla_cli" &
+  wait
+  # The A/B of the flashgla command and the single-GPU benchmarks, one GPU each.
+  ( export CUDA_VISIBLE_DEVICES=0
+    [ -x build-base/flashgla ] && step ab 330 bash bench/ab_cli.sh build-base/flashgla build-gpu/flashgla "${AB_ROUNDS:-3}"
+  ) &
+  ( export CUDA_VISIBLE_DEVICES=$((GPUS - 1))
+    step bench_decode 100 python3 bench/bench_decode.py
+    step fla_checkpoint 120 python3 bench/check_fla_checkpoint.py
+    step bench_kvcache 100 python3 bench/bench_kvcache.py
+    step bench_generate 150 python3 bench/bench_generate.py --repeats 2
+  ) &
+  wait; pack
+  TOKENS=${TOKENS:-524288,1048576}
+  step cp_1gpu 120 python3 bench/bench_cp.py --tokens "$TOKENS" --repeats 3
+  step cp_2gpu 120 torchrun --nproc_per_node 2 bench/bench_cp.py --tokens "$TOKENS" --repeats 3
+  [ "$GPUS" -ge 4 ] && step cp_4gpu 150 torchrun --nproc_per_node 4 bench/bench_cp.py --tokens "$TOKENS" --repeats 3
+  pack
+  list=1,2; [ "$GPUS" -ge 4 ] && list=1,2,4
+  step fsdp 240 python3 bench/bench_fsdp.py --gpus "$list" --variants "${VARIANTS:-probe,tuned}" --steps 6 --warmup 2
+  pack
+  [ "$GPUS" -ge 4 ] && step lm_cp 200 python3 bench/bench_fsdp.py --mode cp --gpus 4
+  for f in bench_decode fla_checkpoint bench_kvcache bench_generate cp_1gpu cp_2gpu cp_4gpu fsdp lm_cp; do
+    [ -f "$LOGS/$f.log" ] && { echo "== $f"; tail -12 "$LOGS/$f.log"; }
   done
   [ -f "$LOGS/ab.log" ] && { echo "== A/B against .base"; cat "$LOGS/ab.log"; }
-else
-  python3 -c "import flashgla, sys; sys.exit(not flashgla.cuda_available())" ||
-    step py_install 420 env CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$ARCH" FLASHGLA_CUDA=ON \
-      CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" python3 -m pip install --no-build-isolation --no-deps .
-  TOKENS=${TOKENS:-524288,1048576}
-  step cp_1gpu 150 python3 bench/bench_cp.py --tokens "$TOKENS" --repeats 3
-  step cp_2gpu 150 torchrun --nproc_per_node 2 bench/bench_cp.py --tokens "$TOKENS" --repeats 3
-  step cp_4gpu 180 torchrun --nproc_per_node 4 bench/bench_cp.py --tokens "$TOKENS" --repeats 3
-  pack
-  step fsdp 300 python3 bench/bench_fsdp.py --gpus 1,2,4 --variants "${VARIANTS:-probe,tuned}" --steps 6 --warmup 2
-  pack
-  step lm_cp 200 python3 bench/bench_fsdp.py --mode cp --gpus 4
-  pack
-  tail -12 "$LOGS/cp_4gpu.log"
-  for f in fsdp lm_cp; do [ -f "$LOGS/$f.log" ] && { echo "== $f"; tail -16 "$LOGS/$f.log"; }; done
 fi
 pack
 echo
