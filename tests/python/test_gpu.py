@@ -224,7 +224,7 @@ def test_prefill_into_pool(gen, dtype):
         o = on_gpu(flashgla.gla_prefill, *cuda(q, k, v, g), cpool, last.cuda(), initial_state_indices=first.cuda(),
                    cu_seqlens=cu(lengths).cuda())
     assert_close(o, o_ref, TOLERANCE[dtype], "o")
-    assert_close(cpool, ref_pool, TOLERANCE[torch.float32], "pool")
+    assert_close(cpool, ref_pool, TOLERANCE[dtype], "pool")  # the chunked GPU path rounds its gated operands to dtype
     assert torch.equal(cpool[[0, 1, 3, 4]].cpu(), pool[[0, 1, 3, 4]])
 
 
