@@ -4,6 +4,10 @@
 #   PART=A bash scripts/gpu_session.sh   # builds; then in parallel, one GPU each: C++ tests and
 #                                        # compute-sanitizer; the Python tests. Then the distributed
 #                                        # tests over NCCL (2 GPUs; 4 where present).
+#   PART=C bash scripts/gpu_session.sh   # one call instead of B where device time is short: builds, the
+#                                        # C++ tests named by CPP_FILTER (e.g. what A left unfinished) and
+#                                        # the sanitizers on SAN_FILTER beside the A/B; then the decode,
+#                                        # generate and FLA-checkpoint benchmarks; then CP scaling if time is left.
 #   PART=B bash scripts/gpu_session.sh   # (right after A: the warm machine keeps A's builds) in parallel,
 #                                        # one GPU each: the A/B of the flashgla command against .base; the
 #                                        # single-GPU benchmarks. Then op-level CP scaling, FSDP2 weak
@@ -40,7 +44,40 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 GPUS=$(nvidia-smi -L | wc -l)
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl && export PYTHONPATH=/tmp/site
 
-if [ "$PART" = A ]; then
+if [ "$PART" = C ]; then
+  step configure 120 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH"
+  step build 420 cmake --build build-gpu -j24 &
+  step py_install 420 env CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$ARCH" FLASHGLA_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 \
+    python3 -m pip install --no-build-isolation --no-deps . &
+  [ -d .base ] && step base_build 420 bash -c "cmake -S .base -B build-base -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DFLASHGLA_CUDA=ON -DFLASHGLA_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=$ARCH >/dev/null &&
+    cmake --build build-base -j12 --target flashgla_cli" &
+  wait; pack
+  ( export CUDA_VISIBLE_DEVICES=$((GPUS - 1))
+    step cpp_tests 300 build-gpu/flashgla_tests --gtest_filter="${CPP_FILTER:-*}"
+    step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/flashgla_tests --gtest_filter="$SAN_FILTER"
+    step racecheck 90 compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/flashgla_tests --gtest_filter="$SAN_FILTER"
+    step py_tests 60 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp "$PWD/tests/python/test_gpu.py" -k "prefill or pool"
+  ) &
+  ( export CUDA_VISIBLE_DEVICES=0
+    step ab 240 bash bench/ab_cli.sh build-base/flashgla build-gpu/flashgla "${AB_ROUNDS:-2}"
+    step bench_decode 90 python3 bench/bench_decode.py
+    step fla_checkpoint 120 python3 bench/check_fla_checkpoint.py
+    step bench_generate 150 python3 bench/bench_generate.py --repeats 2
+  ) &
+  wait; pack
+  [ "$GPUS" -ge 2 ] && [ -n "${CP:-}" ] && {
+    step cp_1gpu 100 python3 bench/bench_cp.py --tokens 524288 --repeats 3
+    step cp_2gpu 100 torchrun --nproc_per_node 2 bench/bench_cp.py --tokens 524288 --repeats 3; }
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$LOGS/cpp_tests.log" | head -6
+  for f in memcheck racecheck; do grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS/$f.log"; done
+  tail -2 "$LOGS/py_tests.log"
+  for f in bench_decode fla_checkpoint bench_generate cp_1gpu cp_2gpu; do
+    [ -f "$LOGS/$f.log" ] && { echo "== $f"; tail -12 "$LOGS/$f.log"; }
+  done
+  [ -f "$LOGS/ab.log" ] && { echo "== A/B against .base"; cat "$LOGS/ab.log"; }
+elif [ "$PART" = A ]; then
   # Three builds at once: the C++ tests and CLI, the Python package, the base tree's CLI.
   step configure 120 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH"
