@@ -36,9 +36,13 @@ step() {
   [ $rc = 124 ] && result=TIMEOUT
   [ $rc != 0 ] && [ $rc != 124 ] && result="FAIL (rc $rc)"
   echo "$name|$result|$((SECONDS - start)) s" >>"$STATUS"
+  pack  # after every step, so a call cut short still brings back what finished
   return $rc
 }
-pack() { cp bench/results*.md "$LOGS"/ 2>/dev/null; tar czf "$OUT/session.tgz" -C "$WORK" logs status; }
+pack() {
+  cp bench/results*.md "$LOGS"/ 2>/dev/null
+  flock "$WORK/pack.lock" tar czf "$OUT/session.tgz" -C "$WORK" logs status
+}
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 GPUS=$(nvidia-smi -L | wc -l)
