@@ -67,7 +67,7 @@ def main():
         v = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
         do = torch.randn(B, T, H, V, device="cuda", dtype=torch.bfloat16)
         g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda")).to(gate_dtype)
-        floor_ms = (k.numel() * 2 + v.numel() * 2 + g.numel() * g.element_size()) / (bandwidth / 2) * 1e3
+        floor_ms = (k.numel() * 2 + v.numel() * 2 + g.numel() * g.element_size()) / bandwidth * 1e3  # bandwidth counts bytes read + written
         states = lambda: flashgla.chunk_gla_segment_states(k, v, g)
         grads = lambda: flashgla.chunk_gla_segment_state_grads(q, do, g)
         states_ms = median_ms(states)
