@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "api/dispatch.h"
+#include "api/gla_checks.h"
 #include "flashgla/gla.h"
 
 namespace flashgla {
@@ -41,29 +42,7 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
   check::dtype(v, "v", q.dtype);
   check::device(v, "v", dev, "q");
 
-  if (g.defined()) {
-    FLASHGLA_REQUIRE(g.ndim == 3 || g.ndim == 4, ErrorKind::value, "g",
-            "expected [B, T, H, K] (vector gate) or [B, T, H] (scalar gate), got shape " + g.shape_str());
-    if (g.ndim == 4) {
-      check::shape(g, "g", {p.batch, p.seq_len, p.heads, p.key_dim}, "[B, T, H, K]");
-      p.gate = GateKind::vector;
-    } else {
-      check::shape(g, "g", {p.batch, p.seq_len, p.heads}, "[B, T, H]");
-      p.gate = GateKind::scalar;
-    }
-    check::floating(g, "g");
-    check::device(g, "g", dev, "q");
-  }
-
-  p.num_seqs = p.batch;
-  if (cu_seqlens.defined()) {
-    FLASHGLA_REQUIRE(p.batch == 1, ErrorKind::value, "cu_seqlens",
-            "variable-length input packs all sequences into B == 1, got B = " + std::to_string(p.batch));
-    p.num_seqs = check::cu_seqlens(cu_seqlens, "cu_seqlens", dev, p.seq_len, cu_seqlens_host);
-    p.varlen = true;
-  } else {
-    FLASHGLA_REQUIRE(!cu_seqlens_host.defined(), ErrorKind::value, "cu_seqlens_host", "given without cu_seqlens");
-  }
+  check::gla_gate_and_sequences(p, g, cu_seqlens, cu_seqlens_host, dev, "q");
 
   if (h0.defined()) {
     if (h0_pool) check::tensor(h0, "initial_state", 4, "[P, H, K, V]");

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <string>
 
-#include "api/checks.h"
+#include "api/gla_checks.h"
 #include "core/backend.h"
 #include "flashgla/gla.h"
 
@@ -30,29 +30,7 @@ GlaProblem check_segment_inputs(const TensorView& a, const char* a_name, const T
   check::dtype(b, b_name, a.dtype);
   check::device(b, b_name, dev, a_name);
 
-  if (g.defined()) {
-    FLASHGLA_REQUIRE(g.ndim == 3 || g.ndim == 4, ErrorKind::value, "g",
-                     "expected [B, T, H, K] (vector gate) or [B, T, H] (scalar gate), got shape " + g.shape_str());
-    if (g.ndim == 4) {
-      check::shape(g, "g", {p.batch, p.seq_len, p.heads, p.key_dim}, "[B, T, H, K]");
-      p.gate = GateKind::vector;
-    } else {
-      check::shape(g, "g", {p.batch, p.seq_len, p.heads}, "[B, T, H]");
-      p.gate = GateKind::scalar;
-    }
-    check::floating(g, "g");
-    check::device(g, "g", dev, a_name);
-  }
-
-  p.num_seqs = p.batch;
-  if (cu_seqlens.defined()) {
-    FLASHGLA_REQUIRE(p.batch == 1, ErrorKind::value, "cu_seqlens",
-                     "variable-length input packs all sequences into B == 1, got B = " + std::to_string(p.batch));
-    p.num_seqs = check::cu_seqlens(cu_seqlens, "cu_seqlens", dev, p.seq_len, cu_seqlens_host, a_name);
-    p.varlen = true;
-  } else {
-    FLASHGLA_REQUIRE(!cu_seqlens_host.defined(), ErrorKind::value, "cu_seqlens_host", "given without cu_seqlens");
-  }
+  check::gla_gate_and_sequences(p, g, cu_seqlens, cu_seqlens_host, dev, a_name);
   return p;
 }
 

@@ -7,6 +7,7 @@
 #include "core/backend.h"
 #include "cuda/common.cuh"
 #include "cuda/gla_fwd.cuh"
+#include "cuda/gla_host.cuh"
 
 namespace flashgla::cuda {
 namespace {
@@ -15,42 +16,8 @@ using gla::Elem;
 using gla::Gate;
 using gla::View;
 
-Elem elem_of(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return Elem::f32;
-    case DType::bf16: return Elem::bf16;
-    case DType::f16: return Elem::f16;
-    case DType::f64: return Elem::f64;
-    default: check::fail(ErrorKind::type, "", "not a floating dtype");
-  }
-}
-
-View view_of(const TensorView& t) {
-  View v;
-  if (!t.defined()) return v;
-  v.data = t.data;
-  v.dtype = elem_of(t.dtype);
-  const int last = t.ndim - 1;
-  for (int d = 0; d < t.ndim; ++d) v.stride[d] = t.stride[d];
-  const int64_t esize = gla::elem_size(v.dtype);
-  const auto address = reinterpret_cast<uintptr_t>(t.data);
-  const bool unit = t.shape[last] <= 1 || t.stride[last] == 1;
-  bool rows16 = unit && address % 16 == 0;
-  for (int d = 0; d < last; ++d)
-    if (t.shape[d] > 1) rows16 = rows16 && t.stride[d] * esize % 16 == 0;
-  v.rows16 = rows16;
-  if (unit) v.stride[last] = 1;  // the kernels' fast paths assume it
-  return v;
-}
-
 Gate gate_of(GateKind kind) {
   return kind == GateKind::vector ? Gate::vector : kind == GateKind::scalar ? Gate::scalar : Gate::none;
-}
-
-void require_compute_dtype(const TensorView& q) {
-  FLASHGLA_REQUIRE(q.dtype == DType::f32 || q.dtype == DType::bf16 || q.dtype == DType::f16, ErrorKind::unsupported,
-                 "q", std::string("the CUDA backend takes float32, bfloat16 or float16 inputs, got ") +
-                          dtype_name(q.dtype) + " (use the CPU backend for float64)");
 }
 
 gla::Sequences sequences_of(const TensorView& cu_seqlens, int64_t total_len) {
@@ -257,7 +224,7 @@ void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
   if (pooled == 0) return forward_dense(args, problem);
   // Gather the initial rows, run on dense states, scatter the final ones: one
   // pool may be both the initial and the final state.
-  require_compute_dtype(args.q);
+  require_compute_dtype(args.q, "q");
   DeviceGuard guard(args.q.device.index);
   const auto stream = static_cast<cudaStream_t>(args.stream);
   Scratch dense(args.workspace, args.workspace_bytes, pooled, stream, "gla_forward_workspace_bytes");
@@ -274,7 +241,7 @@ void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
 namespace {
 
 void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
-  require_compute_dtype(args.q);
+  require_compute_dtype(args.q, "q");
   DeviceGuard guard(args.q.device.index);
   const auto stream = static_cast<cudaStream_t>(args.stream);
 
@@ -329,7 +296,7 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
 }  // namespace
 
 void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem) {
-  require_compute_dtype(args.q);
+  require_compute_dtype(args.q, "q");
   DeviceGuard guard(args.q.device.index);
   gla::DecodeParams d;
   d.q = view_of(args.q), d.k = view_of(args.k), d.v = view_of(args.v), d.g = view_of(args.g);

@@ -30,6 +30,7 @@
 #include "cuda/common.cuh"
 #include "cuda/gla_device.cuh"
 #include "cuda/gla_fwd.cuh"
+#include "cuda/gla_host.cuh"
 
 namespace flashgla::cuda {
 namespace {
@@ -218,40 +219,6 @@ __global__ void __launch_bounds__(kThreads) fold_pieces_kernel(const SegmentPara
     const View& d = p.log_decay;
     static_cast<float*>(d.data)[n * d.stride[0] + h * d.stride[1] + key * d.stride[2]] = log_decay;
   }
-}
-
-Elem elem_of(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return Elem::f32;
-    case DType::bf16: return Elem::bf16;
-    case DType::f16: return Elem::f16;
-    case DType::f64: return Elem::f64;
-    default: check::fail(ErrorKind::type, "", "not a floating dtype");
-  }
-}
-
-// As gla_forward.cu's: rows16 says the split kernel's 16-byte copies apply.
-View view_of(const TensorView& t) {
-  View v;
-  if (!t.defined()) return v;
-  v.data = t.data;
-  v.dtype = elem_of(t.dtype);
-  const int last = t.ndim - 1;
-  for (int d = 0; d < t.ndim; ++d) v.stride[d] = t.stride[d];
-  const int64_t esize = gla::elem_size(v.dtype);
-  const bool unit = t.shape[last] <= 1 || t.stride[last] == 1;
-  bool rows16 = unit && reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
-  for (int d = 0; d < last; ++d)
-    if (t.shape[d] > 1) rows16 = rows16 && t.stride[d] * esize % 16 == 0;
-  v.rows16 = rows16;
-  if (unit) v.stride[last] = 1;
-  return v;
-}
-
-void require_compute_dtype(const TensorView& x, const char* name) {
-  FLASHGLA_REQUIRE(x.dtype == DType::f32 || x.dtype == DType::bf16 || x.dtype == DType::f16, ErrorKind::unsupported,
-                   name, std::string("the CUDA backend takes float32, bfloat16 or float16 inputs, got ") +
-                             dtype_name(x.dtype) + " (use the CPU backend for float64)");
 }
 
 int64_t longest_segment(const TensorView& cu_seqlens, const TensorView& cu_seqlens_host, const GlaProblem& p) {
