@@ -327,6 +327,7 @@ def worker(rank, world, backend, port, suite, result_dir):
             f.write("\n".join(lines) + "\n")
             for line in failures:
                 f.write("FAIL " + line + "\n")
+        dist.barrier()  # every rank done before any tears its gloo pairs down (see spawn_utils._entry)
     finally:
         dist.destroy_process_group()
 

@@ -35,6 +35,9 @@ def _entry(fn, rank, world_size, port, args, errors, timeout, backend):
                                 **options)
         try:
             fn(rank, world_size, *args)
+            # Every rank done before any tears its gloo pairs down: a rank whose peer closes the connection
+            # while its own teardown still waits on it aborts ("terminate called without an active exception").
+            dist.barrier()
         finally:
             dist.destroy_process_group()
     except BaseException:  # reported to the parent, which fails the test
