@@ -4,7 +4,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "core/problem.h"
 #include "cpu/io.h"
@@ -42,6 +44,45 @@ inline int64_t kv_head_of(const AttentionProblem& p, int64_t q_head) { return q_
 // Element offset of lse[batch, head, begin + i] for a [B, Hq, Tq] view.
 inline int64_t lse_offset(const TensorView& lse, const SeqRange& q, int64_t head, int64_t i) {
   return q.batch * lse.stride[0] + head * lse.stride[1] + (q.begin + i) * lse.stride[2];
+}
+
+// y += alpha · x over n elements (the compiler vectorises it).
+template <class Acc>
+inline void axpy(Acc alpha, const Acc* x, Acc* y, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
+}
+
+// Scores of one query x against `count` keys kept transposed ([dim][key],
+// leading dimension ld), so that they are a sum of axpys, which the compiler
+// vectorises; a dot product per key would need reassociation to vectorise.
+template <class Acc>
+inline void scores_against(const Acc* x, const Acc* keys_t, int64_t ld, int64_t dim, int64_t count, Acc* out) {
+  std::fill(out, out + count, Acc(0));
+  for (int64_t d = 0; d < dim; ++d) axpy(x[d], keys_t + d * ld, out, count);
+}
+
+// One query row's online-softmax step (FlashAttention) over a key tile of n raw
+// scores q·k and its value rows v [n, Dv]: scales the scores, shrinks what was
+// summed so far by exp(old max − new max) — on the row's first tile the old max
+// is −inf and the factor is 0 — and adds the tile's exp(score − max) · v.
+template <class Acc>
+inline void online_softmax_step(Acc* scores, int64_t n, Acc scale, const Acc* v, int64_t Dv, Acc& row_max,
+                                Acc& row_sum, Acc* out) {
+  Acc tile_max = -std::numeric_limits<Acc>::infinity();
+  for (int64_t c = 0; c < n; ++c) {
+    scores[c] *= scale;
+    tile_max = std::max(tile_max, scores[c]);
+  }
+  const Acc new_max = std::max(row_max, tile_max);
+  const Acc rescale = std::exp(row_max - new_max);
+  row_sum *= rescale;
+  for (int64_t e = 0; e < Dv; ++e) out[e] *= rescale;
+  for (int64_t c = 0; c < n; ++c) {
+    const Acc prob = std::exp(scores[c] - new_max);
+    row_sum += prob;
+    axpy(prob, &v[c * Dv], out, Dv);
+  }
+  row_max = new_max;
 }
 
 // The reference: every score of a query row at once, in fp64 whatever the dtype.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "cpu/attention_common.h"
 #include "cpu/io.h"
 #include "cpu/parallel.h"
 
@@ -82,29 +83,8 @@ void forward_tile(const AttentionKvCacheArgs& a, const KvCacheProblem& p, const 
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t seen = std::clamp<int64_t>(visible(t.i0 + r) - j0, 0, cols);
       if (seen == 0) continue;
-      std::fill(scores.begin(), scores.begin() + seen, Acc(0));
-      for (int64_t d = 0; d < D; ++d) {
-        const Acc x = q[r * D + d];
-        const Acc* kd = &k_t[d * kKeyTile];
-        for (int64_t c = 0; c < seen; ++c) scores[c] += x * kd[c];
-      }
-      Acc tile_max = kNegInf;
-      for (int64_t c = 0; c < seen; ++c) {
-        scores[c] *= Acc(p.scale);
-        tile_max = std::max(tile_max, scores[c]);
-      }
-      // A larger max rescales what was summed so far; on the first tile the factor is exp(−inf) = 0.
-      const Acc new_max = std::max(row_max[r], tile_max);
-      const Acc rescale = std::exp(row_max[r] - new_max);
-      Acc* out = &acc[r * Dv];
-      row_sum[r] *= rescale;
-      for (int64_t e = 0; e < Dv; ++e) out[e] *= rescale;
-      for (int64_t c = 0; c < seen; ++c) {
-        const Acc prob = std::exp(scores[c] - new_max);
-        row_sum[r] += prob;
-        for (int64_t e = 0; e < Dv; ++e) out[e] += prob * v[c * Dv + e];
-      }
-      row_max[r] = new_max;
+      scores_against(&q[r * D], k_t.data(), kKeyTile, D, seen, scores.data());
+      online_softmax_step(scores.data(), seen, Acc(p.scale), v.data(), Dv, row_max[r], row_sum[r], &acc[r * Dv]);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {

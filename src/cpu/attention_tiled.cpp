@@ -22,25 +22,11 @@ Acc dot(const Acc* a, const Acc* b, int64_t n) {
   return sum;
 }
 
-template <class Acc>
-void axpy(Acc alpha, const Acc* x, Acc* y, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
-}
-
-// Keys are kept transposed ([dim][key], leading dimension ld) so that a
-// query's scores against them are a sum of axpys, which the compiler
-// vectorises; a dot product per key would need reassociation to vectorise.
+// Keys are kept transposed ([dim][key], leading dimension ld): see scores_against.
 template <class Acc>
 void transpose(const Acc* rows, int64_t count, int64_t dim, int64_t ld, Acc* out) {
   for (int64_t c = 0; c < count; ++c)
     for (int64_t d = 0; d < dim; ++d) out[d * ld + c] = rows[c * dim + d];
-}
-
-// out[c] = Σ_d x[d] · keys_t[d * ld + c] for c < count: x · key c, unscaled.
-template <class Acc>
-void scores_against(const Acc* x, const Acc* keys_t, int64_t ld, int64_t dim, int64_t count, Acc* out) {
-  std::fill(out, out + count, Acc(0));
-  for (int64_t d = 0; d < dim; ++d) axpy(x[d], keys_t + d * ld, out, count);
 }
 
 // Rows [begin, begin + len) of a sequence's token range.
@@ -79,24 +65,7 @@ void forward_tile(const AttentionForwardArgs& args, const AttentionProblem& p, c
       const int64_t visible = visible_in_tile(p, s, tile.i0 + r, j0, cols);
       if (visible == 0) continue;
       scores_against(&q[r * D], k_t.data(), kKeyTile, D, visible, scores.data());
-      Acc tile_max = kNegInf;
-      for (int64_t c = 0; c < visible; ++c) {
-        scores[c] *= Acc(p.scale);
-        tile_max = std::max(tile_max, scores[c]);
-      }
-      // A larger max shrinks everything summed so far by exp(old − new); on a
-      // row's first visible tile the old max is −inf and the factor is 0.
-      const Acc new_max = std::max(row_max[r], tile_max);
-      const Acc rescale = std::exp(row_max[r] - new_max);
-      Acc* out = &acc[r * Dv];
-      row_sum[r] *= rescale;
-      for (int64_t e = 0; e < Dv; ++e) out[e] *= rescale;
-      for (int64_t c = 0; c < visible; ++c) {
-        const Acc prob = std::exp(scores[c] - new_max);
-        row_sum[r] += prob;
-        axpy(prob, &v[c * Dv], out, Dv);
-      }
-      row_max[r] = new_max;
+      online_softmax_step(scores.data(), visible, Acc(p.scale), v.data(), Dv, row_max[r], row_sum[r], &acc[r * Dv]);
     }
   }
 
