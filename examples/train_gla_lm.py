@@ -23,6 +23,7 @@ Checkpoints go through torch.distributed.checkpoint into <out>/checkpoint (any n
 """
 
 import argparse
+import gc
 import gzip
 import json
 import math
@@ -413,6 +414,8 @@ def main(argv=None):
         print("---- sample ----")
         print(bytes(out[0].tolist()).decode("utf-8", errors="replace"))
     if ranks.distributed:
+        # Cyclic garbage can keep the group alive into interpreter finalization, where gloo's threads abort.
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
 

@@ -19,6 +19,7 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from spawn_utils import leave_group_and_exit
 
 
 def rel_rms_error(out, ref):
@@ -327,9 +328,10 @@ def worker(rank, world, backend, port, suite, result_dir):
             f.write("\n".join(lines) + "\n")
             for line in failures:
                 f.write("FAIL " + line + "\n")
-        dist.barrier()  # every rank done before any tears its gloo pairs down (see spawn_utils._entry)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_group_and_exit()
 
 
 def free_port():
