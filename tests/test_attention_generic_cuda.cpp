@@ -1,4 +1,4 @@
-// The generic CUDA attention kernels (src/cuda/attention_generic.cu), which
+// The generic CUDA attention kernels (src/cuda/attention/attention_generic.cu), which
 // run what the fast kernels do not take: fp32, head dims D and Dv from 1 to
 // 512, D != Dv. Checked against the CPU fp64 naive reference on the same
 // rounded inputs: o, lse, dq, dk and dv over dtypes, head dims, causal and

@@ -9,7 +9,7 @@
 #include <functional>
 #include <limits>
 
-#include "cpu/gla_kernels.h"
+#include "cpu/gla/gla_kernels.h"
 #include "gla_test_util.h"
 
 namespace flashgla::testing::gla_test {

@@ -1,5 +1,5 @@
 // The sequence split's states pass as its own kernel (the default on the fast
-// path; FLASHGLA_GLA_STATES=fast is the old pass; src/cuda/gla_fwd_states.cuh) against the CPU fp64 recurrent reference on the
+// path; FLASHGLA_GLA_STATES=fast is the old pass; src/cuda/gla/gla_fwd_states.cuh) against the CPU fp64 recurrent reference on the
 // same rounded inputs: o and the final state, for what the fast path takes
 // (bf16/fp16, K ≤ 256 incl. key parts, any V, every gate kind, range and
 // dtype), forced split, piece and stage counts (one piece: the split slots

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "api/dispatch.h"
-#include "cpu/io.h"
+#include "cpu/common/io.h"
 #include "flashgla/attention.h"
 
 namespace flashgla {

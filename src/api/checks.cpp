@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "cpu/io.h"
+#include "cpu/common/io.h"
 
 namespace flashgla::check {
 

@@ -1,0 +1,69 @@
+// The CPU GLA algorithms on one (sequence, head) pair held in contiguous
+// row-major buffers of the accumulation type. gla.cpp gathers the strided
+// inputs into this form, runs one of these, and scatters the results.
+#pragma once
+
+#include <cstdint>
+
+#include "core/problem.h"
+
+namespace flashgla::cpu::gla {
+
+// Inputs of one (sequence, head) pair. q is already multiplied by the scale;
+// g is dense [len, K] whatever the gate kind (zeros without a gate, the scalar
+// broadcast over K for simple GLA); `gate` says which, so that the chunked
+// algorithm can skip the exps that are all 1, or equal along each row.
+template <class T>
+struct HeadInputs {
+  int64_t len = 0, K = 0, V = 0;
+  const T* q = nullptr;  // [len, K]
+  const T* k = nullptr;  // [len, K]
+  const T* v = nullptr;  // [len, V]
+  const T* g = nullptr;  // [len, K]
+  GateKind gate = GateKind::vector;
+};
+
+// The reference: the recurrence token by token in fp64. `reverse` runs from
+// the last token to the first. state [K, V]: the initial state in, the final
+// state out. o: [len, V].
+void recurrent_forward(const HeadInputs<double>& in, bool reverse, double* state, double* o);
+
+// Backward of recurrent_forward through the recurrence. h0 [K, V]; d_o
+// [len, V]; d_state [K, V]: the gradient of the final state in, that of the
+// initial state out. dq, dk, dg: [len, K]; dv: [len, V] (dq w.r.t. the scaled q).
+void recurrent_backward(const HeadInputs<double>& in, bool reverse, const double* h0, const double* d_o,
+                        double* d_state, double* dq, double* dk, double* dv, double* dg);
+
+// The chunked algorithm (chunks of 64 tokens, 16-wide sub-chunks), forward
+// only in time; same arguments as the recurrent versions. T is float or double.
+// Runs the AVX2 + FMA build when the CPU has it (and FLASHGLA_CPU_ISA is not
+// "baseline"), else the baseline build.
+template <class T>
+void chunked_forward(const HeadInputs<T>& in, T* state, T* o);
+
+template <class T>
+void chunked_backward(const HeadInputs<T>& in, const T* h0, const T* d_o, T* d_state, T* dq, T* dk, T* dv, T* dg);
+
+extern template void chunked_forward<float>(const HeadInputs<float>&, float*, float*);
+extern template void chunked_forward<double>(const HeadInputs<double>&, double*, double*);
+extern template void chunked_backward<float>(const HeadInputs<float>&, const float*, const float*, float*, float*,
+                                             float*, float*, float*);
+extern template void chunked_backward<double>(const HeadInputs<double>&, const double*, const double*, double*,
+                                              double*, double*, double*, double*);
+
+// The instruction set chunked_forward/backward use now: "avx2" or "baseline".
+const char* chunked_instruction_set();
+
+// The AVX2 + FMA build (gla_chunk_avx2.cpp), where the compiler supports it.
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__)
+#define FLASHGLA_GLA_AVX2 1
+namespace avx2 {
+bool supported();  // by this CPU
+template <class T>
+void chunked_forward(const HeadInputs<T>& in, T* state, T* o);
+template <class T>
+void chunked_backward(const HeadInputs<T>& in, const T* h0, const T* d_o, T* d_state, T* dq, T* dk, T* dv, T* dg);
+}  // namespace avx2
+#endif
+
+}  // namespace flashgla::cpu::gla

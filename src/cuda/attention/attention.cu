@@ -1,0 +1,271 @@
+// CUDA softmax attention (FlashAttention): checks what this backend runs,
+// builds the kernels' parameters and dispatches on dtype and head dim. The
+// portable (sm_80+) kernels are in attention_kernels.cuh, instantiated in
+// attention_d*.cu, for bf16/fp16 with D == Dv in {64, 128, 256}; every other
+// case (fp32, any D and Dv up to 512) runs the generic kernels of
+// attention_generic.cu. The Hopper forward (attention_hopper.cu) takes bf16/fp16
+// at D in {64, 128} where it can run; FLASHGLA_ATTENTION_KERNEL in the
+// environment overrides that choice (see forward_kernel_choice). The Hopper
+// backward (attention_hopper_bwd.cu) is chosen the same way through
+// FLASHGLA_ATTENTION_BACKWARD (see backward_kernel_choice).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "core/backend.h"
+#include "cuda/attention/attention_generic.cuh"
+#include "cuda/attention/attention_params.cuh"
+#include "cuda/common/host.cuh"
+
+namespace flashgla::cuda {
+namespace {
+
+using attn::AttentionParams;
+using attn::Strided;
+
+void check_supported(const TensorView& q, const AttentionProblem& p) {
+  if (q.dtype == DType::f64)
+    check::fail(ErrorKind::unsupported, "q",
+                "CUDA attention runs float32, bfloat16 and float16, got float64; for float64 use the CPU backend "
+                "(tensors on the CPU)");
+  if (p.head_dim > attn::kGenericMaxDim)
+    check::fail(ErrorKind::unsupported, "q",
+                "CUDA attention runs head dims up to " + std::to_string(attn::kGenericMaxDim) + ", got D = " +
+                    std::to_string(p.head_dim) + "; the CPU backend runs any head dim");
+  if (p.value_dim > attn::kGenericMaxDim)
+    check::fail(ErrorKind::unsupported, "v",
+                "CUDA attention runs value head dims up to " + std::to_string(attn::kGenericMaxDim) + ", got Dv = " +
+                    std::to_string(p.value_dim) + "; the CPU backend runs any head dim");
+}
+
+// Whether the fast kernels take the call; the generic ones take the rest.
+bool fast_kernels_apply(DType dtype, const AttentionProblem& p) {
+  return (dtype == DType::bf16 || dtype == DType::f16) && p.value_dim == p.head_dim &&
+         (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256);
+}
+
+// Whether a [B, T, H, D] view moves in `bytes`-wide pieces along D: unit
+// stride along D, and the pointer and every other stride (of a dimension
+// longer than 1) multiples of that width.
+bool moves_in(const TensorView& t, int64_t bytes) {
+  const int64_t elems = bytes / int64_t(dtype_size(t.dtype));
+  if (t.stride[3] != 1 && t.shape[3] > 1) return false;
+  if (reinterpret_cast<uintptr_t>(t.data) % uintptr_t(bytes) != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if (t.shape[d] > 1 && t.stride[d] % elems != 0) return false;
+  return true;
+}
+
+Strided strided(const TensorView& t) {
+  Strided s;
+  s.data = t.data;
+  s.batch = t.stride[0], s.token = t.stride[1], s.head = t.stride[2], s.dim = t.stride[3];
+  s.vec16 = moves_in(t, 16);
+  s.vec4 = moves_in(t, 4);
+  return s;
+}
+
+AttentionParams make_params(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+                            const TensorView& lse, const TensorView& cu_q, const TensorView& cu_k,
+                            const AttentionProblem& problem) {
+  AttentionParams p;
+  p.q = strided(q), p.k = strided(k), p.v = strided(v), p.o = strided(o);
+  p.lse = static_cast<float*>(lse.data);
+  p.lse_batch = lse.stride[0], p.lse_head = lse.stride[1], p.lse_token = lse.stride[2];
+  p.varlen = problem.varlen;
+  if (p.varlen) {
+    p.cu_q = cu_q.data, p.cu_q_stride = cu_q.stride[0], p.cu_q_64 = cu_q.dtype == DType::i64;
+    p.cu_k = cu_k.data, p.cu_k_stride = cu_k.stride[0], p.cu_k_64 = cu_k.dtype == DType::i64;
+  }
+  p.batch = problem.batch, p.q_len = problem.q_len, p.k_len = problem.k_len;
+  p.q_heads = problem.q_heads, p.kv_heads = problem.kv_heads, p.group = problem.q_heads / problem.kv_heads;
+  p.num_seqs = problem.num_seqs;
+  p.causal = problem.causal;
+  p.scale = float(problem.scale);
+  p.scale_log2 = float(problem.scale * 1.4426950408889634);
+  return p;
+}
+
+// Which forward takes bf16/fp16 at D in {64, 128}. FLASHGLA_ATTENTION_KERNEL:
+// "portable" runs the mma.sync kernel; "hopper" requires the sm_90a kernel
+// wherever the tensors allow it (an error where the device or build cannot,
+// so a test run with it cannot pass on the portable kernel by accident), in
+// its ping-pong variant; "hopper-overlap" the same with the variant that
+// overlaps the softmax with P V, "hopper-overlap-wide" that variant with
+// 176-key tiles at D = 128; unset or "auto": the defaults below.
+enum class KernelChoice { automatic, portable, hopper, hopper_overlap, hopper_overlap_wide };
+
+// The Hopper forward passed the GPU tests on an H100 (2026-11-21) and runs
+// 1.2-1.8x faster than the portable one there (bench/results_attention.md).
+constexpr bool kHopperForwardByDefault = true;
+// Which Hopper forward variant "auto" runs. H100, 2026-11-21, all variants in
+// one process (bench/results_attention.md): hopper-overlap (128-key tiles) is
+// 0-7% slower than the ping-pong kernel everywhere; hopper-overlap-wide at
+// D = 128 is 0.1-3.4% faster for Tk >= 8K (causal T=8K: 1.119 vs 1.158 ms)
+// and within about 1% either way below, so it is the default for D = 128 and
+// Tk >= 8K. Fixed-length batches only: with cu_seqlens the host does not know
+// the sequences' lengths (varlen was not timed).
+constexpr int64_t kWideKeyTilesFromKeys = 8192;
+attn::HopperForwardVariant default_hopper_variant(const AttentionProblem& problem) {
+  const bool long_keys = !problem.varlen && problem.k_len >= kWideKeyTilesFromKeys;
+  return problem.head_dim == 128 && long_keys ? attn::HopperForwardVariant::overlap_wide
+                                              : attn::HopperForwardVariant::ping_pong;
+}
+
+KernelChoice kernel_choice(const char* variable, bool has_overlap) {
+  const std::string value =
+      has_overlap ? env_choice(variable, {"auto", "portable", "hopper", "hopper-overlap", "hopper-overlap-wide"})
+                  : env_choice(variable, {"auto", "portable", "hopper"});
+  if (value == "portable") return KernelChoice::portable;
+  if (value == "hopper") return KernelChoice::hopper;
+  if (value == "hopper-overlap") return KernelChoice::hopper_overlap;
+  if (value == "hopper-overlap-wide") return KernelChoice::hopper_overlap_wide;
+  return KernelChoice::automatic;  // unset, empty or "auto"
+}
+KernelChoice forward_kernel_choice() { return kernel_choice("FLASHGLA_ATTENTION_KERNEL", true); }
+
+// Which backward takes bf16/fp16 at D in {64, 128}: FLASHGLA_ATTENTION_BACKWARD,
+// with the same values and meaning as FLASHGLA_ATTENTION_KERNEL.
+// The Hopper backward passed the GPU tests and sanitizers on an H100
+// (2026-11-21) and ran 1.4-1.8x faster than the portable one there
+// (bench/results_attention.md).
+constexpr bool kHopperBackwardByDefault = true;
+KernelChoice backward_kernel_choice() { return kernel_choice("FLASHGLA_ATTENTION_BACKWARD", false); }
+
+// Calls fn(T{}, std::integral_constant<int, D>{}) for the dtype and head dim.
+template <class Fn>
+void dispatch(DType dtype, int64_t head_dim, Fn&& fn) {
+  auto by_dim = [&](auto type) {
+    if (head_dim == 64) fn(type, std::integral_constant<int, 64>{});
+    else if (head_dim == 128) fn(type, std::integral_constant<int, 128>{});
+    else fn(type, std::integral_constant<int, 256>{});
+  };
+  if (dtype == DType::bf16) by_dim(__nv_bfloat16{});
+  else by_dim(__half{});
+}
+
+// Backward scratch, each piece 256-byte aligned: dq_accum [B, Hq, Tq, D] and
+// lse_log2, dsum [B, Hq, Tq], all fp32. The generic kernels use dsum alone.
+struct BackwardScratch {
+  size_t rows = 0, dq_bytes = 0, row_bytes = 0;
+  BackwardScratch(const AttentionProblem& p, bool fast) {
+    rows = size_t(p.batch * p.q_heads * p.q_len);
+    dq_bytes = fast ? align(rows * size_t(p.head_dim) * sizeof(float)) : 0;
+    row_bytes = align(rows * sizeof(float));
+  }
+  size_t total() const { return dq_bytes + 2 * row_bytes; }
+  static size_t align(size_t n) { return (n + 255) / 256 * 256; }
+};
+
+}  // namespace
+
+void attention_forward(const AttentionForwardArgs& args, const AttentionProblem& problem) {
+  check_supported(args.q, problem);
+  DeviceGuard guard(args.q.device.index);
+  const AttentionParams p =
+      make_params(args.q, args.k, args.v, args.o, args.lse, args.cu_seqlens_q, args.cu_seqlens_k, problem);
+  const auto stream = static_cast<cudaStream_t>(args.stream);
+  if (!fast_kernels_apply(args.q.dtype, problem)) {
+    attn::run_attention_generic_forward(p, args.q.dtype, int(problem.head_dim), int(problem.value_dim), stream);
+    return;
+  }
+  const KernelChoice choice = forward_kernel_choice();
+  const bool hopper_required = choice == KernelChoice::hopper || choice == KernelChoice::hopper_overlap ||
+                               choice == KernelChoice::hopper_overlap_wide;
+  const bool try_hopper = hopper_required || (choice == KernelChoice::automatic && kHopperForwardByDefault);
+  using Variant = attn::HopperForwardVariant;
+  Variant variant = choice == KernelChoice::automatic ? default_hopper_variant(problem) : Variant::ping_pong;
+  if (choice == KernelChoice::hopper_overlap) variant = Variant::overlap;
+  if (choice == KernelChoice::hopper_overlap_wide) variant = Variant::overlap_wide;
+  dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
+    using T = decltype(type);
+    constexpr int D = decltype(dim)::value;
+    if constexpr (D <= 128) {
+      // Without queries or keys TMA has nothing to load (and no tensor map to
+      // encode): the portable kernel writes what there is (zeros).
+      if (try_hopper && p.q_len > 0 && p.k_len > 0) {
+        const char* refused = attn::run_attention_forward_hopper<T, D>(p, stream, variant);
+        if (refused == nullptr) return;
+        const bool tensors_fit = p.q.vec16 && p.k.vec16 && p.v.vec16;
+        if (hopper_required && tensors_fit)
+          check::fail(ErrorKind::unsupported, "FLASHGLA_ATTENTION_KERNEL",
+                      std::string("asks for the Hopper forward, which cannot run here: ") + refused);
+      }
+    }
+    attn::run_attention_forward<T, D>(p, stream);
+  });
+}
+
+void attention_backward(const AttentionBackwardArgs& args, const AttentionProblem& problem) {
+  check_supported(args.q, problem);
+  DeviceGuard guard(args.q.device.index);
+  AttentionParams p =
+      make_params(args.q, args.k, args.v, args.o, args.lse, args.cu_seqlens_q, args.cu_seqlens_k, problem);
+  p.d_o = strided(args.d_o), p.dq = strided(args.dq), p.dk = strided(args.dk), p.dv = strided(args.dv);
+  const auto stream = static_cast<cudaStream_t>(args.stream);
+
+  const bool fast = fast_kernels_apply(args.q.dtype, problem);
+  const BackwardScratch scratch(problem, fast);
+  void* workspace = args.workspace;
+  bool owned = false;
+  if (workspace == nullptr) {
+    if (scratch.total() > 0) {
+      check_cuda(cudaMallocAsync(&workspace, scratch.total(), stream), "cudaMallocAsync (attention backward workspace)");
+      owned = true;
+    }
+  } else if (args.workspace_bytes < scratch.total()) {
+    check::fail(ErrorKind::value, "workspace",
+                "needs " + std::to_string(scratch.total()) + " bytes (attention_backward_workspace_bytes), got " +
+                    std::to_string(args.workspace_bytes));
+  }
+  char* base = static_cast<char*>(workspace);
+  p.dq_accum = reinterpret_cast<float*>(base);
+  p.lse_log2 = reinterpret_cast<float*>(base + scratch.dq_bytes);
+  p.dsum = reinterpret_cast<float*>(base + scratch.dq_bytes + scratch.row_bytes);
+  try {
+    if (!fast) {
+      attn::run_attention_generic_backward(p, args.q.dtype, int(problem.head_dim), int(problem.value_dim), stream);
+    } else {
+      if (scratch.dq_bytes > 0)
+        check_cuda(cudaMemsetAsync(p.dq_accum, 0, scratch.dq_bytes, stream), "cudaMemsetAsync (dq accumulator)");
+      const KernelChoice choice = backward_kernel_choice();
+      const bool hopper_required = choice == KernelChoice::hopper;
+      const bool try_hopper = hopper_required || (choice == KernelChoice::automatic && kHopperBackwardByDefault);
+      dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
+        using T = decltype(type);
+        constexpr int D = decltype(dim)::value;
+        if constexpr (D <= 128) {
+          if (try_hopper && p.q_len > 0 && p.k_len > 0) {
+            const char* refused = attn::run_attention_backward_hopper<T, D>(p, stream);
+            if (refused == nullptr) return;
+            const bool tensors_fit = p.q.vec16 && p.k.vec16 && p.v.vec16 && p.d_o.vec16;
+            if (hopper_required && tensors_fit)
+              check::fail(ErrorKind::unsupported, "FLASHGLA_ATTENTION_BACKWARD",
+                          std::string("is hopper, but the Hopper backward cannot run here: ") + refused);
+          }
+        }
+        attn::run_attention_backward<T, D>(p, stream);
+      });
+    }
+  } catch (...) {
+    if (owned) cudaFreeAsync(workspace, stream);
+    throw;
+  }
+  if (owned) check_cuda(cudaFreeAsync(workspace, stream), "cudaFreeAsync (attention backward workspace)");
+}
+
+size_t attention_forward_workspace_bytes(const AttentionForwardArgs& args, const AttentionProblem& problem) {
+  check_supported(args.q, problem);
+  return 0;
+}
+
+size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& args, const AttentionProblem& problem) {
+  check_supported(args.q, problem);
+  return BackwardScratch(problem, fast_kernels_apply(args.q.dtype, problem)).total();
+}
+
+}  // namespace flashgla::cuda

@@ -1,0 +1,432 @@
+// Attention over a KV cache on CUDA (decoding; flash-decoding's split over keys).
+//
+// 1. With new k, v: an append kernel writes them into the cache at rows
+//    cache_seqlens[b] .. (through the block table when paged).
+// 2. The split kernel: one CTA per (key split, KV head × query-row chunk,
+//    sequence). Its query rows are the (query, head) pairs of the KV head's
+//    group, so a key tile read from memory serves every query head sharing it.
+//    It walks its split's key tiles (gathered through the block table, 16-byte
+//    loads where the layout allows), keeps the online softmax in fp32 and
+//    writes either the final o and lse (one split) or a partial (o, lse) to the
+//    workspace.
+// 3. With several splits, the combine kernel merges the partials by their lse.
+//
+// Nothing is read back to the host (graph-capturable): the split plan comes
+// from the host-side bound max_seqlen_k (default: the capacity). Lengths and
+// block indices are only trusted after clamping: L_b is clamped to
+// [0, capacity], appended keys past the capacity are dropped, and a key whose
+// block index is outside [0, num_blocks) is neither read nor written.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "core/backend.h"
+#include "cuda/common/host.cuh"
+#include "cuda/common/dtype.cuh"
+
+namespace flashgla::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kRows = 16;  // query rows (query × head of a KV group) per CTA
+
+template <class E>
+constexpr int key_tile() {
+  return sizeof(E) == 4 ? 32 : 64;  // keeps fp32 tiles within 48 KB of static shared memory
+}
+
+struct Params {
+  const void* q;
+  void* k_cache;
+  void* v_cache;
+  const int* cache_seqlens;
+  const int* block_table;  // null: contiguous
+  const void* k_new;
+  const void* v_new;
+  void* o;
+  float* lse;          // may be null
+  float* part_o;       // [splits][B·Hq·Tq][Dv], when splits > 1
+  float* part_lse;     // [splits][B·Hq·Tq]
+  int64_t q_stride[4], kc_stride[4], vc_stride[4], kn_stride[4], vn_stride[4], o_stride[4], lse_stride[3];
+  int64_t table_stride[2];
+  int batch, q_len, q_heads, kv_heads, group;
+  int capacity, block_size, num_blocks;
+  int splits, keys_per_split, row_chunks;
+  float scale;
+  bool causal, append, vec_k, vec_v;
+};
+
+// Cached keys after the append, trusted only once clamped.
+__device__ __forceinline__ int keys_of(const Params& p, int b) {
+  const int cached = min(max(p.cache_seqlens[b], 0), p.capacity);
+  return p.append ? min(cached + p.q_len, p.capacity) : cached;
+}
+
+// Element offset of key j's row (head 0, element 0) in a cache; −1 when its block is invalid.
+__device__ __forceinline__ int64_t row_offset(const Params& p, const int64_t* stride, int b, int j) {
+  if (p.block_table == nullptr) return b * stride[0] + int64_t(j) * stride[1];
+  const int block = p.block_table[b * p.table_stride[0] + int64_t(j / p.block_size) * p.table_stride[1]];
+  if (block < 0 || block >= p.num_blocks) return -1;
+  return int64_t(block) * stride[0] + int64_t(j % p.block_size) * stride[1];
+}
+
+template <class E>
+__global__ void append_kernel(Params p, int head_dim, int value_dim) {
+  const int b = blockIdx.x / p.q_len, i = blockIdx.x % p.q_len, h = blockIdx.y;
+  const int start = min(max(p.cache_seqlens[b], 0), p.capacity);
+  const int j = start + i;
+  if (j >= p.capacity) return;  // past the capacity: dropped
+  const int64_t kr = row_offset(p, p.kc_stride, b, j), vr = row_offset(p, p.vc_stride, b, j);
+  const E* kn = static_cast<const E*>(p.k_new) + b * p.kn_stride[0] + i * p.kn_stride[1] + h * p.kn_stride[2];
+  const E* vn = static_cast<const E*>(p.v_new) + b * p.vn_stride[0] + i * p.vn_stride[1] + h * p.vn_stride[2];
+  if (kr >= 0) {
+    E* kc = static_cast<E*>(p.k_cache) + kr + h * p.kc_stride[2];
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) kc[d * p.kc_stride[3]] = kn[d * p.kn_stride[3]];
+  }
+  if (vr >= 0) {
+    E* vc = static_cast<E*>(p.v_cache) + vr + h * p.vc_stride[2];
+    for (int d = threadIdx.x; d < value_dim; d += blockDim.x) vc[d * p.vc_stride[3]] = vn[d * p.vn_stride[3]];
+  }
+}
+
+// Loads `keys` rows of one head into shared memory [KT][ld]; rows at offset −1 (or past `keys`) become 0.
+// The 16-byte path issues all of a thread's loads before its stores, so they are in flight together.
+template <class E, int D, int KT>
+__device__ __forceinline__ void load_tile(const E* cache, const int64_t* stride, const int64_t* rows, int keys, bool vec,
+                                          E* tile, int ld) {
+  constexpr int kVec = 16 / sizeof(E);
+  constexpr int kChunks = KT * (D / kVec);
+  static_assert(kChunks % kThreads == 0, "a tile is a whole number of 16-byte loads per thread");
+  if (vec) {
+    uint4 value[kChunks / kThreads];
+#pragma unroll
+    for (int it = 0; it < kChunks / kThreads; ++it) {
+      const int idx = threadIdx.x + it * kThreads;
+      const int c = idx / (D / kVec), part = idx % (D / kVec);
+      value[it] = make_uint4(0, 0, 0, 0);
+      if (c < keys && rows[c] >= 0) value[it] = *reinterpret_cast<const uint4*>(cache + rows[c] + part * kVec);
+    }
+#pragma unroll
+    for (int it = 0; it < kChunks / kThreads; ++it) {
+      const int idx = threadIdx.x + it * kThreads;
+      const int c = idx / (D / kVec), part = idx % (D / kVec);
+      *reinterpret_cast<uint4*>(tile + c * ld + part * kVec) = value[it];
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < KT * D; idx += kThreads) {
+      const int c = idx / D, d = idx % D;
+      tile[c * ld + d] = (c < keys && rows[c] >= 0) ? cache[rows[c] + d * stride[3]] : from_float<E>(0.f);
+    }
+  }
+}
+
+template <class E, int D>
+__global__ void __launch_bounds__(kThreads) split_kernel(Params p) {
+  constexpr int KT = key_tile<E>();
+  constexpr int LD = D;  // warps read whole key rows: no padding needed against bank conflicts
+  constexpr int kGroups = kThreads / D;           // row groups of the output accumulation
+  constexpr int kAccRows = kRows / kGroups;       // rows each thread accumulates
+  __shared__ __align__(16) E k_tile[KT * LD];
+  __shared__ __align__(16) E v_tile[KT * D];
+  __shared__ float q_s[kRows * D];
+  __shared__ float p_s[kRows * KT];
+  __shared__ float row_max[kRows], row_sum[kRows], row_scale[kRows];
+  __shared__ int64_t k_rows[KT], v_rows[KT];
+
+  const int split = blockIdx.x, b = blockIdx.z;
+  const int kv_head = blockIdx.y / p.row_chunks, chunk = blockIdx.y % p.row_chunks;
+  const int group_rows = p.q_len * p.group;  // rows of this KV head: r → query r / group, head r % group
+  const int row0 = chunk * kRows;
+  const int rows = min(kRows, group_rows - row0);
+  const int L = keys_of(p, b);
+  const int begin = split * p.keys_per_split;
+  // The last split runs to L even past the plan: a max_seqlen_k that was too small costs balance, not keys.
+  const int end = split + 1 == p.splits ? L : min(L, begin + p.keys_per_split);
+
+  // Queries, scaled, in fp32; the last key any of the CTA's rows sees.
+  const E* q = static_cast<const E*>(p.q);
+  for (int idx = threadIdx.x; idx < kRows * D; idx += kThreads) {
+    const int r = idx / D, d = idx % D;
+    float value = 0.f;
+    if (r < rows) {
+      const int rr = row0 + r, i = rr / p.group, h = kv_head * p.group + rr % p.group;
+      value = to_float(q[b * p.q_stride[0] + i * p.q_stride[1] + h * p.q_stride[2] + d * p.q_stride[3]]) * p.scale;
+    }
+    q_s[idx] = value;
+  }
+  if (threadIdx.x < kRows) row_max[threadIdx.x] = -INFINITY, row_sum[threadIdx.x] = 0.f;
+  const int last_query = (row0 + rows - 1) / p.group;
+  const int seen_end = p.causal ? min(end, max(0, last_query + L - p.q_len + 1)) : end;
+
+  float acc[kAccRows];
+#pragma unroll
+  for (int k = 0; k < kAccRows; ++k) acc[k] = 0.f;
+  const int col = threadIdx.x % D, row_group = threadIdx.x / D;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const E* kc = static_cast<const E*>(p.k_cache) + kv_head * p.kc_stride[2];
+  const E* vc = static_cast<const E*>(p.v_cache) + kv_head * p.vc_stride[2];
+
+  for (int j0 = begin; j0 < seen_end; j0 += KT) {
+    const int keys = min(KT, seen_end - j0);
+    __syncthreads();  // the previous tile is consumed (and the first: q_s and the row stats are written)
+    if (threadIdx.x < KT) {
+      const int c = threadIdx.x;
+      k_rows[c] = c < keys ? row_offset(p, p.kc_stride, b, j0 + c) : -1;
+      v_rows[c] = c < keys ? row_offset(p, p.vc_stride, b, j0 + c) : -1;
+    }
+    __syncthreads();
+    load_tile<E, D, KT>(kc, p.kc_stride, k_rows, keys, p.vec_k, k_tile, LD);
+    load_tile<E, D, KT>(vc, p.vc_stride, v_rows, keys, p.vec_v, v_tile, D);
+    __syncthreads();
+
+    // Scores: a warp per key, its lanes splitting D (one contiguous row read per key, no bank
+    // conflicts), the key's elements reused for every row; shuffles sum the lanes' parts.
+    for (int c = warp; c < KT; c += kThreads / 32) {
+      constexpr int kPer = D / 32;
+      float kf[kPer];
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) kf[e] = to_float(k_tile[c * LD + lane * kPer + e]);
+      const int j = j0 + c;
+      const bool key_ok = c < keys && k_rows[c] >= 0;
+      for (int r = 0; r < rows; ++r) {
+        const float* qr = q_s + r * D + lane * kPer;
+        float s = 0.f;
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) s += qr[e] * kf[e];
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+        if (lane == 0) {
+          const int i = (row0 + r) / p.group;
+          const bool visible = key_ok && (!p.causal || j <= i + L - p.q_len);
+          p_s[r * KT + c] = visible ? s : -INFINITY;
+        }
+      }
+    }
+    __syncthreads();
+
+    // Online softmax: one warp per row.
+    for (int r = warp; r < rows; r += kThreads / 32) {
+      float m = -INFINITY;
+      for (int c = lane; c < KT; c += 32) m = fmaxf(m, p_s[r * KT + c]);
+      for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+      const float old_max = row_max[r];
+      const float new_max = fmaxf(old_max, m);
+      // A row that has seen nothing yet (new_max = −inf) keeps p = 0 and its stats.
+      const float base = new_max == -INFINITY ? 0.f : new_max;
+      float sum = 0.f;
+      for (int c = lane; c < KT; c += 32) {
+        const float e = __expf(p_s[r * KT + c] - base);
+        p_s[r * KT + c] = e;
+        sum += e;
+      }
+      for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      __syncwarp();
+      if (lane == 0) {
+        const float factor = old_max == -INFINITY ? 0.f : __expf(old_max - new_max);
+        row_scale[r] = factor;
+        row_sum[r] = row_sum[r] * factor + sum;
+        row_max[r] = new_max;
+      }
+    }
+    __syncthreads();
+
+    // o[r][col] = o · scale + Σ_c p[r][c] v[c][col].
+#pragma unroll
+    for (int k = 0; k < kAccRows; ++k) {
+      const int r = row_group + k * kGroups;
+      if (r >= rows) break;
+      float a = acc[k] * row_scale[r];
+      const float* pr = p_s + r * KT;
+      for (int c = 0; c < keys; ++c) a += pr[c] * to_float(v_tile[c * D + col]);
+      acc[k] = a;
+    }
+  }
+  __syncthreads();
+
+#pragma unroll
+  for (int k = 0; k < kAccRows; ++k) {
+    const int r = row_group + k * kGroups;
+    if (r >= rows) break;
+    const int rr = row0 + r, i = rr / p.group, h = kv_head * p.group + rr % p.group;
+    const float sum = row_sum[r];
+    const float value = sum > 0.f ? acc[k] / sum : 0.f;
+    const float lse = sum > 0.f ? row_max[r] + logf(sum) : -INFINITY;
+    if (p.splits == 1) {
+      E* o = static_cast<E*>(p.o);
+      o[b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] + col * p.o_stride[3]] = from_float<E>(value);
+      if (col == 0 && p.lse != nullptr)
+        p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] = lse;
+    } else {
+      const int64_t row = (int64_t(b) * p.q_heads + h) * p.q_len + i;
+      const int64_t total = int64_t(p.batch) * p.q_heads * p.q_len;
+      p.part_o[(split * total + row) * D + col] = value;
+      if (col == 0) p.part_lse[split * total + row] = lse;
+    }
+  }
+}
+
+// Merges the splits' partials of one (sequence, head, query): weights exp(lse_s − lse).
+template <class E>
+__global__ void combine_kernel(Params p, int value_dim) {
+  const int64_t row = blockIdx.x;
+  const int64_t total = int64_t(p.batch) * p.q_heads * p.q_len;
+  const int i = int(row % p.q_len), h = int((row / p.q_len) % p.q_heads), b = int(row / (int64_t(p.q_len) * p.q_heads));
+  float m = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) m = fmaxf(m, p.part_lse[s * total + row]);
+  float denom = 0.f;
+  for (int s = 0; s < p.splits; ++s) {
+    const float l = p.part_lse[s * total + row];
+    denom += l == -INFINITY ? 0.f : __expf(l - m);
+  }
+  E* o = static_cast<E*>(p.o);
+  for (int d = threadIdx.x; d < value_dim; d += blockDim.x) {
+    float value = 0.f;
+    if (denom > 0.f) {
+      for (int s = 0; s < p.splits; ++s) {
+        const float l = p.part_lse[s * total + row];
+        if (l != -INFINITY) value += __expf(l - m) * p.part_o[(s * total + row) * value_dim + d];
+      }
+      value /= denom;
+    }
+    o[b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] + d * p.o_stride[3]] = from_float<E>(value);
+  }
+  if (threadIdx.x == 0 && p.lse != nullptr)
+    p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] = denom > 0.f ? m + logf(denom) : -INFINITY;
+}
+
+void check_supported(const AttentionKvCacheArgs& a, const KvCacheProblem& p) {
+  if (a.q.dtype == DType::f64)
+    check::fail(ErrorKind::unsupported, "q",
+                "CUDA attention_with_kvcache runs float32, bfloat16 and float16, got float64; for float64 use the "
+                "CPU backend (tensors on the CPU)");
+  if (p.head_dim != 64 && p.head_dim != 128)
+    check::fail(ErrorKind::unsupported, "q",
+                "CUDA attention_with_kvcache runs head dims 64 and 128, got D = " + std::to_string(p.head_dim) +
+                    "; the CPU backend runs any head dim");
+  if (p.value_dim != p.head_dim)
+    check::fail(ErrorKind::unsupported, "v_cache",
+                "CUDA attention_with_kvcache needs Dv == D, got Dv = " + std::to_string(p.value_dim) + " and D = " +
+                    std::to_string(p.head_dim) + "; the CPU backend runs any Dv");
+  const int64_t limit = int64_t(1) << 30;
+  if (p.capacity >= limit || p.q_len * p.q_heads >= limit)
+    check::fail(ErrorKind::unsupported, "k_cache", "CUDA attention_with_kvcache takes sizes below 2^30");
+  // Grid dimensions y and z: sequences, and KV heads × query-row chunks.
+  if (p.batch > 65535 || p.kv_heads * ceil_div(p.q_len * (p.q_heads / p.kv_heads), kRows) > 65535)
+    check::fail(ErrorKind::unsupported, "q", "CUDA attention_with_kvcache takes B ≤ 65535 and Hkv · ⌈Tq · Hq/Hkv / 16⌉ ≤ 65535");
+}
+
+int sm_count(int device) {
+  int count = 0;
+  check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return count;
+}
+
+// Key splits per (sequence, KV head, row chunk): enough CTAs to fill the SMs
+// (about four resident per SM, limited by shared memory), each split at least
+// 128 keys long so the partials stay small next to the keys.
+int plan_splits(const AttentionKvCacheArgs& a, const KvCacheProblem& p) {
+  if (a.num_splits > 0) return a.num_splits;
+  const int64_t row_chunks = ceil_div(p.q_len * (p.q_heads / p.kv_heads), kRows);
+  const int64_t ctas = p.batch * p.kv_heads * row_chunks;
+  const int64_t wanted = ceil_div(4 * int64_t(sm_count(a.q.device.index)), ctas);
+  const int64_t most = std::max<int64_t>(1, p.max_seqlen_k / 128);
+  return int(std::clamp<int64_t>(std::min(wanted, most), 1, 256));
+}
+
+// 16-byte loads need a unit stride along D and every other stride, and the pointer, 16-byte aligned.
+bool vector_loads(const TensorView& t) {
+  const int64_t elems = 16 / int64_t(dtype_size(t.dtype));
+  if (t.stride[3] != 1 || reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if (t.stride[d] % elems != 0) return false;
+  return true;
+}
+
+template <class E>
+void launch(const Params& prm, const KvCacheProblem& p, cudaStream_t stream) {
+  if (p.append) {
+    append_kernel<E><<<dim3(unsigned(p.batch * p.q_len), unsigned(p.kv_heads)), 128, 0, stream>>>(
+        prm, int(p.head_dim), int(p.value_dim));
+    check_cuda(cudaGetLastError(), "attention_with_kvcache append kernel launch");
+  }
+  const dim3 grid(unsigned(prm.splits), unsigned(p.kv_heads * prm.row_chunks), unsigned(p.batch));
+  if (p.head_dim == 64)
+    split_kernel<E, 64><<<grid, kThreads, 0, stream>>>(prm);
+  else
+    split_kernel<E, 128><<<grid, kThreads, 0, stream>>>(prm);
+  check_cuda(cudaGetLastError(), "attention_with_kvcache kernel launch");
+  if (prm.splits > 1) {
+    combine_kernel<E><<<unsigned(p.batch * p.q_heads * p.q_len), 128, 0, stream>>>(prm, int(p.value_dim));
+    check_cuda(cudaGetLastError(), "attention_with_kvcache combine kernel launch");
+  }
+}
+
+size_t workspace_for(const KvCacheProblem& p, int splits) {
+  if (splits <= 1) return 0;
+  return size_t(splits) * size_t(p.batch * p.q_heads * p.q_len) * size_t(p.value_dim + 1) * sizeof(float);
+}
+
+void copy_strides(const TensorView& t, int64_t* out, int n) {
+  for (int d = 0; d < n; ++d) out[d] = t.stride[d];
+}
+
+}  // namespace
+
+size_t attention_with_kvcache_workspace_bytes(const AttentionKvCacheArgs& a, const KvCacheProblem& p) {
+  check_supported(a, p);
+  return workspace_for(p, plan_splits(a, p));
+}
+
+void attention_with_kvcache(const AttentionKvCacheArgs& a, const KvCacheProblem& p) {
+  check_supported(a, p);
+  DeviceGuard guard(a.q.device.index);
+  const auto stream = static_cast<cudaStream_t>(a.stream);
+  Params prm{};
+  prm.q = a.q.data, prm.k_cache = a.k_cache.data, prm.v_cache = a.v_cache.data;
+  prm.cache_seqlens = static_cast<const int*>(a.cache_seqlens.data);
+  prm.block_table = p.paged ? static_cast<const int*>(a.block_table.data) : nullptr;
+  prm.k_new = p.append ? a.k.data : nullptr;
+  prm.v_new = p.append ? a.v.data : nullptr;
+  prm.o = a.o.data;
+  prm.lse = a.lse.defined() ? static_cast<float*>(a.lse.data) : nullptr;
+  copy_strides(a.q, prm.q_stride, 4);
+  copy_strides(a.k_cache, prm.kc_stride, 4);
+  copy_strides(a.v_cache, prm.vc_stride, 4);
+  if (p.append) copy_strides(a.k, prm.kn_stride, 4), copy_strides(a.v, prm.vn_stride, 4);
+  copy_strides(a.o, prm.o_stride, 4);
+  if (a.lse.defined()) copy_strides(a.lse, prm.lse_stride, 3);
+  // The cache stride of a sequence (contiguous) is multiplied by b, a block's by its index: both by stride[0].
+  prm.table_stride[0] = p.paged ? a.block_table.stride[0] : 0;
+  prm.table_stride[1] = p.paged ? a.block_table.stride[1] : 0;
+  prm.batch = int(p.batch), prm.q_len = int(p.q_len), prm.q_heads = int(p.q_heads), prm.kv_heads = int(p.kv_heads);
+  prm.group = int(p.q_heads / p.kv_heads);
+  prm.capacity = int(p.capacity), prm.block_size = int(p.block_size), prm.num_blocks = int(p.num_blocks);
+  prm.row_chunks = ceil_div(p.q_len * prm.group, kRows);
+  prm.splits = plan_splits(a, p);
+  const int tile = a.q.dtype == DType::f32 ? key_tile<float>() : key_tile<__nv_bfloat16>();
+  // Split boundaries on tile multiples, so no split starts mid-tile.
+  prm.keys_per_split = ceil_div(ceil_div(std::max<int64_t>(p.max_seqlen_k, 1), prm.splits), tile) * tile;
+  prm.scale = float(p.scale);
+  prm.causal = p.causal, prm.append = p.append;
+  prm.vec_k = vector_loads(a.k_cache), prm.vec_v = vector_loads(a.v_cache);
+  const size_t needed = workspace_for(p, prm.splits);
+  Scratch scratch(a.workspace, a.workspace_bytes, needed, stream, "attention_with_kvcache_workspace_bytes", "workspace",
+                  16);
+  if (needed > 0) {
+    const int64_t total = p.batch * p.q_heads * p.q_len;
+    prm.part_lse = scratch.floats();
+    prm.part_o = scratch.floats() + prm.splits * total;
+  }
+  switch (a.q.dtype) {
+    case DType::f32: launch<float>(prm, p, stream); break;
+    case DType::bf16: launch<__nv_bfloat16>(prm, p, stream); break;
+    case DType::f16: launch<__half>(prm, p, stream); break;
+    default: break;  // f64 refused in check_supported
+  }
+}
+
+}  // namespace flashgla::cuda

@@ -1,9 +1,0 @@
-// The portable attention kernels for head dim 64 (bf16 and fp16).
-#include "cuda/attention_kernels.cuh"
-
-namespace flashgla::cuda::attn {
-template void run_attention_forward<__nv_bfloat16, 64>(AttentionParams, cudaStream_t);
-template void run_attention_forward<__half, 64>(AttentionParams, cudaStream_t);
-template void run_attention_backward<__nv_bfloat16, 64>(AttentionParams, cudaStream_t);
-template void run_attention_backward<__half, 64>(AttentionParams, cudaStream_t);
-}  // namespace flashgla::cuda::attn

@@ -1,0 +1,481 @@
+// Step 1 of the chunked GLA backward: the chunk-boundary states, recomputed.
+//
+// One block per (sequence, head, 64x64 tile of the K x V state) walks the
+// sequence's chunks in order and keeps its tile in registers (warp w owns key
+// rows 16 (w % 4).. and value columns 32 (w / 4)..; 8 warps, so that the
+// element-wise work of each step is spread thin; with scan_pairs and an even
+// V / 64, 16 warps and two value tiles per block). blockIdx.z picks the scan:
+//   z = 0, forward:  stores S before chunk c, then
+//                    S <- diag(exp γ) S + (K ⊙ exp(γ − Γ))^T V
+//   z = 1, backward: from dS = dht, stores dS after chunk c (last chunk first), then
+//                    dS <- diag(exp γ) dS + scale (Q ⊙ exp Γ)^T dO
+//                    and writes dh0 = dS before the first chunk.
+// Γ is the chunk-local gate cumsum and γ its last row: every exponent is <= 0.
+//
+// Sequence split (p.scan_splits > 1): blockIdx.y also picks a piece of
+// p.chunks_per_split chunks. The piece that comes first in its scan's order
+// starts from h0 / dht, the others from zero; each piece records, for every
+// state it stores, the decay (log2, per key row) accumulated since its start,
+// and at its end its last state and total decay (the summary). fold_kernel
+// then walks the summaries of the earlier pieces in scan order to get each
+// piece's true start state X and adds diag(exp2 D) X to the piece's stored
+// states; the backward scan's fold also yields dh0. Exact in real arithmetic:
+// the scan is linear in its start state.
+#include "cuda/common/host.cuh"
+#include "cuda/gla/gla_bwd_device.cuh"
+
+namespace flashgla::cuda::gla_bwd {
+namespace {
+
+// kPair: the block covers two value tiles (see state_scan_kernel). kStages:
+// 2 with the pipelined scan (x, y and the raw gate of the next chunk copied
+// while this one computes), else 1 (the gate goes through registers).
+template <class T, class GT, int kPair, int kStages = 1>
+struct StateScanSmem {
+  static constexpr size_t tile = size_t(kTile) * kLd<T> * sizeof(T);
+  static constexpr size_t x = 0;                                  // x̂: scaled keys or queries, [token][key column]
+  static constexpr size_t y = x + kStages * tile;                 // values or output gradients, [token][value column]
+  static constexpr size_t stage = y + kStages * kPair * tile;     // the state tiles on their way to the scratch
+  static constexpr size_t gates = stage + kPair * tile;           // Γ, [token][key column]
+  static constexpr size_t raw_gates = gates + size_t(kTile) * kLdF * sizeof(GT);  // pipelined: bf16 gate rows, unpadded
+  static constexpr size_t bytes = raw_gates + (kStages > 1 ? size_t(kStages) * kTileElems * sizeof(bf16) : 0);
+};
+
+template <class T>
+inline constexpr int kScanBlocksPerSm = sizeof(T) == 2 ? 4 : 2;
+
+// Eight consecutive elements of a tile (state, x̂ or Γ), as fp32.
+__device__ __forceinline__ void load8(const float* at, float (&x)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(at)[0], b = reinterpret_cast<const float4*>(at)[1];
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+__device__ __forceinline__ void load8(const bf16* at, float (&x)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(at);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+}
+__device__ __forceinline__ void store8(float* at, const float (&x)[8]) {
+  reinterpret_cast<float4*>(at)[0] = {x[0], x[1], x[2], x[3]};
+  reinterpret_cast<float4*>(at)[1] = {x[4], x[5], x[6], x[7]};
+}
+__device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
+  *reinterpret_cast<uint4*>(at) = {pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]),
+                                   pack_bf16(x[6], x[7])};
+}
+
+// kPair = 2 (an even number of value tiles): one block of 16 warps covers two
+// value tiles of a key tile, warps 8.. the second, so that x, the gate and its
+// cumsum are loaded and transformed once for both; same registers per thread
+// and threads per SM as two blocks of one tile.
+// kPipeline > 0 (bf16, kPair = 2, whole bf16 rows: see Params::scan_pipeline):
+// two buffers of x, y and the gate's raw bf16 rows; chunk i + 1's copies are
+// issued at the top of step i and waited on at its end, so that they fly while
+// step i computes (else each step waits on its loads right after issuing them).
+// kPipeline = 2 (the default since session 4's final GPU run): the same with fewer
+// instructions per step (per-thread copy pointers, 16-byte x̂ transform).
+template <class T, class GT, int kPair, int kPipeline>
+__global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / kPair)
+    state_scan_kernel(const Params p) {
+  constexpr bool kPipelined = kPipeline > 0, kLean = kPipeline == 2;
+  constexpr int kStages = kPipelined ? 2 : 1;
+  using Smem = StateScanSmem<T, GT, kPair, kStages>;
+  constexpr int LD = kLd<T>;
+  constexpr int kThreads = kStateThreads * kPair;
+  constexpr int kTileLd = kTile * LD;  // elements from one value tile's y or stage to the next
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* const sX0 = reinterpret_cast<T*>(smem + Smem::x);
+  T* const sY0 = reinterpret_cast<T*>(smem + Smem::y);
+  T* sStage = reinterpret_cast<T*>(smem + Smem::stage);
+  GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
+  bf16* const sRawGates = reinterpret_cast<bf16*>(smem + Smem::raw_gates);
+
+  allow_dependent_launch();  // the chunk kernel's blocks may take the slots that retiring blocks free
+  const bool backward = blockIdx.z == 1;
+  const int64_t n = blockIdx.x / p.heads;
+  const int h = int(blockIdx.x % p.heads);
+  const int tiles = p.key_tiles * p.value_tiles;
+  const int groups = tiles / kPair;  // blocks per (sequence, head, piece)
+  const int group = int(blockIdx.y) % groups, split = int(blockIdx.y) / groups;
+  const int kt = group / (p.value_tiles / kPair), vt0 = group % (p.value_tiles / kPair) * kPair;
+  const int warp = threadIdx.x / 32;
+  const int pair = warp / 8;  // this warp's value tile: vt0 + pair
+  const int vt = vt0 + pair, tile = kt * p.value_tiles + vt;
+  const int row0 = 16 * (warp % 4), col0 = 32 * (warp / 4 % 2);  // this warp's piece of its tile
+  const Seq seq = sequence(p, n);
+  // This block's chunks: [first, first + chunks), all of them without a split.
+  const bool splitting = p.scan_splits > 1;
+  const int64_t first = splitting ? split * p.chunks_per_split : 0;
+  int64_t chunks = num_chunks(seq.len) - first;
+  if (splitting && chunks > p.chunks_per_split) chunks = p.chunks_per_split;
+  if (chunks < 0) chunks = 0;
+  // The piece that comes first in this scan's order starts from h0 / dht.
+  const bool true_start = !splitting || split == (backward ? p.scan_splits - 1 : 0);
+
+  // The state tile: accumulator rows are key rows row0.., columns value columns col0..
+  float acc[4][4];
+  const Tensor init = true_start ? (backward ? p.dht : p.h0) : Tensor{};
+  // Split: decay (log2) of this thread's two key rows since the piece's start.
+  float decay_since_start[2] = {0.f, 0.f};
+  const bool writes_decays = splitting && vt == 0 && col0 == 0 && threadIdx.x % 4 == 0;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = kt * kTile + row0 + acc_row(e), value = vt * kTile + col0 + acc_col(nt, e);
+      acc[nt][e] = (init.data && key < p.key_dim && value < p.value_dim)
+                       ? static_cast<const float*>(init.data)[offset4(init, n, h, key, value)]
+                       : 0.f;
+    }
+
+  const Tensor& xs = backward ? p.q : p.k;
+  const Tensor& ys = backward ? p.d_o : p.v;
+  T* scratch = static_cast<T*>(backward ? p.dstates : p.states);
+  auto chunk_at = [&](int64_t i) { return first + (backward ? chunks - 1 - i : i); };  // step i's chunk
+  auto rows_of = [&](int64_t c) { return int(seq.len - c * kChunk < kChunk ? seq.len - c * kChunk : kChunk); };
+
+  // Lean: thread t copies the 16-byte piece of row t / 8, columns t % 8 * 8..
+  // of each tile (x, the two y tiles, a vector gate's bf16 rows), from
+  // pointers kept at the sequence's first token: a step adds its chunk's row
+  // offset (offset4 per copy and step was a sixth of a step's instructions).
+  static_assert(!kPipelined || (kPair == 2 && kThreads == kTile * 8), "one piece of each tile per thread");
+  const int piece_row = threadIdx.x / 8, piece_col = threadIdx.x % 8 * 8;
+  const T* x_at = nullptr;
+  const T* y_at[kPair] = {};
+  const bf16* g_at = nullptr;
+  const char* prefetch_at = nullptr;  // row threadIdx.x % 64 of tile threadIdx.x / 64 (x, y0, g, y1)
+  int64_t prefetch_stride = 0;        // bytes per token
+  if constexpr (kLean) {
+    x_at = static_cast<const T*>(xs.data) + offset4(xs, seq.batch, seq.begin, h, kt * kTile + piece_col);
+#pragma unroll
+    for (int j = 0; j < kPair; ++j)
+      y_at[j] = static_cast<const T*>(ys.data) + offset4(ys, seq.batch, seq.begin, h, (vt0 + j) * kTile + piece_col);
+    if (p.gate == GateKind::vector)
+      g_at = static_cast<const bf16*>(p.g.data) + offset4(p.g, seq.batch, seq.begin, h, kt * kTile + piece_col);
+    const int which = threadIdx.x / kTile;
+    const Tensor& pf = which == 2 ? p.g : (which == 0 ? xs : ys);
+    const int pf_col = which == 0 || which == 2 ? kt * kTile : (vt0 + (which == 3)) * kTile;
+    if (which < 4 && (which != 2 || p.gate == GateKind::vector)) {
+      prefetch_at = static_cast<const char*>(pf.data) +
+                    offset4(pf, seq.batch, seq.begin + threadIdx.x % kTile, h, pf_col) * int64_t(sizeof(bf16));
+      prefetch_stride = pf.stride[1] * int64_t(sizeof(bf16));
+    }
+  }
+  // Step i's tiles into buffer `buf`; rows past the sequence's end are
+  // zero-filled (a zero gate: a flat Γ).
+  auto issue_copies = [&](int64_t i, int buf) {
+    if constexpr (kPipelined && !kLean) {
+      const int64_t c = chunk_at(i), t0 = seq.begin + c * kChunk;
+      const int rows = rows_of(c);
+      load_tile_async<T, kThreads, true>(sX0 + buf * kTileLd, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim);
+#pragma unroll
+      for (int j = 0; j < kPair; ++j)
+        load_tile_async<T, kThreads, true>(sY0 + (buf * kPair + j) * kTileLd, ys, seq.batch, t0, rows, h,
+                                           (vt0 + j) * kTile, p.value_dim);
+      if (p.gate == GateKind::vector) {
+        constexpr int kPieces = kTile * sizeof(bf16) / 16;  // 16-byte pieces per row
+        const bf16* src = static_cast<const bf16*>(p.g.data) + offset4(p.g, seq.batch, t0, h, kt * kTile);
+        bf16* raw = sRawGates + buf * kTileElems;
+        for_each_item<kThreads, kTile * kPieces>([&](int idx) {
+          const int r = idx / kPieces, col = idx % kPieces * 8;
+          cp_async16(raw + r * kTile + col, r < rows ? src + (r * int(p.g.stride[1]) + col) : src, r < rows ? 16 : 0);
+        });
+      }
+    }
+    if constexpr (kLean) {
+      const int64_t token = chunk_at(i) * kChunk;  // of the chunk's first row, in the sequence
+      const bool valid = piece_row < rows_of(chunk_at(i));
+      const int at = piece_row * LD + piece_col;
+      auto copy = [&](auto* dst, const auto* first, int64_t row_stride) {
+        const auto* src = first + token * row_stride;  // the chunk's first row, always in the sequence
+        cp_async16(dst, valid ? src + piece_row * int(row_stride) : src, valid ? 16 : 0);
+      };
+      copy(sX0 + buf * kTileLd + at, x_at, xs.stride[1]);
+#pragma unroll
+      for (int j = 0; j < kPair; ++j) copy(sY0 + (buf * kPair + j) * kTileLd + at, y_at[j], ys.stride[1]);
+      if (g_at) copy(sRawGates + buf * kTileElems + piece_row * kTile + piece_col, g_at, p.g.stride[1]);
+    }
+  };
+  if constexpr (kPipelined) {
+    if (chunks > 0) issue_copies(0, 0);
+    cp_async_wait_all();
+    __syncthreads();
+  }
+
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int64_t c = chunk_at(i);
+    const int64_t t0 = seq.begin + c * kChunk;
+    const int rows = rows_of(c);
+    const int buf = kPipelined ? int(i & 1) : 0;
+    T* const sX = sX0 + buf * kTileLd;
+    T* const sY = sY0 + buf * kPair * kTileLd;
+
+    // The state at this chunk's boundary goes to the scratch (via shared memory,
+    // for whole-row stores).
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        store_pair(sStage + pair * kTileLd + (row0 + acc_row(e)) * LD + col0 + acc_col(nt, e), acc[nt][e], acc[nt][e + 1]);
+    // x is scaled by the gates below: copied now when plain, else loaded with
+    // the scaling (one rounding to the compute type, e.g. for fp16 inputs).
+    bool x_plain = true;
+    GateTile<GT, kThreads> gate;
+    if constexpr (kPipelined) {
+      // This step's tiles landed at the end of the last step; the next step's
+      // go into the other buffer, which the last step's product has finished with.
+      if (i + 1 < chunks) issue_copies(i + 1, buf ^ 1);
+      if (p.gate == GateKind::vector) {
+        const int col = threadIdx.x % kTile, first_row = (threadIdx.x / kTile) * GateTile<GT, kThreads>::kRows;
+        const bf16* raw = sRawGates + buf * kTileElems;
+#pragma unroll
+        for (int r = 0; r < GateTile<GT, kThreads>::kRows; ++r)
+          gate.x[r] = gate_value<GT>(raw[(first_row + r) * kTile + col]);
+      } else {
+        gate = load_gate_tile<GT, kThreads>(p, seq.batch, t0, rows, h, kt * kTile);
+      }
+    } else {
+      // The gate, x and y loads are all in flight at once.
+      gate = load_gate_tile<GT, kThreads>(p, seq.batch, t0, rows, h, kt * kTile);
+      x_plain = plain_tile<T>(xs, seq.batch, t0, h, kt * kTile, p.key_dim);
+      if (x_plain) load_tile_async<T, kThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim);
+#pragma unroll
+      for (int j = 0; j < kPair; ++j)
+        load_tile_async<T, kThreads>(sY + j * kTileLd, ys, seq.batch, t0, rows, h, (vt0 + j) * kTile, p.value_dim);
+      cp_async_wait_all();
+    }
+    store_gate_cumsum<GT, kThreads>(sG, gate);  // its barriers order sStage, sX and sY too
+#pragma unroll
+    for (int j = 0; j < kPair; ++j)
+      copy_tile_out<T, kThreads>(scratch + state_tile_index(p, seq.slot0 + c, h, kt, vt0 + j), sStage + j * kTileLd);
+    if (writes_decays)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int key = kt * kTile + row0 + acc_row(2 * half);
+        p.chunk_decays[((int64_t(blockIdx.z) * p.num_slots + seq.slot0 + c) * p.heads + h) * (p.key_tiles * kTile) +
+                       key] = decay_since_start[half];
+      }
+
+    const float scale = p.scale;
+    auto q_hat = [=](int r, int col, float x) { return scale * x * exp2_of(sG[r * kLdF + col]); };  // scale q ⊙ exp Γ
+    auto k_hat = [=](int r, int col, float x) {  // k ⊙ exp(γ − Γ)
+      return x * exp2_of(sG[(kChunk - 1) * kLdF + col] - sG[r * kLdF + col]);
+    };
+    if constexpr (kLean) {
+      // This thread's piece of x̂, its 8 exponents read 16 bytes at a time:
+      // (scale x) exp2 Γ backward, x exp2(γ − Γ) forward, as q_hat / k_hat.
+      T* at = sX + piece_row * LD + piece_col;
+      float e[8];
+      load8(sG + piece_row * kLdF + piece_col, e);
+      if (!backward) {
+        float last[8];
+        load8(sG + (kChunk - 1) * kLdF + piece_col, last);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) e[j] = last[j] - e[j];
+      }
+      const float factor = backward ? scale : 1.f;
+      float x[8];
+      load8(at, x);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = factor * x[j] * exp2_of(e[j]);
+      store8(at, x);
+    } else {
+      if (x_plain && backward) transform_tile<T, kThreads>(sX, q_hat);
+      if (x_plain && !backward) transform_tile<T, kThreads>(sX, k_hat);
+      if constexpr (!kPipelined) {
+        if (!x_plain && backward) load_tile<T, kThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, q_hat);
+        if (!x_plain && !backward) load_tile<T, kThreads>(sX, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim, k_hat);
+      }
+    }
+    __syncthreads();
+
+    // Rows of x, y and the gate of a later step into L2 while this step
+    // computes (the next step's; pipelined, the one after it, since the next
+    // step's tiles are already on their way to shared memory).
+    constexpr int kAhead = kPipelined ? 2 : 1;
+    if (kLean && i + kAhead < chunks) {
+      const int64_t later = backward ? c - kAhead : c + kAhead;
+      if (prefetch_at && int(threadIdx.x % kTile) < rows_of(later))
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(prefetch_at + later * kChunk * prefetch_stride));
+    } else if (i + kAhead < chunks) {
+      const int64_t later = backward ? c - kAhead : c + kAhead;
+      const int later_rows = rows_of(later);
+      const int r = threadIdx.x % kTile, which = threadIdx.x / kTile;
+      const int64_t t = seq.begin + later * kChunk + r;
+      if (r < later_rows) {
+        if (which == 0) prefetch_row_l2(xs, seq.batch, t, h, kt * kTile, p.key_dim);
+        if (which == 1) prefetch_row_l2(ys, seq.batch, t, h, vt0 * kTile, p.value_dim);
+        if (which == 2 && p.gate == GateKind::vector) prefetch_row_l2(p.g, seq.batch, t, h, kt * kTile, p.key_dim);
+        if (kPair == 2 && which == 3) prefetch_row_l2(ys, seq.batch, t, h, (vt0 + 1) * kTile, p.value_dim);
+      }
+    }
+
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const GT chunk_decay = sG[(kChunk - 1) * kLdF + row0 + acc_row(2 * half)];
+      decay_since_start[half] += float(chunk_decay);
+      const float decay = exp2_of(chunk_decay);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        acc[nt][2 * half] *= decay;
+        acc[nt][2 * half + 1] *= decay;
+      }
+    }
+    // acc += x̂^T y: the product's rows are x̂'s columns (key rows of the state).
+    warp_gemm<4, true, false>(acc, sX + row0, LD, sY + pair * kTileLd + col0, LD, kChunk);
+    if constexpr (kPipelined) cp_async_wait_all();  // the next step's tiles, issued at the top of this one
+    __syncthreads();
+  }
+
+  if (splitting) {  // the piece's summary: its last state and total decay
+    float* summary = p.split_summaries +
+                     ((((int64_t(blockIdx.z) * p.num_seqs + n) * p.heads + h) * p.scan_splits + split) * tiles + tile) *
+                         int64_t(kSummaryFloats);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        store_pair(summary + (row0 + acc_row(e)) * kTile + col0 + acc_col(nt, e), acc[nt][e], acc[nt][e + 1]);
+    if (col0 == 0 && threadIdx.x % 4 == 0)
+      for (int half = 0; half < 2; ++half) summary[kTileElems + row0 + acc_row(2 * half)] = decay_since_start[half];
+  }
+
+  if (backward && p.dh0.data && !splitting) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kt * kTile + row0 + acc_row(e), value = vt * kTile + col0 + acc_col(nt, e);
+        if (key < p.key_dim && value < p.value_dim)
+          static_cast<float*>(p.dh0.data)[offset4(p.dh0, n, h, key, value)] = acc[nt][e];
+      }
+  }
+}
+
+// The fold of a split scan: one block per (sequence, head, tile, piece after
+// the first in scan order); blockIdx.z picks the scan as above. Thread t owns
+// 8 columns of rows t / 8 and t / 8 + 32 of the tile.
+template <class T>
+__global__ void __launch_bounds__(kStateThreads) fold_kernel(const Params p) {
+  allow_dependent_launch();
+  constexpr int kRowStep = kStateThreads / 8;
+  const bool backward = blockIdx.z == 1;
+  const int64_t n = blockIdx.x / p.heads;
+  const int h = int(blockIdx.x % p.heads);
+  const int tiles = p.key_tiles * p.value_tiles;
+  const int tile = int(blockIdx.y) % tiles, order = int(blockIdx.y) / tiles + 1;  // place in scan order
+  const int kt = tile / p.value_tiles, vt = tile % p.value_tiles;
+  const int row = threadIdx.x / 8, col = threadIdx.x % 8 * 8;
+  auto piece = [&](int place) { return backward ? int(p.scan_splits) - 1 - place : place; };
+  auto summary = [&](int split) {
+    return p.split_summaries +
+           ((((int64_t(blockIdx.z) * p.num_seqs + n) * p.heads + h) * p.scan_splits + split) * tiles + tile) *
+               int64_t(kSummaryFloats);
+  };
+
+  // This piece's true start state: the earlier pieces' summaries folded in scan order.
+  float x[2][8] = {};
+  for (int place = 0; place < order; ++place) {
+    const float* s = summary(piece(place));
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int r = row + m * kRowStep;
+      const float decay = exp2_of(s[kTileElems + r]);
+      float last[8];
+      load8(s + r * kTile + col, last);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[m][j] = decay * x[m][j] + last[j];
+    }
+  }
+
+  // Its stored states: += diag(exp2 D) x, D the decay from the piece's start.
+  const int split = piece(order);
+  const Seq seq = sequence(p, n);
+  const int64_t first = split * p.chunks_per_split;
+  int64_t chunks = num_chunks(seq.len) - first;
+  if (chunks > p.chunks_per_split) chunks = p.chunks_per_split;
+  T* scratch = static_cast<T*>(backward ? p.dstates : p.states);
+  for (int64_t c = first; c < first + chunks; ++c) {
+    T* state = scratch + state_tile_index(p, seq.slot0 + c, h, kt, vt);
+    const float* decays = p.chunk_decays +
+                          ((int64_t(blockIdx.z) * p.num_slots + seq.slot0 + c) * p.heads + h) * (p.key_tiles * kTile) +
+                          kt * kTile;
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int r = row + m * kRowStep;
+      const float decay = exp2_of(decays[r]);
+      float s[8];
+      load8(state + r * kTile + col, s);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[j] += decay * x[m][j];
+      store8(state + r * kTile + col, s);
+    }
+  }
+
+  // The backward scan's last piece in scan order: dh0 = diag(exp2 D) x + its last state.
+  if (backward && split == 0 && p.dh0.data) {
+    const float* s = summary(0);
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int r = row + m * kRowStep, key = kt * kTile + r;
+      const float decay = exp2_of(s[kTileElems + r]);
+      float last[8];
+      load8(s + r * kTile + col, last);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int value = vt * kTile + col + j;
+        if (key < p.key_dim && value < p.value_dim)
+          static_cast<float*>(p.dh0.data)[offset4(p.dh0, n, h, key, value)] = decay * x[m][j] + last[j];
+      }
+    }
+  }
+}
+
+template <class T, class GT, int kPair, int kPipeline = 0>
+void launch_scan(const Params& p, cudaStream_t stream) {
+  const size_t smem = StateScanSmem<T, GT, kPair, (kPipeline > 0 ? 2 : 1)>::bytes;
+  auto kernel = state_scan_kernel<T, GT, kPair, kPipeline>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+             "cudaFuncSetAttribute (GLA backward state scan)");
+  const unsigned groups = unsigned(p.key_tiles * p.value_tiles / kPair);
+  const dim3 grid(unsigned(p.num_seqs * p.heads), groups * unsigned(p.scan_splits), 2);
+  kernel<<<grid, kStateThreads * kPair, smem, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA backward state scan launch");
+}
+
+template <class T, class GT>
+void launch(const Params& p, cudaStream_t stream) {
+  const bool pairs = p.scan_pairs && p.value_tiles % 2 == 0;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (pairs && p.scan_pipeline == 2) launch_scan<T, GT, 2, 2>(p, stream);
+    else if (pairs && p.scan_pipeline == 1) launch_scan<T, GT, 2, 1>(p, stream);
+    else if (pairs) launch_scan<T, GT, 2>(p, stream);
+    else launch_scan<T, GT, 1>(p, stream);
+  } else {
+    if (pairs) launch_scan<T, GT, 2>(p, stream);
+    else launch_scan<T, GT, 1>(p, stream);
+  }
+  const unsigned tiles = unsigned(p.key_tiles * p.value_tiles);
+  if (p.scan_splits > 1) {
+    const dim3 fold_grid(unsigned(p.num_seqs * p.heads), tiles * unsigned(p.scan_splits - 1), 2);
+    fold_kernel<T><<<fold_grid, kStateThreads, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "GLA backward state scan fold launch");
+  }
+}
+
+}  // namespace
+
+size_t state_scan_smem_bytes(Compute c) {
+  return c == Compute::f32 ? StateScanSmem<float, double, 1>::bytes : StateScanSmem<bf16, float, 1>::bytes;
+}
+
+size_t state_scan_pipelined_smem_bytes() { return StateScanSmem<bf16, float, 2, 2>::bytes; }
+
+int state_scan_blocks_per_sm(Compute c) { return c == Compute::f32 ? kScanBlocksPerSm<float> : kScanBlocksPerSm<bf16>; }
+
+void launch_state_scan(const Params& p, Compute c, cudaStream_t stream) {
+  if (c == Compute::f32) launch<float, double>(p, stream);
+  else launch<bf16, float>(p, stream);
+}
+
+}  // namespace flashgla::cuda::gla_bwd

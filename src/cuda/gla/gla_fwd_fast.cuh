@@ -1,0 +1,772 @@
+// The kernel of the chunked GLA forward's fast path: bf16/fp16 inputs, K ≤ 256
+// (the general kernel in gla_fwd_chunk.cu serves everything else).
+//
+// One CTA of 16 warps per (sequence, head, value tile of 64 or 128 columns,
+// key part of up to 128 keys, sequence split), one CTA per SM. Key parts
+// (K > 128): everything a CTA computes is a sum over keys (A, Q S) or per key
+// (gate factors, the state's rows), so each part runs the K ≤ 128 kernel on its
+// keys and adds its share of o (bf16/fp16 reductions into an o zeroed first:
+// one more rounding of o than with a single part). It walks its chunks of
+// C = 64 tokens in order, with the whole key width of its part (padded to
+// KP = 64 or 128) in every phase: four barriers per chunk instead of three per
+// 32-key slice.
+//   * State: S [KP × BV] fp32 lives in registers as mma accumulator fragments
+//     (warp w owns key tile w % (KP/16) and a run of value columns); a bf16
+//     copy in shared memory feeds (Q ⊙ exp Γ) S.
+//   * Gate factors: only products of α = exp(g) ≤ 1 (groups of 8 rows, their
+//     totals exchanged through shared memory), as in gla_fwd_chunk.cu, so
+//     gates of −20 per step underflow to 0 and never overflow.
+//   * Intra-chunk A, built once per chunk: the 8×8 lower triangles on the
+//     diagonal in fp32 on CUDA cores (each lane accumulates its keys for the
+//     36 entries of its row group in registers, then a reduce-scatter over
+//     the warp's lanes); every other block below the diagonal on tensor
+//     cores, each with a reference row between its rows and columns:
+//       rows 16–31 × cols 0–15 and rows 48–63 × cols 32–47 (reference: the
+//       first row of the row block), rows 32–63 × cols 0–31 (row 32), and the
+//       8×8 blocks rows 8–15 × cols 0–7 of each 16-row block (its row 8).
+//   * Loads (cp.async, 16-byte pieces, rows16): q, k, v of the next chunk
+//     a whole chunk ahead (double buffers; Qg and Kd are built over q and k in
+//     place), g of the next chunk once this chunk's operands are built. An fp32
+//     vector gate (twice the bytes of its own region) goes to the off-diagonal
+//     operand area instead, issued once the tensor-core phase is done with it.
+// Per chunk: [wait, B0] (q k v prefetch) P1: α, group totals, diagonal triangles [B1]
+// P2: operands Qg, Kd, the off-diagonal operands [B2] (g prefetch)
+// M: off-diagonal A, O = Qg S, S ← diag(decay) S + Kd^T V [B3]
+// bf16 S, O += A V, o stored.
+// The sequence split and its states pass work as in gla_fwd_chunk.cu; with
+// split_prefix (the states kernel of gla_fwd_states.cuh) the start state of
+// split s is one slot (h0 decayed + the state from a zero start), not a fold
+// over the s earlier splits.
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+
+#include "cuda/common/host.cuh"
+#include "cuda/gla/gla_device.cuh"
+
+#include "cuda/gla/gla_fwd.cuh"
+
+namespace flashgla::cuda::gla {
+namespace {
+
+constexpr int C = kChunk;
+constexpr int NW = 16, NT = NW * 32;
+constexpr int kTriangle = 36;  // entries of an 8×8 lower triangle with its diagonal
+constexpr int kScatter = 48;   // kTriangle padded for a 4-level reduce-scatter
+
+// Byte offsets of the shared-memory regions; tiles of 64 rows use a pitch of
+// 8 extra elements so that ldmatrix rows fall in distinct banks.
+template <int KP, int BV>
+struct FastLayout {
+  static constexpr int P = KP + 8, PV = BV + 8, PA = C + 8;
+  static constexpr int q = 0;                         // two buffers [64][P]: q, then q ⊙ exp Γ in place
+  static constexpr int k = q + 2 * C * P * 2;         // two buffers [64][P]: k, then k ⊙ exp(γ^C − Γ) in place
+  static constexpr int g = k + 2 * C * P * 2;         // vector gate, [64][KP]
+  static constexpr int v = g + C * KP * 2;            // two buffers [64][PV]
+  static constexpr int qo = v + 2 * C * PV * 2;       // 96 rows: query side of the off-diagonal blocks
+  static constexpr int ko = qo + 96 * P * 2;          // 96 rows: key side
+  static constexpr int s = ko + 96 * P * 2;           // bf16 state [KP][PV]
+  static constexpr int a = s + KP * PV * 2;           // A [64][PA]
+  static constexpr int totals = a + C * PA * 2;       // [8 groups][KP] float2: (Π of the group's α without its
+                                                      // first row, α of its first row)
+  static constexpr int diag = totals + 8 * KP * 8;    // [2 key halves][8 groups][36] partial triangles
+  static constexpr int decay = diag + 2 * 8 * kTriangle * 4;  // [KP] exp(γ^C)
+  static constexpr int salpha = decay + KP * 4;       // [64] scalar gate α
+  static constexpr int bytes = salpha + C * 4;
+};
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_address(p))
+               : "memory");
+}
+
+// Fragment loads (lane-dependent addresses, see the mma.sync m16n8k16 layouts).
+// A operand [16 rows][16] from a row-major tile.
+template <class E>
+__device__ __forceinline__ typename Mma<E>::A frag_a(const E* tile, int pitch, int lane) {
+  typename Mma<E>::A f;
+  ldsm_x4(f.x, tile + (lane & 15) * pitch + (lane >> 4) * 8);
+  return f;
+}
+// A operand [16 rows m][16 k] from a tile stored k-major (tile[k][m]).
+template <class E>
+__device__ __forceinline__ typename Mma<E>::A frag_a_t(const E* tile, int pitch, int lane) {
+  typename Mma<E>::A f;
+  ldsm_x4_t(f.x, tile + ((lane & 7) + ((lane >> 4) << 3)) * pitch + ((lane >> 3) & 1) * 8);
+  return f;
+}
+// B operand [16 k][8 n] from a tile stored n-major (tile[n][k]).
+template <class E>
+__device__ __forceinline__ typename Mma<E>::B frag_b(const E* tile, int pitch, int lane) {
+  typename Mma<E>::B f;
+  ldsm_x2(f.x, tile + (lane & 7) * pitch + ((lane >> 3) & 1) * 8);
+  return f;
+}
+// Two B operands [16 k][8 n], columns 0–7 and 8–15 of a tile stored k-major (tile[k][n]).
+template <class E>
+__device__ __forceinline__ void frag_b2_t(typename Mma<E>::B& b0, typename Mma<E>::B& b1, const E* tile, int pitch,
+                                          int lane) {
+  uint32_t r[4];
+  ldsm_x4_t(r, tile + (lane & 15) * pitch + (lane >> 4) * 8);
+  b0.x[0] = r[0], b0.x[1] = r[1], b1.x[0] = r[2], b1.x[1] = r[3];
+}
+
+template <class E>
+__device__ __forceinline__ void store2(E* p, float lo, float hi) {
+  *reinterpret_cast<uint32_t*>(p) = Mma<E>::pack(lo, hi);
+}
+
+// N = 1 or 2 consecutive elements as floats (4-byte aligned for 2), and back.
+template <class E, int N>
+__device__ __forceinline__ void load_keys(const E* p, float (&x)[N]) {
+  if constexpr (std::is_same_v<E, float>) {
+    if constexpr (N == 2) {
+      const float2 w = *reinterpret_cast<const float2*>(p);
+      x[0] = w.x, x[1] = w.y;
+    } else {
+      x[0] = p[0];
+    }
+  } else if constexpr (N == 2) {
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(p);
+    E pair[2];
+    *reinterpret_cast<uint32_t*>(pair) = w;
+    x[0] = to_float(pair[0]), x[1] = to_float(pair[1]);
+  } else {
+    x[0] = to_float(p[0]);
+  }
+}
+template <class E, int N>
+__device__ __forceinline__ void store_keys(E* p, const float (&x)[N]) {
+  if constexpr (N == 2) store2(p, x[0], x[1]);
+  else p[0] = from_float<E>(x[0]);
+}
+
+// o += (lo, hi) at p (two consecutive elements), or one element: the key parts' shares of o. Reductions
+// without a result (red) on sm_90; key parts only run there (their shared memory exceeds sm_80's).
+__device__ __forceinline__ void add2(__nv_bfloat16* p, float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.noftz.bf16x2 [%0], %1;\n" ::"l"(p), "r"(Mma<__nv_bfloat16>::pack(lo, hi)));
+#else
+  atomicAdd(reinterpret_cast<__nv_bfloat162*>(p), __floats2bfloat162_rn(lo, hi));
+#endif
+}
+__device__ __forceinline__ void add2(__half* p, float lo, float hi) {
+  asm volatile("red.global.add.noftz.f16x2 [%0], %1;\n" ::"l"(p), "r"(Mma<__half>::pack(lo, hi)));
+}
+__device__ __forceinline__ void add1(__nv_bfloat16* p, float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.noftz.bf16 [%0], %1;\n" ::"l"(p), "h"(__bfloat16_as_ushort(__float2bfloat16_rn(x))));
+#else
+  atomicAdd(p, __float2bfloat16_rn(x));
+#endif
+}
+__device__ __forceinline__ void add1(__half* p, float x) {
+  asm volatile("red.global.add.noftz.f16 [%0], %1;\n" ::"l"(p), "h"(__half_as_ushort(__float2half_rn(x))));
+}
+
+// Whether any of the 8 bf16/fp16 elements of w is a NaN or an Inf (all exponent bits set).
+template <class E>
+__device__ __forceinline__ bool any_nonfinite8(uint4 w) {
+  constexpr uint32_t m = std::is_same_v<E, __half> ? 0x7C007C00u : 0x7F807F80u;
+  constexpr uint32_t lo = m & 0xFFFFu, hi = m & 0xFFFF0000u;
+  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) bad |= (x[i] & lo) == lo || (x[i] & hi) == hi;
+  return bad;
+}
+
+// O's diagonal block row by row up to the diagonal (the rare chunks whose v holds a NaN or Inf): the sums of
+// this lane's fragment elements. Out of line: inlined, it made ptxas spill in the 128×128 kernels.
+template <class E, int NO, int PA, int PV>
+struct DiagSums {
+  float x[NO][4];
+};
+template <class E, int NO, int PA, int PV>
+__device__ __noinline__ DiagSums<E, NO, PA, PV> diagonal_rowwise(const E* a_rows, const E* v_rows, int lane) {
+  const int g4 = lane >> 2, t4 = lane & 3;
+  DiagSums<E, NO, PA, PV> s;
+#pragma unroll
+  for (int nt = 0; nt < NO; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = g4 + 8 * (e >> 1);
+      const E* a_row = a_rows + r * PA;
+      const E* v_col = v_rows + 8 * nt + 2 * t4 + (e & 1);
+      float sum = 0.f;
+#pragma unroll 1
+      for (int b = 0; b <= r; ++b) sum = fmaf(to_float(a_row[b]), to_float(v_col[b * PV]), sum);
+      s.x[nt][e] = sum;
+    }
+  return s;
+}
+
+// G: the vector gate's element type (E, or float with bf16/fp16 inputs); unused for other gate kinds.
+// PARTS: K > KP, blockIdx.y also picks the key part, and o is accumulated (a separate instantiation: the
+// key offset and the reductions cost registers).
+template <class E, class G, int KP, int BV, Gate GK, bool PARTS>
+__global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  using L = FastLayout<KP, BV>;
+  // A gate wider than E lives in the off-diagonal operand area (qo, ko), free from B3 to B1.
+  constexpr bool kGateInOperands = sizeof(G) > sizeof(E);
+  static_assert(!kGateInOperands || C * KP * sizeof(G) <= L::s - L::qo, "fp32 gate fits the operand area");
+  using M = Mma<E>;
+  constexpr int P = L::P, PV = L::PV, PA = L::PA;
+  constexpr int KT = KP / 16;                // key tiles of the state
+  constexpr int NS = (BV / 8) * KT / NW;     // state column tiles (8 wide) per warp
+  constexpr int NO = (BV / 8) / 4;           // output column tiles per warp
+  constexpr int KPL = KP / 64;               // keys per lane in P1/P2
+  static_assert(NS % 2 == 0 && NO % 2 == 0 && KPL >= 1, "tile split");
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g4 = lane >> 2, t4 = lane & 3;
+  const int64_t nh = blockIdx.x;
+  const int64_t n = nh / p.heads;
+  const int h = int(nh % p.heads);
+  const int K = p.key_dim, V = p.value_dim;
+  const int value_tiles = PARTS ? (V + BV - 1) / BV : 1 << 30;
+  const int v0 = (blockIdx.y % value_tiles) * BV;
+  const int k0 = PARTS ? int(blockIdx.y / value_tiles) * KP : 0;  // this CTA's key part: keys k0 .. k0 + kn − 1
+  const int kn = PARTS ? min(KP, K - k0) : K;
+  const int split = blockIdx.z;
+
+  const SeqRange seq = sequence_range(p.seqs, n);
+  const int64_t num_chunks = (seq.len + C - 1) / C;
+  const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
+  if (split > last_split || (p.states_only && split == last_split)) return;
+  const int64_t c_begin = split * p.chunks_per_split;
+  const int64_t c_end = min(num_chunks, c_begin + p.chunks_per_split);
+  auto row_offset = [&](const View& t, int64_t token) {
+    return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
+  };
+
+  E* q_buf = reinterpret_cast<E*>(smem + L::q);
+  E* k_buf = reinterpret_cast<E*>(smem + L::k);
+  G* g_s = reinterpret_cast<G*>(smem + (kGateInOperands ? L::qo : L::g));
+  E* v_buf = reinterpret_cast<E*>(smem + L::v);
+  E* qo_s = reinterpret_cast<E*>(smem + L::qo);
+  E* ko_s = reinterpret_cast<E*>(smem + L::ko);
+  E* s_s = reinterpret_cast<E*>(smem + L::s);
+  E* a_s = reinterpret_cast<E*>(smem + L::a);
+  float2* totals_s = reinterpret_cast<float2*>(smem + L::totals);
+  float* diag_s = reinterpret_cast<float*>(smem + L::diag);
+  float* decay_s = reinterpret_cast<float*>(smem + L::decay);
+  float* salpha_s = reinterpret_cast<float*>(smem + L::salpha);
+
+  // ---- loads of one chunk: 16-byte cp.async pieces, zero outside the sequence / the dims ----
+  // A tile of COLS columns of T has COLS / (16 / sizeof(T)) pieces per row; thread tid always takes piece
+  // tid % pieces of rows tid / pieces + i · NT / pieces.
+  auto load_rows = [&](auto cols_tag, auto* dst, int pitch, const View& t, int64_t c, int rows_valid, int col0,
+                       int width) {
+    using T = std::remove_pointer_t<decltype(dst)>;
+    constexpr int per_piece = 16 / int(sizeof(T));
+    constexpr int pieces = decltype(cols_tag)::value / per_piece, rows_per_pass = NT / pieces;
+    static_assert(rows_per_pass <= C && C % rows_per_pass == 0, "whole passes");
+    const int row = tid / pieces, col = col0 + (tid % pieces) * per_piece;
+    const int bytes = min(16, max(0, (width - col) * int(sizeof(T))));
+    const T* src = static_cast<const T*>(t.data) + row_offset(t, c * C + row) + col;
+    T* to = dst + row * pitch + (tid % pieces) * per_piece;
+#pragma unroll
+    for (int i = 0; i < C / rows_per_pass; ++i) {
+      const bool valid = row + i * rows_per_pass < rows_valid && bytes > 0;
+      cp_async16(to + i * rows_per_pass * pitch, valid ? src + i * rows_per_pass * t.stride[1] : t.data,
+                 valid ? bytes : 0);
+    }
+  };
+  using KCols = std::integral_constant<int, KP>;
+  using VCols = std::integral_constant<int, BV>;
+  // q, k, v go to the buffers of chunk c's parity (issued a chunk ahead); g has one buffer (issued after P2).
+  auto issue_qkv = [&](int64_t c) {
+    const int rows_valid = int(min(int64_t(C), seq.len - c * C));
+    if (!p.states_only) load_rows(KCols{}, q_buf + (c & 1) * C * P, P, p.q, c, rows_valid, k0, K);
+    load_rows(KCols{}, k_buf + (c & 1) * C * P, P, p.k, c, rows_valid, k0, K);
+    load_rows(VCols{}, v_buf + (c & 1) * C * PV, PV, p.v, c, rows_valid, v0, V);
+  };
+  auto issue_g = [&](int64_t c) {
+    if constexpr (GK == Gate::vector)
+      load_rows(KCols{}, g_s, KP, p.g, c, int(min(int64_t(C), seq.len - c * C)), k0, K);
+  };
+  float scalar_g_next = 0.f;  // the scalar gate travels in registers of the first 64 threads, one chunk ahead
+  auto fetch_scalar_gate = [&](int64_t c) {
+    if (GK == Gate::scalar && tid < C) {
+      const int64_t t = c * C + tid;
+      scalar_g_next = t < seq.len ? load_float(p.g.data, row_offset(p.g, t), p.g.dtype) : 0.f;
+    }
+  };
+
+  // ---- the state: h0 folded through the earlier splits (zero in the states pass) ----
+  const int kt = warp % KT, ns0 = (warp / KT) * NS;
+  float S[NS][4];
+#pragma unroll
+  for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = k0 + lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+      float s = 0.f;
+      if (!p.states_only && lkey < kn && vg < V) {
+        if (p.h0.data)
+          s = static_cast<const float*>(p.h0.data)[n * p.h0.stride[0] + h * p.h0.stride[1] + key * p.h0.stride[2] +
+                                                    vg * p.h0.stride[3]];
+        if (!p.split_prefix)
+          for (int prev = 0; prev < split; ++prev) {
+            const int64_t slot = nh * (p.num_splits - 1) + prev;
+            s = p.split_decay[slot * K + key] * s + p.split_states[(slot * K + key) * V + vg];
+          }
+      }
+      S[nt][e] = s;
+    }
+  // split_prefix: one slot per split, straight-line loads (all elements' loads in flight together; the loop
+  // above runs once per element, one memory latency after another).
+  if (p.split_prefix && split > 0 && !p.states_only) {
+    const int64_t slot = nh * (p.num_splits - 1) + split - 1;
+#pragma unroll
+    for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = k0 + lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+        if (lkey < kn && vg < V)
+          S[nt][e] = p.split_decay[slot * K + key] * S[nt][e] + p.split_states[(slot * K + key) * V + vg];
+      }
+  }
+  auto store_state_bf16 = [&] {
+#pragma unroll
+    for (int nt = 0; nt < NS; ++nt) {
+      E* at = s_s + (16 * kt + g4) * PV + 8 * (ns0 + nt) + 2 * t4;
+      store2(at, S[nt][0], S[nt][1]);
+      store2(at + 8 * PV, S[nt][2], S[nt][3]);
+    }
+  };
+  if (!p.states_only) store_state_bf16();
+  // Entries above the diagonal of the 16×16 diagonal blocks of A are never written: zero once.
+  for (int i = tid; i < C * PA; i += NT) a_s[i] = from_float<E>(0.f);
+
+  if (c_begin < c_end) {
+    issue_qkv(c_begin);
+    issue_g(c_begin);
+    fetch_scalar_gate(c_begin);
+  }
+  cp_async_commit();
+
+  // P1/P2 roles: warp = (row group gr of 8 rows, key half kh), lane = KPL keys.
+  const int gr = warp & 7, kh = warp >> 3, r0 = 8 * gr, sub = gr >> 1;
+  const bool odd = gr & 1;
+  const int key0 = kh * (KP / 2) + lane * KPL;
+  float split_decay_acc[KPL];
+#pragma unroll
+  for (int e = 0; e < KPL; ++e) split_decay_acc[e] = 1.f;
+  // α of this thread's 8 rows and KPL keys.
+  auto alphas = [&](float (&a)[KPL][8]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float x[KPL] = {};
+      if constexpr (GK == Gate::vector) load_keys(g_s + (r0 + j) * KP + key0, x);
+#pragma unroll
+      for (int e = 0; e < KPL; ++e)
+        a[e][j] = GK == Gate::vector ? __expf(x[e]) : GK == Gate::scalar ? salpha_s[r0 + j] : 1.f;
+    }
+  };
+
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    const int rows_valid = int(min(int64_t(C), seq.len - c * C));
+    const E* v_s = v_buf + (c & 1) * C * PV;
+    E* q_s = q_buf + (c & 1) * C * P;  // q, then q ⊙ exp Γ
+    E* k_s = k_buf + (c & 1) * C * P;  // k, then k ⊙ exp(γ^C − Γ)
+    if (GK == Gate::scalar && tid < C) salpha_s[tid] = __expf(scalar_g_next);
+    if (c + 1 < c_end) fetch_scalar_gate(c + 1);
+    cp_async_wait_all();
+    __syncthreads();  // B0: this chunk's tiles are in; the previous chunk's products are done
+    if (c + 1 < c_end) issue_qkv(c + 1);  // into the buffers the previous chunk has finished with
+    cp_async_commit();
+
+    // ---- P1: group totals of α; the diagonal 8×8 triangles of A (fp32, this lane's keys) ----
+    float alpha[KPL][8];  // this thread's α (its 8 rows, its keys), kept for P2
+    alphas(alpha);
+    {
+      float acc[kScatter];
+#pragma unroll
+      for (int i = 0; i < kScatter; ++i) acc[i] = 0.f;
+#pragma unroll
+      for (int e = 0; e < KPL; ++e) {
+        const int key = key0 + e;
+        const float (&a)[8] = alpha[e];
+        float without_first = 1.f;
+#pragma unroll
+        for (int j = 1; j < 8; ++j) without_first *= a[j];
+        totals_s[gr * KP + key] = make_float2(without_first, a[0]);
+        if (!p.states_only) {
+          float qv[8], kv[8];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            qv[j] = to_float(q_s[(r0 + j) * P + key]);
+            kv[j] = to_float(k_s[(r0 + j) * P + key]);
+          }
+          // A_rc += q_r k_c Π_{c<s≤r} α_s, the product built row by row.
+#pragma unroll
+          for (int col = 0; col < 8; ++col) {
+            float d = kv[col];
+#pragma unroll
+            for (int r = col; r < 8; ++r) {
+              if (r > col) d *= a[r];
+              acc[r * (r + 1) / 2 + col] = fmaf(qv[r], d, acc[r * (r + 1) / 2 + col]);
+            }
+          }
+        }
+      }
+      if (!p.states_only) {
+        // Reduce-scatter over the 32 lanes: after 4 halvings each lane pair holds 3 sums.
+#pragma unroll
+        for (int level = 0; level < 4; ++level) {
+          const int offset = 16 >> level, half = (kScatter / 2) >> level;
+          const bool upper = lane & offset;
+#pragma unroll
+          for (int j = 0; j < kScatter / 2; ++j) {
+            if (j >= half) continue;
+            const float send = upper ? acc[j] : acc[j + half];
+            const float keep = upper ? acc[j + half] : acc[j];
+            acc[j] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 3; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 1);
+        if (!(lane & 1)) {
+          const int base = 24 * ((lane >> 4) & 1) + 12 * ((lane >> 3) & 1) + 6 * ((lane >> 2) & 1) + 3 * ((lane >> 1) & 1);
+#pragma unroll
+          for (int j = 0; j < 3; ++j)
+            if (base + j < kTriangle) diag_s[(kh * 8 + gr) * kTriangle + base + j] = acc[j];
+        }
+      }
+    }
+    __syncthreads();  // B1: totals and triangles visible
+
+    // ---- P2: operands of this chunk (Qg and Kd over q and k in place: each thread its own elements) ----
+    if (!p.states_only && tid < 8 * kTriangle) {
+      const int grp = tid / kTriangle, idx = tid - grp * kTriangle;
+      int r = 0;
+      while ((r + 1) * (r + 2) / 2 <= idx) ++r;
+      const int col = idx - r * (r + 1) / 2;
+      a_s[(8 * grp + r) * PA + 8 * grp + col] =
+          from_float<E>(diag_s[grp * kTriangle + idx] + diag_s[(8 + grp) * kTriangle + idx]);
+    }
+    {
+      // The off-diagonal operand rows (used in M) come in three pairs of which every group writes exactly one,
+      // so each thread stores three rows per row j through fixed slots instead of six warp-uniform branches:
+      //   slot 0: sub odd: qo row (sub == 1 ? 0 : 16) + 8·odd + j,  else ko row (sub == 0 ? 0 : 16) + 8·odd + j
+      //   slot 1: gr ≥ 4:  qo row r0 + j,                          else ko row 32 + r0 + j
+      //   slot 2: odd:     qo row 64 + 8·sub + j,                  else ko row 64 + 8·sub + j
+      // (ko follows qo: its rows count from 96). The empty asm keeps the compiler from hoisting the slots out
+      // of the chunk loop, which would hold 6 more registers through M and spill (the key offset too in the
+      // 128×128 kernels without a gate: ptxas -v shows spills otherwise, and with it in the smaller ones).
+      constexpr int kSlots = 3;
+      int group = gr, first_key = key0;
+      if constexpr (GK == Gate::none && KP == 128 && BV == 128) asm volatile("" : "+r"(group), "+r"(first_key));
+      else asm volatile("" : "+r"(group));
+      const bool slot_query[kSlots] = {((group >> 1) & 1) != 0, group >= 4, (group & 1) != 0};
+      const int slot_row[kSlots] = {16 * (group >> 2) + 8 * (group & 1), 8 * group + (group >= 4 ? 0 : 32),
+                                    64 + 4 * (group & ~1)};
+      int slot_offset[kSlots];  // elements from qo_s
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) slot_offset[s] = (slot_row[s] + (slot_query[s] ? 0 : 96)) * P + first_key;
+      // Products over other groups (tot: a group's Π α = first · without_first), per key.
+      float q_scale[KPL];             // Qg row j = q ⊙ fwd_j ⊙ q_scale
+      float after[KPL];               // Kd row j = k ⊙ bwd_j ⊙ after
+      float slot_scale[kSlots][KPL];  // slot s's row j = (q ⊙ fwd_j or k ⊙ bwd_j) ⊙ slot_scale[s]
+      float bwd[KPL][8];              // Π over this group's rows after j
+#pragma unroll
+      for (int e = 0; e < KPL; ++e) {
+        const int key = first_key + e;
+        auto tot = [&](int i) { const float2 t = totals_s[i * KP + key]; return t.x * t.y; };
+        float before = 1.f, k2_mid = 1.f;
+        after[e] = 1.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          if (i < gr) before *= tot(i);
+          if (i > gr) after[e] *= tot(i);
+          if (i > gr && i < 4) k2_mid *= tot(i);
+        }
+        q_scale[e] = before * alpha[e][0];
+        float q2_lead = gr > 5 ? tot(5) : 1.f;
+        if (gr > 6) q2_lead *= tot(6);
+        q2_lead *= gr > 4 ? totals_s[4 * KP + key].x : 1.f;
+        const float k1_mid = !odd ? tot(gr + 1) : 1.f;
+        // Slot factors (query side: applied to q ⊙ fwd_j; key side: to k ⊙ bwd_j).
+        slot_scale[0][e] = sub & 1 ? (odd ? totals_s[(gr - 1) * KP + key].x * alpha[e][0] : 1.f)
+                                   : k1_mid * totals_s[(2 * sub + 2) * KP + key].y;
+        slot_scale[1][e] = gr >= 4 ? (gr == 4 ? 1.f : q2_lead * alpha[e][0]) : k2_mid * totals_s[4 * KP + key].y;
+        slot_scale[2][e] = odd ? 1.f : totals_s[(gr + 1) * KP + key].y;
+        if (gr == 0) {
+          const float chunk_decay = tot(0) * after[e];
+          decay_s[key] = chunk_decay;
+          if (p.states_only) split_decay_acc[e] *= chunk_decay;
+        }
+        bwd[e][7] = 1.f;
+#pragma unroll
+        for (int j = 6; j >= 0; --j) bwd[e][j] = bwd[e][j + 1] * alpha[e][j + 1];
+      }
+      float fwd[KPL];  // Π over this group's rows 1..j
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int r = r0 + j;
+        float kv[KPL], qv[KPL], out[KPL];
+        load_keys(k_s + r * P + key0, kv);
+#pragma unroll
+        for (int e = 0; e < KPL; ++e) {
+          fwd[e] = j == 0 ? 1.f : fwd[e] * alpha[e][j];
+          kv[e] *= bwd[e][j];  // k ⊙ Π after j in this group
+          out[e] = kv[e] * after[e];
+        }
+        store_keys(k_s + r * P + key0, out);
+        if (p.states_only) continue;
+        load_keys(q_s + r * P + key0, qv);
+#pragma unroll
+        for (int e = 0; e < KPL; ++e) qv[e] *= fwd[e], out[e] = qv[e] * q_scale[e];
+        store_keys(q_s + r * P + key0, out);
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+#pragma unroll
+          for (int e = 0; e < KPL; ++e) out[e] = (slot_query[s] ? qv[e] : kv[e]) * slot_scale[s][e];
+          store_keys(qo_s + slot_offset[s] + j * P, out);
+        }
+      }
+    }
+    __syncthreads();  // B2: operands ready; g free
+    if (!kGateInOperands && c + 1 < c_end) issue_g(c + 1);
+    cp_async_commit();
+
+    // ---- M: off-diagonal blocks of A (one 16×8 product per warp) ----
+    if (!p.states_only) {
+      int qo_row, ko_row, dst_row, dst_col;
+      if (warp < 2) qo_row = 0, ko_row = 8 * warp, dst_row = 16, dst_col = 8 * warp;
+      else if (warp < 4) qo_row = 16, ko_row = 16 + 8 * (warp - 2), dst_row = 48, dst_col = 32 + 8 * (warp - 2);
+      else if (warp < 12) {
+        const int u = warp - 4;
+        qo_row = 32 + 16 * (u >> 2), ko_row = 32 + 8 * (u & 3), dst_row = 32 + 16 * (u >> 2), dst_col = 8 * (u & 3);
+      } else {
+        const int u = warp - 12, blk = 2 * (u >> 1) + (u & 1);  // 16-row block whose rows 8–15 × cols 0–7 this is
+        qo_row = 64 + 16 * (u >> 1), ko_row = 64 + 8 * blk, dst_row = 16 * blk + 8 - 8 * (u & 1), dst_col = 16 * blk;
+      }
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int ks = 0; ks < KT; ++ks)
+        M::mma(acc, frag_a(qo_s + qo_row * P + 16 * ks, P, lane), frag_b(ko_s + ko_row * P + 16 * ks, P, lane));
+      // The 8×8 blocks use one half of the fragment: rows 0–7 (u even) or 8–15 (u odd).
+      const bool lower_only = warp >= 12 && (warp & 1), upper_only = warp >= 12 && !(warp & 1);
+      E* at = a_s + (dst_row + g4) * PA + dst_col + 2 * t4;
+      if (!lower_only) store2(at, acc[0], acc[1]);
+      if (!upper_only) store2(at + 8 * PA, acc[2], acc[3]);
+    }
+
+    // ---- M: O = (Q ⊙ exp Γ) S (warp: rows 16·mo, NO column tiles) ----
+    const int mo = warp & 3, no0 = (warp >> 2) * NO;
+    float o[NO][4];
+#pragma unroll
+    for (int nt = 0; nt < NO; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    if (!p.states_only) {
+#pragma unroll
+      for (int ks = 0; ks < KT; ++ks) {
+        const auto af = frag_a(q_s + 16 * mo * P + 16 * ks, P, lane);
+#pragma unroll
+        for (int np = 0; np < NO / 2; ++np) {
+          typename M::B b0, b1;
+          frag_b2_t<E>(b0, b1, s_s + 16 * ks * PV + 8 * (no0 + 2 * np), PV, lane);
+          M::mma(o[2 * np], af, b0);
+          M::mma(o[2 * np + 1], af, b1);
+        }
+      }
+    }
+
+    // ---- M: S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V ----
+    {
+      const float d0 = decay_s[16 * kt + g4], d1 = decay_s[16 * kt + g4 + 8];
+#pragma unroll
+      for (int nt = 0; nt < NS; ++nt) S[nt][0] *= d0, S[nt][1] *= d0, S[nt][2] *= d1, S[nt][3] *= d1;
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) {
+        const auto af = frag_a_t(k_s + 16 * ks * P + 16 * kt, P, lane);
+#pragma unroll
+        for (int np = 0; np < NS / 2; ++np) {
+          typename M::B b0, b1;
+          frag_b2_t<E>(b0, b1, v_s + 16 * ks * PV + 8 * (ns0 + 2 * np), PV, lane);
+          M::mma(S[2 * np], af, b0);
+          M::mma(S[2 * np + 1], af, b1);
+        }
+      }
+    }
+    __syncthreads();  // B3: A complete; every warp done reading the bf16 state and the operand area
+    if constexpr (kGateInOperands) {
+      if (c + 1 < c_end) issue_g(c + 1);
+      cp_async_commit();
+    }
+
+    if (p.states_only) continue;
+    store_state_bf16();
+
+    // ---- O += (A ⊙ M) V: row block mo needs the column blocks 0..mo ----
+    for (int ks = 0; ks <= mo; ++ks) {
+      // The diagonal block's product multiplies the zeros above the diagonal of A by later rows of v: a NaN or
+      // Inf there would reach earlier outputs. Where this warp's rows and columns of v hold one (a warp vote on
+      // one or two 16-byte loads per lane), row by row up to the diagonal instead.
+      bool bad = false;
+      if (ks == mo) {
+        int piece = lane;
+        asm volatile("" : "+r"(piece));  // addresses made here, not held through the chunk loop
+#pragma unroll
+        for (int i = 0; i < NO / 2; ++i, piece += 32)
+          bad |= any_nonfinite8<E>(
+              *reinterpret_cast<const uint4*>(v_s + (16 * mo + piece / NO) * PV + 8 * (no0 + piece % NO)));
+      }
+      if (ks == mo && __any_sync(0xffffffffu, bad)) {
+        const auto sums =
+            diagonal_rowwise<E, NO, PA, PV>(a_s + 16 * mo * PA + 16 * mo, v_s + 16 * mo * PV + 8 * no0, lane);
+#pragma unroll
+        for (int nt = 0; nt < NO; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[nt][e] += sums.x[nt][e];
+        break;
+      }
+      const auto af = frag_a(a_s + 16 * mo * PA + 16 * ks, PA, lane);
+#pragma unroll
+      for (int np = 0; np < NO / 2; ++np) {
+        typename M::B b0, b1;
+        frag_b2_t<E>(b0, b1, v_s + 16 * ks * PV + 8 * (no0 + 2 * np), PV, lane);
+        M::mma(o[2 * np], af, b0);
+        M::mma(o[2 * np + 1], af, b1);
+      }
+    }
+
+    // ---- o = scale · O, straight from the fragments (two elements per store) ----
+    E* out = static_cast<E*>(p.o.data) + row_offset(p.o, c * C);
+#pragma unroll
+    for (int nt = 0; nt < NO; ++nt) {
+      const int col = v0 + 8 * (no0 + nt) + 2 * t4;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = 16 * mo + g4 + 8 * half;
+        if (r >= rows_valid || col >= V) continue;
+        E* at = out + r * p.o.stride[1] + col;
+        const float lo = p.scale * o[nt][2 * half], hi = p.scale * o[nt][2 * half + 1];
+        if constexpr (PARTS) {
+          if (col + 1 < V) add2(at, lo, hi);
+          else add1(at, lo);
+        } else {
+          if (col + 1 < V) store2(at, lo, hi);
+          else at[0] = from_float<E>(lo);
+        }
+      }
+    }
+  }
+
+  // ---- the state: this split's piece (states pass) or the final state ----
+  if (p.states_only) {
+    const int64_t slot = nh * (p.num_splits - 1) + split;
+#pragma unroll
+    for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int lkey = 16 * kt + g4 + (e >> 1) * 8, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+        if (lkey < kn && vg < V) p.split_states[(slot * K + k0 + lkey) * V + vg] = S[nt][e];
+      }
+    if (v0 == 0 && gr == 0)
+#pragma unroll
+      for (int e = 0; e < KPL; ++e)
+        if (key0 + e < kn) p.split_decay[slot * K + k0 + key0 + e] = split_decay_acc[e];
+  } else if (split == last_split && p.ht.data) {
+    float* ht = static_cast<float*>(p.ht.data);
+#pragma unroll
+    for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = k0 + lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+        if (lkey < kn && vg < V)
+          ht[n * p.ht.stride[0] + h * p.ht.stride[1] + key * p.ht.stride[2] + vg * p.ht.stride[3]] = S[nt][e];
+      }
+  }
+}
+
+// o = 0 on the rows the chunk kernel writes (the key parts add their shares into it).
+template <class E>
+__global__ void zero_output_kernel(const ChunkParams p) {
+  const int64_t nh = blockIdx.x;
+  const int64_t n = nh / p.heads;
+  const int h = int(nh % p.heads);
+  const SeqRange seq = sequence_range(p.seqs, n);
+  const int pieces = (p.value_dim + 7) / 8;
+  for (int64_t t0 = int64_t(blockIdx.y) * C; t0 < seq.len; t0 += int64_t(gridDim.y) * C) {
+    const int rows = int(min(int64_t(C), seq.len - t0));
+    for (int i = threadIdx.x; i < rows * pieces; i += blockDim.x) {
+      const int r = i / pieces, col = (i - r * pieces) * 8;
+      E* at = static_cast<E*>(p.o.data) + seq.batch * p.o.stride[0] + (seq.begin + t0 + r) * p.o.stride[1] +
+              h * p.o.stride[2] + col;
+      if (col + 8 <= p.value_dim) *reinterpret_cast<uint4*>(at) = make_uint4(0, 0, 0, 0);  // rows16
+      else
+        for (int j = 0; j < p.value_dim - col; ++j) at[j] = from_float<E>(0.f);
+    }
+  }
+}
+
+template <class E, class G, int KP, int BV, Gate GK>
+void launch_kind(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr int bytes = FastLayout<KP, BV>::bytes;
+  auto kernel = fast_chunk_kernel<E, G, KP, BV, GK, false>;
+  if constexpr (KP == 128)
+    if (p.key_dim > KP) kernel = fast_chunk_kernel<E, G, KP, BV, GK, true>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             "cudaFuncSetAttribute (GLA fast chunk kernel)");
+  kernel<<<grid, NT, bytes, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA fast chunk kernel launch");
+}
+
+template <class E, int KP, int BV>
+void launch(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+  switch (p.gate) {
+    case Gate::vector:
+      if (p.g.dtype == Elem::f32) return launch_kind<E, float, KP, BV, Gate::vector>(p, grid, stream);
+      return launch_kind<E, E, KP, BV, Gate::vector>(p, grid, stream);
+    case Gate::scalar: return launch_kind<E, E, KP, BV, Gate::scalar>(p, grid, stream);
+    case Gate::none: return launch_kind<E, E, KP, BV, Gate::none>(p, grid, stream);
+  }
+}
+
+template <class E>
+void launch_dims(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+  const bool wide_keys = p.key_dim > 64, wide_values = p.value_dim > 64;
+  if (wide_keys && wide_values) return launch<E, 128, 128>(p, grid, stream);
+  if (wide_keys) return launch<E, 128, 64>(p, grid, stream);
+  if (wide_values) return launch<E, 64, 128>(p, grid, stream);
+  return launch<E, 64, 64>(p, grid, stream);
+}
+
+template <class E>
+void zero_output(const ChunkParams& p, int num_seqs, cudaStream_t stream) {
+  const int64_t chunks = (p.seqs.total_len + C - 1) / C;
+  const int64_t blocks_y = std::min<int64_t>(std::max<int64_t>(chunks, 1), 65535);
+  const dim3 grid(unsigned(int64_t(num_seqs) * p.heads), unsigned(blocks_y));
+  zero_output_kernel<E><<<grid, 256, 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA fast chunk: zeroing o");
+}
+
+}  // namespace
+
+// The fast path for one input type: o zeroed first where key parts add into it, then the chunk kernel.
+// Instantiated in gla_fwd_fast.cu (bf16) and gla_fwd_fast_f16.cu (fp16), which compile in parallel.
+template <class E>
+void launch_fast_typed(const ChunkParams& p, int num_seqs, dim3 grid, bool zero_o, cudaStream_t stream) {
+  if (zero_o) zero_output<E>(p, num_seqs, stream);
+  launch_dims<E>(p, grid, stream);
+}
+
+}  // namespace flashgla::cuda::gla

@@ -1,0 +1,86 @@
+// The split's states pass as its own kernel (gla_fwd_states.cuh): host side
+// (whether it fits, launch of the states and fold kernels) and the bf16/fp16
+// instantiations.
+#include "cuda/gla/gla_fwd_states.cuh"
+
+namespace flashgla::cuda::gla {
+namespace {
+
+template <class E, class G, int KP, int BV, Gate GK, int ST>
+void launch_states_kind(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr int bytes = states::StatesLayout<E, G, KP, BV, GK, ST>::bytes;
+  const auto kernel = states::split_states_kernel<E, G, KP, BV, GK, ST>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             "cudaFuncSetAttribute (GLA split states kernel)");
+  kernel<<<grid, states::kThreads, bytes, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA split states kernel launch");
+}
+
+template <class E, int KP, int BV, int ST, class F>
+void by_gate(const ChunkParams& p, F&& f) {
+  using states::StatesLayout;
+  switch (p.gate) {
+    case Gate::vector:
+      if (p.g.dtype == Elem::f32) return f(StatesLayout<E, float, KP, BV, Gate::vector, ST>{},
+                                           launch_states_kind<E, float, KP, BV, Gate::vector, ST>);
+      return f(StatesLayout<E, E, KP, BV, Gate::vector, ST>{}, launch_states_kind<E, E, KP, BV, Gate::vector, ST>);
+    case Gate::scalar:
+      return f(StatesLayout<E, E, KP, BV, Gate::scalar, ST>{}, launch_states_kind<E, E, KP, BV, Gate::scalar, ST>);
+    case Gate::none:
+      return f(StatesLayout<E, E, KP, BV, Gate::none, ST>{}, launch_states_kind<E, E, KP, BV, Gate::none, ST>);
+  }
+}
+
+template <class E, int ST, class F>
+void by_dims(const ChunkParams& p, F&& f) {
+  const bool wide_keys = p.key_dim > 64, wide_values = p.value_dim > 64;
+  if (wide_keys && wide_values) return by_gate<E, 128, 128, ST>(p, f);
+  if (wide_keys) return by_gate<E, 128, 64, ST>(p, f);
+  if (wide_values) return by_gate<E, 64, 128, ST>(p, f);
+  return by_gate<E, 64, 64, ST>(p, f);
+}
+
+// Calls f(layout tag, launcher) for the kernel that p's dtype, dims, gate and stage count select.
+template <class F>
+void by_kernel(const ChunkParams& p, F&& f) {
+  const bool three = p.state_stages == 3;
+  if (p.q.dtype == Elem::bf16) return three ? by_dims<__nv_bfloat16, 3>(p, f) : by_dims<__nv_bfloat16, 2>(p, f);
+  if (p.q.dtype == Elem::f16) return three ? by_dims<__half, 3>(p, f) : by_dims<__half, 2>(p, f);
+}
+
+}  // namespace
+
+bool split_states_fit(const ChunkParams& p) {
+  int bytes = 0;
+  by_kernel(p, [&](auto layout, auto) { bytes = decltype(layout)::bytes; });
+  int device = 0, per_block = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "cudaDeviceGetAttribute");
+  return bytes > 0 && bytes <= per_block;
+}
+
+void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream) {
+  const int64_t nh = int64_t(num_seqs) * p.heads, slots = nh * (p.num_splits - 1);
+  if (slots == 0 || p.state_pieces < 1) return;
+  const int tile = fast_value_tile(p.value_dim);
+  const int value_tiles = (p.value_dim + tile - 1) / tile;
+  const dim3 grid(unsigned(nh), unsigned(value_tiles * fast_key_parts(p.key_dim)),
+                  unsigned((p.num_splits - 1) * p.state_pieces));
+  by_kernel(p, [&](auto, auto launch) { launch(p, grid, stream); });
+  if (p.state_pieces == 1 && !p.split_prefix) return;  // the kernel wrote the split slots
+  const int threads = std::min(256, (p.value_dim + 31) / 32 * 32);
+  states::fold_pieces_kernel<<<dim3(unsigned(nh), unsigned(p.key_dim)), threads, 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA split states: fold kernel launch");
+}
+
+void launch_segment_states(const ChunkParams& p, int num_seqs, cudaStream_t stream) {
+  const int64_t nh = int64_t(num_seqs) * p.heads;
+  if (nh == 0 || p.state_pieces < 1) return;
+  const int tile = fast_value_tile(p.value_dim);
+  const int value_tiles = (p.value_dim + tile - 1) / tile;
+  const dim3 grid(unsigned(nh), unsigned(value_tiles * fast_key_parts(p.key_dim)), unsigned(p.state_pieces));
+  by_kernel(p, [&](auto, auto launch) { launch(p, grid, stream); });
+}
+
+}  // namespace flashgla::cuda::gla

@@ -1,0 +1,48 @@
+// Host-side translation of checked API tensors into the GLA kernels' views,
+// shared by the forward (gla_forward.cu) and the segment summaries (gla_segment.cu).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/host.cuh"
+#include "cuda/gla/gla_fwd.cuh"
+
+namespace flashgla::cuda {
+
+inline gla::Elem elem_of(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return gla::Elem::f32;
+    case DType::bf16: return gla::Elem::bf16;
+    case DType::f16: return gla::Elem::f16;
+    case DType::f64: return gla::Elem::f64;
+    default: check::fail(ErrorKind::type, "", "not a floating dtype");
+  }
+}
+
+// rows16 says the kernels' 16-byte row copies apply: unit last stride, a
+// 16-byte aligned base and 16-byte multiples for every other stride in use.
+inline gla::View view_of(const TensorView& t) {
+  gla::View v;
+  if (!t.defined()) return v;
+  v.data = t.data;
+  v.dtype = elem_of(t.dtype);
+  const int last = t.ndim - 1;
+  for (int d = 0; d < t.ndim; ++d) v.stride[d] = t.stride[d];
+  const int64_t esize = gla::elem_size(v.dtype);
+  const bool unit = t.shape[last] <= 1 || t.stride[last] == 1;
+  bool rows16 = unit && reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+  for (int d = 0; d < last; ++d)
+    if (t.shape[d] > 1) rows16 = rows16 && t.stride[d] * esize % 16 == 0;
+  v.rows16 = rows16;
+  if (unit) v.stride[last] = 1;  // the kernels' fast paths assume it
+  return v;
+}
+
+inline void require_compute_dtype(const TensorView& x, const char* name) {
+  FLASHGLA_REQUIRE(x.dtype == DType::f32 || x.dtype == DType::bf16 || x.dtype == DType::f16, ErrorKind::unsupported,
+                   name, std::string("the CUDA backend takes float32, bfloat16 or float16 inputs, got ") +
+                             dtype_name(x.dtype) + " (use the CPU backend for float64)");
+}
+
+}  // namespace flashgla::cuda
