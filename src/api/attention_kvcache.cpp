@@ -3,7 +3,7 @@
 #include <string>
 
 #include "api/dispatch.h"
-#include "cpu/common/io.h"
+#include "core/elements.h"
 #include "flashgla/attention.h"
 
 namespace flashgla {
@@ -100,7 +100,7 @@ KvCacheProblem check_kvcache(const AttentionKvCacheArgs& a) {
   if (dev.type == DeviceType::cpu) {
     const int64_t added = p.append ? p.q_len : 0;
     for (int64_t b = 0; b < p.batch; ++b) {
-      const int64_t len = cpu::load_element<int64_t>(a.cache_seqlens, b * a.cache_seqlens.stride[0]);
+      const int64_t len = load_element<int64_t>(a.cache_seqlens, b * a.cache_seqlens.stride[0]);
       FLASHGLA_REQUIRE(len >= 0 && len + added <= p.capacity, ErrorKind::value, "cache_seqlens",
                        "cache_seqlens[" + str(b) + "] = " + str(len) + (p.append ? " plus Tq = " + str(added) : "") +
                            " must be in [0, " + str(p.capacity) + "] (the cache capacity)");
@@ -108,7 +108,7 @@ KvCacheProblem check_kvcache(const AttentionKvCacheArgs& a) {
       const int64_t used = (len + added + p.block_size - 1) / p.block_size;
       for (int64_t i = 0; i < used; ++i) {
         const int64_t block =
-            cpu::load_element<int64_t>(a.block_table, b * a.block_table.stride[0] + i * a.block_table.stride[1]);
+            load_element<int64_t>(a.block_table, b * a.block_table.stride[0] + i * a.block_table.stride[1]);
         FLASHGLA_REQUIRE(block >= 0 && block < p.num_blocks, ErrorKind::value, "block_table",
                          "block_table[" + str(b) + ", " + str(i) + "] = " + str(block) + " must be in [0, " +
                              str(p.num_blocks) + ") (num_blocks of k_cache)");

@@ -3,11 +3,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "cpu/common/io.h"
+#include "core/elements.h"
 
 namespace flashgla::check {
-
-void fail(ErrorKind kind, const std::string& arg, const std::string& message) { throw Error(kind, arg, message); }
 
 std::string shape_of(std::initializer_list<int64_t> dims) {
   std::string s = "[";
@@ -76,7 +74,7 @@ void check_boundaries(const TensorView& t, const std::string& name, int64_t tota
   int64_t prev = 0;
   const int64_t n = t.shape[0];
   for (int64_t i = 0; i < n; ++i) {
-    int64_t value = cpu::load_element<int64_t>(t, i * t.stride[0]);
+    int64_t value = load_element<int64_t>(t, i * t.stride[0]);
     if (i == 0)
       FLASHGLA_REQUIRE(value == 0, ErrorKind::value, name, "must start at 0, got " + std::to_string(value));
     FLASHGLA_REQUIRE(value >= prev, ErrorKind::value, name,
@@ -112,8 +110,8 @@ int64_t cu_seqlens(const TensorView& t, const std::string& name, const Device& d
     // to avoid; its values are then trusted to match.
     if (t.device.type == DeviceType::cpu) {
       for (int64_t i = 0; i < t.shape[0]; ++i) {
-        const int64_t a = cpu::load_element<int64_t>(t, i * t.stride[0]);
-        const int64_t b = cpu::load_element<int64_t>(host_copy, i * host_copy.stride[0]);
+        const int64_t a = load_element<int64_t>(t, i * t.stride[0]);
+        const int64_t b = load_element<int64_t>(host_copy, i * host_copy.stride[0]);
         FLASHGLA_REQUIRE(a == b, ErrorKind::value, host_name,
                 "must be a copy of " + name + ", but differs at index " + std::to_string(i) + ": " +
                     std::to_string(b) + " vs " + std::to_string(a) + " in " + name);

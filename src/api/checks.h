@@ -6,19 +6,11 @@
 #include <initializer_list>
 #include <string>
 
+#include "core/errors.h"  // check::fail, FLASHGLA_REQUIRE
 #include "flashgla/error.h"
 #include "flashgla/tensor.h"
 
 namespace flashgla::check {
-
-[[noreturn]] void fail(ErrorKind kind, const std::string& arg, const std::string& message);
-
-// Throws unless `ok`. A macro so that the message is only built on failure:
-// the checks run on every call, and building strings dominated their cost.
-#define FLASHGLA_REQUIRE(ok, kind, arg, message)                       \
-  do {                                                                  \
-    if (!(ok)) ::flashgla::check::fail((kind), (arg), (message));       \
-  } while (0)
 
 // A present tensor of `ndim` dimensions, with sane strides and a data pointer.
 // `dims` names the dimensions for messages, e.g. "[B, T, H, K]". Outputs must

@@ -6,53 +6,12 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "core/half.h"
+#include "core/elements.h"   // load_element, store_element
 #include "core/problem.h"
+#include "core/sequences.h"  // SeqRange, sequence
 #include "flashgla/tensor.h"
 
 namespace flashgla::cpu {
-
-template <class T>
-inline T load_element(const TensorView& t, int64_t offset) {
-  const char* base = static_cast<const char*>(t.data);
-  switch (t.dtype) {
-    case DType::f64: return T(reinterpret_cast<const double*>(base)[offset]);
-    case DType::f32: return T(reinterpret_cast<const float*>(base)[offset]);
-    case DType::bf16: return T(bf16_to_float(reinterpret_cast<const uint16_t*>(base)[offset]));
-    case DType::f16: return T(f16_to_float(reinterpret_cast<const uint16_t*>(base)[offset]));
-    case DType::i32: return T(reinterpret_cast<const int32_t*>(base)[offset]);
-    case DType::i64: return T(reinterpret_cast<const int64_t*>(base)[offset]);
-  }
-  return T(0);
-}
-
-template <class T>
-inline void store_element(const TensorView& t, int64_t offset, T value) {
-  char* base = static_cast<char*>(t.data);
-  switch (t.dtype) {
-    case DType::f64: reinterpret_cast<double*>(base)[offset] = double(value); break;
-    case DType::f32: reinterpret_cast<float*>(base)[offset] = float(value); break;
-    case DType::bf16: reinterpret_cast<uint16_t*>(base)[offset] = float_to_bf16(float(value)); break;
-    case DType::f16: reinterpret_cast<uint16_t*>(base)[offset] = float_to_f16(float(value)); break;
-    case DType::i32: reinterpret_cast<int32_t*>(base)[offset] = int32_t(value); break;
-    case DType::i64: reinterpret_cast<int64_t*>(base)[offset] = int64_t(value); break;
-  }
-}
-
-// A sequence: batch row `batch`, tokens [begin, begin + len).
-struct SeqRange {
-  int64_t batch = 0;
-  int64_t begin = 0;
-  int64_t len = 0;
-};
-
-// The n-th sequence of a checked problem (cu_seqlens, when given, is on the CPU).
-inline SeqRange sequence(const GlaProblem& p, const TensorView& cu_seqlens, int64_t n) {
-  if (!p.varlen) return {n, 0, p.seq_len};
-  int64_t b = load_element<int64_t>(cu_seqlens, n * cu_seqlens.stride[0]);
-  int64_t e = load_element<int64_t>(cu_seqlens, (n + 1) * cu_seqlens.stride[0]);
-  return {0, b, e - b};
-}
 
 // x[batch, begin + i, head, d] -> dst[i * D + d] for a [B,T,H,D] tensor.
 template <class T>

@@ -9,7 +9,8 @@
 #include <initializer_list>
 #include <string>
 
-#include "api/checks.h"
+#include "core/errors.h"
+#include "flashgla/tensor.h"
 
 namespace flashgla::cuda {
 

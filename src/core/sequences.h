@@ -1,0 +1,28 @@
+// Sequence boundaries on the host: the tokens of sequence n of a checked
+// problem, fixed-length or from cu_seqlens.
+#pragma once
+
+#include <cstdint>
+
+#include "core/elements.h"
+#include "core/problem.h"
+#include "flashgla/tensor.h"
+
+namespace flashgla {
+
+// A sequence: batch row `batch`, tokens [begin, begin + len).
+struct SeqRange {
+  int64_t batch = 0;
+  int64_t begin = 0;
+  int64_t len = 0;
+};
+
+// The n-th sequence of a checked problem (cu_seqlens, when given, is on the CPU).
+inline SeqRange sequence(const GlaProblem& p, const TensorView& cu_seqlens, int64_t n) {
+  if (!p.varlen) return {n, 0, p.seq_len};
+  int64_t b = load_element<int64_t>(cu_seqlens, n * cu_seqlens.stride[0]);
+  int64_t e = load_element<int64_t>(cu_seqlens, (n + 1) * cu_seqlens.stride[0]);
+  return {0, b, e - b};
+}
+
+}  // namespace flashgla
