@@ -23,12 +23,13 @@
 
 #include <cstdint>
 
+#include "core/gla_chunk.h"
 #include "core/problem.h"
 #include "flashgla/tensor.h"
 
 namespace flashgla::cuda::gla_bwd {
 
-inline constexpr int kChunk = 64;  // C: tokens per chunk
+using flashgla::kChunk;            // C: tokens per chunk (core/gla_chunk.h)
 inline constexpr int kSub = 16;    // tokens per secondary sub-chunk
 inline constexpr int kTile = 64;   // key / value columns per tile
 inline constexpr int kTileElems = kTile * kTile;

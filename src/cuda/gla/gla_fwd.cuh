@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "core/gla_chunk.h"
+
 namespace flashgla::cuda::gla {
 
 // Element types a kernel can read. q, k, v (and o) share one of f32/bf16/f16;
@@ -35,7 +37,7 @@ struct Sequences {
 enum class Gate : int8_t { none, scalar, vector };
 
 // ---- chunked forward -----------------------------------------------------------
-inline constexpr int kChunk = 64;        // C: tokens per chunk
+using flashgla::kChunk;                  // C: tokens per chunk (core/gla_chunk.h)
 inline constexpr int kSlice = 32;        // key columns processed per step (K is looped in slices)
 // Value columns per CTA: 64 for bf16/fp16; 32 for fp32, whose larger tiles
 // would not leave room for the state of K = 512 in shared memory.
