@@ -78,9 +78,9 @@ bool pipelined_scans(const GlaBackwardArgs& a, const GlaProblem& pr) {
 // for none. Fixed-length inputs are split when the blocks of both scans fill
 // at most half of the GPU's resident slots, into as many pieces as fit in one
 // wave, of at least kMinChunksPerSplit chunks (each piece costs a fold step).
-// Pipelined scans only where they fill at most a quarter of the slots: run 10
-// (H100) at B2 T16384 H16 d128 (half of the slots) measured the unsplit
-// pipelined scans 0.70 ms against 0.55 + a 0.22 ms fold split in two.
+// Pipelined scans only where they fill at most a quarter of the slots: at half
+// of the slots the unsplit pipelined scans beat the split scans plus their fold
+// (bench/notes_gla_bwd.md, "Moved from source comments").
 // FLASHGLA_GLA_BWD_SCAN_SPLIT=0 turns the split off; =N forces pieces of N chunks.
 constexpr int64_t kMinChunksPerSplit = 8;
 
@@ -200,8 +200,8 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.gate_in_registers = env_choice("FLASHGLA_GLA_BWD_GATE", {"async", "registers"}) == "registers";
   p.scan_pairs = paired_scans(pr);
   // The pipelined scans' variant with fewer instructions per step (2, "lean")
-  // is the default: same tests, 0-3% faster in session 4's final GPU run
-  // (bench/results_gla_backward.md); FLASHGLA_GLA_BWD_SCAN_PIPELINE=1 selects the first variant.
+  // is the default: same tests, never slower where measured (bench/notes_gla_bwd.md);
+  // FLASHGLA_GLA_BWD_SCAN_PIPELINE=1 selects the first variant.
   p.scan_pipeline = !pipelined_scans(a, pr)                                                 ? 0
                     : env_choice("FLASHGLA_GLA_BWD_SCAN_PIPELINE", kPipelineChoices) == "1" ? 1
                                                                                             : 2;
@@ -233,7 +233,7 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     p.chunk_decays = reinterpret_cast<float*>(take(sizes.chunk_decays));
     gla_bwd::launch_state_scan(p, c, stream);  // also writes dh0
     // On sm_90+ the chunk kernel starts as the scans' blocks retire, when it
-    // follows the scans themselves (not a fold): 0.5-3% faster in run 6. Only
+    // follows the scans themselves (not a fold; faster: bench/notes_gla_bwd.md). Only
     // where the loaded code has griddepcontrol (compiled for sm_90 or newer),
     // without which the chunk kernel would not wait for the scans.
     // FLASHGLA_GLA_BWD_OVERLAP=0 turns that off, =1 on after a fold too.

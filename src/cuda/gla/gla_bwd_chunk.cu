@@ -74,7 +74,7 @@ __device__ __forceinline__ int between_query_query(int row) {
 // (gates of −20 per step, say) those pairs are summed element by element, each
 // with its own exponent. On by default (kDiagFactorLimit); dq and dk keep the
 // element-wise sums: factoring them too raised dg's error 3-4x, past 1e-2
-// (run 3, notes_gla_bwd.md), while A feeds only dv. Threads 64 s.. cover
+// (bench/notes_gla_bwd.md), while A feeds only dv. Threads 64 s.. cover
 // sub-chunk s; each warp writes whether any of its columns is too wide into
 // flags[warp] (read after a barrier).
 template <class GT>
@@ -141,8 +141,8 @@ __device__ __forceinline__ int diagonal_row(int hc, int m) {
 // its dg), its rows are copied asynchronously into sG itself, with the other
 // tiles, then read back and summed; else (or with p.gate_in_registers) loaded
 // into registers (load_gate_tile). Waiting on the register loads of the gate
-// was the largest single stall of the general kernel (run 6: long scoreboard
-// on them, about a sixth of the samples); the copies cost one more barrier.
+// was the largest single stall of the general kernel in a profile
+// (bench/notes_gla_bwd.md); the copies cost one more barrier.
 // sG must be free (no reader left) when start_gate_tile is called.
 template <class GT, bool kPlain>
 __device__ __forceinline__ GateTile<GT, kChunkThreads> start_gate_tile(const Params& p, GT* sG, int64_t b, int64_t t0,
@@ -176,8 +176,8 @@ __device__ __forceinline__ void finish_gate_tile(const Params& p, GT* sG, GateTi
 // kPlain (bf16 only): every tile of q, k, v, dO and of the outputs is whole
 // aligned 16-byte rows of bf16 (see plain_layout), so the kernel holds only the
 // asynchronous copies and vector stores, none of the converting or
-// element-wise fallbacks: half the code, fewer instruction-cache misses (21%
-// of the stalls of the general kernel in run 6).
+// element-wise fallbacks: half the code, fewer instruction-cache misses (a
+// large share of the general kernel's stalls in a profile: bench/notes_gla_bwd.md).
 template <class T, class GT, bool kPlain>
 __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p) {
   using Smem = ChunkSmem<T, GT>;

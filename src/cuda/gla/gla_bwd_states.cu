@@ -72,7 +72,7 @@ __device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
 // two buffers of x, y and the gate's raw bf16 rows; chunk i + 1's copies are
 // issued at the top of step i and waited on at its end, so that they fly while
 // step i computes (else each step waits on its loads right after issuing them).
-// kPipeline = 2 (the default since session 4's final GPU run): the same with fewer
+// kPipeline = 2 (the default, see gla_backward.cu): the same with fewer
 // instructions per step (per-thread copy pointers, 16-byte x̂ transform).
 template <class T, class GT, int kPair, int kPipeline>
 __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / kPair)

@@ -82,10 +82,10 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   const bool fast_off = env_choice("FLASHGLA_GLA_FAST", {"0", "1"}) == "0";
   c.fast = gla::fast_chunk_supported(c) && !fast_off &&
            gla::fast_chunk_smem_bytes(c.key_dim, c.value_dim) <= max_smem;
-  // The Hopper path on sm_90: by default where it measured faster than the fast path (bench/results_gla_forward.md):
-  // 128 < K ≤ 256 (e.g. the GLA layer's K256 V512 heads), and K = 128 with V ≥ 256 (the 340M model's heads) when
-  // its 64-column value tiles fill at least half the SMs, i.e. without a sequence split (0.74-0.77x the fast
-  // path's time there; on par where the split applies). FLASHGLA_GLA_HOPPER=1 wherever it applies, =0 never.
+  // The Hopper path on sm_90: by default where it measured faster than the fast path (bench/notes_gla_fwd.md,
+  // "Moved from source comments"): 128 < K ≤ 256 (e.g. the GLA layer's K256 V512 heads), and K = 128 with V ≥ 256
+  // (the 340M model's heads) when its 64-column value tiles fill at least half the SMs, i.e. without a sequence
+  // split (on par where the split applies). FLASHGLA_GLA_HOPPER=1 wherever it applies, =0 never.
   const std::string hopper_choice = env_choice("FLASHGLA_GLA_HOPPER", {"0", "1"});
   const int64_t hopper_tiles = p.num_seqs * p.heads * ((p.value_dim + 63) / 64);
   const bool wide_values = c.key_dim == 128 && c.value_dim >= 256 && 2 * hopper_tiles > multiprocessors();
@@ -126,11 +126,11 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
     plan.workspace_bytes =
         size_t(p.num_seqs * p.heads * (c.num_splits - 1)) * size_t(p.key_dim) * size_t(p.value_dim + 1) * sizeof(float);
   // The split's states pass on the fast path: the states kernel (gla_fwd_states.cu; it measured faster at every
-  // split shape of bench/results_gla_forward.md, runs 12 and 13); FLASHGLA_GLA_STATES=fast runs the fast
-  // kernel's own states pass (states_only) instead. Pieces per split: enough for one CTA per SM (run 13: one
-  // piece per split beat 2–4 pieces at 2 CTAs per SM, whose smaller states pass the larger fold outweighed);
-  // FLASHGLA_GLA_STATE_PIECES=<n> overrides, FLASHGLA_GLA_STATE_STAGES=3 keeps two chunks in flight instead of
-  // one (both for tuning and tests; 3 stages measured the same as 2 in run 13).
+  // split shape); FLASHGLA_GLA_STATES=fast runs the fast kernel's own states pass (states_only) instead. Pieces
+  // per split: enough for one CTA per SM (one piece per split beat 2–4 pieces at 2 CTAs per SM, whose smaller
+  // states pass the larger fold outweighed); FLASHGLA_GLA_STATE_PIECES=<n> overrides,
+  // FLASHGLA_GLA_STATE_STAGES=3 keeps two chunks in flight instead of one (both for tuning and tests; 3 stages
+  // measured the same as 2). The measurements: bench/notes_gla_fwd.md, "Moved from source comments".
   const bool states_kernel = env_choice("FLASHGLA_GLA_STATES", {"fast", "split"}) != "fast";
   c.state_stages = env_choice("FLASHGLA_GLA_STATE_STAGES", {"2", "3"}) == "3" ? 3 : 2;
   if (c.fast && c.num_splits > 1 && states_kernel && gla::split_states_fit(c)) {

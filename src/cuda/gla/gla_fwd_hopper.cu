@@ -66,8 +66,8 @@ void launch_ws_kernel(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
 }
 
 // CTAs per cluster of the output pass: 1 unless FLASHGLA_GLA_HOPPER_CLUSTER=2 or 4 (where it divides the value
-// tiles). Clusters cut the L2 bytes of the slot images by CS but measured slower (run 13: 0.197 vs 0.162 ms at
-// K256 V512 with CS = 2; bench/notes_gla_fwd.md), so they stay opt-in.
+// tiles). Clusters cut the L2 bytes of the slot images by CS but measured slower (bench/notes_gla_fwd.md), so
+// they stay opt-in.
 int cluster_size(dim3 grid) {
   const std::string forced = env_choice("FLASHGLA_GLA_HOPPER_CLUSTER", {"1", "2", "4"});
   const int cs = forced.empty() ? 1 : std::stoi(forced);

@@ -32,10 +32,9 @@
 //    later rows of v: the consumers probe o for NaN/Inf after the wgmmas, and
 //    where a warpgroup's rows of v hold one (rare), its warps recompute their
 //    rows on CUDA cores with j ≤ i selected (chunk_output_rowwise).
-// Measured (bench/results_gla_forward.md, session 4) at B4 T4096 H4 K256 V512:
-// chunk pass 0.143 ms, state kernel 0.162 ms, forward 0.306-0.309 ms. (The
-// first state kernel, without warp specialization, took 0.172 ms; it was
-// removed once this one had passed every test: git history has it.)
+// Timings of both kernels, and of the first state kernel without warp
+// specialization (removed once this one had passed every test: git history
+// has it): bench/notes_gla_fwd.md, "Moved from source comments".
 #pragma once
 
 #include <cuda_bf16.h>
@@ -44,9 +43,9 @@
 #include <cstdint>
 
 #include "cuda/common/barriers.cuh"
+#include "cuda/common/host.cuh"
 #include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
-#include "cuda/common/host.cuh"
 #include "cuda/gla/gla_device.cuh"
 #include "cuda/gla/gla_fwd.cuh"
 

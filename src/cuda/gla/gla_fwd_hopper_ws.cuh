@@ -15,8 +15,8 @@
 //   multicasts it to all CS CTAs, so L2 delivers 1/CS of the slot bytes; a
 //   stage is refilled once every CTA's producer has seen its own consumers
 //   release it (a "cluster_empty" mbarrier, one remote arrival per CTA). The
-//   old kernel was L2-bound (ncu, run 12: L2 73.8% busy), but the clusters
-//   measured slower (run 13), so CS = 1 is the default.
+//   old kernel was L2-bound, but the clusters measured slower
+//   (bench/notes_gla_fwd.md), so CS = 1 is the default.
 // * The consumer warpgroups (1 for KP = 64, 2 otherwise) hold the state in
 //   wgmma accumulators as before; per chunk: wait "full", decay, wgmmas,
 //   release the stage, exchange the partial outputs, store o and the bf16
