@@ -302,3 +302,13 @@ def test_g_gamma_through_the_c_api_rejects_a_per_key_gate(gen):
     q, k, v, g, _ = gla_inputs(gen, 1, 5, 2, 4, 4, gate="vector", dtype=torch.float32)
     with raises(ValueError, "g_gamma", "scalar gate"):
         flashgla.gla._chunk_gla(q, k, v, g, None, None, None, None, False, False, torch.zeros(2), False)
+
+
+def test_context_parallel_refuses_what_it_does_not_take_yet(gen):
+    q, k, v, g, _ = gla_inputs(gen, 1, 8, 2, 4, 4, gate="scalar", dtype=torch.float32)
+    with raises(NotImplementedError, "normalize", "cp_context"):
+        flashgla.chunk_linear_attn(q, k, v, cp_context=object())
+    with raises(NotImplementedError, "g_gamma", "cp_context"):
+        flashgla.chunk_simple_gla(q, k, v, g, -torch.rand(2), cp_context=object())
+    with raises(NotImplementedError, "state_v_first", "cp_context"):
+        flashgla.chunk_gla(q, k, v, F.logsigmoid(q), state_v_first=True, cp_context=object())
