@@ -301,6 +301,15 @@ def _host_seqlens(cu_seqlens_cpu, cu_seqlens_host):
     return cu_seqlens_cpu
 
 
+def _renamed_state_v_first(state_v_first, transpose_state_layout):
+    """FLA's recurrent ops still take state_v_first's deprecated name transpose_state_layout."""
+    if transpose_state_layout is None:
+        return state_v_first
+    if state_v_first:
+        raise ValueError("flashgla: transpose_state_layout: given with state_v_first (its new name); pass one")
+    return transpose_state_layout
+
+
 _STATE_V_FIRST_HINT = (" (since FLA 0.6 the argument after output_final_state is state_v_first; pass cu_seqlens by "
                        "keyword)")
 
@@ -358,10 +367,15 @@ def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None
                      output_final_state: bool = False, state_v_first: bool = False,
                      cu_seqlens: Optional[Tensor] = None, cu_seqlens_cpu: Optional[Tensor] = None, *,
                      cu_seqlens_host: Optional[Tensor] = None, check_gate: bool = False,
-                     cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
+                     cp_context=None, chunk_size: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """Chunked GLA with a scalar gate per head and step, g [B,T,H] (None: no gate), and/or FLA's per-head constant
     log decay g_gamma [H] (RetNet style; with g, the gate of step t is g[:, t] + g_gamma, as in FLA). g_gamma gets a
-    gradient too (the sum of the gate's gradient over every token; FLA gives it none). Else as chunk_gla."""
+    gradient too (the sum of the gate's gradient over every token; FLA gives it none). chunk_size (FLA's tuning
+    keyword) is checked as FLA does (a power of 2) and otherwise ignored: the result does not depend on it and the
+    kernels pick their own chunking. Else as chunk_gla."""
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+                                   or chunk_size & (chunk_size - 1)):
+        raise ValueError(f"flashgla: chunk_size: a power of 2 (as FLA requires), got {chunk_size!r}")
     state_v_first = _simple_gla_inputs("chunk_simple_gla", q, g, g_gamma, state_v_first, check_gate)
     cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
     require_tensors(q=q, k=k, v=v, g=g, g_gamma=g_gamma, initial_state=initial_state, cu_seqlens=cu_seqlens,
@@ -381,9 +395,11 @@ def fused_recurrent_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tens
                                initial_state: Optional[Tensor] = None, output_final_state: bool = False,
                                reverse: bool = False, state_v_first: bool = False,
                                cu_seqlens: Optional[Tensor] = None, *, cu_seqlens_cpu: Optional[Tensor] = None,
-                               cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                               cu_seqlens_host: Optional[Tensor] = None,
+                               transpose_state_layout: Optional[bool] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """Token-by-token simple GLA (FLA 0.6's signature): g [B,T,H] and/or g_gamma [H] as in chunk_simple_gla,
     reverse as in fused_recurrent_gla."""
+    state_v_first = _renamed_state_v_first(state_v_first, transpose_state_layout)
     state_v_first = _simple_gla_inputs("fused_recurrent_simple_gla", q, g, g_gamma, state_v_first, False)
     cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
     require_tensors(q=q, k=k, v=v, g=g, g_gamma=g_gamma, initial_state=initial_state, cu_seqlens=cu_seqlens,
@@ -486,10 +502,7 @@ def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = 
             raise TypeError(f"flashgla: gv: fused_recurrent_gla expects a tensor or None, got {type(gv).__name__} "
                             "(since FLA 0.6 the argument after gk is gv; pass scale by keyword)")
         raise NotImplementedError("flashgla: gv: fused_recurrent_gla has no value gate (gv) here; gk only")
-    if transpose_state_layout is not None:  # FLA's deprecated name of state_v_first
-        if state_v_first:
-            raise ValueError("flashgla: transpose_state_layout: given with state_v_first (its new name); pass one")
-        state_v_first = transpose_state_layout
+    state_v_first = _renamed_state_v_first(state_v_first, transpose_state_layout)
     state_v_first = _flag(state_v_first, "state_v_first", "fused_recurrent_gla", _STATE_V_FIRST_HINT)
     cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
     require_tensors(q=q, k=k, v=v, gk=gk, initial_state=initial_state, cu_seqlens=cu_seqlens,

@@ -312,3 +312,17 @@ def test_context_parallel_refuses_what_it_does_not_take_yet(gen):
         flashgla.chunk_simple_gla(q, k, v, g, -torch.rand(2), cp_context=object())
     with raises(NotImplementedError, "state_v_first", "cp_context"):
         flashgla.chunk_gla(q, k, v, F.logsigmoid(q), state_v_first=True, cp_context=object())
+
+
+def test_fla_keywords(gen):
+    """chunk_size (checked as FLA does, otherwise without effect) and the deprecated transpose_state_layout."""
+    q, k, v, g, h0 = gla_inputs(gen, 1, 20, 2, 4, 4, gate="scalar", dtype=torch.float32)
+    o, _ = flashgla.chunk_simple_gla(q, k, v, g)
+    torch.testing.assert_close(flashgla.chunk_simple_gla(q, k, v, g, chunk_size=16)[0], o, rtol=0, atol=0)
+    with raises(ValueError, "chunk_size", "power of 2"):
+        flashgla.chunk_simple_gla(q, k, v, g, chunk_size=48)
+    h0_vk = h0.transpose(-1, -2).contiguous()
+    for op in (flashgla.fused_recurrent_gla, flashgla.fused_recurrent_simple_gla):
+        _, ht = op(q, k, v, g, initial_state=h0_vk, output_final_state=True, transpose_state_layout=True)
+        _, ht_ref = op(q, k, v, g, initial_state=h0, output_final_state=True)
+        torch.testing.assert_close(ht, ht_ref.transpose(-1, -2))
