@@ -5,6 +5,7 @@
 #include "flashgla/error.h"
 #include "flashgla/gla.h"
 #include "flashgla/gla_fold.h"
+#include "flashgla/gla_normalize.h"
 #include "flashgla/norm.h"
 #include "flashgla/tensor.h"
 

@@ -8,8 +8,14 @@
 //
 // Layout is [B, T, H, D]; strides are honoured. Variable-length batches pack
 // N sequences into B = 1 and give their boundaries in cu_seqlens [N+1].
-// States are fp32 [N, H, K, V] (N = B without cu_seqlens). Outputs are
-// allocated by the caller; nothing here allocates device memory.
+// States are fp32 [N, H, K, V] (N = B without cu_seqlens), or [N, H, V, K]
+// with state_v_first (FLA 0.6's name). Outputs are allocated by the caller;
+// nothing here allocates device memory.
+//
+// g_gamma [H] (FLA 0.6's chunk_simple_gla, RetNet style) is a constant log
+// decay per head added to every step's scalar gate: the gate of step t is
+// g[b,t,h] + g_gamma[h] (just g_gamma[h] without g). It takes a scalar
+// gate (or none); the sum passes through fp32 scratch [B,T,H] of the workspace.
 #pragma once
 
 #include <optional>
@@ -35,6 +41,8 @@ struct GlaForwardArgs {
   std::optional<double> scale;  // default K^-1/2
   GlaAlgorithm algorithm = GlaAlgorithm::chunked;
   bool reverse = false;      // recurrent only: run each sequence from its last token to its first
+  TensorView g_gamma;        // optional: [H], any float dtype; with a scalar g [B,T,H] or without g
+  bool state_v_first = false;  // initial_state / final_state (and pools) are [N,H,V,K]
 
   TensorView o;              // out: [B,T,H,V], dtype of q
   TensorView final_state;    // optional out: [N,H,K,V] f32
@@ -63,12 +71,16 @@ struct GlaBackwardArgs {
   std::optional<double> scale;
   GlaAlgorithm algorithm = GlaAlgorithm::chunked;
   bool reverse = false;
+  TensorView g_gamma;        // as in the forward
+  bool state_v_first = false;  // initial_state, d_final_state and d_initial_state are [N,H,V,K]
   TensorView d_o;            // [B,T,H,V], dtype of q: gradient of o
   TensorView d_final_state;  // optional: [N,H,K,V] f32, gradient of the final state (dht)
 
   TensorView dq, dk, dv;     // out: shapes and dtype of q, k, v
   TensorView dg;             // out, required iff g is given: shape of g, f32 or g's dtype
   TensorView d_initial_state;  // optional out: [N,H,K,V] f32 (dh0), also without initial_state
+  TensorView d_g_gamma;      // optional out (only with g_gamma): [H] f32 or g_gamma's dtype, the sum over
+                             // every token of the gate's gradient
 
   void* stream = nullptr;
   void* workspace = nullptr;  // as in GlaForwardArgs

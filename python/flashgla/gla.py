@@ -15,17 +15,21 @@ from . import _C
 from ._torch import (as_scale, forbid_double_backward, on_device, require_same_device, require_tensors, run_op,
                      stream_of, view)
 
-__all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "chunk_linear_attn", "gla_decode_step",
-           "chunk_gla_segment_states", "chunk_gla_segment_state_grads", "gla_prefill"]
+__all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "fused_recurrent_simple_gla", "chunk_linear_attn",
+           "fused_chunk_linear_attn", "fused_recurrent_linear_attn", "gla_decode_step", "chunk_gla_segment_states",
+           "chunk_gla_segment_state_grads", "gla_prefill"]
 
 
-def _state_shape(q, v, cu_seqlens):
-    """[N, H, K, V] of the states; (0,) when q or v is malformed (the C++ checks say why)."""
+def _state_shape(q, v, cu_seqlens, state_v_first=False):
+    """[N, H, K, V] of the states ([N, H, V, K] with state_v_first); (0,) when q or v is malformed (the C++
+    checks say why)."""
     if q.dim() != 4 or v.dim() != 4:
         return (0,)
     num_seqs = q.shape[0]
     if cu_seqlens is not None and cu_seqlens.dim() == 1:
         num_seqs = max(cu_seqlens.shape[0] - 1, 0)
+    if state_v_first:
+        return (num_seqs, q.shape[2], v.shape[3], q.shape[3])
     return (num_seqs, q.shape[2], q.shape[3], v.shape[3])
 
 
@@ -34,51 +38,64 @@ def _absent(like):
     return like.new_empty(0, dtype=torch.float32)
 
 
-def _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype=torch.float32):
+def _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype=torch.float32, state_v_first=False):
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     if output_final_state:
-        final_state = torch.empty(_state_shape(q, v, cu_seqlens), dtype=state_dtype, device=q.device)
+        final_state = torch.empty(_state_shape(q, v, cu_seqlens, state_v_first), dtype=state_dtype, device=q.device)
     else:
         final_state = _absent(q)
     return o, final_state
 
 
-def _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype=torch.float32):
+def _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype=torch.float32, g_gamma=None,
+                      state_v_first=False):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     dg = torch.empty(g.shape, dtype=g.dtype, device=q.device) if g is not None else _absent(q)
     if need_dh0:
-        dh0 = torch.empty(_state_shape(q, v, cu_seqlens), dtype=state_dtype, device=q.device)
+        dh0 = torch.empty(_state_shape(q, v, cu_seqlens, state_v_first), dtype=state_dtype, device=q.device)
     else:
         dh0 = _absent(q)
-    return dq, dk, dv, dg, dh0
+    d_g_gamma = torch.empty(g_gamma.shape, dtype=torch.float32, device=q.device) if g_gamma is not None else _absent(q)
+    return dq, dk, dv, dg, dh0, d_g_gamma
 
 
 def _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse,
-                 output_final_state, state_dtype=torch.float32):
+                 output_final_state, state_dtype=torch.float32, *, g_gamma=None, state_v_first=False):
     """state_dtype: of the final state (float64 is allowed with float64 inputs)."""
-    o, final_state = _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype)
+    o, final_state = _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype, state_v_first)
     args = (
         view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), view(initial_state, "initial_state"),
         view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale, algorithm, reverse,
         view(o, "o"), view(final_state, "final_state") if output_final_state else None, None, None,
+        view(g_gamma, "g_gamma"), bool(state_v_first),
     )
     run_op(_C.gla_forward, _C.gla_forward_workspace_bytes, q.device, args)
     return o, final_state
 
 
-def _run_backward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse,
-                  need_dh0, state_dtype=torch.float32):
-    dq, dk, dv, dg, dh0 = _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype)
+def _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse,
+                      need_dh0, state_dtype=torch.float32, g_gamma=None, state_v_first=False):
+    """dq, dk, dv, dg, dh0 and d_g_gamma (empty stand-ins for what was not asked for)."""
+    dq, dk, dv, dg, dh0, d_g_gamma = _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype, g_gamma,
+                                                       state_v_first)
     args = (
         view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), view(initial_state, "initial_state"),
         view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale, algorithm, reverse,
         view(do, "d_o"), view(dht, "d_final_state"), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"),
         view(dg, "dg") if g is not None else None, view(dh0, "d_initial_state") if need_dh0 else None,
+        view(g_gamma, "g_gamma"), view(d_g_gamma, "d_g_gamma") if g_gamma is not None else None,
+        bool(state_v_first),
     )
     run_op(_C.gla_backward, _C.gla_backward_workspace_bytes, q.device, args)
-    return dq, dk, dv, dg, dh0
+    return dq, dk, dv, dg, dh0, d_g_gamma
+
+
+def _run_backward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse,
+                  need_dh0, state_dtype=torch.float32):
+    return _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale,
+                             reverse, need_dh0, state_dtype)[:5]
 
 
 def _define_gla_op(name, algorithm):
@@ -86,43 +103,51 @@ def _define_gla_op(name, algorithm):
 
     def forward(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], initial_state: Optional[Tensor],
                 cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], scale: Optional[float],
-                reverse: bool, output_final_state: bool) -> Tuple[Tensor, Tensor]:
+                reverse: bool, output_final_state: bool, g_gamma: Optional[Tensor] = None,
+                state_v_first: bool = False) -> Tuple[Tensor, Tensor]:
         return _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse,
-                            output_final_state)
+                            output_final_state, g_gamma=g_gamma, state_v_first=state_v_first)
 
     def backward(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], initial_state: Optional[Tensor],
                  cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], do: Tensor, dht: Optional[Tensor],
-                 scale: Optional[float], reverse: bool, need_dh0: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        return _run_backward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale,
-                             reverse, need_dh0)
+                 scale: Optional[float], reverse: bool, need_dh0: bool, g_gamma: Optional[Tensor] = None,
+                 state_v_first: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        return _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale,
+                                 reverse, need_dh0, g_gamma=g_gamma, state_v_first=state_v_first)
 
     forward_op = torch.library.custom_op(f"flashgla::{name}", forward, mutates_args=())
     backward_op = torch.library.custom_op(f"flashgla::{name}_backward", backward, mutates_args=())
 
     @forward_op.register_fake
-    def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state):
-        require_same_device(q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens)
-        return _forward_outputs(q, v, cu_seqlens, output_final_state)
+    def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state, g_gamma=None,
+          state_v_first=False):
+        require_same_device(q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens, g_gamma=g_gamma)
+        return _forward_outputs(q, v, cu_seqlens, output_final_state, state_v_first=state_v_first)
 
     @backward_op.register_fake
-    def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse, need_dh0):
+    def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse, need_dh0, g_gamma=None,
+          state_v_first=False):
         require_same_device(q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens, d_o=do,
-                            d_final_state=dht)
-        return _backward_outputs(q, k, v, g, cu_seqlens, need_dh0)
+                            d_final_state=dht, g_gamma=g_gamma)
+        return _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, g_gamma=g_gamma, state_v_first=state_v_first)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state = inputs
-        ctx.save_for_backward(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host)
+        (q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state, g_gamma,
+         state_v_first) = inputs
+        ctx.save_for_backward(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, g_gamma)
         ctx.scale, ctx.reverse, ctx.output_final_state = scale, reverse, output_final_state
+        ctx.state_v_first = state_v_first
 
     def gradients(ctx, do, dht):
-        q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host = ctx.saved_tensors
+        q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, g_gamma = ctx.saved_tensors
         need_dg = g is not None and ctx.needs_input_grad[3]
         need_dh0 = initial_state is not None and ctx.needs_input_grad[4]
-        dq, dk, dv, dg, dh0 = backward_op(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do,
-                                          dht if ctx.output_final_state else None, ctx.scale, ctx.reverse,
-                                          need_dh0)
-        return dq, dk, dv, dg if need_dg else None, dh0 if need_dh0 else None, None, None, None, None, None
+        need_dgamma = g_gamma is not None and ctx.needs_input_grad[10]
+        dq, dk, dv, dg, dh0, d_g_gamma = backward_op(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do,
+                                                     dht if ctx.output_final_state else None, ctx.scale, ctx.reverse,
+                                                     need_dh0, g_gamma, ctx.state_v_first)
+        return (dq, dk, dv, dg if need_dg else None, dh0 if need_dh0 else None, None, None, None, None, None,
+                d_g_gamma if need_dgamma else None, None)
 
     forward_op.register_autograd(gradients, setup_context=setup_context)
     forbid_double_backward(backward_op, name)
@@ -135,11 +160,110 @@ _chunk_linear_attn = _define_gla_op("chunk_linear_attn", _C.GlaAlgorithm.chunked
 _fused_recurrent_gla = _define_gla_op("fused_recurrent_gla", _C.GlaAlgorithm.recurrent)
 
 
+# ---- the normaliser of linear attention (normalize=True) ---------------------------------------------
+
+
+def _z_shape(q, cu_seqlens):
+    """FLA's z_state [N, 1, H, K]; (0,) when q is malformed (the C++ checks say why)."""
+    if q.dim() != 4:
+        return (0,)
+    num_seqs = q.shape[0]
+    if cu_seqlens is not None and cu_seqlens.dim() == 1:
+        num_seqs = max(cu_seqlens.shape[0] - 1, 0)
+    return (num_seqs, 1, q.shape[2], q.shape[3])
+
+
+def _z_view(z, name):
+    """[N, 1, H, K] -> the C++ API's [N, H, K]."""
+    if z is None:
+        return None
+    if z.dim() != 4 or z.shape[1] != 1:
+        raise ValueError(f"flashgla: {name}: expected z_state [N, 1, H, K] (FLA's layout), got shape {list(z.shape)}")
+    return view(z[:, 0], name)
+
+
+def _normalize_outputs(o_raw, q, cu_seqlens):
+    o = torch.empty(o_raw.shape, dtype=q.dtype, device=q.device)
+    z = torch.empty(_z_shape(q, cu_seqlens), dtype=_summary_dtype(q), device=q.device)
+    return o, z
+
+
+@torch.library.custom_op("flashgla::linear_attn_normalize", mutates_args=())
+def _linear_attn_normalize(o_raw: Tensor, q: Tensor, k: Tensor, z_init: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                           cu_seqlens_host: Optional[Tensor], scale: Optional[float],
+                           reverse: bool) -> Tuple[Tensor, Tensor]:
+    o, z = _normalize_outputs(o_raw, q, cu_seqlens)
+    with on_device(q.device):
+        _C.gla_normalize_forward(view(o_raw, "o_raw"), view(q, "q"), view(k, "k"), _z_view(z_init, "z_init"),
+                                 view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale,
+                                 reverse, view(o, "o"), _z_view(z, "z_final"), stream_of(q.device))
+    return o, z
+
+
+@_linear_attn_normalize.register_fake
+def _(o_raw, q, k, z_init, cu_seqlens, cu_seqlens_host, scale, reverse):
+    require_same_device(q, o_raw=o_raw, k=k, z_init=z_init, cu_seqlens=cu_seqlens)
+    return _normalize_outputs(o_raw, q, cu_seqlens)
+
+
+def _normalize_backward_outputs(o_raw, q, z_init):
+    d_o_raw = torch.empty(o_raw.shape, dtype=q.dtype, device=q.device)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dz = torch.empty(z_init.shape, dtype=_summary_dtype(q), device=q.device) if z_init is not None else _absent(q)
+    return d_o_raw, dq, dk, dz
+
+
+@torch.library.custom_op("flashgla::linear_attn_normalize_backward", mutates_args=())
+def _linear_attn_normalize_backward(o_raw: Tensor, q: Tensor, k: Tensor, z_init: Optional[Tensor],
+                                    cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], do: Tensor,
+                                    dz: Optional[Tensor], scale: Optional[float],
+                                    reverse: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    d_o_raw, dq, dk, dz_init = _normalize_backward_outputs(o_raw, q, z_init)
+    args = (view(o_raw, "o_raw"), view(q, "q"), view(k, "k"), _z_view(z_init, "z_init"), view(cu_seqlens, "cu_seqlens"),
+            view(cu_seqlens_host, "cu_seqlens_host"), scale, reverse, view(do, "d_o"), _z_view(dz, "d_z_final"),
+            view(d_o_raw, "d_o_raw"), view(dq, "dq"), view(dk, "dk"),
+            _z_view(dz_init, "d_z_init") if z_init is not None else None)
+    run_op(_C.gla_normalize_backward, _C.gla_normalize_backward_workspace_bytes, q.device, args)
+    return d_o_raw, dq, dk, dz_init
+
+
+@_linear_attn_normalize_backward.register_fake
+def _(o_raw, q, k, z_init, cu_seqlens, cu_seqlens_host, do, dz, scale, reverse):
+    require_same_device(q, o_raw=o_raw, k=k, z_init=z_init, cu_seqlens=cu_seqlens, d_o=do)
+    return _normalize_backward_outputs(o_raw, q, z_init)
+
+
+def _normalize_setup(ctx, inputs, output):
+    o_raw, q, k, z_init, cu_seqlens, cu_seqlens_host, scale, reverse = inputs
+    ctx.save_for_backward(o_raw, q, k, z_init, cu_seqlens, cu_seqlens_host)
+    ctx.scale, ctx.reverse = scale, reverse
+
+
+def _normalize_gradients(ctx, do, dz):
+    o_raw, q, k, z_init, cu_seqlens, cu_seqlens_host = ctx.saved_tensors
+    d_o_raw, dq, dk, dz_init = _linear_attn_normalize_backward(o_raw, q, k, z_init, cu_seqlens, cu_seqlens_host, do,
+                                                               dz, ctx.scale, ctx.reverse)
+    need_dz = z_init is not None and ctx.needs_input_grad[3]
+    return d_o_raw, dq, dk, dz_init.to(z_init.dtype) if need_dz else None, None, None, None, None
+
+
+_linear_attn_normalize.register_autograd(_normalize_gradients, setup_context=_normalize_setup)
+forbid_double_backward(_linear_attn_normalize_backward, "chunk_linear_attn")
+
+
 def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context):
     """The context-parallel path (flashgla.distributed), imported on first use."""
     from .distributed import cp_chunk
     return cp_chunk(op_name, q, k, v, g, as_scale(scale, op_name), initial_state, output_final_state, cu_seqlens,
                     cu_seqlens_host, cp_context)
+
+
+def _cp_refuses(op_name, **options):
+    """Options the context-parallel path does not take yet: NotImplementedError naming the first one set."""
+    for name, value in options.items():
+        if value is not None and value is not False:
+            raise NotImplementedError(f"flashgla: {name}: {op_name} with cp_context does not take {name} yet")
 
 
 def _gate_dims(q, g, expected, name, op, hint):
@@ -149,30 +273,67 @@ def _gate_dims(q, g, expected, name, op, hint):
         raise ValueError(f"flashgla: {name}: {op} expects {hint}, got shape {list(g.shape)}")
 
 
-def _check_gate(g, check_gate):
+def _check_gate(g, check_gate, name="g"):
     """check_gate=True: every gate value in [-inf, 0] (the contract), else ValueError. Reads g (a device
     synchronisation on CUDA), hence opt-in."""
     if check_gate and isinstance(g, Tensor) and not bool((g <= 0).all()):
-        raise ValueError("flashgla: g: a log gate in [-inf, 0] (check_gate=True found a value above 0 or a NaN)")
+        raise ValueError(f"flashgla: {name}: a log gate in [-inf, 0] (check_gate=True found a value above 0 or a NaN)")
+
+
+def _flag(value, name, op, hint):
+    """A bool argument; a tensor or a number there is a positional argument in FLA 0.5's slot."""
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"flashgla: {name}: {op} expects a bool, got {type(value).__name__}{hint}")
+
+
+def _host_seqlens(cu_seqlens_cpu, cu_seqlens_host):
+    """FLA's cu_seqlens_cpu is flashgla's cu_seqlens_host: either name, or both when they agree."""
+    if cu_seqlens_cpu is None:
+        return cu_seqlens_host
+    if not isinstance(cu_seqlens_cpu, Tensor):
+        raise TypeError(f"flashgla: cu_seqlens_cpu: expected a torch.Tensor, got {type(cu_seqlens_cpu).__name__}")
+    if cu_seqlens_host is not None and cu_seqlens_host is not cu_seqlens_cpu:
+        if (not isinstance(cu_seqlens_host, Tensor) or cu_seqlens_host.shape != cu_seqlens_cpu.shape
+                or not torch.equal(cu_seqlens_host.cpu().long(), cu_seqlens_cpu.cpu().long())):
+            raise ValueError("flashgla: cu_seqlens_cpu: given together with cu_seqlens_host (the same thing under "
+                             "flashgla's name) but different; pass one of them")
+    return cu_seqlens_cpu
+
+
+def _renamed_state_v_first(state_v_first, transpose_state_layout):
+    """FLA's recurrent ops still take state_v_first's deprecated name transpose_state_layout."""
+    if transpose_state_layout is None:
+        return state_v_first
+    if state_v_first:
+        raise ValueError("flashgla: transpose_state_layout: given with state_v_first (its new name); pass one")
+    return transpose_state_layout
+
+
+_STATE_V_FIRST_HINT = (" (since FLA 0.6 the argument after output_final_state is state_v_first; pass cu_seqlens by "
+                       "keyword)")
 
 
 def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float] = None,
-              initial_state: Optional[Tensor] = None, output_final_state: bool = False,
-              cu_seqlens: Optional[Tensor] = None, *,
+              initial_state: Optional[Tensor] = None, output_final_state: bool = False, state_v_first: bool = False,
+              cu_seqlens: Optional[Tensor] = None, cu_seqlens_cpu: Optional[Tensor] = None, *,
               cu_seqlens_host: Optional[Tensor] = None, check_gate: bool = False,
               cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
-    """Chunked GLA with a per-key gate.
+    """Chunked GLA with a per-key gate (FLA 0.6's signature).
 
     q, k [B,T,H,K], v [B,T,H,V] (fp32/bf16/fp16/fp64), g [B,T,H,K] log-space gate (any float dtype) in
-    [-inf, 0] (-inf: a full reset), scale (default K^-1/2), initial_state [N,H,K,V] fp32, cu_seqlens [N+1]
-    int32/int64 with B == 1.
-    cu_seqlens_host: optional CPU copy of a CUDA cu_seqlens, to have its values checked without a sync.
+    [-inf, 0] (-inf: a full reset), scale (default K^-1/2), initial_state [N,H,K,V] fp32 ([N,H,V,K] with
+    state_v_first=True, as is the final state), cu_seqlens [N+1] int32/int64 with B == 1.
+    cu_seqlens_cpu (FLA's name) or cu_seqlens_host: a CPU copy of a CUDA cu_seqlens, to have its values checked
+    without a sync.
     check_gate: raise ValueError when a gate is above 0 or NaN (reads g: a synchronisation on CUDA).
-    Returns o [B,T,H,V] (dtype of q) and the final state [N,H,K,V] fp32 (None unless output_final_state).
+    Returns o [B,T,H,V] (dtype of q) and the final state fp32 (None unless output_final_state).
     cp_context: a flashgla.distributed.build_cp_context(...) context: q, k, v, g are this rank's slice of
     the sequence dimension (context parallelism; see flashgla.distributed); the final states are then
     those of the local sequences.
     """
+    state_v_first = _flag(state_v_first, "state_v_first", "chunk_gla", _STATE_V_FIRST_HINT)
+    cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
     require_tensors(q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
     if g is None:
@@ -180,28 +341,72 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float]
     _gate_dims(q, g, 4, "g", "chunk_gla", "a per-key gate [B, T, H, K] (chunk_simple_gla takes [B, T, H])")
     _check_gate(g, check_gate)
     if cp_context is not None:
+        _cp_refuses("chunk_gla", state_v_first=state_v_first)
         return _cp("chunk_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host,
                    cp_context)
     o, final_state = _chunk_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, as_scale(scale, "chunk_gla"),
-                                False, output_final_state)
+                                False, output_final_state, None, state_v_first)
     return o, final_state if output_final_state else None
 
 
-def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, scale: Optional[float] = None,
-                     initial_state: Optional[Tensor] = None, output_final_state: bool = False,
-                     cu_seqlens: Optional[Tensor] = None, *,
-                     cu_seqlens_host: Optional[Tensor] = None, check_gate: bool = False,
-                     cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
-    """Chunked GLA with a scalar gate per head and step, g [B,T,H] (None: no gate). Else as chunk_gla."""
-    require_tensors(q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                    cu_seqlens_host=cu_seqlens_host)
-    _gate_dims(q, g, 3, "g", "chunk_simple_gla", "a scalar gate [B, T, H] (chunk_gla takes [B, T, H, K])")
+def _simple_gla_inputs(op, q, g, g_gamma, state_v_first, check_gate):
+    state_v_first = _flag(state_v_first, "state_v_first", op, _STATE_V_FIRST_HINT)
+    if g_gamma is not None and not isinstance(g_gamma, Tensor):
+        raise TypeError(f"flashgla: g_gamma: {op} expects a tensor [H] or None, got {type(g_gamma).__name__} (since "
+                        "FLA 0.6 the argument after g is g_gamma; pass scale by keyword)")
+    _gate_dims(q, g, 3, "g", op, "a scalar gate [B, T, H] (chunk_gla takes [B, T, H, K])")
+    if isinstance(g_gamma, Tensor) and g_gamma.dim() != 1:
+        raise ValueError(f"flashgla: g_gamma: {op} expects one log decay per head [H], got shape {list(g_gamma.shape)}")
     _check_gate(g, check_gate)
+    _check_gate(g_gamma, check_gate, "g_gamma")
+    return state_v_first
+
+
+def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, g_gamma: Optional[Tensor] = None,
+                     scale: Optional[float] = None, initial_state: Optional[Tensor] = None,
+                     output_final_state: bool = False, state_v_first: bool = False,
+                     cu_seqlens: Optional[Tensor] = None, cu_seqlens_cpu: Optional[Tensor] = None, *,
+                     cu_seqlens_host: Optional[Tensor] = None, check_gate: bool = False,
+                     cp_context=None, chunk_size: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor]]:
+    """Chunked GLA with a scalar gate per head and step, g [B,T,H] (None: no gate), and/or FLA's per-head constant
+    log decay g_gamma [H] (RetNet style; with g, the gate of step t is g[:, t] + g_gamma, as in FLA). g_gamma gets a
+    gradient too (the sum of the gate's gradient over every token; FLA gives it none). chunk_size (FLA's tuning
+    keyword) is checked as FLA does (a power of 2) and otherwise ignored: the result does not depend on it and the
+    kernels pick their own chunking. Else as chunk_gla."""
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+                                   or chunk_size & (chunk_size - 1)):
+        raise ValueError(f"flashgla: chunk_size: a power of 2 (as FLA requires), got {chunk_size!r}")
+    state_v_first = _simple_gla_inputs("chunk_simple_gla", q, g, g_gamma, state_v_first, check_gate)
+    cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
+    require_tensors(q=q, k=k, v=v, g=g, g_gamma=g_gamma, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                    cu_seqlens_host=cu_seqlens_host)
     if cp_context is not None:
+        _cp_refuses("chunk_simple_gla", g_gamma=g_gamma, state_v_first=state_v_first)
         return _cp("chunk_simple_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
                    cu_seqlens_host, cp_context)
     o, final_state = _chunk_simple_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
-                                       as_scale(scale, "chunk_simple_gla"), False, output_final_state)
+                                       as_scale(scale, "chunk_simple_gla"), False, output_final_state, g_gamma,
+                                       state_v_first)
+    return o, final_state if output_final_state else None
+
+
+def fused_recurrent_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None,
+                               g_gamma: Optional[Tensor] = None, scale: Optional[float] = None,
+                               initial_state: Optional[Tensor] = None, output_final_state: bool = False,
+                               reverse: bool = False, state_v_first: bool = False,
+                               cu_seqlens: Optional[Tensor] = None, *, cu_seqlens_cpu: Optional[Tensor] = None,
+                               cu_seqlens_host: Optional[Tensor] = None,
+                               transpose_state_layout: Optional[bool] = None) -> Tuple[Tensor, Optional[Tensor]]:
+    """Token-by-token simple GLA (FLA 0.6's signature): g [B,T,H] and/or g_gamma [H] as in chunk_simple_gla,
+    reverse as in fused_recurrent_gla."""
+    state_v_first = _renamed_state_v_first(state_v_first, transpose_state_layout)
+    state_v_first = _simple_gla_inputs("fused_recurrent_simple_gla", q, g, g_gamma, state_v_first, False)
+    cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
+    require_tensors(q=q, k=k, v=v, g=g, g_gamma=g_gamma, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                    cu_seqlens_host=cu_seqlens_host)
+    o, final_state = _fused_recurrent_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
+                                          as_scale(scale, "fused_recurrent_simple_gla"), bool(reverse),
+                                          output_final_state, g_gamma, state_v_first)
     return o, final_state if output_final_state else None
 
 
@@ -210,32 +415,101 @@ _NO_GATE_HINT = (" (chunk_linear_attn takes no gate: its fourth argument is scal
                  "or chunk_gla)")
 
 
+def _split_linear_attn_state(op, initial_state, normalize):
+    """FLA's initial_state: the kv state [N,H,K,V], or with normalize=True a pair (kv_state or None, z_state
+    [N,1,H,K] or None); a plain tensor with normalize=True is the kv state, the key sum starting from zero (as FLA
+    does)."""
+    if isinstance(initial_state, (tuple, list)):
+        if not normalize:
+            raise TypeError(f"flashgla: initial_state: {op} with normalize=False takes the state tensor [N, H, K, V], "
+                            "got a tuple (the (kv_state, z_state) pair belongs to normalize=True)")
+        if len(initial_state) != 2:
+            raise ValueError(f"flashgla: initial_state: {op} with normalize=True takes a pair (kv_state [N, H, K, V], "
+                             f"z_state [N, 1, H, K]), got {len(initial_state)} items")
+        kv_state, z_state = initial_state
+        require_tensors(initial_state=kv_state, z_state=z_state)
+        return kv_state, z_state
+    require_tensors(initial_state=initial_state)
+    return initial_state, None
+
+
+def _linear_attn(op, op_raw, q, k, v, scale, initial_state, output_final_state, reverse, normalize, cu_seqlens,
+                 cu_seqlens_host, hint=""):
+    normalize = _flag(normalize, "normalize", op, " (since FLA 0.6 the argument after output_final_state is "
+                                                   "normalize; pass cu_seqlens by keyword)")
+    kv_state, z_state = _split_linear_attn_state(op, initial_state, normalize)
+    require_tensors(q=q, k=k, v=v, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host)
+    scale = as_scale(scale, op, hint)
+    o, final_state = op_raw(q, k, v, None, kv_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state)
+    final_state = final_state if output_final_state else None
+    if not normalize:
+        return o, final_state
+    o, z = _linear_attn_normalize(o, q, k, z_state, cu_seqlens, cu_seqlens_host, scale, reverse)
+    return o, (final_state, z)  # as FLA: the pair even without output_final_state
+
+
 def chunk_linear_attn(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None,
-                      initial_state: Optional[Tensor] = None, output_final_state: bool = False,
-                      cu_seqlens: Optional[Tensor] = None, *,
-                      cu_seqlens_host: Optional[Tensor] = None, cp_context=None) -> Tuple[Tensor, Optional[Tensor]]:
-    """Chunked linear attention (no gate). Else as chunk_gla."""
-    require_tensors(q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                    cu_seqlens_host=cu_seqlens_host)
+                      initial_state=None, output_final_state: bool = False, normalize: bool = True,
+                      cu_seqlens: Optional[Tensor] = None, *, cu_seqlens_cpu: Optional[Tensor] = None,
+                      cu_seqlens_host: Optional[Tensor] = None, cp_context=None):
+    """Chunked linear attention (no gate), FLA 0.6's signature and default normalize=True: o_t is divided by
+    scale * q_t . z_t + 1e-10 with z_t the running key sum (from z_state of initial_state), and the second result
+    is the pair (final_state or None, z_state [N,1,H,K] fp32). normalize=False: plain linear attention, the state as
+    in chunk_gla."""
+    cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
     if cp_context is not None:
-        return _cp("chunk_linear_attn", q, k, v, None, scale, initial_state, output_final_state, cu_seqlens,
-                   cu_seqlens_host, cp_context)
-    o, final_state = _chunk_linear_attn(q, k, v, None, initial_state, cu_seqlens, cu_seqlens_host,
-                                        as_scale(scale, "chunk_linear_attn", _NO_GATE_HINT), False, output_final_state)
-    return o, final_state if output_final_state else None
+        _cp_refuses("chunk_linear_attn", normalize=normalize)
+        require_tensors(q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                        cu_seqlens_host=cu_seqlens_host)
+        return _cp("chunk_linear_attn", q, k, v, None, as_scale(scale, "chunk_linear_attn", _NO_GATE_HINT),
+                   initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context)
+    return _linear_attn("chunk_linear_attn", _chunk_linear_attn, q, k, v, scale, initial_state, output_final_state,
+                        False, normalize, cu_seqlens, cu_seqlens_host, _NO_GATE_HINT)
 
 
-def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = None, scale: Optional[float] = None,
-                        initial_state: Optional[Tensor] = None, output_final_state: bool = False,
-                        reverse: bool = False, cu_seqlens: Optional[Tensor] = None, *,
-                        cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
-    """Token-by-token GLA; gk [B,T,H,K] (or a scalar gate [B,T,H], or None). reverse runs each
-    sequence from its last token to its first. On the CPU this is the fp64-accumulating reference."""
+def fused_chunk_linear_attn(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None, initial_state=None,
+                            output_final_state: bool = False, normalize: bool = True,
+                            cu_seqlens: Optional[Tensor] = None, *, cu_seqlens_cpu: Optional[Tensor] = None,
+                            cu_seqlens_host: Optional[Tensor] = None):
+    """FLA's fused_chunk_linear_attn: the same computation as chunk_linear_attn (one chunked implementation here)."""
+    cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
+    return _linear_attn("fused_chunk_linear_attn", _chunk_linear_attn, q, k, v, scale, initial_state,
+                        output_final_state, False, normalize, cu_seqlens, cu_seqlens_host)
+
+
+def fused_recurrent_linear_attn(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = None, initial_state=None,
+                                output_final_state: bool = False, reverse: bool = False, normalize: bool = False,
+                                cu_seqlens: Optional[Tensor] = None, *, cu_seqlens_cpu: Optional[Tensor] = None,
+                                cu_seqlens_host: Optional[Tensor] = None):
+    """FLA's fused_recurrent_linear_attn (token by token; normalize defaults to False there, as in FLA). With
+    reverse=True both the state and the key sum run from each sequence's last token to its first."""
+    cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
+    return _linear_attn("fused_recurrent_linear_attn", _fused_recurrent_gla, q, k, v, scale, initial_state,
+                        output_final_state, bool(reverse), normalize, cu_seqlens, cu_seqlens_host)
+
+
+def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = None, gv: Optional[Tensor] = None,
+                        scale: Optional[float] = None, initial_state: Optional[Tensor] = None,
+                        output_final_state: bool = False, reverse: bool = False, state_v_first: bool = False,
+                        cu_seqlens: Optional[Tensor] = None, *, cu_seqlens_cpu: Optional[Tensor] = None,
+                        cu_seqlens_host: Optional[Tensor] = None,
+                        transpose_state_layout: Optional[bool] = None) -> Tuple[Tensor, Optional[Tensor]]:
+    """Token-by-token GLA (FLA 0.6's signature); gk [B,T,H,K] (or a scalar gate [B,T,H], or None). reverse runs
+    each sequence from its last token to its first. gv (FLA's value gate) is not supported. On the CPU this is the
+    fp64-accumulating reference."""
+    if gv is not None:
+        if not isinstance(gv, Tensor):
+            raise TypeError(f"flashgla: gv: fused_recurrent_gla expects a tensor or None, got {type(gv).__name__} "
+                            "(since FLA 0.6 the argument after gk is gv; pass scale by keyword)")
+        raise NotImplementedError("flashgla: gv: fused_recurrent_gla has no value gate (gv) here; gk only")
+    state_v_first = _renamed_state_v_first(state_v_first, transpose_state_layout)
+    state_v_first = _flag(state_v_first, "state_v_first", "fused_recurrent_gla", _STATE_V_FIRST_HINT)
+    cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
     require_tensors(q=q, k=k, v=v, gk=gk, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
     o, final_state = _fused_recurrent_gla(q, k, v, gk, initial_state, cu_seqlens, cu_seqlens_host,
                                           as_scale(scale, "fused_recurrent_gla"), bool(reverse),
-                                          output_final_state)
+                                          output_final_state, None, state_v_first)
     return o, final_state if output_final_state else None
 
 
@@ -306,7 +580,7 @@ def _gla_prefill(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state: Te
         view(state, "state") if initial_state_indices is not None else None,
         view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale, _C.GlaAlgorithm.chunked,
         False, view(o, "o"), view(state, "state"), view(initial_state_indices, "initial_state_indices"),
-        view(final_state_indices, "final_state_indices"),
+        view(final_state_indices, "final_state_indices"), None, False,
     )
     run_op(_C.gla_forward, _C.gla_forward_workspace_bytes, q.device, args)
     return o

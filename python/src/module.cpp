@@ -109,9 +109,11 @@ flashgla::GlaForwardArgs gla_forward_args(nb::handle q, nb::handle k, nb::handle
                                           nb::handle cu_seqlens_host, std::optional<double> scale,
                                           flashgla::GlaAlgorithm algorithm, bool reverse, nb::handle o,
                                           nb::handle final_state, nb::handle initial_state_indices,
-                                          nb::handle final_state_indices) {
+                                          nb::handle final_state_indices, nb::handle g_gamma, bool state_v_first) {
   flashgla::GlaForwardArgs a;
   set_gla_inputs(a, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, algorithm, reverse);
+  a.g_gamma = view_of(g_gamma, "g_gamma");
+  a.state_v_first = state_v_first;
   a.o = view_of(o, "o");
   a.final_state = view_of(final_state, "final_state");
   a.initial_state_indices = view_of(initial_state_indices, "initial_state_indices");
@@ -124,9 +126,13 @@ flashgla::GlaBackwardArgs gla_backward_args(nb::handle q, nb::handle k, nb::hand
                                             nb::handle cu_seqlens_host, std::optional<double> scale,
                                             flashgla::GlaAlgorithm algorithm, bool reverse, nb::handle d_o,
                                             nb::handle d_final_state, nb::handle dq, nb::handle dk, nb::handle dv,
-                                            nb::handle dg, nb::handle d_initial_state) {
+                                            nb::handle dg, nb::handle d_initial_state, nb::handle g_gamma,
+                                            nb::handle d_g_gamma, bool state_v_first) {
   flashgla::GlaBackwardArgs a;
   set_gla_inputs(a, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, algorithm, reverse);
+  a.g_gamma = view_of(g_gamma, "g_gamma");
+  a.d_g_gamma = view_of(d_g_gamma, "d_g_gamma");
+  a.state_v_first = state_v_first;
   a.d_o = view_of(d_o, "d_o");
   a.d_final_state = view_of(d_final_state, "d_final_state");
   a.dq = view_of(dq, "dq");
@@ -159,6 +165,23 @@ flashgla::AttentionBackwardArgs attention_backward_args(nb::handle q, nb::handle
   a.dq = view_of(dq, "dq");
   a.dk = view_of(dk, "dk");
   a.dv = view_of(dv, "dv");
+  return a;
+}
+
+flashgla::GlaNormalizeBackwardArgs normalize_backward_args(nb::handle o_raw, nb::handle q, nb::handle k,
+                                                          nb::handle z_init, nb::handle cu_seqlens,
+                                                          nb::handle cu_seqlens_host, std::optional<double> scale,
+                                                          bool reverse, nb::handle d_o, nb::handle d_z_final,
+                                                          nb::handle d_o_raw, nb::handle dq, nb::handle dk,
+                                                          nb::handle d_z_init) {
+  flashgla::GlaNormalizeBackwardArgs a;
+  a.o_raw = view_of(o_raw, "o_raw"), a.q = view_of(q, "q"), a.k = view_of(k, "k");
+  a.z_init = view_of(z_init, "z_init"), a.cu_seqlens = view_of(cu_seqlens, "cu_seqlens");
+  a.cu_seqlens_host = view_of(cu_seqlens_host, "cu_seqlens_host");
+  a.scale = scale, a.reverse = reverse;
+  a.d_o = view_of(d_o, "d_o"), a.d_z_final = view_of(d_z_final, "d_z_final");
+  a.d_o_raw = view_of(d_o_raw, "d_o_raw"), a.dq = view_of(dq, "dq"), a.dk = view_of(dk, "dk");
+  a.d_z_init = view_of(d_z_init, "d_z_init");
   return a;
 }
 
@@ -223,44 +246,50 @@ NB_MODULE(_C, m) {
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle initial_state, nb::handle cu_seqlens,
          nb::handle cu_seqlens_host, std::optional<double> scale, flashgla::GlaAlgorithm algorithm, bool reverse,
          nb::handle o, nb::handle final_state, nb::handle initial_state_indices, nb::handle final_state_indices,
-         uintptr_t stream, uintptr_t workspace, size_t workspace_bytes) {
+         nb::handle g_gamma, bool state_v_first, uintptr_t stream, uintptr_t workspace, size_t workspace_bytes) {
         auto a = gla_forward_args(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, algorithm, reverse,
-                                  o, final_state, initial_state_indices, final_state_indices);
+                                  o, final_state, initial_state_indices, final_state_indices, g_gamma, state_v_first);
         set_execution(a, stream, workspace, workspace_bytes);
         without_gil([&] { flashgla::gla_forward(a); });
       },
       "q"_a, "k"_a, "v"_a, "g"_a.none(), "initial_state"_a.none(), "cu_seqlens"_a.none(),
       "cu_seqlens_host"_a.none(), "scale"_a.none(), "algorithm"_a, "reverse"_a, "o"_a, "final_state"_a.none(),
-      "initial_state_indices"_a.none() = nb::none(), "final_state_indices"_a.none() = nb::none(), "stream"_a = 0,
-      "workspace"_a = 0, "workspace_bytes"_a = 0);
+      "initial_state_indices"_a.none() = nb::none(), "final_state_indices"_a.none() = nb::none(),
+      "g_gamma"_a.none() = nb::none(), "state_v_first"_a = false, "stream"_a = 0, "workspace"_a = 0,
+      "workspace_bytes"_a = 0);
 
   m.def(
       "gla_forward_workspace_bytes",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle initial_state, nb::handle cu_seqlens,
          nb::handle cu_seqlens_host, std::optional<double> scale, flashgla::GlaAlgorithm algorithm, bool reverse,
-         nb::handle o, nb::handle final_state, nb::handle initial_state_indices, nb::handle final_state_indices) {
+         nb::handle o, nb::handle final_state, nb::handle initial_state_indices, nb::handle final_state_indices,
+         nb::handle g_gamma, bool state_v_first) {
         return flashgla::gla_forward_workspace_bytes(
             gla_forward_args(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, algorithm, reverse, o,
-                             final_state, initial_state_indices, final_state_indices));
+                             final_state, initial_state_indices, final_state_indices, g_gamma, state_v_first));
       },
       "q"_a, "k"_a, "v"_a, "g"_a.none(), "initial_state"_a.none(), "cu_seqlens"_a.none(),
       "cu_seqlens_host"_a.none(), "scale"_a.none(), "algorithm"_a, "reverse"_a, "o"_a, "final_state"_a.none(),
-      "initial_state_indices"_a.none() = nb::none(), "final_state_indices"_a.none() = nb::none());
+      "initial_state_indices"_a.none() = nb::none(), "final_state_indices"_a.none() = nb::none(),
+      "g_gamma"_a.none() = nb::none(), "state_v_first"_a = false);
 
   m.def(
       "gla_backward",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle initial_state, nb::handle cu_seqlens,
          nb::handle cu_seqlens_host, std::optional<double> scale, flashgla::GlaAlgorithm algorithm, bool reverse,
          nb::handle d_o, nb::handle d_final_state, nb::handle dq, nb::handle dk, nb::handle dv, nb::handle dg,
-         nb::handle d_initial_state, uintptr_t stream, uintptr_t workspace, size_t workspace_bytes) {
+         nb::handle d_initial_state, nb::handle g_gamma, nb::handle d_g_gamma, bool state_v_first, uintptr_t stream,
+         uintptr_t workspace, size_t workspace_bytes) {
         auto a = gla_backward_args(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, algorithm, reverse,
-                                   d_o, d_final_state, dq, dk, dv, dg, d_initial_state);
+                                   d_o, d_final_state, dq, dk, dv, dg, d_initial_state, g_gamma, d_g_gamma,
+                                   state_v_first);
         set_execution(a, stream, workspace, workspace_bytes);
         without_gil([&] { flashgla::gla_backward(a); });
       },
       "q"_a, "k"_a, "v"_a, "g"_a.none(), "initial_state"_a.none(), "cu_seqlens"_a.none(),
       "cu_seqlens_host"_a.none(), "scale"_a.none(), "algorithm"_a, "reverse"_a, "d_o"_a, "d_final_state"_a.none(),
-      "dq"_a, "dk"_a, "dv"_a, "dg"_a.none(), "d_initial_state"_a.none(), "stream"_a = 0, "workspace"_a = 0,
+      "dq"_a, "dk"_a, "dv"_a, "dg"_a.none(), "d_initial_state"_a.none(), "g_gamma"_a.none() = nb::none(),
+      "d_g_gamma"_a.none() = nb::none(), "state_v_first"_a = false, "stream"_a = 0, "workspace"_a = 0,
       "workspace_bytes"_a = 0);
 
   m.def(
@@ -268,15 +297,63 @@ NB_MODULE(_C, m) {
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle initial_state, nb::handle cu_seqlens,
          nb::handle cu_seqlens_host, std::optional<double> scale, flashgla::GlaAlgorithm algorithm, bool reverse,
          nb::handle d_o, nb::handle d_final_state, nb::handle dq, nb::handle dk, nb::handle dv, nb::handle dg,
-         nb::handle d_initial_state) {
+         nb::handle d_initial_state, nb::handle g_gamma, nb::handle d_g_gamma, bool state_v_first) {
         return flashgla::gla_backward_workspace_bytes(gla_backward_args(q, k, v, g, initial_state, cu_seqlens,
                                                                         cu_seqlens_host, scale, algorithm, reverse,
                                                                         d_o, d_final_state, dq, dk, dv, dg,
-                                                                        d_initial_state));
+                                                                        d_initial_state, g_gamma, d_g_gamma,
+                                                                        state_v_first));
       },
       "q"_a, "k"_a, "v"_a, "g"_a.none(), "initial_state"_a.none(), "cu_seqlens"_a.none(),
       "cu_seqlens_host"_a.none(), "scale"_a.none(), "algorithm"_a, "reverse"_a, "d_o"_a, "d_final_state"_a.none(),
-      "dq"_a, "dk"_a, "dv"_a, "dg"_a.none(), "d_initial_state"_a.none());
+      "dq"_a, "dk"_a, "dv"_a, "dg"_a.none(), "d_initial_state"_a.none(), "g_gamma"_a.none() = nb::none(),
+      "d_g_gamma"_a.none() = nb::none(), "state_v_first"_a = false);
+
+  // The linear-attention normaliser (flashgla/gla_normalize.h).
+  m.def(
+      "gla_normalize_forward",
+      [](nb::handle o_raw, nb::handle q, nb::handle k, nb::handle z_init, nb::handle cu_seqlens,
+         nb::handle cu_seqlens_host, std::optional<double> scale, bool reverse, nb::handle o, nb::handle z_final,
+         uintptr_t stream) {
+        flashgla::GlaNormalizeArgs a;
+        a.o_raw = view_of(o_raw, "o_raw"), a.q = view_of(q, "q"), a.k = view_of(k, "k");
+        a.z_init = view_of(z_init, "z_init"), a.cu_seqlens = view_of(cu_seqlens, "cu_seqlens");
+        a.cu_seqlens_host = view_of(cu_seqlens_host, "cu_seqlens_host");
+        a.scale = scale, a.reverse = reverse;
+        a.o = view_of(o, "o"), a.z_final = view_of(z_final, "z_final");
+        a.stream = as_pointer(stream);
+        without_gil([&] { flashgla::gla_normalize_forward(a); });
+      },
+      "o_raw"_a, "q"_a, "k"_a, "z_init"_a.none(), "cu_seqlens"_a.none(), "cu_seqlens_host"_a.none(),
+      "scale"_a.none(), "reverse"_a, "o"_a, "z_final"_a.none(), "stream"_a = 0);
+
+  m.def(
+      "gla_normalize_backward",
+      [](nb::handle o_raw, nb::handle q, nb::handle k, nb::handle z_init, nb::handle cu_seqlens,
+         nb::handle cu_seqlens_host, std::optional<double> scale, bool reverse, nb::handle d_o, nb::handle d_z_final,
+         nb::handle d_o_raw, nb::handle dq, nb::handle dk, nb::handle d_z_init, uintptr_t stream, uintptr_t workspace,
+         size_t workspace_bytes) {
+        auto a = normalize_backward_args(o_raw, q, k, z_init, cu_seqlens, cu_seqlens_host, scale, reverse, d_o,
+                                         d_z_final, d_o_raw, dq, dk, d_z_init);
+        set_execution(a, stream, workspace, workspace_bytes);
+        without_gil([&] { flashgla::gla_normalize_backward(a); });
+      },
+      "o_raw"_a, "q"_a, "k"_a, "z_init"_a.none(), "cu_seqlens"_a.none(), "cu_seqlens_host"_a.none(),
+      "scale"_a.none(), "reverse"_a, "d_o"_a, "d_z_final"_a.none(), "d_o_raw"_a, "dq"_a, "dk"_a,
+      "d_z_init"_a.none(), "stream"_a = 0, "workspace"_a = 0, "workspace_bytes"_a = 0);
+
+  m.def(
+      "gla_normalize_backward_workspace_bytes",
+      [](nb::handle o_raw, nb::handle q, nb::handle k, nb::handle z_init, nb::handle cu_seqlens,
+         nb::handle cu_seqlens_host, std::optional<double> scale, bool reverse, nb::handle d_o, nb::handle d_z_final,
+         nb::handle d_o_raw, nb::handle dq, nb::handle dk, nb::handle d_z_init) {
+        return flashgla::gla_normalize_backward_workspace_bytes(normalize_backward_args(
+            o_raw, q, k, z_init, cu_seqlens, cu_seqlens_host, scale, reverse, d_o, d_z_final, d_o_raw, dq, dk,
+            d_z_init));
+      },
+      "o_raw"_a, "q"_a, "k"_a, "z_init"_a.none(), "cu_seqlens"_a.none(), "cu_seqlens_host"_a.none(),
+      "scale"_a.none(), "reverse"_a, "d_o"_a, "d_z_final"_a.none(), "d_o_raw"_a, "dq"_a, "dk"_a,
+      "d_z_init"_a.none());
 
   m.def(
       "gla_decode",

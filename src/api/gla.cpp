@@ -1,10 +1,13 @@
 // GLA entry points: check every argument, resolve the problem sizes, dispatch.
+#include <algorithm>
+#include <utility>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "api/dispatch.h"
 #include "api/gla_checks.h"
+#include "core/gla_options_backend.h"
 #include "flashgla/gla.h"
 
 namespace flashgla {
@@ -20,11 +23,17 @@ void check_state_dtype(const TensorView& s, const char* name, const TensorView& 
 }
 
 
-// Common to forward and backward: q, k, v, g, h0, cu_seqlens, scale, algorithm.
+// The states' layout: [K, V] per head, or [V, K] with state_v_first.
+const char* state_dims(bool pool, bool v_first) {
+  if (pool) return v_first ? "[P, H, V, K] (state_v_first)" : "[P, H, K, V]";
+  return v_first ? "[N, H, V, K] (state_v_first)" : "[N, H, K, V]";
+}
+
+// Common to forward and backward: q, k, v, g, g_gamma, h0, cu_seqlens, scale, algorithm.
 GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
                         const TensorView& h0, const TensorView& cu_seqlens, const TensorView& cu_seqlens_host,
                         const std::optional<double>& scale, GlaAlgorithm algorithm, bool reverse,
-                        bool h0_pool = false) {
+                        const TensorView& g_gamma, bool v_first, bool h0_pool = false) {
   GlaProblem p;
   check::tensor(q, "q", 4, "[B, T, H, K]");
   check::floating(q, "q");
@@ -43,11 +52,22 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
   check::device(v, "v", dev, "q");
 
   check::gla_gate_and_sequences(p, g, cu_seqlens, cu_seqlens_host, dev, "q");
+  if (g_gamma.defined()) {
+    check::shape(g_gamma, "g_gamma", {p.heads}, "[H] (one log decay per head)");
+    check::floating(g_gamma, "g_gamma");
+    check::device(g_gamma, "g_gamma", dev, "q");
+    FLASHGLA_REQUIRE(p.gate != GateKind::vector, ErrorKind::value, "g_gamma",
+                     "adds to a scalar gate g [B, T, H] (chunk_simple_gla) or stands alone, got a per-key gate g " +
+                         g.shape_str());
+    p.gate = GateKind::scalar;  // the backends see the materialised sum g + g_gamma
+  }
 
   if (h0.defined()) {
-    if (h0_pool) check::tensor(h0, "initial_state", 4, "[P, H, K, V]");
-    check::shape(h0, "initial_state", {h0_pool ? h0.shape[0] : p.num_seqs, p.heads, p.key_dim, p.value_dim},
-                 h0_pool ? "[P, H, K, V]" : "[N, H, K, V]");
+    if (h0_pool) check::tensor(h0, "initial_state", 4, state_dims(true, v_first));
+    check::shape(h0, "initial_state",
+                 {h0_pool ? h0.shape[0] : p.num_seqs, p.heads, v_first ? p.value_dim : p.key_dim,
+                  v_first ? p.key_dim : p.value_dim},
+                 state_dims(h0_pool, v_first));
     // Pools are fp32 (the pool copies move floats); dense states may be fp64 with fp64 inputs.
     if (h0_pool) check::dtype(h0, "initial_state", DType::f32);
     else check_state_dtype(h0, "initial_state", q);
@@ -64,11 +84,13 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
 }
 
 void check_state_output(const TensorView& s, const char* name, const GlaProblem& p, const Device& dev,
-                        const TensorView& q, bool pool = false) {
+                        const TensorView& q, bool v_first, bool pool = false) {
   if (!s.defined()) return;
-  if (pool) check::tensor(s, name, 4, "[P, H, K, V]", /*is_output=*/true);
-  check::shape(s, name, {pool ? s.shape[0] : p.num_seqs, p.heads, p.key_dim, p.value_dim},
-               pool ? "[P, H, K, V]" : "[N, H, K, V]", /*is_output=*/true);
+  if (pool) check::tensor(s, name, 4, state_dims(true, v_first), /*is_output=*/true);
+  check::shape(s, name,
+               {pool ? s.shape[0] : p.num_seqs, p.heads, v_first ? p.value_dim : p.key_dim,
+                v_first ? p.key_dim : p.value_dim},
+               state_dims(pool, v_first), /*is_output=*/true);
   if (pool) check::dtype(s, name, DType::f32);
   else check_state_dtype(s, name, q);
   check::device(s, name, dev, "q");
@@ -109,9 +131,9 @@ void check_rows(const TensorView& idx, const char* name, int64_t num_seqs, int64
 GlaProblem check_forward(const GlaForwardArgs& a) {
   const bool h0_pool = a.initial_state_indices.defined(), ht_pool = a.final_state_indices.defined();
   const GlaProblem p = check_inputs(a.q, a.k, a.v, a.g, a.initial_state, a.cu_seqlens, a.cu_seqlens_host, a.scale,
-                                    a.algorithm, a.reverse, h0_pool);
+                                    a.algorithm, a.reverse, a.g_gamma, a.state_v_first, h0_pool);
   check_like(a.o, "o", a.v, "[B, T, H, V]", a.q.dtype, a.q.device, true);
-  check_state_output(a.final_state, "final_state", p, a.q.device, a.q, ht_pool);
+  check_state_output(a.final_state, "final_state", p, a.q.device, a.q, a.state_v_first, ht_pool);
   if (h0_pool) {
     FLASHGLA_REQUIRE(a.initial_state.defined(), ErrorKind::value, "initial_state",
                      "is required with initial_state_indices: the pool [P, H, K, V] they index");
@@ -128,11 +150,14 @@ GlaProblem check_forward(const GlaForwardArgs& a) {
 
 GlaProblem check_backward(const GlaBackwardArgs& a) {
   const GlaProblem p = check_inputs(a.q, a.k, a.v, a.g, a.initial_state, a.cu_seqlens, a.cu_seqlens_host, a.scale,
-                                    a.algorithm, a.reverse);
+                                    a.algorithm, a.reverse, a.g_gamma, a.state_v_first);
   const Device dev = a.q.device;
+  const bool v_first = a.state_v_first;
   check_like(a.d_o, "d_o", a.v, "[B, T, H, V]", a.q.dtype, dev, false);
   if (a.d_final_state.defined()) {
-    check::shape(a.d_final_state, "d_final_state", {p.num_seqs, p.heads, p.key_dim, p.value_dim}, "[N, H, K, V]");
+    check::shape(a.d_final_state, "d_final_state",
+                 {p.num_seqs, p.heads, v_first ? p.value_dim : p.key_dim, v_first ? p.key_dim : p.value_dim},
+                 state_dims(false, v_first));
     check_state_dtype(a.d_final_state, "d_final_state", a.q);
     check::device(a.d_final_state, "d_final_state", dev, "q");
   }
@@ -150,28 +175,166 @@ GlaProblem check_backward(const GlaBackwardArgs& a) {
   } else {
     FLASHGLA_REQUIRE(!a.dg.defined(), ErrorKind::value, "dg", "given without g: there is no gate to differentiate");
   }
-  check_state_output(a.d_initial_state, "d_initial_state", p, dev, a.q);
+  check_state_output(a.d_initial_state, "d_initial_state", p, dev, a.q, v_first);
+  if (a.d_g_gamma.defined()) {
+    FLASHGLA_REQUIRE(a.g_gamma.defined(), ErrorKind::value, "d_g_gamma", "given without g_gamma");
+    check::shape(a.d_g_gamma, "d_g_gamma", {p.heads}, "[H]", /*is_output=*/true);
+    FLASHGLA_REQUIRE(a.d_g_gamma.dtype == DType::f32 || a.d_g_gamma.dtype == a.g_gamma.dtype, ErrorKind::type,
+                     "d_g_gamma",
+                     std::string("expected dtype float32 or that of g_gamma (") + dtype_name(a.g_gamma.dtype) +
+                         "), got " + dtype_name(a.d_g_gamma.dtype));
+    check::device(a.d_g_gamma, "d_g_gamma", dev, "q");
+  }
   return p;
+}
+
+// ---- FLA 0.6's options, composed on top of the kernels ------------------------
+
+// state_v_first: a [N,H,V,K] state is the [N,H,K,V] state with the last two
+// dimensions' strides swapped; the kernels read and write states through their
+// strides, so the layout costs nothing but scattered state accesses.
+TensorView kv_view(TensorView t) {
+  if (!t.defined()) return t;
+  std::swap(t.shape[2], t.shape[3]);
+  std::swap(t.stride[2], t.stride[3]);
+  return t;
+}
+
+GlaForwardArgs with_kv_states(GlaForwardArgs a) {
+  if (!a.state_v_first) return a;
+  a.initial_state = kv_view(a.initial_state), a.final_state = kv_view(a.final_state);
+  a.state_v_first = false;
+  return a;
+}
+
+GlaBackwardArgs with_kv_states(GlaBackwardArgs a) {
+  if (!a.state_v_first) return a;
+  a.initial_state = kv_view(a.initial_state), a.d_final_state = kv_view(a.d_final_state);
+  a.d_initial_state = kv_view(a.d_initial_state);
+  a.state_v_first = false;
+  return a;
+}
+
+// g_gamma: the backends take one scalar gate, so g + g_gamma (or g_gamma
+// broadcast) is materialised as an fp32 [B,T,H] gate, and in the backward the
+// gradient of that gate gives dg (a copy) and d_g_gamma (its sum over tokens).
+// The buffers come from the head of the caller's workspace (CUDA), else from a
+// stream-ordered allocation (CUDA) or the heap (CPU).
+constexpr size_t kScratchAlign = 256;
+
+size_t gate_bytes(const GlaProblem& p) {
+  const size_t bytes = size_t(p.batch * p.seq_len * p.heads) * sizeof(float);
+  return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+}
+
+TensorView gate_view(void* data, const GlaProblem& p, const Device& dev) {
+  return TensorView::contiguous(data, DType::f32, {p.batch, p.seq_len, p.heads}, dev);
+}
+
+class GateScratch {
+ public:
+  // Takes `bytes` off the front of (workspace, workspace_bytes) when a CUDA workspace is given.
+  GateScratch(const Device& dev, size_t bytes, void* stream, void*& workspace, size_t& workspace_bytes)
+      : dev_(dev), stream_(stream) {
+    if (dev.type == DeviceType::cpu) {
+      host_.resize(bytes / sizeof(float) + 1);
+      data_ = host_.data();
+      return;
+    }
+#ifdef FLASHGLA_WITH_CUDA
+    if (workspace) {
+      FLASHGLA_REQUIRE(workspace_bytes >= bytes, ErrorKind::value, "workspace",
+                       "needs at least " + std::to_string(bytes) + " bytes for the g_gamma gate (see *_workspace_bytes), got " +
+                           std::to_string(workspace_bytes));
+      data_ = workspace;
+      workspace = static_cast<char*>(workspace) + bytes, workspace_bytes -= bytes;
+    } else {
+      data_ = cuda::scratch_allocate(dev.index, bytes, stream);
+      owned_ = true;
+    }
+#else
+    (void)workspace, (void)workspace_bytes;
+#endif
+  }
+  ~GateScratch() {
+#ifdef FLASHGLA_WITH_CUDA
+    if (owned_) cuda::scratch_free(dev_.index, data_, stream_);
+#endif
+  }
+  GateScratch(const GateScratch&) = delete;
+  GateScratch& operator=(const GateScratch&) = delete;
+  char* bytes() const { return static_cast<char*>(data_); }
+
+ private:
+  Device dev_;
+  void* stream_ = nullptr;
+  void* data_ = nullptr;
+  bool owned_ = false;
+  std::vector<float> host_;
+};
+
+// A stand-in address for workspace size queries (never dereferenced).
+char* const kStandIn = reinterpret_cast<char*>(kScratchAlign);
+
+GlaForwardArgs with_gate(GlaForwardArgs a, char* gate, const GlaProblem& p) {
+  a.g = gate_view(gate, p, a.q.device), a.g_gamma = {};
+  return a;
+}
+
+GlaBackwardArgs with_gate(GlaBackwardArgs a, char* gate, const GlaProblem& p) {
+  a.g = gate_view(gate, p, a.q.device), a.dg = gate_view(gate + gate_bytes(p), p, a.q.device);
+  a.g_gamma = {}, a.d_g_gamma = {};
+  return a;
 }
 
 }  // namespace
 
-void gla_forward(const GlaForwardArgs& a) { FLASHGLA_DISPATCH(a.q.device, gla_forward, a, check_forward(a)); }
+void gla_forward(const GlaForwardArgs& args) {
+  const GlaProblem p = check_forward(args);
+  GlaForwardArgs a = with_kv_states(args);
+  const Device dev = a.q.device;
+  if (!a.g_gamma.defined()) return FLASHGLA_DISPATCH(dev, gla_forward, a, p);
+  GateScratch scratch(dev, gate_bytes(p), a.stream, a.workspace, a.workspace_bytes);
+  const GlaForwardArgs b = with_gate(a, scratch.bytes(), p);
+  const GammaGateArgs gamma{a.g, a.g_gamma, b.g, a.stream};
+  FLASHGLA_DISPATCH(dev, gla_gamma_gate, gamma);
+  FLASHGLA_DISPATCH(dev, gla_forward, b, p);
+}
 
-void gla_backward(const GlaBackwardArgs& a) { FLASHGLA_DISPATCH(a.q.device, gla_backward, a, check_backward(a)); }
+void gla_backward(const GlaBackwardArgs& args) {
+  const GlaProblem p = check_backward(args);
+  GlaBackwardArgs a = with_kv_states(args);
+  const Device dev = a.q.device;
+  if (!a.g_gamma.defined()) return FLASHGLA_DISPATCH(dev, gla_backward, a, p);
+  GateScratch scratch(dev, 2 * gate_bytes(p), a.stream, a.workspace, a.workspace_bytes);
+  const GlaBackwardArgs b = with_gate(a, scratch.bytes(), p);
+  const GammaGateArgs gamma{a.g, a.g_gamma, b.g, a.stream};
+  FLASHGLA_DISPATCH(dev, gla_gamma_gate, gamma);
+  FLASHGLA_DISPATCH(dev, gla_backward, b, p);
+  const GammaGradArgs grad{b.dg, a.dg, a.d_g_gamma, a.stream};
+  FLASHGLA_DISPATCH(dev, gla_gamma_grad, grad);
+}
 
-size_t gla_forward_workspace_bytes(const GlaForwardArgs& a) {
-  [[maybe_unused]] const GlaProblem p = check_forward(a);
+size_t gla_forward_workspace_bytes(const GlaForwardArgs& args) {
+  [[maybe_unused]] const GlaProblem p = check_forward(args);
 #ifdef FLASHGLA_WITH_CUDA
-  if (a.q.device.type == DeviceType::cuda) return cuda::gla_forward_workspace_bytes(a, p);
+  if (args.q.device.type == DeviceType::cuda) {
+    const GlaForwardArgs a = with_kv_states(args);
+    if (!a.g_gamma.defined()) return cuda::gla_forward_workspace_bytes(a, p);
+    return gate_bytes(p) + cuda::gla_forward_workspace_bytes(with_gate(a, kStandIn, p), p);
+  }
 #endif
   return 0;
 }
 
-size_t gla_backward_workspace_bytes(const GlaBackwardArgs& a) {
-  [[maybe_unused]] const GlaProblem p = check_backward(a);
+size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args) {
+  [[maybe_unused]] const GlaProblem p = check_backward(args);
 #ifdef FLASHGLA_WITH_CUDA
-  if (a.q.device.type == DeviceType::cuda) return cuda::gla_backward_workspace_bytes(a, p);
+  if (args.q.device.type == DeviceType::cuda) {
+    const GlaBackwardArgs a = with_kv_states(args);
+    if (!a.g_gamma.defined()) return cuda::gla_backward_workspace_bytes(a, p);
+    return 2 * gate_bytes(p) + cuda::gla_backward_workspace_bytes(with_gate(a, kStandIn, p), p);
+  }
 #endif
   return 0;
 }

@@ -40,7 +40,7 @@ def run_op(gate, q, k, v, g, **kw):
         return flashgla.chunk_gla(q, k, v, g, **kw)
     if gate == "scalar":
         return flashgla.chunk_simple_gla(q, k, v, g, **kw)
-    return flashgla.chunk_linear_attn(q, k, v, **kw)
+    return flashgla.chunk_linear_attn(q, k, v, normalize=False, **kw)
 
 
 def make_inputs(seed, B, T, H, K, V, gate, dtype, device, neg_inf_at=()):

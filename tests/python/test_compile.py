@@ -85,3 +85,47 @@ def test_opcheck_attention_and_decode(gen):
     last, first = torch.tensor([3, 0], dtype=torch.int32), torch.tensor([0, -1], dtype=torch.int32)
     torch.library.opcheck(torch.ops.flashgla.gla_prefill.default,
                           (q, k, v, g, pool.float(), last, first, None, None, None))
+
+
+def loss_of_fla_06_options(q, k, v, g, g_gamma, h0_vk, z0, cu_seqlens):
+    """FLA 0.6's options in one graph: g_gamma with state_v_first, and the normalised linear attention."""
+    o, ht = flashgla.chunk_simple_gla(q, k, v, g, g_gamma, initial_state=h0_vk, output_final_state=True,
+                                      state_v_first=True, cu_seqlens=cu_seqlens)
+    o2, (ht2, z) = flashgla.chunk_linear_attn(q.abs(), k.abs(), v, initial_state=(None, z0), output_final_state=True,
+                                              cu_seqlens=cu_seqlens)
+    return (o * o).sum() + (ht * ht).sum() + (o2 * o2).sum() + (ht2 * ht2).sum() + (z * z).sum()
+
+
+def test_compile_fullgraph_fla_06_options(gen):
+    torch._dynamo.reset()
+    lengths = [9, 0, 40]
+    q, k, v, g, _ = gla_inputs(gen, 1, sum(lengths), 2, 8, 4, gate="scalar", dtype=torch.float32)
+    h0_vk = randn(gen, 3, 2, 4, 8, dtype=torch.float32)
+    z0 = randn(gen, 3, 1, 2, 8, dtype=torch.float32).abs()
+    g_gamma = -torch.rand(2, generator=gen)
+    leaves = [x.requires_grad_() for x in (q, k, v, g, g_gamma, h0_vk, z0)]
+    loss = torch.compile(loss_of_fla_06_options, fullgraph=True)(*leaves, cu(lengths))
+    grads = torch.autograd.grad(loss, leaves)
+    eager_loss = loss_of_fla_06_options(*leaves, cu(lengths))
+    eager_grads = torch.autograd.grad(eager_loss, leaves)
+    assert_close(loss, eager_loss, TOLERANCE[torch.float32], "loss")
+    for name, grad, ref in zip(["dq", "dk", "dv", "dg", "d_g_gamma", "dh0", "dz0"], grads, eager_grads):
+        assert_close(grad, ref, TOLERANCE[torch.float32], name)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+def test_opcheck_fla_06_options(gen, varlen):
+    lengths = [3, 0, 5]
+    B, T = (1, sum(lengths)) if varlen else (3, 6)
+    cu_seqlens = cu(lengths) if varlen else None
+    q, k, v, g, _ = gla_inputs(gen, B, T, 2, 4, 3, gate="scalar")
+    h0_vk = randn(gen, 3, 2, 3, 4)
+    g_gamma = -torch.rand(2, generator=gen, dtype=torch.float64)
+    for x in (q, k, v, g, g_gamma, h0_vk):
+        x.requires_grad_()
+    torch.library.opcheck(torch.ops.flashgla.chunk_simple_gla.default,
+                          (q, k, v, g, h0_vk.float(), cu_seqlens, None, None, False, True, g_gamma, True))
+    o_raw = randn(gen, B, T, 2, 3).requires_grad_()
+    z0 = randn(gen, 3, 1, 2, 4).abs().requires_grad_()
+    torch.library.opcheck(torch.ops.flashgla.linear_attn_normalize.default,
+                          (o_raw, q.abs(), k.abs(), z0, cu_seqlens, None, 0.5, varlen))

@@ -149,7 +149,7 @@ def test_prefill_into_pool(gen, gate):
     h0 = torch.stack([pool[4], torch.zeros_like(pool[0]), pool[1]])
     op = {"vector": flashgla.chunk_gla, "scalar": flashgla.chunk_simple_gla}.get(gate)
     if op is None:
-        o_ref, ht = flashgla.chunk_linear_attn(q, k, v, initial_state=h0, output_final_state=True,
+        o_ref, ht = flashgla.chunk_linear_attn(q, k, v, initial_state=h0, output_final_state=True, normalize=False,
                                                cu_seqlens=cu_seqlens)
     else:
         o_ref, ht = op(q, k, v, g, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)

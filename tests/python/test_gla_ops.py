@@ -13,7 +13,7 @@ LOW_PRECISION = [torch.float32, torch.bfloat16, torch.float16]
 def call(op, q, k, v, g, **kwargs):
     """Calls a GLA op by name with the gate passed the way that op takes it."""
     if op == "chunk_linear_attn":
-        return flashgla.chunk_linear_attn(q, k, v, **kwargs)
+        return flashgla.chunk_linear_attn(q, k, v, normalize=False, **kwargs)
     if op == "fused_recurrent_gla":
         return flashgla.fused_recurrent_gla(q, k, v, gk=g, **kwargs)
     return getattr(flashgla, op)(q, k, v, g, **kwargs)

@@ -25,7 +25,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 def call(op, q, k, v, g, **kwargs):
     if op == "chunk_linear_attn":
-        return flashgla.chunk_linear_attn(q, k, v, **kwargs)
+        return flashgla.chunk_linear_attn(q, k, v, normalize=False, **kwargs)
     if op == "fused_recurrent_gla":
         return flashgla.fused_recurrent_gla(q, k, v, gk=g, **kwargs)
     return getattr(flashgla, op)(q, k, v, g, **kwargs)

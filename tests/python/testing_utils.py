@@ -133,3 +133,23 @@ def cu(lengths, dtype=torch.int32):
     for n in lengths:
         bounds.append(bounds[-1] + n)
     return torch.tensor(bounds, dtype=dtype)
+
+
+def naive_normalize(o, q, k, scale=None, z_init=None, cu_seqlens=None, reverse=False):
+    """The linear-attention normaliser in fp64 (differentiable), written from its definition: per sequence,
+    z_t = z_init + the sum of k over the tokens up to t (from t to the end with reverse), and
+    o_t / (scale * q_t . z_t + 1e-10). z_init and the returned z_state are [N, 1, H, K]."""
+    o, q, k = o.double(), q.double(), k.double()
+    B, T, H, K = q.shape
+    scale = K ** -0.5 if scale is None else scale
+    rows = [[None] * T for _ in range(B)]
+    finals = []
+    for n, (b, begin, end) in enumerate(sequences(B, T, cu_seqlens)):
+        z = torch.zeros(H, K, dtype=torch.float64) if z_init is None else z_init[n, 0].double()
+        steps = range(end - 1, begin - 1, -1) if reverse else range(begin, end)
+        for t in steps:
+            z = z + k[b, t]
+            rows[b][t] = o[b, t] / (scale * (q[b, t] * z).sum(-1, keepdim=True) + 1e-10)
+        finals.append(z[None])
+    out = torch.stack([torch.stack(r) if T else o.new_zeros(0, H, o.shape[-1]) for r in rows])
+    return out, torch.stack(finals)

@@ -1,0 +1,51 @@
+// What a backend implements for FLA 0.6's options on top of the GLA kernels:
+// the per-head decay g_gamma (gate materialisation and its gradient's reduction)
+// and the linear-attention normaliser (flashgla/gla_normalize.h). Arguments
+// arrive checked.
+#pragma once
+
+#include "core/problem.h"
+#include "flashgla/gla_normalize.h"
+#include "flashgla/tensor.h"
+
+namespace flashgla {
+
+// gate[b,t,h] = g[b,t,h] + g_gamma[h] (g_gamma alone without g), in fp32.
+struct GammaGateArgs {
+  TensorView g;        // optional: [B,T,H] any float dtype
+  TensorView g_gamma;  // [H] any float dtype
+  TensorView gate;     // out: [B,T,H] f32
+  void* stream = nullptr;
+};
+
+// From the gradient of that fp32 gate: dg = d_gate (in dg's dtype) and
+// d_g_gamma[h] = Σ_{b,t} d_gate[b,t,h] (accumulated in fp64 on the CPU, fp32 on CUDA).
+struct GammaGradArgs {
+  TensorView d_gate;     // [B,T,H] f32
+  TensorView dg;         // optional out: [B,T,H] any float dtype
+  TensorView d_g_gamma;  // optional out: [H] any float dtype
+  void* stream = nullptr;
+};
+
+}  // namespace flashgla
+
+namespace flashgla::cpu {
+void gla_gamma_gate(const GammaGateArgs& args);
+void gla_gamma_grad(const GammaGradArgs& args);
+void gla_normalize_forward(const GlaNormalizeArgs& args, const GlaProblem& problem);
+void gla_normalize_backward(const GlaNormalizeBackwardArgs& args, const GlaProblem& problem);
+}  // namespace flashgla::cpu
+
+#ifdef FLASHGLA_WITH_CUDA
+namespace flashgla::cuda {
+void gla_gamma_gate(const GammaGateArgs& args);
+void gla_gamma_grad(const GammaGradArgs& args);
+void gla_normalize_forward(const GlaNormalizeArgs& args, const GlaProblem& problem);
+void gla_normalize_backward(const GlaNormalizeBackwardArgs& args, const GlaProblem& problem);
+size_t gla_normalize_backward_workspace_bytes(const GlaNormalizeBackwardArgs& args, const GlaProblem& problem);
+// Stream-ordered device scratch on device `index` for the API layer (the g_gamma gate when the
+// caller gave no workspace); freed on the same stream.
+void* scratch_allocate(int index, size_t bytes, void* stream);
+void scratch_free(int index, void* data, void* stream);
+}  // namespace flashgla::cuda
+#endif
