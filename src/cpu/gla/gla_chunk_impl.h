@@ -33,13 +33,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/gla_chunk.h"
 #include "cpu/gla/gla_kernels.h"
 #include "cpu/gla/gla_math.h"
 
 namespace flashgla::cpu::gla {
 namespace {
 
-constexpr int64_t kChunk = 64;
+constexpr int64_t kChunk = flashgla::kChunk;  // C (core/gla_chunk.h), 64-bit like the indices it enters
 constexpr int64_t kSub = 16;
 
 // exp(−reset_gate) is below the smallest normal number of T (exp_array's

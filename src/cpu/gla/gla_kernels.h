@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/gla_chunk.h"
 #include "core/problem.h"
 
 namespace flashgla::cpu::gla {

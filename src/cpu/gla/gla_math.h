@@ -72,9 +72,9 @@ template <class T>
 void matmul_acc(int64_t M, int64_t N, int64_t P, const T* a, int64_t a_row, int64_t a_col, const T* b, int64_t ldb,
                 T* c, int64_t ldc) {
   // Tile: 64 floats (32 doubles) of one row of C, accumulated across all of P
-  // before C is touched again. The widths were measured with GCC 12 for SSE2
-  // and AVX2: narrower tiles ran up to 1.6x slower, and tiles of several rows
-  // made GCC vectorize across rows with shuffles, several times slower.
+  // before C is touched again. The widths were chosen by measurement (GCC 12,
+  // SSE2 and AVX2; bench/notes_gla_cpu.md): narrower tiles were slower, and
+  // tiles of several rows made GCC vectorize across rows with shuffles.
   constexpr int64_t kCols = 256 / sizeof(T);
   for (int64_t m = 0; m < M; ++m) {
     const T* arow = a + m * a_row;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/gla_chunk.h"
 #include "cpu/gla/gla_io.h"
 #include "cpu/gla/gla_math.h"
 #include "cpu/common/io.h"
@@ -21,7 +22,7 @@
 namespace flashgla::cpu {
 namespace {
 
-constexpr int64_t kChunk = 64;
+constexpr int64_t kChunk = flashgla::kChunk;  // C (core/gla_chunk.h), 64-bit like the indices it enters
 constexpr int64_t kParallelWork = int64_t(1) << 18;  // below this many multiply-adds threads cost more
 
 void for_each_pair(const GlaProblem& p, const std::function<void(int64_t)>& fn) {

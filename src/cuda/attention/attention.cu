@@ -99,16 +99,14 @@ AttentionParams make_params(const TensorView& q, const TensorView& k, const Tens
 // 176-key tiles at D = 128; unset or "auto": the defaults below.
 enum class KernelChoice { automatic, portable, hopper, hopper_overlap, hopper_overlap_wide };
 
-// The Hopper forward passed the GPU tests on an H100 (2026-11-21) and runs
-// 1.2-1.8x faster than the portable one there (bench/results_attention.md).
+// The Hopper forward is the default where it applies: it beat the portable one
+// at every shape measured (bench/notes_attention.md, "Moved from source comments").
 constexpr bool kHopperForwardByDefault = true;
-// Which Hopper forward variant "auto" runs. H100, 2026-11-21, all variants in
-// one process (bench/results_attention.md): hopper-overlap (128-key tiles) is
-// 0-7% slower than the ping-pong kernel everywhere; hopper-overlap-wide at
-// D = 128 is 0.1-3.4% faster for Tk >= 8K (causal T=8K: 1.119 vs 1.158 ms)
-// and within about 1% either way below, so it is the default for D = 128 and
-// Tk >= 8K. Fixed-length batches only: with cu_seqlens the host does not know
-// the sequences' lengths (varlen was not timed).
+// Which Hopper forward variant "auto" runs: the ping-pong kernel, except
+// hopper-overlap-wide at D = 128 and Tk >= 8K, the one region where a variant
+// was faster (hopper-overlap never was; bench/notes_attention.md). Fixed-length
+// batches only: with cu_seqlens the host does not know the sequences' lengths
+// (varlen was not timed).
 constexpr int64_t kWideKeyTilesFromKeys = 8192;
 attn::HopperForwardVariant default_hopper_variant(const AttentionProblem& problem) {
   const bool long_keys = !problem.varlen && problem.k_len >= kWideKeyTilesFromKeys;
@@ -130,9 +128,8 @@ KernelChoice forward_kernel_choice() { return kernel_choice("FLASHGLA_ATTENTION_
 
 // Which backward takes bf16/fp16 at D in {64, 128}: FLASHGLA_ATTENTION_BACKWARD,
 // with the same values and meaning as FLASHGLA_ATTENTION_KERNEL.
-// The Hopper backward passed the GPU tests and sanitizers on an H100
-// (2026-11-21) and ran 1.4-1.8x faster than the portable one there
-// (bench/results_attention.md).
+// The Hopper backward is the default where it applies, for the same reason
+// (bench/notes_attention.md).
 constexpr bool kHopperBackwardByDefault = true;
 KernelChoice backward_kernel_choice() { return kernel_choice("FLASHGLA_ATTENTION_BACKWARD", false); }
 

@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "cuda/attention/attention_generic.cuh"
+#include "cuda/common/dtype.cuh"
 #include "cuda/common/host.cuh"
 
 namespace flashgla::cuda::attn {
@@ -43,19 +44,7 @@ constexpr int kStep = CHUNKS >= 8 ? 1 : 8 / CHUNKS;
 
 // ---- elements and rows ------------------------------------------------------------
 
-template <class T>
-__device__ __forceinline__ float to_float(T x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(x);
-  else return __half2float(x);
-}
-
-template <class T>
-__device__ __forceinline__ T from_float(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(x);
-  else return __float2half_rn(x);
-}
+// to_float / from_float (float, bf16, fp16): cuda/common/dtype.cuh.
 
 // Element offset of row (batch, token, head) of a [B, T, H, ·] tensor.
 __device__ __forceinline__ int64_t row_offset(const Strided& t, int64_t batch, int64_t token, int64_t head) {

@@ -24,7 +24,9 @@
 // 176-key tiles at D = 128 it is the default for Tk >= 8K (attention.cu).
 #include "cuda/attention/attention_kernels.cuh"
 #include "cuda/attention/attention_tma.cuh"
-#include "cuda/attention/attention_wgmma.cuh"
+#include "cuda/common/barriers.cuh"
+#include "cuda/common/tma.cuh"
+#include "cuda/common/wgmma.cuh"
 
 namespace flashgla::cuda::attn {
 

@@ -30,7 +30,9 @@
 // the portable backward runs everything else.
 #include "cuda/attention/attention_kernels.cuh"
 #include "cuda/attention/attention_tma.cuh"
-#include "cuda/attention/attention_wgmma.cuh"
+#include "cuda/common/barriers.cuh"
+#include "cuda/common/tma.cuh"
+#include "cuda/common/wgmma.cuh"
 
 namespace flashgla::cuda::attn {
 

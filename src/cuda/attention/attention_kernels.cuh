@@ -84,7 +84,7 @@ __device__ __forceinline__ bool decode_work(const AttentionParams& p, int tile_r
 
 // Rows [0, ROWS) x cols [0, COLS) of `t` starting at element offset `base`
 // into a swizzled shared tile; rows at or past rows_valid become zeros. Fast
-// path: 16-byte cp.async (wait with cp_async_wait_all). Otherwise element
+// path: 16-byte cp.async (wait with cp_async_wait_committed). Otherwise element
 // loads with any stride, stored synchronously.
 template <class T, int ROWS, int COLS, int NT>
 __device__ __forceinline__ void load_tile(T* tile, const Strided& t, int64_t base, int64_t rows_valid, int tid) {
@@ -99,8 +99,8 @@ __device__ __forceinline__ void load_tile(T* tile, const Strided& t, int64_t bas
     for (int i = 0; i < ROWS / kRowStep; ++i, src += src_step) {
       const int r = row0 + i * kRowStep;
       const bool valid = r < rows_valid;
-      cp_async_16(smem_address(tile + Swizzled<COLS>::offset(r, col)), valid ? src : static_cast<const T*>(t.data),
-                  valid);
+      cp_async16_ordered(smem_address(tile + Swizzled<COLS>::offset(r, col)),
+                         valid ? src : static_cast<const T*>(t.data), valid ? 16 : 0);
     }
   } else {
 #pragma unroll 1
@@ -179,14 +179,14 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kWarps * 32, ForwardConfig<D
   if (num_key_tiles > 0) {
     load_tile<T, BM, D, NT>(sQ, p.q, q_base + q0 * p.q.token, s.q_len - q0, tid);
     load_tile<T, BN, D, NT>(sK, p.k, k_base, s.k_len, tid);
-    cp_async_commit();
+    cp_async_commit_ordered();
   }
   for (int kt = 0; kt < num_key_tiles; ++kt) {
     const int64_t k0 = int64_t(kt) * BN;
-    cp_async_wait_all();
+    cp_async_wait_committed();
     __syncthreads();  // K[kt] landed; every warp is done with V[kt-1]
     load_tile<T, BN, D, NT>(sV, p.v, v_base + k0 * p.v.token, s.k_len - k0, tid);
-    cp_async_commit();
+    cp_async_commit_ordered();
 
     float sc[MT][NB][4];
     zero(sc);
@@ -255,11 +255,11 @@ __global__ void __launch_bounds__(ForwardConfig<D>::kWarps * 32, ForwardConfig<D
         pa[mt][kk][3] = pack2<T>(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
       }
 
-    cp_async_wait_all();
+    cp_async_wait_committed();
     __syncthreads();  // V[kt] landed; every warp is done with K[kt]
     if (kt + 1 < num_key_tiles) {
       load_tile<T, BN, D, NT>(sK, p.k, k_base + (k0 + BN) * p.k.token, s.k_len - k0 - BN, tid);
-      cp_async_commit();
+      cp_async_commit_ordered();
     }
 
     // O += P V
@@ -415,17 +415,17 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kWarps * 32, 1)
     load_tile<T, BN, D, NT>(sK, p.k, k_base + k0 * p.k.token, keys_valid, tid);
     load_tile<T, BN, D, NT>(sV, p.v, v_base + k0 * p.v.token, keys_valid, tid);
     load_query_tile(0);
-    cp_async_commit();
+    cp_async_commit_ordered();
   }
   const bool keys_partial = k0 + BN > s.k_len;
   for (int it = 0; it < iterations; ++it) {
     const int hg = tile_head(it), q0 = tile_q0(it), buf = it & 1;
     const uint32_t sQa = smem_address(sQ + buf * BM * D), sdOa = smem_address(sdO + buf * BM * D);
-    cp_async_wait_all();
+    cp_async_wait_committed();
     __syncthreads();  // tile `it` landed; every warp is done with tile it − 1
     if (it + 1 < iterations) {
       load_query_tile(it + 1);
-      cp_async_commit();
+      cp_async_commit_ordered();
     }
 
     {  // S, dP -> P, dS in shared memory

@@ -1,11 +1,7 @@
 // Warp-level building blocks of the portable (sm_80+) attention kernels:
-// cp.async tile loads into XOR-swizzled shared memory, ldmatrix fragment loads
-// and the m16n8k16 tensor-core product (bf16 or fp16 in, fp32 accumulate).
-//
-// Fragment layout of mma.m16n8k16 (g = lane / 4, t = lane % 4):
-//   A 16x16: a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
-//   B 16x8:  b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g)
-//   C 16x8:  c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
+// XOR-swizzled shared-memory tiles, their A and B fragments and the warp's
+// product over them. The instructions underneath (cp.async, ldmatrix, the
+// m16n8k16 mma: fragment layouts there) are cuda/common/copy.cuh and mma.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,14 +10,14 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/copy.cuh"
+#include "cuda/common/dtype.cuh"
+#include "cuda/common/mma.cuh"
+
 namespace flashgla::cuda::attn {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // ---- shared-memory tiles --------------------------------------------------
 // A tile of 2-byte elements, COLS per row (a multiple of 64, i.e. 128 bytes).
@@ -37,28 +33,7 @@ struct Swizzled {
   }
 };
 
-// ---- asynchronous copies ----------------------------------------------------
-// 16 bytes global -> shared; with valid == false nothing is read and the 16
-// bytes are zero-filled (src must still be a mapped address).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
 // ---- fragments ---------------------------------------------------------------
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 // The 16x16 A fragment at (m0, k0) of A[m][k]. TRANS: the tile stores A
 // transposed, as X[k][m] (e.g. P^T read from a P[query][key] tile).
 template <bool TRANS, int COLS>
@@ -84,21 +59,6 @@ __device__ __forceinline__ void load_b(uint32_t (&b)[4], uint32_t tile, int n0, 
   }
 }
 
-template <class T>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
 // Two floats rounded to one register of two T (the lower column first).
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -113,18 +73,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return r;
 }
 
-template <class T>
-__device__ __forceinline__ float to_float(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(x);
-  else return __half2float(x);
-}
-
-template <class T>
-__device__ __forceinline__ T from_float(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(x);
-  else return __float2half_rn(x);
-}
-
+// to_float / from_float: cuda/common/dtype.cuh (the kernels here take bf16 and fp16 only).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "core/gla_chunk.h"
 #include "core/problem.h"
 #include "cuda/gla/layouts.h"
 #include "flashgla/tensor.h"

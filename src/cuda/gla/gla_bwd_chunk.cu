@@ -74,7 +74,7 @@ __device__ __forceinline__ int between_query_query(int row) {
 // (gates of −20 per step, say) those pairs are summed element by element, each
 // with its own exponent. On by default (kDiagFactorLimit); dq and dk keep the
 // element-wise sums: factoring them too raised dg's error 3-4x, past 1e-2
-// (run 3, notes_gla_bwd.md), while A feeds only dv. Threads 64 s.. cover
+// (bench/notes_gla_bwd.md), while A feeds only dv. Threads 64 s.. cover
 // sub-chunk s; each warp writes whether any of its columns is too wide into
 // flags[warp] (read after a barrier).
 template <class GT>
@@ -137,12 +137,12 @@ __device__ __forceinline__ int diagonal_row(int hc, int m) {
 }
 
 // The gate tile of key columns c0.. as Γ in sG, in two steps around the
-// caller's cp_async_wait_all(): with kPlain and a vector gate (bf16 rows, as
+// caller's cp_async_commit_and_wait_all(): with kPlain and a vector gate (bf16 rows, as
 // its dg), its rows are copied asynchronously into sG itself, with the other
 // tiles, then read back and summed; else (or with p.gate_in_registers) loaded
 // into registers (load_gate_tile). Waiting on the register loads of the gate
-// was the largest single stall of the general kernel (run 6: long scoreboard
-// on them, about a sixth of the samples); the copies cost one more barrier.
+// was the largest single stall of the general kernel in a profile
+// (bench/notes_gla_bwd.md); the copies cost one more barrier.
 // sG must be free (no reader left) when start_gate_tile is called.
 template <class GT, bool kPlain>
 __device__ __forceinline__ GateTile<GT, kChunkThreads> start_gate_tile(const Params& p, GT* sG, int64_t b, int64_t t0,
@@ -153,7 +153,7 @@ __device__ __forceinline__ GateTile<GT, kChunkThreads> start_gate_tile(const Par
     bf16* raw = reinterpret_cast<bf16*>(sG);
     for_each_item<kChunkThreads, kTile * kPieces>([&](int idx) {
       const int r = idx / kPieces, c = idx % kPieces * 8;  // rows past `rows`: zero, a flat Γ
-      cp_async16(raw + r * kTile + c, r < rows ? src + (r * int(p.g.stride[1]) + c) : src, r < rows ? 16 : 0);
+      cp_async16_ordered(raw + r * kTile + c, r < rows ? src + (r * int(p.g.stride[1]) + c) : src, r < rows ? 16 : 0);
     });
     return {};
   }
@@ -176,8 +176,8 @@ __device__ __forceinline__ void finish_gate_tile(const Params& p, GT* sG, GateTi
 // kPlain (bf16 only): every tile of q, k, v, dO and of the outputs is whole
 // aligned 16-byte rows of bf16 (see plain_layout), so the kernel holds only the
 // asynchronous copies and vector stores, none of the converting or
-// element-wise fallbacks: half the code, fewer instruction-cache misses (21%
-// of the stalls of the general kernel in run 6).
+// element-wise fallbacks: half the code, fewer instruction-cache misses (a
+// large share of the general kernel's stalls in a profile: bench/notes_gla_bwd.md).
 template <class T, class GT, bool kPlain>
 __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p) {
   using Smem = ChunkSmem<T, GT>;
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     for (int vt = 0; vt < p.value_tiles; ++vt) {
       load_tile_async<T, kChunkThreads, kPlain>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
       load_tile_async<T, kChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
-      cp_async_wait_all();
+      cp_async_commit_and_wait_all();
       __syncthreads();
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
       load_tile_async<T, kChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
       load_tile_async<T, kChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
-      cp_async_wait_all();
+      cp_async_commit_and_wait_all();
       finish_gate_tile<GT, kPlain>(p, sG, gate);
       mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
       map_rows<T, kChunkThreads, kStageRows, kPlain>(sKStage, sK, key_stage_key, [&](int row, int col, float x) {
@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
       const int group = p.value_tiles - vt0 < kGroup ? p.value_tiles - vt0 : kGroup;
       for (int j = 0; j < group; ++j)
         load_tile_async<T, kChunkThreads, kPlain>(sDO + j * kTile * LD, p.d_o, b, t0, rows, h, (vt0 + j) * kTile, V);
-      cp_async_wait_all();
+      cp_async_commit_and_wait_all();
       __syncthreads();
       float acc[kGroup][4][4];
 #pragma unroll
@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         for (int j = 0; j < group; ++j)
           copy_tile_in<T, kChunkThreads>(sDS + j * kTile * LD,
                                          static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
-        cp_async_wait_all();
+        cp_async_commit_and_wait_all();
         finish_gate_tile<GT, kPlain>(p, sG, gate);
         auto k_hat = [=](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
         if (k_plain) transform_tile<T, kChunkThreads, kPlain>(sKHat, k_hat);
@@ -412,7 +412,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
     load_tile_async<T, kChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
     load_tile_async<T, kChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
-    cp_async_wait_all();
+    cp_async_commit_and_wait_all();
     finish_gate_tile<GT, kPlain>(p, sG, gate);
 
     // Between sub-chunks, on the products (accumulators kept until the epilogue):
@@ -457,7 +457,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
         load_tile_async<T, kChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
         copy_tile_in<T, kChunkThreads>(sS, static_cast<const T*>(p.states) + state_tile_index(p, slot, h, kt, vt));
         copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
-        cp_async_wait_all();
+        cp_async_commit_and_wait_all();
         __syncthreads();
         warp_gemm<4, false, true>(acc_q, sDO + kSub * s * LD, LD, sS + 32 * hc * LD, LD, kTile);
         warp_gemm<4, false, true>(acc_k, sV + kSub * s * LD, LD, sDS + 32 * hc * LD, LD, kTile);

@@ -10,6 +10,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/copy.cuh"
+#include "cuda/common/dtype.cuh"
+#include "cuda/common/mma.cuh"
 #include "cuda/gla/gla_bwd.cuh"
 
 namespace flashgla::cuda::gla_bwd {
@@ -38,10 +41,8 @@ __device__ __forceinline__ void store_as(void* base, int64_t i, DType dtype, flo
   }
 }
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
+// to_float: cuda/common/dtype.cuh. from_float here rounds every 16-bit type to bf16 (the only one the
+// backward computes in).
 template <class T>
 __device__ __forceinline__ T from_float(float x) {
   if constexpr (std::is_same_v<T, float>) return x;
@@ -270,14 +271,8 @@ __device__ __forceinline__ void transform_tile(T* s, F f) {
 __device__ __forceinline__ void store_pair(float* at, float a, float b) { *reinterpret_cast<float2*>(at) = {a, b}; }
 __device__ __forceinline__ void store_pair(bf16* at, float a, float b) { *reinterpret_cast<uint32_t*>(at) = pack_bf16(a, b); }
 
-// ---- asynchronous copies (cp.async): the data is in shared memory after
-// cp_async_wait_all() in the issuing thread and a barrier of the block.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// ---- asynchronous copies (cp.async, the ordered flavour of cuda/common/copy.cuh): the data is in
+// shared memory after cp_async_commit_and_wait_all() in the issuing thread and a barrier of the block.
 
 // load_tile without a transform: a plain asynchronous copy when the tile is
 // whole 16-byte rows of the compute type, else the converting load.
@@ -303,7 +298,7 @@ __device__ __forceinline__ void load_tile_async(T* s, const Tensor& x, int64_t b
       const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
       // kKnownPlain: the host checked that a chunk's rows span < 2^31 elements (32-bit offsets)
       const int64_t at = kKnownPlain ? int64_t(r * int(row_stride) + c) : r * row_stride + c;
-      cp_async16(s + r * kLd<T> + c, r < rows ? src + at : src, r < rows ? 16 : 0);
+      cp_async16_ordered(s + r * kLd<T> + c, r < rows ? src + at : src, r < rows ? 16 : 0);
     });
   } else if constexpr (!kKnownPlain) {
     load_tile<T, kThreads>(s, x, b, t0, rows, h, c0, D);
@@ -393,7 +388,7 @@ __device__ __forceinline__ void copy_tile_in(T* s, const T* g) {
   constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
   for_each_item<kThreads, kTile * kPerRow>([&](int idx) {
     const int r = idx / kPerRow, c = (idx % kPerRow) * kVec;
-    cp_async16(s + r * kLd<T> + c, g + r * kTile + c, 16);
+    cp_async16_ordered(s + r * kLd<T> + c, g + r * kTile + c, 16);
   });
 }
 
@@ -500,29 +495,7 @@ __device__ __forceinline__ void store_gate_cumsum(GT* sG, GateTile<GT, kThreads>
 __device__ __forceinline__ int acc_row(int e) { return (threadIdx.x & 31) / 4 + 8 * (e >> 1); }
 __device__ __forceinline__ int acc_col(int nt, int e) { return 8 * nt + 2 * (threadIdx.x & 3) + (e & 1); }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// ldmatrix_x4_ordered, ldmatrix_x4_trans_ordered and mma16816_volatile: cuda/common/mma.cuh.
 
 // acc += A · B for A of 16 x kdim and B of kdim x 8·NT, both in shared memory.
 // A is stored row-major (a[m * lda + k]) or, with kATrans, as its transpose
@@ -535,15 +508,15 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], const bf16* a, in
   const int lane = threadIdx.x & 31, quad = lane >> 3, r = lane & 7;
   for (int k0 = 0; k0 < kdim; k0 += 16) {
     uint32_t af[4];
-    if (kATrans) ldmatrix_x4_trans(af, a + (k0 + r + 8 * (quad >> 1)) * lda + 8 * (quad & 1));
-    else ldmatrix_x4(af, a + (r + 8 * (quad & 1)) * lda + k0 + 8 * (quad >> 1));
+    if (kATrans) ldmatrix_x4_trans_ordered(af, a + (k0 + r + 8 * (quad >> 1)) * lda + 8 * (quad & 1));
+    else ldmatrix_x4_ordered(af, a + (r + 8 * (quad & 1)) * lda + k0 + 8 * (quad >> 1));
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       uint32_t bfr[4];
-      if (kBKMajor) ldmatrix_x4(bfr, b + (16 * np + r + 8 * (quad >> 1)) * ldb + k0 + 8 * (quad & 1));
-      else ldmatrix_x4_trans(bfr, b + (k0 + r + 8 * (quad & 1)) * ldb + 16 * np + 8 * (quad >> 1));
-      mma_bf16(acc[2 * np], af, bfr[0], bfr[1]);
-      mma_bf16(acc[2 * np + 1], af, bfr[2], bfr[3]);
+      if (kBKMajor) ldmatrix_x4_ordered(bfr, b + (16 * np + r + 8 * (quad >> 1)) * ldb + k0 + 8 * (quad & 1));
+      else ldmatrix_x4_trans_ordered(bfr, b + (k0 + r + 8 * (quad & 1)) * ldb + 16 * np + 8 * (quad >> 1));
+      mma16816_volatile<bf16>(acc[2 * np], af, bfr[0], bfr[1]);
+      mma16816_volatile<bf16>(acc[2 * np + 1], af, bfr[2], bfr[3]);
     }
   }
 }

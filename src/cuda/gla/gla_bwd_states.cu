@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
       const int at = piece_row * LD + piece_col;
       auto copy = [&](auto* dst, const auto* first, int64_t row_stride) {
         const auto* src = first + token * row_stride;  // the chunk's first row, always in the sequence
-        cp_async16(dst, valid ? src + piece_row * int(row_stride) : src, valid ? 16 : 0);
+        cp_async16_ordered(dst, valid ? src + piece_row * int(row_stride) : src, valid ? 16 : 0);
       };
       copy(sX0 + buf * kTileLd + at, x_at, xs.stride[1]);
 #pragma unroll
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
   };
   if constexpr (kPipelined) {
     if (chunks > 0) issue_copies(0, 0);
-    cp_async_wait_all();
+    cp_async_commit_and_wait_all();
     __syncthreads();
   }
 
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
 #pragma unroll
       for (int j = 0; j < kPair; ++j)
         load_tile_async<T, kThreads>(sY + j * kTileLd, ys, seq.batch, t0, rows, h, (vt0 + j) * kTile, p.value_dim);
-      cp_async_wait_all();
+      cp_async_commit_and_wait_all();
     }
     store_gate_cumsum<GT, kThreads>(sG, gate);  // its barriers order sStage, sX and sY too
 #pragma unroll
@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
     }
     // acc += x̂^T y: the product's rows are x̂'s columns (key rows of the state).
     warp_gemm<4, true, false>(acc, sX + row0, LD, sY + pair * kTileLd + col0, LD, kChunk);
-    if constexpr (kPipelined) cp_async_wait_all();  // the next step's tiles, issued at the top of this one
+    if constexpr (kPipelined) cp_async_commit_and_wait_all();  // the next step's tiles, issued at the top of this one
     __syncthreads();
   }
 

@@ -8,7 +8,9 @@
 
 #include <cstdint>
 
+#include "cuda/common/copy.cuh"
 #include "cuda/common/dtype.cuh"
+#include "cuda/common/mma.cuh"
 #include "cuda/gla/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla {
@@ -78,22 +80,14 @@ __device__ __forceinline__ SeqRange sequence_range(const Sequences& s, int64_t n
 }
 
 // ---- copies into shared memory ----------------------------------------------------
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes from global to shared; only the first `src_bytes` are read, the rest is zero.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// The forward kernels use the unordered cp.async flavour (cuda/common/copy.cuh):
+// cp_async16_unordered, cp_async_commit_unordered, cp_async_wait_committed.
 
 // Copies a tile of `rows` × `cols` elements (element size `esize`) into shared
 // memory, row-major and unpadded: tile[r][c] = src[base + r * row_stride +
 // (col0 + c) * col_stride] for r < rows_valid and col0 + c < width, zero
 // elsewhere. With `rows16` (col_stride 1, 16-byte aligned rows) the rows travel
-// as 16-byte cp.async pieces (complete with cp_async_wait_all); otherwise
+// as 16-byte cp.async pieces (complete with cp_async_wait_committed); otherwise
 // element by element.
 __device__ __forceinline__ void copy_tile(const void* data, bool rows16, int64_t col_stride, int esize, int64_t base,
                                           int64_t row_stride, int rows, int rows_valid, int col0, int width, int cols,
@@ -108,7 +102,7 @@ __device__ __forceinline__ void copy_tile(const void* data, bool rows16, int64_t
       const int col = col0 + piece * (16 / esize);
       const int bytes = r < rows_valid ? min(16, max(0, (width - col) * esize)) : 0;
       const char* from = bytes ? src + (base + r * row_stride + col) * esize : src;
-      cp_async16(dst + (r * cols) * esize + piece * 16, from, bytes);
+      cp_async16_unordered(dst + (r * cols) * esize + piece * 16, from, bytes);
     }
     return;
   }
@@ -216,19 +210,11 @@ struct Mma16 {  // bf16 or fp16
 
 template <>
 __device__ __forceinline__ void Mma16<__nv_bfloat16>::mma(float (&c)[4], const A& a, const B& b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]));
+  mma16816_volatile<__nv_bfloat16>(c, a.x, b.x[0], b.x[1]);
 }
 template <>
 __device__ __forceinline__ void Mma16<__half>::mma(float (&c)[4], const A& a, const B& b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]));
+  mma16816_volatile<__half>(c, a.x, b.x[0], b.x[1]);
 }
 
 template <>

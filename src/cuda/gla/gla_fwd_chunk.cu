@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
     issue(c_begin, 0, 0, slice_tiles | kValueTileLoad);
     fetch_scalar_gate(c_begin);
   }
-  cp_async_commit();
+  cp_async_commit_unordered();
 
   float o_acc[MT_O][4] = {};              // O: rows 16 * (MT_O * part + mt), columns 8 * cg ..
   float a_off[2][4] = {};                 // warps 0..5: one off-diagonal 16×16 block of A
@@ -169,14 +169,14 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
     bool v_nonfinite = false;
 
     for (int slice = 0; slice < p.num_slices; ++slice) {
-      cp_async_wait_all();
+      cp_async_wait_committed();
       __syncthreads();  // this slice's tiles are in; the other stage and the operands are free
       {
         int64_t next_c = c;
         int next_slice = slice + 1;
         if (next_slice == p.num_slices) next_slice = 0, ++next_c;
         if (next_c < c_end) issue(next_c, next_slice, stage ^ 1, slice_tiles);
-        cp_async_commit();
+        cp_async_commit_unordered();
       }
       const E* rq = raw_q(stage);
       const E* rk = raw_k(stage);
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
       if (slice == 0) v_nonfinite = __syncthreads_or(v_nonfinite);  // operands ready; raw v consumed
       else __syncthreads();
       if (slice == 0 && c + 1 < c_end) issue(c + 1, 0, 0, kValueTileLoad);
-      cp_async_commit();
+      cp_async_commit_unordered();
 
       if (!p.states_only) {
         // ---- O += (Q ⊙ exp Γ) S over this slice's keys ----

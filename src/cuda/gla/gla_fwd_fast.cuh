@@ -57,45 +57,29 @@ constexpr int kScatter = 48;   // kTriangle padded for a 4-level reduce-scatter
 
 // FastLayout<KP, BV>: the byte offsets of the shared-memory regions (cuda/gla/layouts.h).
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(p))
-               : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(p))
-               : "memory");
-}
-__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(smem_address(p))
-               : "memory");
-}
+// ldmatrix: the ordered flavour of cuda/common/mma.cuh (ldmatrix_x4_ordered, ldmatrix_x4_trans_ordered,
+// ldmatrix_x2_ordered).
 
 // Fragment loads (lane-dependent addresses, see the mma.sync m16n8k16 layouts).
 // A operand [16 rows][16] from a row-major tile.
 template <class E>
 __device__ __forceinline__ typename Mma<E>::A frag_a(const E* tile, int pitch, int lane) {
   typename Mma<E>::A f;
-  ldsm_x4(f.x, tile + (lane & 15) * pitch + (lane >> 4) * 8);
+  ldmatrix_x4_ordered(f.x, tile + (lane & 15) * pitch + (lane >> 4) * 8);
   return f;
 }
 // A operand [16 rows m][16 k] from a tile stored k-major (tile[k][m]).
 template <class E>
 __device__ __forceinline__ typename Mma<E>::A frag_a_t(const E* tile, int pitch, int lane) {
   typename Mma<E>::A f;
-  ldsm_x4_t(f.x, tile + ((lane & 7) + ((lane >> 4) << 3)) * pitch + ((lane >> 3) & 1) * 8);
+  ldmatrix_x4_trans_ordered(f.x, tile + ((lane & 7) + ((lane >> 4) << 3)) * pitch + ((lane >> 3) & 1) * 8);
   return f;
 }
 // B operand [16 k][8 n] from a tile stored n-major (tile[n][k]).
 template <class E>
 __device__ __forceinline__ typename Mma<E>::B frag_b(const E* tile, int pitch, int lane) {
   typename Mma<E>::B f;
-  ldsm_x2(f.x, tile + (lane & 7) * pitch + ((lane >> 3) & 1) * 8);
+  ldmatrix_x2_ordered(f.x, tile + (lane & 7) * pitch + ((lane >> 3) & 1) * 8);
   return f;
 }
 // Two B operands [16 k][8 n], columns 0–7 and 8–15 of a tile stored k-major (tile[k][n]).
@@ -103,7 +87,7 @@ template <class E>
 __device__ __forceinline__ void frag_b2_t(typename Mma<E>::B& b0, typename Mma<E>::B& b1, const E* tile, int pitch,
                                           int lane) {
   uint32_t r[4];
-  ldsm_x4_t(r, tile + (lane & 15) * pitch + (lane >> 4) * 8);
+  ldmatrix_x4_trans_ordered(r, tile + (lane & 15) * pitch + (lane >> 4) * 8);
   b0.x[0] = r[0], b0.x[1] = r[1], b1.x[0] = r[2], b1.x[1] = r[3];
 }
 
@@ -265,7 +249,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
 #pragma unroll
     for (int i = 0; i < C / rows_per_pass; ++i) {
       const bool valid = row + i * rows_per_pass < rows_valid && bytes > 0;
-      cp_async16(to + i * rows_per_pass * pitch, valid ? src + i * rows_per_pass * t.stride[1] : t.data,
+      cp_async16_unordered(to + i * rows_per_pass * pitch, valid ? src + i * rows_per_pass * t.stride[1] : t.data,
                  valid ? bytes : 0);
     }
   };
@@ -341,7 +325,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     issue_g(c_begin);
     fetch_scalar_gate(c_begin);
   }
-  cp_async_commit();
+  cp_async_commit_unordered();
 
   // P1/P2 roles: warp = (row group gr of 8 rows, key half kh), lane = KPL keys.
   const int gr = warp & 7, kh = warp >> 3, r0 = 8 * gr, sub = gr >> 1;
@@ -369,10 +353,10 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     E* k_s = k_buf + (c & 1) * C * P;  // k, then k ⊙ exp(γ^C − Γ)
     if (GK == Gate::scalar && tid < C) salpha_s[tid] = __expf(scalar_g_next);
     if (c + 1 < c_end) fetch_scalar_gate(c + 1);
-    cp_async_wait_all();
+    cp_async_wait_committed();
     __syncthreads();  // B0: this chunk's tiles are in; the previous chunk's products are done
     if (c + 1 < c_end) issue_qkv(c + 1);  // into the buffers the previous chunk has finished with
-    cp_async_commit();
+    cp_async_commit_unordered();
 
     // ---- P1: group totals of α; the diagonal 8×8 triangles of A (fp32, this lane's keys) ----
     float alpha[KPL][8];  // this thread's α (its 8 rows, its keys), kept for P2
@@ -526,7 +510,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     }
     __syncthreads();  // B2: operands ready; g free
     if (!kGateInOperands && c + 1 < c_end) issue_g(c + 1);
-    cp_async_commit();
+    cp_async_commit_unordered();
 
     // ---- M: off-diagonal blocks of A (one 16×8 product per warp) ----
     if (!p.states_only) {
@@ -590,7 +574,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     __syncthreads();  // B3: A complete; every warp done reading the bf16 state and the operand area
     if constexpr (kGateInOperands) {
       if (c + 1 < c_end) issue_g(c + 1);
-      cp_async_commit();
+      cp_async_commit_unordered();
     }
 
     if (p.states_only) continue;

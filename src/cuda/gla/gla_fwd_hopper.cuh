@@ -32,10 +32,9 @@
 //    later rows of v: the consumers probe o for NaN/Inf after the wgmmas, and
 //    where a warpgroup's rows of v hold one (rare), its warps recompute their
 //    rows on CUDA cores with j ≤ i selected (chunk_output_rowwise).
-// Measured (bench/results_gla_forward.md, session 4) at B4 T4096 H4 K256 V512:
-// chunk pass 0.143 ms, state kernel 0.162 ms, forward 0.306-0.309 ms. (The
-// first state kernel, without warp specialization, took 0.172 ms; it was
-// removed once this one had passed every test: git history has it.)
+// Timings of both kernels, and of the first state kernel without warp
+// specialization (removed once this one had passed every test: git history
+// has it): bench/notes_gla_fwd.md, "Moved from source comments".
 #pragma once
 
 #include <cuda_bf16.h>
@@ -43,8 +42,10 @@
 
 #include <cstdint>
 
-#include "cuda/attention/attention_wgmma.cuh"
+#include "cuda/common/barriers.cuh"
 #include "cuda/common/host.cuh"
+#include "cuda/common/tma.cuh"
+#include "cuda/common/wgmma.cuh"
 #include "cuda/gla/gla_device.cuh"
 #include "cuda/gla/gla_fwd.cuh"
 
@@ -84,24 +85,12 @@ __device__ __forceinline__ void pair_of(int b, int& I, int& J) {
   J = b - I * (I - 1) / 2;
 }
 
-// ---- sm_90a primitives not in attention_wgmma.cuh ----------------------------------------
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
-  return uint64_t((addr & 0x3ffff) >> 4) | (uint64_t(leading_bytes >> 4) << 16) |
-         (uint64_t(stride_bytes >> 4) << 32) | (uint64_t(1) << 62);
-}
+// ---- sm_90a primitives not in cuda/common (wgmma.cuh, barriers.cuh, tma.cuh) ---------------
 // `bytes` (a multiple of 16) from global to shared memory in one bulk copy, completion counted on `bar`.
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void fence_accumulators(float (&r)[32]) {
-#pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
 // D[64 × 64] += A[64 × 16] B[16 × 64]: A K-major, B MN-major (rows = the contraction), both in shared memory.

@@ -1,6 +1,6 @@
 // The Hopper path's chunk pass: the slot (Q̃, K̃ᵀ, decay, A: gla_fwd_hopper.cuh) of one chunk and head. It
-// replaced a first version (removed after run 11) that built the same slot from the same factors with about
-// twice the instructions (this one is 2.1x faster at K256 V512: bench/results_gla_forward.md, run 11).
+// replaced a first version that built the same slot from the same factors with about twice the instructions
+// (timings: bench/notes_gla_fwd.md, "Chunk pass v2").
 //
 // Why (static SASS of the first version, bf16, sm_90a; bench/notes_gla_fwd.md, "Chunk pass v2"): there
 // every __expf was 5 instructions (FMUL by log2 e, a denormal range test, two predicated FMULs, MUFU); the

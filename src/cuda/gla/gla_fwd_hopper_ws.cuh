@@ -196,11 +196,11 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
   const uint32_t full_bar = sbase + L::barriers, empty_bar = full_bar + 8 * S, cluster_empty_bar = empty_bar + 8 * S;
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      attn::sm90::mbar_init(full_bar + 8 * s, 33);
-      attn::sm90::mbar_init(empty_bar + 8 * s, L::kConsumers);
-      attn::sm90::mbar_init(cluster_empty_bar + 8 * s, 1);
+      sm90::mbar_init(full_bar + 8 * s, 33);
+      sm90::mbar_init(empty_bar + 8 * s, L::kConsumers);
+      sm90::mbar_init(cluster_empty_bar + 8 * s, 1);
     }
-    attn::sm90::mbar_init_fence();
+    sm90::mbar_init_fence();
   }
   __syncthreads();
   wait_for_previous_grid();  // the chunk pass's slots (and the states pass's split states) are complete
@@ -217,11 +217,11 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
       const int i = int(c - c_begin), s = i % S;
       if (i >= S) {
         const uint32_t parity = uint32_t(i / S - 1) & 1u;
-        attn::sm90::mbar_wait(empty_bar + 8 * s, parity);
+        sm90::mbar_wait(empty_bar + 8 * s, parity);
       }
       const uint32_t dst = sbase + s * L::stage;
       if (lane == 0) {
-        attn::sm90::mbar_arrive_expect_tx(full_bar + 8 * s, slot_bytes);
+        sm90::mbar_arrive_expect_tx(full_bar + 8 * s, slot_bytes);
         bulk_copy(dst, slot_of(c), slot_bytes, full_bar + 8 * s);
       }
       const int rows_valid = int(min(int64_t(C), seq.len - c * C));
@@ -231,11 +231,11 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
         const int bytes = r < rows_valid ? min(16, max(0, (V - col) * 2)) : 0;
         const E* from = bytes ? static_cast<const E*>(p.v.data) + row_offset(p.v, c * C + r) + col
                               : static_cast<const E*>(p.v.data);
-        cp_async16(smem + s * L::stage + L::v + swizzled(r, 8 * (j & 7)), from, bytes);
+        cp_async16_unordered(smem + s * L::stage + L::v + swizzled(r, 8 * (j & 7)), from, bytes);
       }
       cp_async_arrive(full_bar + 8 * s);
     }
-    cp_async_wait_all();  // no copy of this thread outlives it
+    cp_async_wait_committed();  // no copy of this thread outlives it
     return;
   }
 
@@ -280,14 +280,14 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
   };
   if constexpr (!STATES) {
     store_state_bf16();
-    fence_proxy_async();
-    attn::sm90::named_barrier_sync<1>(NC);
+    sm90::fence_proxy_async_shared();
+    sm90::named_barrier_sync<1>(NC);
   }
   float* xchg = reinterpret_cast<float*>(smem + L::xchg);
 
   for (int64_t c = c_begin; c < c_end; ++c) {
     const int i = int(c - c_begin), s = i % S;
-    attn::sm90::mbar_wait(full_bar + 8 * s, uint32_t(i / S) & 1u);
+    sm90::mbar_wait(full_bar + 8 * s, uint32_t(i / S) & 1u);
     const uint32_t st = sbase + s * L::stage;
     const float* decay = reinterpret_cast<const float*>(smem + s * L::stage + L::slot.decay());
 #pragma unroll
@@ -302,24 +302,24 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
 #pragma unroll
     for (int e = 0; e < 32; ++e) o[e] = 0.f;
     // The accumulators' new values are defined before the first wgmma of the chunk (else ptxas serializes them).
-    if constexpr (!STATES) fence_accumulators(o);
+    if constexpr (!STATES) sm90::fence_registers(o);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) fence_accumulators(H[mt]);
-    wg_fence();
+    for (int mt = 0; mt < MT; ++mt) sm90::fence_registers(H[mt]);
+    sm90::wgmma_fence();
     if constexpr (!STATES) {
       // O = Q̃ H over this warpgroup's keys, + A V over its share of the tokens.
       constexpr int KS = KP / 16 / NWG, TS = 4 / NWG;
 #pragma unroll
       for (int j = 0; j < KS; ++j) {
         const int ks = wg * KS + j;
-        wgmma_64x64<E>(o, desc_sw128(st + L::slot.q() + (ks / 4) * C * 128 + (ks % 4) * 32, 16, 1024),
-                       desc_sw128(sbase + L::hs + ks * 16 * 128, KP * 128, 1024));
+        wgmma_64x64<E>(o, sm90::smem_desc(st + L::slot.q() + (ks / 4) * C * 128 + (ks % 4) * 32, 16, 1024),
+                       sm90::smem_desc(sbase + L::hs + ks * 16 * 128, KP * 128, 1024));
       }
 #pragma unroll
       for (int j = 0; j < TS; ++j) {
         const int ts = wg * TS + j;
-        wgmma_64x64<E>(o, desc_sw128(st + L::slot.a() + ts * 32, 16, 1024),
-                       desc_sw128(st + L::v + ts * 16 * 128, C * 128, 1024));
+        wgmma_64x64<E>(o, sm90::smem_desc(st + L::slot.a() + ts * 32, 16, 1024),
+                       sm90::smem_desc(st + L::v + ts * 16 * 128, C * 128, 1024));
       }
     }
     // H ← decay ⊙ H + K̃ᵀ V over this warpgroup's key tiles.
@@ -327,13 +327,13 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int ts = 0; ts < 4; ++ts)
-        wgmma_64x64<E>(H[mt], desc_sw128(st + L::slot.kt() + (wg * MT + mt) * 64 * 128 + ts * 32, 16, 1024),
-                       desc_sw128(st + L::v + ts * 16 * 128, C * 128, 1024));
-    wg_commit();
-    wg_wait_all();
-    if constexpr (!STATES) fence_accumulators(o);
+        wgmma_64x64<E>(H[mt], sm90::smem_desc(st + L::slot.kt() + (wg * MT + mt) * 64 * 128 + ts * 32, 16, 1024),
+                       sm90::smem_desc(st + L::v + ts * 16 * 128, C * 128, 1024));
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    if constexpr (!STATES) sm90::fence_registers(o);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) fence_accumulators(H[mt]);
+    for (int mt = 0; mt < MT; ++mt) sm90::fence_registers(H[mt]);
     if constexpr (!STATES) {
       // NaN/Inf causality (see chunk_output_rowwise): a non-finite value in this warp's rows of o is either what it
       // should be (a NaN state from an earlier chunk, a NaN or Inf of q or k in this one) or one of v met A's zeros
@@ -347,24 +347,24 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
         const unsigned char* stage = smem + s * L::stage;
         if (rows_nonfinite<E>(stage + L::v, wg * (C / NWG), C / NWG, lane))
           chunk_output_rowwise<E, KP, NWG>(o, stage, smem + L::hs, wg, 16 * wwarp, lane);
-        if constexpr (NWG == 1) attn::sm90::named_barrier_sync<3>(NC);
+        if constexpr (NWG == 1) sm90::named_barrier_sync<3>(NC);
       }
     }
     // This thread's reads of the stage (decay, its warpgroup's wgmmas, a recompute) are done: the producer may
     // refill it.
-    attn::sm90::mbar_arrive(empty_bar + 8 * s);
+    sm90::mbar_arrive(empty_bar + 8 * s);
     if constexpr (STATES) continue;
 
     // The other warpgroup's half of the columns goes through shared memory.
     if constexpr (NWG == 2) {
-      attn::sm90::named_barrier_sync<2>(NC);  // both warpgroups have read the previous chunk's exchange
+      sm90::named_barrier_sync<2>(NC);  // both warpgroups have read the previous chunk's exchange
       float* mine = xchg + wg * 16 * 128;
 #pragma unroll
       for (int e = 0; e < 16; ++e) mine[e * 128 + wt] = wg == 0 ? o[e + 16] : o[e];
     }
     store_state_bf16();
-    fence_proxy_async();
-    attn::sm90::named_barrier_sync<1>(NC);  // partial outputs visible; this warpgroup's bf16 state written
+    sm90::fence_proxy_async_shared();
+    sm90::named_barrier_sync<1>(NC);  // partial outputs visible; this warpgroup's bf16 state written
 
     const int rows_valid = int(min(int64_t(C), seq.len - c * C));
     E* out = static_cast<E*>(p.o.data) + row_offset(p.o, c * C);

@@ -90,17 +90,17 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_forward_kernel(const Re
               threads);
   };
   if (blocks > 0) issue(block_at(0), 0);
-  cp_async_commit();
+  cp_async_commit_unordered();
 
   E* out = static_cast<E*>(p.o.data);
   for (int64_t i = 0; i < blocks; ++i) {
     const int stage = int(i & 1);
     const int64_t b = block_at(i);
     const int rows = int(min(int64_t(TS), seq.len - b * TS));
-    cp_async_wait_all();
+    cp_async_wait_committed();
     __syncthreads();  // this block's tokens are in; the previous block is done with the other stage
     if (i + 1 < blocks) issue(block_at(i + 1), stage ^ 1);
-    cp_async_commit();
+    cp_async_commit_unordered();
     if (p.gate == Gate::vector) {
       for (int e = tid; e < TS * Kp; e += threads) alpha[e] = __expf(load_float(smem + L.g + stage * L.stage, e, p.g.dtype));
     } else if (p.gate == Gate::scalar) {

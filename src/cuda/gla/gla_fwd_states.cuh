@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
 #pragma unroll
     for (int i = 0; i < C / rows_per_pass; ++i) {
       const bool valid = row + i * rows_per_pass < rows_valid && bytes > 0;
-      cp_async16(to + i * rows_per_pass * pitch, valid ? src + i * rows_per_pass * t.stride[1] : t.data,
+      cp_async16_unordered(to + i * rows_per_pass * pitch, valid ? src + i * rows_per_pass * t.stride[1] : t.data,
                  valid ? bytes : 0);
     }
   };
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
     if (i < count) issue(i);
-    cp_async_commit();
+    cp_async_commit_unordered();
   }
   if (count > 0) fetch_scalar_gate(0);
 
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
     if (GK == Gate::scalar && tid < C) scalar_gate_s[tid] = scalar_g_next;
     if (i + 1 < count) fetch_scalar_gate(i + 1);
     if (i + STAGES - 1 < count) issue(i + STAGES - 1);  // into the stage chunk i − 1 has finished with
-    cp_async_commit();
+    cp_async_commit_unordered();
     asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1) : "memory");
     __syncthreads();  // chunk i's tiles (and scalar gate) are in
 
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
     }
     __syncthreads();  // every warp done with stage s before it is refilled
   }
-  cp_async_wait_all();
+  cp_async_wait_committed();
 
   // The piece's state and total decay (the split's when there is one piece).
   const int64_t slot = (nh * (p.num_splits - 1) + split) * pieces + piece;

@@ -1,5 +1,5 @@
-// Hopper (sm_90a) building blocks of the attention forward: mbarriers, TMA
-// tile loads, warpgroup MMA (wgmma) with shared-memory descriptors. Every
+// Hopper (sm_90a) warpgroup MMA (wgmma) with shared-memory descriptors, for
+// the attention and GLA kernels (mbarriers: barriers.cuh, TMA: tma.cuh). Every
 // function compiles for any target but may only run on sm_90a (the kernel
 // that uses them checks __CUDA_ARCH_FEAT_SM90_ALL).
 //
@@ -17,67 +17,7 @@
 
 #include <cstdint>
 
-namespace flashgla::cuda::attn::sm90 {
-
-// ---- mbarriers --------------------------------------------------------------------
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Makes the initialized barriers visible to the async (TMA) proxy.
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Arrives and announces `bytes` of TMA traffic that completes the phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-// Waits for the phase of the given parity to complete. A wait that never ends
-// (a bug, never valid input) traps instead of hanging the device.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  for (uint32_t spins = 0; !mbar_try_wait(bar, parity); ++spins)
-    if (spins > (1u << 24)) __trap();
-}
-
-// ---- named barriers ------------------------------------------------------------
-// Barrier ID (1..15; 0 is __syncthreads) completes once `threads` threads
-// (a multiple of 32) have arrived; sync waits for that, arrive does not.
-template <int ID>
-__device__ __forceinline__ void named_barrier_sync(int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
-}
-template <int ID>
-__device__ __forceinline__ void named_barrier_arrive(int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "r"(threads) : "memory");
-}
-
-// ---- TMA ------------------------------------------------------------------------------
-// A box of a 4-D tensor map at coordinates (c0 innermost .. c3) into shared
-// memory; completion is counted on `bar` in bytes.
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
-                                            int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-      "[%6];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
-// Orders this thread's ordinary shared-memory writes before later reads by
-// the async proxy (wgmma operands written by threads, not by TMA).
-__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+namespace flashgla::cuda::sm90 {
 
 // ---- wgmma ------------------------------------------------------------------------------
 // Shared-memory matrix descriptor, 128-byte swizzle: start address, leading
@@ -319,4 +259,4 @@ __device__ __forceinline__ void wgmma_ss_first<__half, 176>(float (&d)[88], uint
       : "l"(desc_a), "l"(desc_b));
 }
 
-}  // namespace flashgla::cuda::attn::sm90
+}  // namespace flashgla::cuda::sm90
