@@ -179,6 +179,22 @@ TEST(GlaPlan, Forward340MModelHeads) {
   EXPECT_EQ(general.num_splits, 1);
 }
 
+// The Hopper path's slots for a varlen batch: one per (chunk of the packed T, head) plus one per sequence and
+// one more (a sequence's chunks start at its own boundary); its chunk pass covers the longest sequence's
+// chunks. Past 65535 chunks of T the Hopper path does not apply (the fast path runs).
+TEST(GlaPlan, ForwardHopperVarlenAndLimits) {
+  FwdProblem p = forward(3, 4096, 4, 256, 512);
+  p.varlen = true, p.longest = 2000;
+  const FwdPlan plan = plan_forward(p, h100(), GlaTuning{});
+  EXPECT_EQ(plan.kernel, FwdKernel::hopper);
+  EXPECT_EQ(plan.num_splits, 1);  // 3·4·8 = 96 tiles: 132 / 96 = 1
+  EXPECT_EQ(plan.prep_chunks, 64);
+  EXPECT_EQ(plan.prep_grid_chunks, 32);
+  EXPECT_EQ(plan.workspace_bytes, hopper_slot_bytes(3 + 64 + 1, 4, 256));
+  const FwdProblem huge = forward(1, int64_t(65536) * 64, 4, 256, 512);
+  EXPECT_EQ(plan_forward(huge, h100(), GlaTuning{}).kernel, FwdKernel::fast);
+}
+
 // fp32 inputs: always the general kernel (32-column value tiles); a fixed-length batch of one sequence
 // and one head is split into as many pieces as slots allow, at least 4 chunks each.
 TEST(GlaPlan, ForwardFp32GeneralKernel) {
@@ -432,6 +448,15 @@ TEST(GlaPlan, SegmentSplitKernel) {
   EXPECT_EQ(plan.split_chunks, 64);
   EXPECT_EQ(plan.pieces, 3);
   EXPECT_EQ(plan.workspace_bytes, size_t(128 * 3) * (128 * 128 + 2 * 128) * kFloat);
+}
+
+// The A100 fits the states kernel too (128×128 tiles: 102 KB with a bf16 gate, 134 KB with fp32); about two
+// CTAs per SM of its
+// 108 SMs: ceil(216 / 128) = 2 pieces.
+TEST(GlaPlan, SegmentSplitKernelOnA100) {
+  const SegmentPlan plan = plan_segment(segment(8, 16, 128, 128, 4096), a100(), GlaTuning{});
+  EXPECT_TRUE(plan.use_split);
+  EXPECT_EQ(plan.pieces, 2);
 }
 
 // fp32 (or K > 256): the generic tile kernel, chunks of 32 tokens, pieces for about eight CTAs per SM of
