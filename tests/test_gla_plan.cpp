@@ -451,8 +451,7 @@ TEST(GlaPlan, SegmentSplitKernel) {
 }
 
 // The A100 fits the states kernel too (128×128 tiles: 102 KB with a bf16 gate, 134 KB with fp32); about two
-// CTAs per SM of its
-// 108 SMs: ceil(216 / 128) = 2 pieces.
+// CTAs per SM of its 108 SMs: ceil(216 / 128) = 2 pieces.
 TEST(GlaPlan, SegmentSplitKernelOnA100) {
   const SegmentPlan plan = plan_segment(segment(8, 16, 128, 128, 4096), a100(), GlaTuning{});
   EXPECT_TRUE(plan.use_split);
