@@ -26,7 +26,7 @@ fp32), on sm_90 the Hopper path for 128 < K ≤ 256.
 Hopper path's two kernels and, for long sequences, other split counts.
 --quick times K256 V512 (bf16 and fp32 gate) and two K128 lines with the Hopper
 path forced: the default (on sm_90 the Hopper path: warp-specialized state
-kernel, PDL) vs FLASHGLA_GLA_HOPPER_PDL=0, FLASHGLA_GLA_HOPPER_CLUSTER=2 and
+kernel, PDL) vs FLASHGLA_GLA_HOPPER_PDL=0 and
 FLASHGLA_GLA_HOPPER=0 (the fast path), with the kernels' times and the relative differences of the outputs.
 """
 
@@ -39,6 +39,15 @@ import torch.nn.functional as F
 import triton.testing
 
 import flashgla
+
+
+def set_switch(name, value=None):
+    """Sets (None: unsets) a FLASHGLA_GLA_* tuning switch; the library reads the switches again at its next call."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    flashgla._C.reload_tuning()
 
 F32 = torch.float32
 ANCHORS = [  # B, T, H, K, V, gate dtype (None: as q), target (ratio to SDPA, or absolute ms where SDPA does not apply)
@@ -122,19 +131,19 @@ def main():
         gate_label = " g fp32" if gate_dtype == F32 else ""
         reference = sdpa_ms(B, T, H, K, V)
         # The general kernel (FLASHGLA_GLA_FAST=0) first, as "old", and its output for a consistency check.
-        os.environ["FLASHGLA_GLA_FAST"] = "0"
+        set_switch("FLASHGLA_GLA_FAST", "0")
         old = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
         o_old = flashgla.chunk_gla(q, k, v, g)[0].float()
         # "ours": the default choice (the fast path where it applies).
-        os.environ.pop("FLASHGLA_GLA_FAST", None)
+        set_switch("FLASHGLA_GLA_FAST")
         o_new = flashgla.chunk_gla(q, k, v, g)[0].float()
         diff = ((o_new - o_old).norm() / o_old.norm()).item()
         print(f"B{B} T{T} H{H} K{K} V{V}{gate_label}: rel. difference fast vs general output {diff:.2e}", flush=True)
         for splits in args.splits.split(","):
             if splits.strip() == "0":
-                os.environ.pop("FLASHGLA_GLA_SPLITS", None)
+                set_switch("FLASHGLA_GLA_SPLITS")
             else:
-                os.environ["FLASHGLA_GLA_SPLITS"] = splits.strip()
+                set_switch("FLASHGLA_GLA_SPLITS", splits.strip())
             ours = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
             label = "" if splits.strip() == "0" else f" splits={splits.strip()}"
             name = f"chunk_gla fwd B{B} T{T} H{H} K{K} V{V}{gate_label}{label} (old {old:.4f} ms)"
@@ -143,8 +152,8 @@ def main():
             else:
                 floor = byte_floor_ms(B, T, H, K, V, bandwidth, g.element_size())
                 rows.append((name, ours, floor, "byte floor", f"{ours / floor:.2f}x", target))
-        os.environ.pop("FLASHGLA_GLA_SPLITS", None)
-        os.environ.pop("FLASHGLA_GLA_FAST", None)
+        set_switch("FLASHGLA_GLA_SPLITS")
+        set_switch("FLASHGLA_GLA_FAST")
         del q, k, v, g
 
     q, k, v, g = gla_inputs(8, 2048, 16, 64, 64)
@@ -209,23 +218,22 @@ def kernel_ms(fn, name_part, calls=5):
 
 def quick_table(args):
     """K256 V512 (and K128 with the Hopper path forced): the default path (on sm_90 the Hopper path with the
-    warp-specialized state kernel, with PDL) vs FLASHGLA_GLA_HOPPER_PDL=0, FLASHGLA_GLA_HOPPER_CLUSTER=2
-    (clusters multicasting the slot images) and FLASHGLA_GLA_HOPPER=0 (the fast path), in this process; kernel
-    times by torch.profiler (state kernels without PDL, whose early start would count the chunk pass's tail)."""
+    warp-specialized state kernel, with PDL) vs FLASHGLA_GLA_HOPPER_PDL=0 and FLASHGLA_GLA_HOPPER=0 (the fast
+    path), in this process; kernel times by torch.profiler (state kernels without PDL, whose early start would
+    count the chunk pass's tail)."""
     torch.manual_seed(0)
     card = torch.cuda.get_device_name()
     lines = [f"{datetime.date.today().isoformat()}, {card}", "",
-             "| shape | default ms | again ms | no PDL ms | clusters of 2 ms | chunk pass ms | "
-             "state kernel ms: default / clusters of 2 | FLASHGLA_GLA_HOPPER=0 ms | "
-             "rel. diff clusters vs default | rel. diff vs fast |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    switches = ("FLASHGLA_GLA_HOPPER", "FLASHGLA_GLA_HOPPER_PDL", "FLASHGLA_GLA_HOPPER_CLUSTER")
+             "| shape | default ms | again ms | no PDL ms | chunk pass ms | state kernel ms | "
+             "FLASHGLA_GLA_HOPPER=0 ms | rel. diff vs fast |",
+             "|---|---|---|---|---|---|---|---|"]
+    switches = ("FLASHGLA_GLA_HOPPER", "FLASHGLA_GLA_HOPPER_PDL")
 
     def with_env(**values):
         for name in switches:
-            os.environ.pop(name, None)
+            set_switch(name)
         for name, value in values.items():
-            os.environ[name] = value
+            set_switch(name, value)
 
     for B, T, H, K, V, gate_dtype, hopper in ((4, 4096, 4, 256, 512, None, None), (4, 4096, 4, 256, 512, F32, None),
                                               (8, 2048, 4, 128, 256, F32, "1"), (2, 8192, 4, 128, 256, F32, "1"),
@@ -240,28 +248,21 @@ def quick_table(args):
         no_pdl = median_ms(call)
         prep = kernel_ms(call, "hopper_prep2_kernel")  # 0 where the default is not the Hopper path
         state_new = kernel_ms(call, "hopper_ws_kernel")
-        with_env(FLASHGLA_GLA_HOPPER_CLUSTER="2", **forced)
-        cluster = median_ms(call)
-        o_cluster = call()[0].float()
-        with_env(FLASHGLA_GLA_HOPPER_CLUSTER="2", FLASHGLA_GLA_HOPPER_PDL="0", **forced)
-        state_cluster = kernel_ms(call, "hopper_ws_kernel")
         with_env(FLASHGLA_GLA_HOPPER="0")
         off = median_ms(call)
         o_off = call()[0].float()
         with_env(**forced)
         again = median_ms(call)
         with_env()
-        diff_cluster = ((o_cluster - o_new).norm() / o_new.norm()).item()
         diff_off = ((o_new - o_off).norm() / o_off.norm()).item()
         label = f"B{B} T{T} H{H} K{K} V{V}" + (" g fp32" if gate_dtype == F32 else "") + (
             " (FLASHGLA_GLA_HOPPER=1)" if hopper else "")
-        print(f"{label}: default {default:.4f} / {again:.4f}, no PDL {no_pdl:.4f}, clusters of 2 {cluster:.4f} ms; "
-              f"chunk pass {prep:.4f}, state kernel {state_new:.4f} / {state_cluster:.4f}; fast path {off:.4f} ms; "
-              f"rel. diff {diff_cluster:.2e} (clusters), {diff_off:.2e} (fast)", flush=True)
-        lines.append(f"| chunk_gla fwd {label} | {default:.4f} | {again:.4f} | {no_pdl:.4f} | {cluster:.4f} | "
-                     f"{prep:.4f} | {state_new:.4f} / {state_cluster:.4f} | {off:.4f} | {diff_cluster:.1e} "
-                     f"| {diff_off:.1e} |")
-        del q, k, v, g, o_new, o_off, o_cluster
+        print(f"{label}: default {default:.4f} / {again:.4f}, no PDL {no_pdl:.4f} ms; "
+              f"chunk pass {prep:.4f}, state kernel {state_new:.4f}; fast path {off:.4f} ms; "
+              f"rel. diff {diff_off:.2e} (fast)", flush=True)
+        lines.append(f"| chunk_gla fwd {label} | {default:.4f} | {again:.4f} | {no_pdl:.4f} | "
+                     f"{prep:.4f} | {state_new:.4f} | {off:.4f} | {diff_off:.1e} |")
+        del q, k, v, g, o_new, o_off
     print_table(lines, args.out)
 
 
@@ -277,19 +278,19 @@ def hopper_table(args):
     for B, T, H, K, V, gate_dtype, target in shapes:
         q, k, v, g = gla_inputs(B, T, H, K, V, gate_dtype=gate_dtype)
         gate_label = " g fp32" if gate_dtype == F32 else ""
-        os.environ.pop("FLASHGLA_GLA_HOPPER", None)
+        set_switch("FLASHGLA_GLA_HOPPER")
         fast = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
         o_fast = flashgla.chunk_gla(q, k, v, g)[0].float()
-        os.environ["FLASHGLA_GLA_HOPPER"] = "1"
+        set_switch("FLASHGLA_GLA_HOPPER", "1")
         hopper = median_ms(lambda: flashgla.chunk_gla(q, k, v, g))
         o_hopper = flashgla.chunk_gla(q, k, v, g)[0].float()
         print(f"  Hopper kernels: {kernel_times(lambda: flashgla.chunk_gla(q, k, v, g))}", flush=True)
         if T >= 8192:  # the sequence split of long sequences: other piece counts
             for splits in ("1", "4", "8"):
-                os.environ["FLASHGLA_GLA_SPLITS"] = splits
+                set_switch("FLASHGLA_GLA_SPLITS", splits)
                 print(f"  Hopper splits={splits}: {median_ms(lambda: flashgla.chunk_gla(q, k, v, g)):.4f} ms", flush=True)
-            os.environ.pop("FLASHGLA_GLA_SPLITS", None)
-        os.environ.pop("FLASHGLA_GLA_HOPPER", None)
+            set_switch("FLASHGLA_GLA_SPLITS")
+        set_switch("FLASHGLA_GLA_HOPPER")
         diff = ((o_hopper - o_fast).norm() / o_fast.norm()).item()
         print(f"B{B} T{T} H{H} K{K} V{V}{gate_label}: fast {fast:.4f} ms, hopper {hopper:.4f} ms, "
               f"rel. difference {diff:.2e}", flush=True)

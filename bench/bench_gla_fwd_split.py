@@ -1,22 +1,18 @@
-"""CUDA GLA forward of long sequences: the split's states pass, old vs new.
+"""CUDA GLA forward of long sequences: the split's states pass (the states kernel, then the fold).
 
 Run on a CUDA machine with flashgla importable (PYTHONPATH=<cmake build dir
 with -DFLASHGLA_PYTHON=ON>/python):
 
-    python bench/bench_gla_fwd_split.py [--pieces 1,2,4] [--stages 2,3] [--out results.md]
+    python bench/bench_gla_fwd_split.py [--pieces 1,2,4] [--out results.md]
 
 In one process, on the same inputs (bf16 q, k, v; g = logsigmoid(randn)):
-  * "old": the states pass of the fast kernel (FLASHGLA_GLA_STATES=fast);
-  * "new": the states kernel (the default; FLASHGLA_GLA_STATES=split), the
-    planner's piece and stage counts, and for the first two shapes each forced
-    pair of --pieces and --stages (FLASHGLA_GLA_STATE_PIECES / _STAGES);
-  * "prefix=0": the states kernel with per-split slots that the output pass
-    folds itself (FLASHGLA_GLA_STATE_PREFIX=0), for the first two shapes;
-  * per-kernel device times (torch.profiler): the states pass of "old" is the
-    fast kernel's total minus its output pass (the same kernel runs twice);
-  * F.scaled_dot_product_attention causal (flash backend) where K = V;
-  * the relative difference of o (new vs old).
-Totals are medians of triton's do_bench.
+  * the default: the states kernel with the planner's piece count, and for the
+    first two shapes each forced --pieces (FLASHGLA_GLA_STATE_PIECES);
+  * per-kernel device times (torch.profiler): states kernel, fold, output pass;
+  * F.scaled_dot_product_attention causal (flash backend) where K = V.
+Totals are medians of triton's do_bench. (The variants this benchmark used to
+compare, the fast kernel's own states pass, per-split slots and 3 stages, are
+retired: bench/notes_gla_fwd.md, "Retired variants".)
 """
 
 import argparse
@@ -41,20 +37,22 @@ SHAPES = [  # B, T, H, K, V, gate dtype (None: as q), target
 
 
 def with_env(settings, fn):
+    """fn() with the tuning switches {name: value or None}; the library reads them again (reload_tuning)."""
     old = {name: os.environ.get(name) for name in settings}
-    for name, value in settings.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    try:
-        return fn()
-    finally:
-        for name, value in old.items():
+
+    def apply(values):
+        for name, value in values.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        flashgla._C.reload_tuning()
+
+    apply(settings)
+    try:
+        return fn()
+    finally:
+        apply(old)
 
 
 def kernels(call):
@@ -67,7 +65,6 @@ def kernels(call):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pieces", default="1,2,3,4", help="forced FLASHGLA_GLA_STATE_PIECES values (first shapes)")
-    parser.add_argument("--stages", default="2,3", help="forced FLASHGLA_GLA_STATE_STAGES values (first shapes)")
     parser.add_argument("--out", default=None, help="also append the table to this markdown file")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -75,49 +72,31 @@ def main():
     bandwidth, _ = copy_bandwidth()
     print(f"{card}: copy {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
     lines = [f"{datetime.date.today().isoformat()}, {card} (copy {bandwidth / 1e12:.2f} TB/s read + write)", "",
-             "| shape | old ms | new ms | new/old | old states pass ms | new states + fold ms | output pass ms | "
-             "SDPA flash causal ms | new/SDPA | rel. diff o | target |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| shape | ms | states + fold ms | output pass ms | SDPA flash causal ms | ms/SDPA | target |",
+             "|---|---|---|---|---|---|---|"]
     for index, (B, T, H, K, V, gate_dtype, target) in enumerate(SHAPES):
         q, k, v, g = gla_inputs(B, T, H, K, V, gate_dtype=gate_dtype)
         call = lambda: flashgla.chunk_gla(q, k, v, g)
-        old_env = {"FLASHGLA_GLA_STATES": "fast", "FLASHGLA_GLA_STATE_PIECES": None, "FLASHGLA_GLA_STATE_STAGES": None}
-        new_env = {"FLASHGLA_GLA_STATES": "split", "FLASHGLA_GLA_STATE_PIECES": None, "FLASHGLA_GLA_STATE_STAGES": None}
-        old = with_env(old_env, lambda: median_ms(call))
-        new = with_env(new_env, lambda: median_ms(call))
-        _, _, old_fast = with_env(old_env, lambda: kernels(call))
-        new_states, new_fold, output = with_env(new_env, lambda: kernels(call))
-        o_old = with_env(old_env, lambda: call()[0].float())
-        o_new = with_env(new_env, lambda: call()[0].float())
-        diff = ((o_new - o_old).norm() / o_old.norm()).item()
-        del o_old, o_new
+        default_env = {"FLASHGLA_GLA_STATE_PIECES": None}
+        total = with_env(default_env, lambda: median_ms(call))
+        states, fold, output = with_env(default_env, lambda: kernels(call))
         sdpa = sdpa_ms(B, T, H, K, V)
         label = f"B{B} T{T} H{H} K{K} V{V}" + (" g fp32" if gate_dtype == F32 else "")
         sdpa_text = f"{sdpa:.4f}" if sdpa else "-"
-        ratio = f"{new / sdpa:.2f}x" if sdpa else "-"
-        print(f"{label}: old {old:.4f} ms, new {new:.4f} ms (states {new_states:.4f} + fold {new_fold:.4f}, "
-              f"output {output:.4f}; old states {old_fast - output:.4f}), SDPA {sdpa_text}, rel. diff {diff:.1e}",
+        ratio = f"{total / sdpa:.2f}x" if sdpa else "-"
+        print(f"{label}: {total:.4f} ms (states {states:.4f} + fold {fold:.4f}, output {output:.4f}), SDPA {sdpa_text}",
               flush=True)
-        lines.append(f"| chunk_gla fwd {label} | {old:.4f} | {new:.4f} | {new / old:.2f} | {old_fast - output:.4f} | "
-                     f"{new_states:.4f} + {new_fold:.4f} | {output:.4f} | {sdpa_text} | {ratio} | {diff:.1e} | {target} |")
+        lines.append(f"| chunk_gla fwd {label} | {total:.4f} | {states:.4f} + {fold:.4f} | {output:.4f} | {sdpa_text} "
+                     f"| {ratio} | {target} |")
         if index < 2:
-            # Per-split slots folded by the output pass (the protocol before split_prefix), planner's pieces/stages.
-            env = {"FLASHGLA_GLA_STATES": "split", "FLASHGLA_GLA_STATE_PREFIX": "0"}
-            total = with_env(env, lambda: median_ms(call))
-            states, fold, out_pass = with_env(env, lambda: kernels(call))
-            print(f"  prefix=0: {total:.4f} ms (states {states:.4f} + fold {fold:.4f}, output {out_pass:.4f})", flush=True)
-            lines.append(f"| chunk_gla fwd {label} prefix=0 | - | {total:.4f} | {total / old:.2f} | - | "
-                         f"{states:.4f} + {fold:.4f} | {out_pass:.4f} | - | - | - | |")
-            for stages in [s for s in args.stages.split(",") if s]:
-                for pieces in [p for p in args.pieces.split(",") if p]:
-                    env = {"FLASHGLA_GLA_STATES": "split", "FLASHGLA_GLA_STATE_PIECES": pieces,
-                           "FLASHGLA_GLA_STATE_STAGES": stages}
-                    total = with_env(env, lambda: median_ms(call))
-                    states, fold, out_pass = with_env(env, lambda: kernels(call))
-                    print(f"  stages={stages} pieces={pieces}: {total:.4f} ms (states {states:.4f} + fold {fold:.4f}, "
-                          f"output {out_pass:.4f})", flush=True)
-                    lines.append(f"| chunk_gla fwd {label} stages={stages} pieces={pieces} | - | {total:.4f} | "
-                                 f"{total / old:.2f} | - | {states:.4f} + {fold:.4f} | {out_pass:.4f} | - | - | - | |")
+            for pieces in [p for p in args.pieces.split(",") if p]:
+                env = {"FLASHGLA_GLA_STATE_PIECES": pieces}
+                forced = with_env(env, lambda: median_ms(call))
+                states, fold, out_pass = with_env(env, lambda: kernels(call))
+                print(f"  pieces={pieces}: {forced:.4f} ms (states {states:.4f} + fold {fold:.4f}, output {out_pass:.4f})",
+                      flush=True)
+                lines.append(f"| chunk_gla fwd {label} pieces={pieces} | {forced:.4f} | {states:.4f} + {fold:.4f} | "
+                             f"{out_pass:.4f} | - | - | |")
         del q, k, v, g
         torch.cuda.empty_cache()
     print_table(lines, args.out)

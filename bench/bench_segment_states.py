@@ -40,6 +40,7 @@ SHAPES = [  # B, T, H, K, V, gate dtype
 def with_env(name, value, fn):
     old = os.environ.get(name)
     os.environ[name] = value
+    flashgla._C.reload_tuning()  # the library reads its tuning switches once, and again on request
     try:
         return fn()
     finally:
@@ -47,6 +48,7 @@ def with_env(name, value, fn):
             os.environ.pop(name, None)
         else:
             os.environ[name] = old
+        flashgla._C.reload_tuning()
 
 
 def main():

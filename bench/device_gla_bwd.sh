@@ -21,7 +21,7 @@ L=/tmp/gla_bwd_logs
 mkdir -p "$OUT" "$L"
 BUILD=${BUILD:-build-devbwd}
 MODE=${MODE:-full}
-COMPARE=${COMPARE:-"FLASHGLA_GLA_BWD_SCAN_PIPELINE=1 FLASHGLA_GLA_BWD_SCAN_PIPELINE=0 FLASHGLA_GLA_BWD_GATE=registers FLASHGLA_GLA_BWD_LAYOUT=general"}
+COMPARE=${COMPARE:-"FLASHGLA_GLA_BWD_SCAN_PIPELINE=0 FLASHGLA_GLA_BWD_GATE=registers FLASHGLA_GLA_BWD_LAYOUT=general"}
 if [ "$MODE" = quick ]; then
   TESTS="CudaGlaBackward.ChunkedPlainLayout*:CudaGlaBackward.ChunkedMatchesReference:CudaGlaBackward.Chunked*SubChunk*:CudaGlaBackward.ChunkedScanPairs*:CudaGlaBackward.ChunkedScanPipeline*:CudaGlaBackward.ChunkedSplitScans*:CudaGlaBackward.ChunkedLargeHeadDims:CudaGlaBackward.Sanitizer*"
   SHAPES=${SHAPES:-"8,4096,16,128,128;8,2048,4,128,256"}

@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device-machine run for the split's states kernel (bench/notes_gla_fwd.md, "Long sequences: the states
 # kernel"): build for sm_90a, its tests and the split/fast-path/Hopper-split tests, memcheck and racecheck on
-# its small cases, the benchmark (old vs new states pass, SDPA), logs under $OUT, a short summary last.
+# its small cases, the benchmark (pieces, SDPA), logs under $OUT, a short summary last.
 #   BUDGET=400 bash bench/device_gla_fwd_split.sh
 # SPLIT_TESTS / OTHER_TESTS override the test filters.
 set -u
@@ -10,9 +10,8 @@ mkdir -p "$OUT"
 BUILD=${BUILD:-build-devsplit}
 SPLIT_TESTS=${SPLIT_TESTS:-"CudaGlaSplit.*"}
 # The whole forward suite then runs as it is (the states kernel is the default: every split it plans goes
-# through it), and its split tests once more with 3 stages (FLASHGLA_GLA_STATE_STAGES=3).
+# through it).
 OTHER_TESTS=${OTHER_TESTS:-"CudaGlaForward.*:CudaGlaDecode.*"}
-STAGE3_TESTS=${STAGE3_TESTS:-"CudaGlaForward.SequenceSplit:CudaGlaForward.FastPath*:CudaGlaForward.LongSequence"}
 summary=()
 note() { summary+=("$*"); echo "$*"; }
 deadline=$(($(date +%s) + ${BUDGET:-400}))
@@ -58,15 +57,6 @@ if [ $((deadline - $(date +%s))) -gt 20 ]; then
   grep -E '^\[  FAILED  \]' "$OUT/tests_other.log" | sort -u
 else
   note "other tests: skipped (budget)"
-fi
-if [ $((deadline - $(date +%s))) -gt 20 ]; then
-  start=$(date +%s)
-  FLASHGLA_GLA_STATE_STAGES=3 timeout $(left 60) $BUILD/flashgla_tests --gtest_filter="$STAGE3_TESTS" \
-    >"$OUT/tests_stage3.log" 2>&1
-  note "split tests with FLASHGLA_GLA_STATE_STAGES=3: rc=$? in $(($(date +%s) - start)) s: $(count "$OUT/tests_stage3.log")"
-  grep -E '^\[  FAILED  \]' "$OUT/tests_stage3.log" | sort -u
-else
-  note "stage-3 tests: skipped (budget)"
 fi
 
 echo "==== summary"

@@ -44,20 +44,25 @@ inline std::string describe_forward_case(const Case& c) {
   return s;
 }
 
-// Sets an environment variable (or unsets it: value nullptr) for the guard's
+// Sets a tuning switch (FLASHGLA_GLA_*; value nullptr: unsets it) and has the
+// library read the switches again at its next call (it reads them once, see
+// flashgla::reload_tuning).
+inline void set_switch(const char* name, const char* value) {
+  if (value) setenv(name, value, 1);
+  else unsetenv(name);
+  reload_tuning();
+}
+
+// Sets a tuning switch (or unsets it: value nullptr) for the guard's
 // lifetime, then restores what it was (a value given to the whole test run
 // stays in force).
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
     if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
+    set_switch(name, value);
   }
-  ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1);
-    else unsetenv(name_);
-  }
+  ~ScopedEnv() { set_switch(name_, had_ ? old_.c_str() : nullptr); }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 

@@ -324,8 +324,7 @@ TEST(CudaGlaBackward, VarlenMatchesReference) {
 
 // The paired state scans with x, y and the gate copied one chunk ahead (the
 // default for bf16 rows, K and V multiples of 64, V / 64 even), without
-// (FLASHGLA_GLA_BWD_SCAN_PIPELINE=0), the first variant (=1) and the default one with fewer
-// instructions per step (=lean): every gate kind and range, sequences of 1 to
+// (FLASHGLA_GLA_BWD_SCAN_PIPELINE=0) and with (=lean, the default): every gate kind and range, sequences of 1 to
 // 16 chunks (both buffers, odd and even counts), unsplit and split in pieces of
 // 3 chunks, fixed length and varlen.
 TEST(CudaGlaBackward, ChunkedScanPipelineOnAndOffMatchReference) {
@@ -333,7 +332,7 @@ TEST(CudaGlaBackward, ChunkedScanPipelineOnAndOffMatchReference) {
   struct Dims {
     int64_t K, V;
   };
-  for (const char* pipeline : {"0", "1", "lean"}) {
+  for (const char* pipeline : {"0", "lean"}) {
     const ScopedEnv pipeline_mode("FLASHGLA_GLA_BWD_SCAN_PIPELINE", pipeline);
     int i = 0;
     for (const char* chunks_per_split : {"0", "3"}) {
@@ -534,7 +533,7 @@ TEST(CudaGlaBackward, UnknownTuningSwitchValueIsAnError) {
   };
   for (const Setting& bad : {Setting{"FLASHGLA_GLA_BWD_DIAG", "exact"}, Setting{"FLASHGLA_GLA_BWD_LAYOUT", "plain"},
                              Setting{"FLASHGLA_GLA_BWD_GATE", "register"}, Setting{"FLASHGLA_GLA_BWD_SCAN_PAIR", "no"},
-                             Setting{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "2"},
+                             Setting{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "1"},
                              Setting{"FLASHGLA_GLA_BWD_SCAN_SPLIT", "-1"}})
     expect_unknown_switch_error(bad.name, bad.value, [&] { backward(c, in, Call{}); });
 }
@@ -581,7 +580,7 @@ TEST(CudaGlaBackward, SanitizerSmallCases) {
         check_against_reference(plain, call);
       }
       if (algorithm == kChunked && dtype == DType::bf16)  // the pipelined paired scans, unsplit and in pieces of 3
-        for (const char* pipeline : {"1", "lean"}) {
+        for (const char* pipeline : {"lean"}) {
           const ScopedEnv pipeline_mode("FLASHGLA_GLA_BWD_SCAN_PIPELINE", pipeline);
           Case pipelined = c;
           pipelined.T = 200, pipelined.K = pipelined.V = 128, pipelined.gate = Gate::vector;

@@ -201,14 +201,14 @@ TEST(CudaGlaForward, SequenceSplit) {
   int i = 0;
   for (DType dtype : {DType::f32, DType::bf16})
     for (const char* forced : {"", "3", "7"}) {
-      if (*forced) setenv("FLASHGLA_GLA_SPLITS", forced, 1);
+      if (*forced) set_switch("FLASHGLA_GLA_SPLITS", forced);
       Case c;
       c.B = 1, c.T = 1000 + 37 * i, c.H = 1, c.K = 96, c.V = 80, c.dtype = dtype, c.seed = 800 + i;
       c.gate = Gate(i % 3);
       ForwardCall call;
       call.caller_workspace = i % 2;
       check_against_reference(c, call);
-      unsetenv("FLASHGLA_GLA_SPLITS");
+      set_switch("FLASHGLA_GLA_SPLITS", nullptr);
       ++i;
     }
 }
@@ -236,7 +236,7 @@ TEST(CudaGlaForward, FastPathShapes) {
       check_against_reference(c, ForwardCall{});
     }
   for (const char* forced : {"2", "5"}) {
-    setenv("FLASHGLA_GLA_SPLITS", forced, 1);
+    set_switch("FLASHGLA_GLA_SPLITS", forced);
     for (Gate gate : {Gate::vector, Gate::scalar}) {
       Case c;
       c.B = 1, c.T = 700 + 29 * i, c.H = 2, c.K = 128, c.V = 128, c.dtype = DType::bf16, c.gate_dtype = c.dtype;
@@ -245,7 +245,7 @@ TEST(CudaGlaForward, FastPathShapes) {
       call.caller_workspace = i % 2;
       check_against_reference(c, call);
     }
-    unsetenv("FLASHGLA_GLA_SPLITS");
+    set_switch("FLASHGLA_GLA_SPLITS", nullptr);
   }
   for (DType dtype : {DType::bf16, DType::f16}) {
     Case c = varlen_case(dtype, Gate::vector, 1560 + i++);
@@ -262,7 +262,7 @@ TEST(CudaGlaForward, FastPathShapes) {
 // strides, a forced split.
 TEST(CudaGlaForward, FastPathFloatGate) {
   SKIP_WITHOUT_GPU();
-  setenv("FLASHGLA_GLA_HOPPER", "0", 1);  // K = 256 takes the Hopper path by default on sm_90
+  set_switch("FLASHGLA_GLA_HOPPER", "0");  // K = 256 takes the Hopper path by default on sm_90
   struct Dims {
     int64_t K, V;
   };
@@ -277,13 +277,13 @@ TEST(CudaGlaForward, FastPathFloatGate) {
       c.seed = 1700 + i++;
       check_against_reference(c, ForwardCall{});
     }
-  setenv("FLASHGLA_GLA_SPLITS", "3", 1);
+  set_switch("FLASHGLA_GLA_SPLITS", "3");
   Case c;
   c.B = 1, c.T = 900, c.H = 2, c.K = 128, c.V = 128, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
   c.gate = Gate::vector, c.gate_values = GateValues::very_negative, c.seed = 1750;
   check_against_reference(c, ForwardCall{});
-  unsetenv("FLASHGLA_GLA_SPLITS");
-  unsetenv("FLASHGLA_GLA_HOPPER");
+  set_switch("FLASHGLA_GLA_SPLITS", nullptr);
+  set_switch("FLASHGLA_GLA_HOPPER", nullptr);
 }
 
 // The fast path's key parts (128 < K ≤ 256: two CTAs per value tile, o accumulated;
@@ -292,7 +292,7 @@ TEST(CudaGlaForward, FastPathFloatGate) {
 // state, strides, the sequence split (states pass per key part) and varlen.
 TEST(CudaGlaForward, FastPathKeyParts) {
   SKIP_WITHOUT_GPU();
-  setenv("FLASHGLA_GLA_HOPPER", "0", 1);  // on sm_90 the Hopper path takes K > 128 by default
+  set_switch("FLASHGLA_GLA_HOPPER", "0");  // on sm_90 the Hopper path takes K > 128 by default
   struct Dims {
     int64_t K, V;
   };
@@ -309,7 +309,7 @@ TEST(CudaGlaForward, FastPathKeyParts) {
       c.seed = 1800 + i++;
       check_against_reference(c, ForwardCall{});
     }
-  setenv("FLASHGLA_GLA_SPLITS", "4", 1);
+  set_switch("FLASHGLA_GLA_SPLITS", "4");
   for (Gate gate : {Gate::vector, Gate::scalar}) {
     Case c;
     c.B = 1, c.T = 700 + 29 * i, c.H = 2, c.K = 256, c.V = 136, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
@@ -318,14 +318,14 @@ TEST(CudaGlaForward, FastPathKeyParts) {
     call.caller_workspace = i % 2;
     check_against_reference(c, call);
   }
-  unsetenv("FLASHGLA_GLA_SPLITS");
+  set_switch("FLASHGLA_GLA_SPLITS", nullptr);
   Case c = varlen_case(DType::bf16, Gate::vector, 1860);
   c.K = 256, c.V = 64, c.gate_dtype = DType::f32;
   const Buffer host = make_inputs(c).cu_seqlens;
   ForwardCall call;
   call.cu_seqlens_host = &host;
   check_against_reference(c, call);
-  unsetenv("FLASHGLA_GLA_HOPPER");
+  set_switch("FLASHGLA_GLA_HOPPER", nullptr);
 }
 
 // The Hopper path (FLASHGLA_GLA_HOPPER=1; on other GPUs the default path runs):
@@ -333,8 +333,8 @@ TEST(CudaGlaForward, FastPathKeyParts) {
 // 64-column tiles and partial ones, every gate kind, range and dtype, T below,
 // at and over a chunk, h0 / final state, strides, forced splits (states pass)
 // with the caller's workspace, varlen with and without host cu_seqlens.
-void opt_in_hopper() { setenv("FLASHGLA_GLA_HOPPER", "1", 1); }
-void opt_out_hopper() { unsetenv("FLASHGLA_GLA_HOPPER"); }
+void opt_in_hopper() { set_switch("FLASHGLA_GLA_HOPPER", "1"); }
+void opt_out_hopper() { set_switch("FLASHGLA_GLA_HOPPER", nullptr); }
 
 TEST(CudaGlaForward, HopperPathShapes) {
   SKIP_WITHOUT_GPU();
@@ -366,7 +366,7 @@ TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
   int i = 0;
   for (const char* forced : {"2", "5"})
     for (int64_t K : {256, 128, 64}) {
-      setenv("FLASHGLA_GLA_SPLITS", forced, 1);
+      set_switch("FLASHGLA_GLA_SPLITS", forced);
       Case c;
       c.B = 1, c.T = 700 + 29 * i, c.H = 2, c.K = K, c.V = K == 256 ? 136 : 128, c.dtype = DType::bf16;
       c.gate_dtype = i % 2 ? DType::f32 : c.dtype;
@@ -376,7 +376,7 @@ TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
       ForwardCall call;
       call.caller_workspace = i % 2;
       check_against_reference(c, call);
-      unsetenv("FLASHGLA_GLA_SPLITS");
+      set_switch("FLASHGLA_GLA_SPLITS", nullptr);
     }
   for (DType dtype : {DType::bf16, DType::f16})
     for (int64_t K : {256, 128}) {
@@ -407,9 +407,8 @@ TEST(CudaGlaForward, WideValueHeadsOnTheDefaultRoute) {
     }
 }
 
-// The state kernel's switches: FLASHGLA_GLA_HOPPER_PDL=0 (no programmatic dependent launch),
-// FLASHGLA_GLA_HOPPER_CLUSTER 2 and 4 (clusters of value tiles sharing the slot loads; 1 where it does not divide
-// the tiles): every key pad, value tiles partial and whole, a forced split (the states pass), varlen.
+// The state kernel's switch FLASHGLA_GLA_HOPPER_PDL=0 (no programmatic dependent launch): every key pad, value
+// tiles partial and whole, a forced split (the states pass), varlen.
 TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
   SKIP_WITHOUT_GPU();
   opt_in_hopper();
@@ -417,11 +416,10 @@ TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
     const char *name, *value;
   };
   int i = 0;
-  for (const Switch& sw : {Switch{"FLASHGLA_GLA_HOPPER_PDL", "0"}, Switch{"FLASHGLA_GLA_HOPPER_CLUSTER", "2"},
-                           Switch{"FLASHGLA_GLA_HOPPER_CLUSTER", "4"}}) {
-    setenv(sw.name, sw.value, 1);
+  for (const Switch& sw : {Switch{"FLASHGLA_GLA_HOPPER_PDL", "0"}}) {
+    set_switch(sw.name, sw.value);
     for (int64_t K : {256, 128, 64}) {
-      setenv("FLASHGLA_GLA_SPLITS", "3", 1);
+      set_switch("FLASHGLA_GLA_SPLITS", "3");
       Case c;
       c.B = 2, c.T = 400 + 37 * i, c.H = 2, c.K = K, c.V = K == 256 ? 256 : K == 128 ? 200 : 72;
       c.dtype = i % 4 == 3 ? DType::f16 : DType::bf16;
@@ -430,12 +428,12 @@ TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
       c.gate_values = i % 3 == 2 ? GateValues::very_negative : GateValues::typical;
       c.seed = 2400 + i++;
       check_against_reference(c, ForwardCall{});
-      unsetenv("FLASHGLA_GLA_SPLITS");
+      set_switch("FLASHGLA_GLA_SPLITS", nullptr);
     }
     Case c = varlen_case(DType::f16, Gate::vector, 2450 + i++);
     c.K = 256, c.V = 128;
     check_against_reference(c, ForwardCall{});
-    unsetenv(sw.name);
+    set_switch(sw.name, nullptr);
   }
   opt_out_hopper();
 }
@@ -443,13 +441,13 @@ TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
 // The general kernel on bf16/fp16 inputs, which the fast path takes otherwise.
 TEST(CudaGlaForward, GeneralKernelOnHalfInputs) {
   SKIP_WITHOUT_GPU();
-  setenv("FLASHGLA_GLA_FAST", "0", 1);
+  set_switch("FLASHGLA_GLA_FAST", "0");
   int i = 0;
   for (const Case& base : grid()) {
     if (base.dtype == DType::f32 || i++ % 2) continue;
     check_against_reference(base, ForwardCall{});
   }
-  unsetenv("FLASHGLA_GLA_FAST");
+  set_switch("FLASHGLA_GLA_FAST", nullptr);
 }
 
 TEST(CudaGlaForward, LongSequence) {
@@ -565,7 +563,7 @@ TEST(CudaGlaForward, UnknownTuningSwitchValueIsAnError) {
   };
   for (const Setting& bad : {Setting{"FLASHGLA_GLA_FAST", "off"}, Setting{"FLASHGLA_GLA_HOPPER", "yes"},
                              Setting{"FLASHGLA_GLA_SPLITS", "0"}, Setting{"FLASHGLA_GLA_SPLITS", "2x"},
-                             Setting{"FLASHGLA_GLA_STATES", "fastest"}, Setting{"FLASHGLA_GLA_STATE_STAGES", "4"}})
+                             Setting{"FLASHGLA_GLA_STATE_PIECES", "0"}, Setting{"FLASHGLA_GLA_HOPPER_PDL", "no"}})
     expect_unknown_switch_error(bad.name, bad.value, [&] { run_forward(c, in, ForwardCall{}); });
 }
 
@@ -687,30 +685,30 @@ TEST(CudaGlaForward, SanitizerSmallCases) {
 // a partial last chunk, a split, a scalar gate.
 TEST(CudaGlaForward, SanitizerFastPath) {
   SKIP_WITHOUT_GPU();
-  setenv("FLASHGLA_GLA_HOPPER", "0", 1);  // K = 256 takes the Hopper path by default on sm_90
+  set_switch("FLASHGLA_GLA_HOPPER", "0");  // K = 256 takes the Hopper path by default on sm_90
   int i = 0;
   for (int64_t K : {64, 128}) {
     Case c;
     c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = K == 64 ? 136 : 48, c.dtype = DType::bf16, c.gate_dtype = c.dtype;
     c.gate = i % 2 ? Gate::scalar : Gate::vector, c.seed = 1600 + i++;
-    setenv("FLASHGLA_GLA_SPLITS", "2", 1);
+    set_switch("FLASHGLA_GLA_SPLITS", "2");
     check_against_reference(c, ForwardCall{});
-    unsetenv("FLASHGLA_GLA_SPLITS");
+    set_switch("FLASHGLA_GLA_SPLITS", nullptr);
   }
   // An fp32 gate (in the operand area) and key parts (o accumulated), with a split.
   for (int64_t K : {128, 256}) {
     Case c;
     c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = 72, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
     c.gate = Gate::vector, c.h0 = true, c.final_state = true, c.seed = 1600 + i++;
-    setenv("FLASHGLA_GLA_SPLITS", "2", 1);
+    set_switch("FLASHGLA_GLA_SPLITS", "2");
     check_against_reference(c, ForwardCall{});
-    unsetenv("FLASHGLA_GLA_SPLITS");
+    set_switch("FLASHGLA_GLA_SPLITS", nullptr);
   }
-  unsetenv("FLASHGLA_GLA_HOPPER");
+  set_switch("FLASHGLA_GLA_HOPPER", nullptr);
 }
 
 // The Hopper path's small cases (memcheck and racecheck): both warpgroup
-// counts, a partial last chunk, a split, varlen, clusters of 2 (opt-in).
+// counts, a partial last chunk, a split, varlen.
 TEST(CudaGlaForward, SanitizerHopperPath) {
   SKIP_WITHOUT_GPU();
   opt_in_hopper();
@@ -719,16 +717,11 @@ TEST(CudaGlaForward, SanitizerHopperPath) {
     Case c;
     c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = 72, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
     c.gate = i % 2 ? Gate::scalar : Gate::vector, c.h0 = true, c.final_state = true, c.seed = 2300 + i++;
-    setenv("FLASHGLA_GLA_SPLITS", "2", 1);
+    set_switch("FLASHGLA_GLA_SPLITS", "2");
     check_against_reference(c, ForwardCall{});
-    unsetenv("FLASHGLA_GLA_SPLITS");
+    set_switch("FLASHGLA_GLA_SPLITS", nullptr);
   }
   check_against_reference(varlen_case(DType::bf16, Gate::vector, 2310), ForwardCall{});
-  setenv("FLASHGLA_GLA_HOPPER_CLUSTER", "2", 1);  // the slot images multicast in clusters of 2 (opt-in)
-  Case c;
-  c.B = 1, c.T = 200, c.H = 1, c.K = 256, c.V = 128, c.dtype = DType::bf16, c.gate = Gate::vector, c.seed = 2320;
-  check_against_reference(c, ForwardCall{});
-  unsetenv("FLASHGLA_GLA_HOPPER_CLUSTER");
   opt_out_hopper();
 }
 

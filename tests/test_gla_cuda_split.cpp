@@ -1,10 +1,9 @@
-// The sequence split's states pass as its own kernel (the default on the fast
-// path; FLASHGLA_GLA_STATES=fast is the old pass; src/cuda/gla/gla_fwd_states.cuh) against the CPU fp64 recurrent reference on the
+// The sequence split's states pass as its own kernel (the fast path's;
+// src/cuda/gla/gla_fwd_states.cuh) against the CPU fp64 recurrent reference on the
 // same rounded inputs: o and the final state, for what the fast path takes
 // (bf16/fp16, K ≤ 256 incl. key parts, any V, every gate kind, range and
-// dtype), forced split, piece and stage counts (one piece: the split slots
-// directly; several: the fold kernel; more pieces than chunks: empty pieces;
-// 2 or 3 chunks in shared memory), h0 / final
+// dtype), forced split and piece counts (one piece and several: the fold
+// kernel; more pieces than chunks: empty pieces), h0 / final
 // state, strides, varlen with host cu_seqlens (sequences shorter than a split)
 // and a long sequence with the planner's own choice. Outputs are poisoned (NaN)
 // before every call. Skipped without a GPU.
@@ -22,17 +21,14 @@ namespace {
 
 constexpr double kTolerance = 5e-3;  // bf16/fp16 inputs
 
-// The chunked forward on the GPU with the states kernel, `splits`, `pieces` and `stages` forced (nullptr: the
+// The chunked forward on the GPU with the states kernel, `splits` and `pieces` forced (nullptr: the
 // planner's choice), against the fp64 recurrent reference.
 void check(const Case& c, const char* splits, const char* pieces, bool caller_workspace = false,
-           bool host_lengths = false, const char* stages = nullptr) {
+           bool host_lengths = false) {
   SCOPED_TRACE(describe_forward_case(c) + " splits=" + (splits ? splits : "auto") +
-               " pieces=" + (pieces ? pieces : "auto") + " stages=" + (stages ? stages : "auto") +
-               (caller_workspace ? " caller-workspace" : ""));
-  ScopedEnv states("FLASHGLA_GLA_STATES", nullptr);  // the default: the states kernel
+               " pieces=" + (pieces ? pieces : "auto") + (caller_workspace ? " caller-workspace" : ""));
   ScopedEnv forced_splits("FLASHGLA_GLA_SPLITS", splits);
   ScopedEnv forced_pieces("FLASHGLA_GLA_STATE_PIECES", pieces);
-  ScopedEnv forced_stages("FLASHGLA_GLA_STATE_STAGES", stages);
   const Inputs in = make_inputs(c);
   const Outputs ref = forward_reference(c, in);
   const Buffer host = in.cu_seqlens;  // the boundaries on the CPU: lets the planner split a varlen batch
@@ -66,7 +62,7 @@ TEST(CudaGlaSplit, StatesKernelShapes) {
       c.gate_values = values, c.h0 = i % 2 == 0, c.final_state = i % 3 != 1;
       c.row_padding = i % 5 == 4 ? 8 : 0;
       c.seed = 4000 + i;
-      check(c, splits[i % 3], pieces[i % 5], i % 2 == 1, false, i % 4 < 2 ? "2" : "3");
+      check(c, splits[i % 3], pieces[i % 5], i % 2 == 1, false);
       ++i;
     }
 }
@@ -83,7 +79,7 @@ TEST(CudaGlaSplit, StatesKernelVarlen) {
       c.B = 1, c.T = 2300, c.H = 2, c.K = 128, c.V = i % 2 ? 64 : 128, c.dtype = dtype, c.gate = gate;
       c.gate_dtype = gate == Gate::vector && i % 2 ? DType::f32 : dtype;
       c.seed = 4100 + i;
-      check(c, nullptr, i % 3 == 0 ? nullptr : i % 3 == 1 ? "1" : "4", i % 2 == 0, true, i % 2 ? "3" : nullptr);
+      check(c, nullptr, i % 3 == 0 ? nullptr : i % 3 == 1 ? "1" : "4", i % 2 == 0, true);
       ++i;
     }
   Case c;
@@ -101,7 +97,7 @@ TEST(CudaGlaSplit, StatesKernelLongSequence) {
     Case c;
     c.B = 1, c.T = 16384 + 17, c.H = 2, c.K = 128, c.V = 128, c.dtype = DType::bf16, c.gate_dtype = DType::bf16;
     c.gate_values = values, c.seed = 4200 + i++;
-    check(c, nullptr, nullptr, false, false, i == 1 ? nullptr : "3");
+    check(c, nullptr, nullptr, false, false);
   }
 }
 
@@ -115,17 +111,14 @@ TEST(CudaGlaSplit, SanitizerStatesKernel) {
     Gate gate;
     DType gate_dtype;
     const char* pieces;
-    const char* stages;
   };
   int i = 0;
-  for (const Small& s : {Small{128, 72, Gate::vector, DType::bf16, "1", "2"},
-                         Small{128, 128, Gate::vector, DType::bf16, "2", "3"},
-                         Small{64, 136, Gate::scalar, DType::bf16, "3", "2"},
-                         Small{256, 72, Gate::vector, DType::f32, "2", "3"}}) {
+  for (const Small& s : {Small{128, 72, Gate::vector, DType::bf16, "1"}, Small{128, 128, Gate::vector, DType::bf16, "2"},
+                         Small{64, 136, Gate::scalar, DType::bf16, "3"}, Small{256, 72, Gate::vector, DType::f32, "2"}}) {
     Case c;
     c.B = 1, c.T = 400, c.H = 1, c.K = s.K, c.V = s.V, c.dtype = DType::bf16, c.gate = s.gate;
     c.gate_dtype = s.gate_dtype, c.seed = 4300 + i++;
-    check(c, "2", s.pieces, false, false, s.stages);
+    check(c, "2", s.pieces, false, false);
   }
 }
 

@@ -46,11 +46,10 @@ std::vector<Path> forward_paths() {
       {"hopper_bf16_K128_V256", DType::bf16, 128, 256, 2, 200, hopper},
       // One consumer warpgroup (key pad 64), fp16, a partial value tile.
       {"hopper_f16_K64_V72", DType::f16, 64, 72, 2, 200, hopper},
-      // Long sequences, few heads: the sequence split, with the split states kernel (the default), the fast
-      // kernel's own states pass, the general kernel's and the Hopper path's.
+      // Long sequences, few heads: the sequence split, with the split states kernel (the fast path's), the
+      // general kernel's own states pass and the Hopper path's.
       {"split_states_kernel_bf16", DType::bf16, 64, 64, 1, 1000, {{"FLASHGLA_GLA_SPLITS", "4"}}},
-      {"split_fast_states_bf16", DType::bf16, 128, 64, 1, 1000,
-       {{"FLASHGLA_GLA_SPLITS", "4"}, {"FLASHGLA_GLA_STATES", "fast"}}},
+      {"split_states_kernel_bf16_K128", DType::bf16, 128, 64, 1, 1000, {{"FLASHGLA_GLA_SPLITS", "4"}}},
       {"split_general_f32", DType::f32, 64, 64, 1, 1000, {{"FLASHGLA_GLA_SPLITS", "4"}}},
       {"split_hopper_bf16_K256", DType::bf16, 256, 64, 1, 1000,
        {{"FLASHGLA_GLA_HOPPER", "1"}, {"FLASHGLA_GLA_SPLITS", "3"}}},

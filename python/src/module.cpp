@@ -219,6 +219,8 @@ NB_MODULE(_C, m) {
   m.def("version", &flashgla::version, "The C++ library's version.");
   m.def("cuda_available", &flashgla::cuda_available, "Built with CUDA and at least one device visible.");
   m.def("cuda_device_count", &flashgla::cuda_device_count);
+  m.def("reload_tuning", &flashgla::reload_tuning,
+        "Read the FLASHGLA_GLA_* tuning switches from the environment again at the next call (benchmarks).");
 #ifdef FLASHGLA_WITH_CUDA
   m.attr("built_with_cuda") = true;
 #else

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "core/env.h"
 #include "core/errors.h"
 #include "flashgla/tensor.h"
 
@@ -18,33 +19,6 @@ namespace flashgla::cuda {
 inline void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
     check::fail(ErrorKind::runtime, "", std::string(what) + " failed: " + cudaGetErrorString(status));
-}
-
-// The kernels' tuning switches, read from the environment (FLASHGLA_GLA_*, for
-// benchmarks and tests). Unset or empty leaves the library's choice; any other
-// value must be one the switch knows, else an error names the variable: a typo
-// must not silently measure or test the default path.
-inline std::string env_choice(const char* name, std::initializer_list<const char*> allowed) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return "";
-  std::string known;
-  for (const char* option : allowed) {
-    if (std::strcmp(value, option) == 0) return value;
-    known += (known.empty() ? "" : ", ") + std::string(option);
-  }
-  check::fail(ErrorKind::value, name, "must be one of " + known + " (or unset), got \"" + value + "\"");
-}
-
-// A count switch (splits, pieces): `unset` when unset or empty, else a whole number of at least `minimum`.
-inline int64_t env_count(const char* name, int64_t unset, int64_t minimum) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return unset;
-  char* end = nullptr;
-  const long long n = std::strtoll(value, &end, 10);
-  if (*end != '\0' || n < minimum || n > (int64_t(1) << 30))
-    check::fail(ErrorKind::value, name,
-                "must be a whole number >= " + std::to_string(minimum) + " (or unset), got \"" + value + "\"");
-  return n;
 }
 
 // Which machine code of this build the current device runs (device.cu). An

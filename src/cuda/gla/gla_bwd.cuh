@@ -25,17 +25,15 @@
 
 #include "core/gla_chunk.h"
 #include "core/problem.h"
+#include "cuda/gla/layouts.h"
 #include "flashgla/tensor.h"
 
 namespace flashgla::cuda::gla_bwd {
 
 using flashgla::kChunk;            // C: tokens per chunk (core/gla_chunk.h)
 inline constexpr int kSub = 16;    // tokens per secondary sub-chunk
-inline constexpr int kTile = 64;   // key / value columns per tile
-inline constexpr int kTileElems = kTile * kTile;
-// Default diag_factor_limit: operands scaled by factors within 2^±64, which
-// bf16 and fp32 hold.
-inline constexpr float kDiagFactorLimit = 64.f;
+// kTile (key / value columns per tile), kTileElems, kSummaryFloats and kDiagFactorLimit (the default
+// diag_factor_limit): cuda/gla/layouts.h.
 
 inline constexpr int kStateThreads = 256;  // gla_bwd_states.cu: 8 warps, 16 state rows x 32 columns each
 inline constexpr int kChunkThreads = 256;  // gla_bwd_chunk.cu: 8 warps, two per sub-chunk
@@ -91,9 +89,9 @@ struct Params {
   // is even (x and the gate read and transformed once for both).
   bool scan_pairs = true;
   // State scans (bf16, pairs): x, y and a vector gate copied one chunk ahead
-  // into a second buffer (set by the host where every tile is whole bf16 rows
-  // and two such blocks fit an SM's shared memory, see pipelined_scans): 0 no,
-  // 1 yes, 2 yes with fewer instructions per step (the default; FLASHGLA_GLA_BWD_SCAN_PIPELINE=1 gives 1).
+  // into a second buffer (set by the planner where every tile is whole bf16 rows
+  // and two such blocks fit an SM's shared memory, see pipelined_scans in plan.cpp):
+  // 0 no, 2 yes (the value 1 was a retired first variant).
   int scan_pipeline = 0;
   int64_t scan_splits = 1;
   int64_t chunks_per_split = 0;     // chunks of each piece (the last may have fewer)
@@ -113,13 +111,9 @@ struct Params {
 // bf16 and fp16 inputs run with bf16 tensor-core operands and fp32 accumulation.
 enum class Compute { f32, bf16 };
 
-size_t state_scan_smem_bytes(Compute c);
-size_t state_scan_pipelined_smem_bytes();  // bf16, two value tiles per block
 // Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16,
 // with the rows of a chunk within 2^31 elements (32-bit offsets inside it).
 bool bf16_rows(const Tensor& t, int D);
-int state_scan_blocks_per_sm(Compute c);  // resident state-scan blocks per SM (launch bounds)
-inline constexpr int kSummaryFloats = kTileElems + kTile;  // one piece's summary: state tile and decay
 size_t chunk_smem_bytes(Compute c);
 void launch_state_scan(const Params& p, Compute c, cudaStream_t stream);
 // overlap_scans (sm_90+): a programmatic dependent launch; the chunk kernel's

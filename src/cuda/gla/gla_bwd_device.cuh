@@ -129,9 +129,9 @@ __device__ __forceinline__ bool locate_chunk(const Params& p, int64_t slot, Seq&
 // ---- shared-memory tiles ---------------------------------------------------------
 // Row strides (elements) of 64-wide tiles: 16 bytes of padding per row keep
 // ldmatrix and column walks free of bank conflicts.
+// (kLdOf and kLdF: cuda/gla/layouts.h, where the planner sizes the state scans' shared memory.)
 template <class T>
-inline constexpr int kLd = sizeof(T) == 2 ? kTile + 8 : kTile + 4;
-inline constexpr int kLdF = kTile + 4;  // fp32 and fp64 work tiles
+inline constexpr int kLd = kLdOf<int(sizeof(T))>;
 
 struct Identity {
   __device__ float operator()(int, int, float x) const { return x; }

@@ -27,22 +27,14 @@
 namespace flashgla::cuda::gla_bwd {
 namespace {
 
-// kPair: the block covers two value tiles (see state_scan_kernel). kStages:
-// 2 with the pipelined scan (x, y and the raw gate of the next chunk copied
-// while this one computes), else 1 (the gate goes through registers).
+// The shared-memory layout (cuda/gla/layouts.h, StateScanSmemBytes: the planner reads the same bytes).
+// kPair: the block covers two value tiles (see state_scan_kernel). kStages: 2 with the pipelined scan (x, y
+// and the raw gate of the next chunk copied while this one computes), else 1 (the gate goes through registers).
 template <class T, class GT, int kPair, int kStages = 1>
-struct StateScanSmem {
-  static constexpr size_t tile = size_t(kTile) * kLd<T> * sizeof(T);
-  static constexpr size_t x = 0;                                  // x̂: scaled keys or queries, [token][key column]
-  static constexpr size_t y = x + kStages * tile;                 // values or output gradients, [token][value column]
-  static constexpr size_t stage = y + kStages * kPair * tile;     // the state tiles on their way to the scratch
-  static constexpr size_t gates = stage + kPair * tile;           // Γ, [token][key column]
-  static constexpr size_t raw_gates = gates + size_t(kTile) * kLdF * sizeof(GT);  // pipelined: bf16 gate rows, unpadded
-  static constexpr size_t bytes = raw_gates + (kStages > 1 ? size_t(kStages) * kTileElems * sizeof(bf16) : 0);
-};
+using StateScanSmem = StateScanSmemBytes<int(sizeof(T)), int(sizeof(GT)), kPair, kStages>;
 
 template <class T>
-inline constexpr int kScanBlocksPerSm = sizeof(T) == 2 ? 4 : 2;
+inline constexpr int kScanBlocksPerSm = kScanBlocksPerSmOf<int(sizeof(T))>;
 
 // Eight consecutive elements of a tile (state, x̂ or Γ), as fp32.
 __device__ __forceinline__ void load8(const float* at, float (&x)[8]) {
@@ -68,15 +60,17 @@ __device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
 // value tiles of a key tile, warps 8.. the second, so that x, the gate and its
 // cumsum are loaded and transformed once for both; same registers per thread
 // and threads per SM as two blocks of one tile.
-// kPipeline > 0 (bf16, kPair = 2, whole bf16 rows: see Params::scan_pipeline):
+// kPipeline = 2 (bf16, kPair = 2, whole bf16 rows: see Params::scan_pipeline):
 // two buffers of x, y and the gate's raw bf16 rows; chunk i + 1's copies are
 // issued at the top of step i and waited on at its end, so that they fly while
-// step i computes (else each step waits on its loads right after issuing them).
-// kPipeline = 2 (the default, see gla_backward.cu): the same with fewer
-// instructions per step (per-thread copy pointers, 16-byte x̂ transform).
+// step i computes (else each step waits on its loads right after issuing them),
+// with per-thread copy pointers and a 16-byte x̂ transform. (kPipeline = 1, a
+// first pipelined variant with more instructions per step, was never faster
+// and is retired: bench/notes_gla_bwd.md.)
 template <class T, class GT, int kPair, int kPipeline>
 __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / kPair)
     state_scan_kernel(const Params p) {
+  static_assert(kPipeline == 0 || kPipeline == 2, "no pipeline, or the lean one");
   constexpr bool kPipelined = kPipeline > 0, kLean = kPipeline == 2;
   constexpr int kStages = kPipelined ? 2 : 1;
   using Smem = StateScanSmem<T, GT, kPair, kStages>;
@@ -164,24 +158,6 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
   // Step i's tiles into buffer `buf`; rows past the sequence's end are
   // zero-filled (a zero gate: a flat Γ).
   auto issue_copies = [&](int64_t i, int buf) {
-    if constexpr (kPipelined && !kLean) {
-      const int64_t c = chunk_at(i), t0 = seq.begin + c * kChunk;
-      const int rows = rows_of(c);
-      load_tile_async<T, kThreads, true>(sX0 + buf * kTileLd, xs, seq.batch, t0, rows, h, kt * kTile, p.key_dim);
-#pragma unroll
-      for (int j = 0; j < kPair; ++j)
-        load_tile_async<T, kThreads, true>(sY0 + (buf * kPair + j) * kTileLd, ys, seq.batch, t0, rows, h,
-                                           (vt0 + j) * kTile, p.value_dim);
-      if (p.gate == GateKind::vector) {
-        constexpr int kPieces = kTile * sizeof(bf16) / 16;  // 16-byte pieces per row
-        const bf16* src = static_cast<const bf16*>(p.g.data) + offset4(p.g, seq.batch, t0, h, kt * kTile);
-        bf16* raw = sRawGates + buf * kTileElems;
-        for_each_item<kThreads, kTile * kPieces>([&](int idx) {
-          const int r = idx / kPieces, col = idx % kPieces * 8;
-          cp_async16_ordered(raw + r * kTile + col, r < rows ? src + (r * int(p.g.stride[1]) + col) : src, r < rows ? 16 : 0);
-        });
-      }
-    }
     if constexpr (kLean) {
       const int64_t token = chunk_at(i) * kChunk;  // of the chunk's first row, in the sequence
       const bool valid = piece_row < rows_of(chunk_at(i));
@@ -448,7 +424,6 @@ void launch(const Params& p, cudaStream_t stream) {
   const bool pairs = p.scan_pairs && p.value_tiles % 2 == 0;
   if constexpr (std::is_same_v<T, bf16>) {
     if (pairs && p.scan_pipeline == 2) launch_scan<T, GT, 2, 2>(p, stream);
-    else if (pairs && p.scan_pipeline == 1) launch_scan<T, GT, 2, 1>(p, stream);
     else if (pairs) launch_scan<T, GT, 2>(p, stream);
     else launch_scan<T, GT, 1>(p, stream);
   } else {
@@ -464,14 +439,6 @@ void launch(const Params& p, cudaStream_t stream) {
 }
 
 }  // namespace
-
-size_t state_scan_smem_bytes(Compute c) {
-  return c == Compute::f32 ? StateScanSmem<float, double, 1>::bytes : StateScanSmem<bf16, float, 1>::bytes;
-}
-
-size_t state_scan_pipelined_smem_bytes() { return StateScanSmem<bf16, float, 2, 2>::bytes; }
-
-int state_scan_blocks_per_sm(Compute c) { return c == Compute::f32 ? kScanBlocksPerSm<float> : kScanBlocksPerSm<bf16>; }
 
 void launch_state_scan(const Params& p, Compute c, cudaStream_t stream) {
   if (c == Compute::f32) launch<float, double>(p, stream);

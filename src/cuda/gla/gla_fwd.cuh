@@ -8,15 +8,9 @@
 
 #include <cstdint>
 
-#include "core/gla_chunk.h"
+#include "cuda/gla/layouts.h"
 
 namespace flashgla::cuda::gla {
-
-// Element types a kernel can read. q, k, v (and o) share one of f32/bf16/f16;
-// the gate may be any of the four.
-enum class Elem : int8_t { f32, bf16, f16, f64 };
-
-__host__ __device__ inline int elem_size(Elem e) { return e == Elem::f64 ? 8 : e == Elem::f32 ? 4 : 2; }
 
 // A strided view with up to four dimensions, as the kernels see it.
 struct View {
@@ -34,23 +28,9 @@ struct Sequences {
   int64_t total_len = 0;       // T: every boundary is clamped to [0, T]
 };
 
-enum class Gate : int8_t { none, scalar, vector };
-
 // ---- chunked forward -----------------------------------------------------------
-using flashgla::kChunk;                  // C: tokens per chunk (core/gla_chunk.h)
-inline constexpr int kSlice = 32;        // key columns processed per step (K is looped in slices)
-// Value columns per CTA: 64 for bf16/fp16; 32 for fp32, whose larger tiles
-// would not leave room for the state of K = 512 in shared memory.
-__host__ __device__ constexpr int value_tile(Elem input) { return input == Elem::f32 ? 32 : 64; }
+// Elem, Gate, kChunk, kSlice, value_tile and ChunkLayout: cuda/gla/layouts.h; the decisions: cuda/gla/plan.h.
 inline constexpr int kChunkThreads = 256;
-
-// Byte offsets of the chunk kernel's shared-memory regions (see gla_fwd_chunk.cu).
-struct ChunkLayout {
-  int state = 0, raw[2] = {0, 0}, raw_v = 0, alpha = 0, qg = 0, qoff = 0, koff = 0, kdt = 0, vt = 0;
-  int totals = 0, decay = 0, split_decay = 0, scalar_alpha = 0;
-  int bytes = 0;
-  int state_pitch = 0;  // floats per row of the transposed state S^T[v][k]
-};
 
 struct ChunkParams {
   View q, k, v, g, o;           // [B,T,H,*]; g [B,T,H] for a scalar gate
@@ -70,7 +50,6 @@ struct ChunkParams {
   // written to piece_states/piece_decay and folded into the split slots (or, with one piece and no
   // split_prefix, written to the split slots directly).
   int state_pieces = 0;
-  int state_stages = 2;           // chunks of k, v, g in its shared memory (2 or 3)
   // Split slot s − 1 holds the state at the start of split s from a zero state at the sequence start and the
   // decay since then (the states kernel's fold; the fast kernel reads one slot): instead of each split's own.
   bool split_prefix = false;
@@ -95,40 +74,33 @@ struct ChunkParams {
   ChunkLayout smem;
 };
 
-// Host helpers implemented in gla_fwd_chunk.cu.
-ChunkLayout chunk_layout(Elem input, Elem gate, Gate gate_kind, int key_dim);
-int chunk_blocks_per_sm(Elem input, const ChunkLayout& layout);
+// The general kernel (gla_fwd_chunk.cu): resident CTAs per SM with `smem_bytes` of its shared memory (an
+// occupancy query: the planner's DeviceProps::general_blocks_per_sm).
+int chunk_blocks_per_sm(Elem input, int smem_bytes);
 void launch_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // The fast path (gla_fwd_fast.cu): bf16/fp16 inputs (a vector gate of the same
-// dtype or fp32, or a scalar gate, or none), K ≤ 256, every row 16-byte aligned.
-// One CTA per SM; value tiles of fast_value_tile(V) columns, fast_key_parts(K)
-// key parts of up to 128 keys (more than one: o is zeroed, then accumulated).
-bool fast_chunk_supported(const ChunkParams& p);
-int fast_value_tile(int value_dim);
-int fast_key_parts(int key_dim);
-int fast_chunk_smem_bytes(int key_dim, int value_dim);
+// dtype or fp32, or a scalar gate, or none), K ≤ 256, every row 16-byte aligned
+// (plan.h: fast_chunk_supported). One CTA per SM; value tiles of fast_value_tile(V)
+// columns, fast_key_parts(K) key parts of up to 128 keys (more than one: o is
+// zeroed, then accumulated).
 void launch_fast_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // The states pass of the split as its own kernel (gla_fwd_states.cu), for what the fast path takes:
-// p.state_pieces > 0, piece_states/piece_decay set (see ChunkParams). split_states_fit: its shared memory
-// (for p's dtype, dims, gate and state_stages) fits this device.
-bool split_states_fit(const ChunkParams& p);
+// p.state_pieces > 0, piece_states/piece_decay set (see ChunkParams); the planner checks that its shared
+// memory (layouts.h: split_states_smem_bytes) fits the device.
 void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 // The states kernel alone for the segment summaries (p.whole_segments, num_splits = 2): pieces of each
 // sequence to piece_states, piece_decay and piece_log_decay; the caller folds them.
 void launch_segment_states(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // The Hopper path (gla_fwd_hopper.cu): bf16/fp16 q, k, v, any gate, K ≤ 256,
-// v and o rows 16-byte aligned; sm_90a only. Value tiles of 64 columns.
-bool hopper_chunk_supported(const ChunkParams& p);
-int hopper_key_pad(int key_dim);
-// Workspace bytes of the chunk pass's slots (with 1024 bytes of alignment slack).
-size_t hopper_prep_bytes(const ChunkParams& p, int64_t num_seqs);
+// v and o rows 16-byte aligned; sm_90a only (plan.h: hopper_chunk_supported). Value tiles of 64 columns.
 // The chunk pass (grid: sequences × heads × `max_chunks`), then nothing else: call
-// launch_hopper_chunk_forward for the states pass and the output pass.
+// launch_hopper_chunk_forward for the states pass and the output pass (`pdl`: the state kernel as a
+// programmatic dependent of the kernel before it in the stream).
 void launch_hopper_prep(const ChunkParams& p, int num_seqs, int64_t max_chunks, cudaStream_t stream);
-void launch_hopper_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
+void launch_hopper_chunk_forward(const ChunkParams& p, int num_seqs, bool pdl, cudaStream_t stream);
 
 // ---- recurrent forward ---------------------------------------------------------
 struct RecurrentParams {

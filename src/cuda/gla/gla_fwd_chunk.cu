@@ -37,7 +37,7 @@ namespace flashgla::cuda::gla {
 namespace {
 
 constexpr int C = kChunk, KS = kSlice, NT = kChunkThreads;
-constexpr int kPairs = 6;  // off-diagonal sub-chunk blocks (i, j), i > j, of 4 sub-chunks
+constexpr int kPairs = kChunkOffPairs;  // off-diagonal sub-chunk blocks (i, j), i > j, of 4 sub-chunks
 constexpr int kDiagRows = 17;  // rows of the diagonal blocks each thread sums (two columns, 17 rows)
 
 // Row pitches (elements) of the operand tiles: padded so that fragment loads
@@ -46,9 +46,7 @@ template <class E>
 constexpr int pad() { return sizeof(E) == 2 ? 8 : 4; }
 template <class E>
 constexpr int tile_of() { return sizeof(E) == 4 ? value_tile(Elem::f32) : value_tile(Elem::bf16); }
-constexpr int kAlphaPitch = KS + 4;
-
-int round16(int bytes) { return (bytes + 15) / 16 * 16; }
+constexpr int kAlphaPitch = kChunkAlphaPitch;  // floats per row of α (shared-memory layout: layouts.h)
 
 template <class E>
 __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams p) {
@@ -469,51 +467,11 @@ void launch(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
 
 }  // namespace
 
-ChunkLayout chunk_layout(Elem input, Elem gate, Gate gate_kind, int key_dim) {
-  const int esize = elem_size(input);
-  const int BV = value_tile(input);
-  const int padding = esize == 2 ? 8 : 4;
-  const int slice_pitch = KS + padding, chunk_pitch = C + padding;
-  const int key_pad = (key_dim + KS - 1) / KS * KS;
-  ChunkLayout L;
-  int offset = 0;
-  auto take = [&](int bytes) {
-    const int at = offset;
-    offset += round16(bytes);
-    return at;
-  };
-  // Key rows of S: the pitch keeps the fragment reads of O += Q S free of bank conflicts.
-  L.state_pitch = BV + (esize == 2 ? 4 : 8);
-  L.state = take(key_pad * L.state_pitch * 4);
-  const int stage = 2 * C * KS * esize + (gate_kind == Gate::vector ? C * KS * elem_size(gate) : 0);
-  L.raw[0] = take(stage);
-  L.raw[1] = take(stage);
-  L.raw_v = take(C * BV * esize);
-  L.alpha = take(C * kAlphaPitch * 4);
-  L.qg = take(C * slice_pitch * esize);
-  L.qoff = take(48 * slice_pitch * esize);
-  L.koff = take(kPairs * 16 * slice_pitch * esize);
-  L.kdt = take(KS * chunk_pitch * esize);
-  L.vt = take(BV * chunk_pitch * esize);
-  L.totals = take(3 * 8 * KS * 4);
-  L.decay = take(KS * 4);
-  L.split_decay = take(key_pad * 4);
-  L.scalar_alpha = take(C * 4);
-  L.bytes = offset;
-  // A (64 × chunk_pitch) is stored over the contiguous Qg, Qoff, Koff area.
-  static_assert(64 * (64 + 8) * 2 <= (64 + 48 + 96) * (32 + 8) * 2, "A must fit over the slice operands");
-  static_assert(64 * (64 + 4) * 4 <= (64 + 48 + 96) * (32 + 4) * 4, "A must fit over the slice operands");
-  // The output tile is staged over α: 64 × (tile + padding) elements.
-  static_assert(64 * (64 + 8) * 2 <= C * kAlphaPitch * 4 && 64 * (32 + 4) * 4 <= C * kAlphaPitch * 4,
-                "the output tile must fit over alpha");
-  return L;
-}
-
-int chunk_blocks_per_sm(Elem input, const ChunkLayout& layout) {
+int chunk_blocks_per_sm(Elem input, int smem_bytes) {
   switch (input) {
-    case Elem::f32: return blocks_per_sm<float>(layout.bytes);
-    case Elem::bf16: return blocks_per_sm<__nv_bfloat16>(layout.bytes);
-    case Elem::f16: return blocks_per_sm<__half>(layout.bytes);
+    case Elem::f32: return blocks_per_sm<float>(smem_bytes);
+    case Elem::bf16: return blocks_per_sm<__nv_bfloat16>(smem_bytes);
+    case Elem::f16: return blocks_per_sm<__half>(smem_bytes);
     default: return 0;
   }
 }

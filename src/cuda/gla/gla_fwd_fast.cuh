@@ -52,29 +52,10 @@ namespace {
 
 constexpr int C = kChunk;
 constexpr int NW = 16, NT = NW * 32;
-constexpr int kTriangle = 36;  // entries of an 8×8 lower triangle with its diagonal
+constexpr int kTriangle = kFastTriangle;  // entries of an 8×8 lower triangle with its diagonal
 constexpr int kScatter = 48;   // kTriangle padded for a 4-level reduce-scatter
 
-// Byte offsets of the shared-memory regions; tiles of 64 rows use a pitch of
-// 8 extra elements so that ldmatrix rows fall in distinct banks.
-template <int KP, int BV>
-struct FastLayout {
-  static constexpr int P = KP + 8, PV = BV + 8, PA = C + 8;
-  static constexpr int q = 0;                         // two buffers [64][P]: q, then q ⊙ exp Γ in place
-  static constexpr int k = q + 2 * C * P * 2;         // two buffers [64][P]: k, then k ⊙ exp(γ^C − Γ) in place
-  static constexpr int g = k + 2 * C * P * 2;         // vector gate, [64][KP]
-  static constexpr int v = g + C * KP * 2;            // two buffers [64][PV]
-  static constexpr int qo = v + 2 * C * PV * 2;       // 96 rows: query side of the off-diagonal blocks
-  static constexpr int ko = qo + 96 * P * 2;          // 96 rows: key side
-  static constexpr int s = ko + 96 * P * 2;           // bf16 state [KP][PV]
-  static constexpr int a = s + KP * PV * 2;           // A [64][PA]
-  static constexpr int totals = a + C * PA * 2;       // [8 groups][KP] float2: (Π of the group's α without its
-                                                      // first row, α of its first row)
-  static constexpr int diag = totals + 8 * KP * 8;    // [2 key halves][8 groups][36] partial triangles
-  static constexpr int decay = diag + 2 * 8 * kTriangle * 4;  // [KP] exp(γ^C)
-  static constexpr int salpha = decay + KP * 4;       // [64] scalar gate α
-  static constexpr int bytes = salpha + C * 4;
-};
+// FastLayout<KP, BV>: the byte offsets of the shared-memory regions (cuda/gla/layouts.h).
 
 // ldmatrix: the ordered flavour of cuda/common/mma.cuh (ldmatrix_x4_ordered, ldmatrix_x4_trans_ordered,
 // ldmatrix_x2_ordered).

@@ -54,16 +54,8 @@ namespace flashgla::cuda::gla::hopper {
 constexpr int C = kChunk;
 constexpr int kPrepThreads = 256;
 
-// Byte offsets inside one workspace slot (one chunk of one head); every tile
-// starts 1024-byte aligned, as the 128-byte swizzle needs.
-struct Slot {
-  int key_pad;
-  __host__ __device__ constexpr int kt() const { return 0; }
-  __host__ __device__ constexpr int decay() const { return key_pad * 128; }
-  __host__ __device__ constexpr int q() const { return decay() + 1024; }
-  __host__ __device__ constexpr int a() const { return q() + key_pad * 128; }
-  __host__ __device__ constexpr int bytes() const { return a() + C * 128; }
-};
+// Slot: the byte offsets inside one workspace slot (one chunk of one head), in cuda/gla/layouts.h (the
+// planner sizes the workspace with it); every tile starts 1024-byte aligned, as the 128-byte swizzle needs.
 
 // Element (row, col) of a [rows][64] tile of 2-byte elements in the 128-byte swizzle: byte offset.
 __device__ __forceinline__ int swizzled(int row, int col) {

@@ -10,13 +10,11 @@
 //   stage is refilled as soon as the consumers' wgmmas of its chunk have
 //   completed (an "empty" mbarrier every consumer thread arrives on), not
 //   after the output of that chunk has been stored.
-// * Optionally (CS > 1, FLASHGLA_GLA_HOPPER_CLUSTER) clusters of CS value tiles
-//   of one (sequence, head, split): each CTA copies 1/CS of the slot image and
-//   multicasts it to all CS CTAs, so L2 delivers 1/CS of the slot bytes; a
-//   stage is refilled once every CTA's producer has seen its own consumers
-//   release it (a "cluster_empty" mbarrier, one remote arrival per CTA). The
-//   old kernel was L2-bound, but the clusters measured slower
-//   (bench/notes_gla_fwd.md), so CS = 1 is the default.
+// * No clusters: a variant in clusters of 2 or 4 value tiles multicasting the
+//   slot image measured slower at every shape and was retired (its history:
+//   bench/notes_gla_fwd.md). Each stage still has its third mbarrier
+//   (cluster_empty), initialised and unused, so that the kernel's code is the
+//   one that was measured.
 // * The consumer warpgroups (1 for KP = 64, 2 otherwise) hold the state in
 //   wgmma accumulators as before; per chunk: wait "full", decay, wgmmas,
 //   release the stage, exchange the partial outputs, store o and the bf16
@@ -53,47 +51,6 @@ struct WsLayout {
   static constexpr int alloc = bytes + 1024;              // slack to align the base to 1024 bytes
 };
 
-// ---- clusters (sm_90) ----
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// Every thread of every CTA of the cluster: this CTA's earlier writes (barrier set-up) are seen by the others.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Arrives on the mbarrier at the same offset as `bar` in the shared memory of the cluster's CTA `rank`.
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-      "r"(rank)
-      : "memory");
-}
-// Waits for a phase of a barrier that other CTAs of the cluster arrive on.
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  for (uint32_t spins = 0;; ++spins) {
-    uint32_t done;
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    if (done) return;
-    if (spins > (1u << 24)) __trap();
-  }
-}
-// `bytes` from global memory to the same offset `dst` of the shared memory of every CTA in `mask`, each
-// CTA's mbarrier at offset `bar` counting them.
-__device__ __forceinline__ void bulk_copy_multicast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                                    uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], "
-      "%4;\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar), "h"(mask)
-      : "memory");
-}
 // The mbarrier counts one arrival when this thread's earlier cp.async copies have landed.
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
@@ -209,12 +166,9 @@ __device__ __forceinline__ void chunk_output_rowwise(float (&o)[32], const unsig
   }
 }
 
-// CS: CTAs per cluster along the value tiles (blockIdx.y) of one (sequence, head, split); each loads 1/CS
-// of the slot image and multicasts it to all of them (CS = 1: no cluster).
-template <class E, int KP, bool STATES, int CS>
+template <class E, int KP, bool STATES>
 __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(const ChunkParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(CS == 1 || !STATES, "the states pass runs without clusters");
   using L = WsLayout<KP>;
   constexpr int NWG = L::kWarpgroups, MT = L::kTiles, S = L::kStages;
   extern __shared__ unsigned char smem_raw[];
@@ -237,20 +191,18 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
   auto row_offset = [&](const View& t, int64_t token) {
     return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
   };
-  // full: the slot image (expect_tx by this CTA's producer, bytes from every CTA of the cluster) and V (32
-  // cp.async lanes); empty: every consumer thread of this CTA; cluster_empty: every CTA's producer, once its
-  // own consumers have released the stage.
+  // full: the slot image (expect_tx by this CTA's producer) and V (32 cp.async lanes); empty: every consumer
+  // thread of this CTA; cluster_empty: unused (see the top of this file).
   const uint32_t full_bar = sbase + L::barriers, empty_bar = full_bar + 8 * S, cluster_empty_bar = empty_bar + 8 * S;
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       sm90::mbar_init(full_bar + 8 * s, 33);
       sm90::mbar_init(empty_bar + 8 * s, L::kConsumers);
-      sm90::mbar_init(cluster_empty_bar + 8 * s, CS);
+      sm90::mbar_init(cluster_empty_bar + 8 * s, 1);
     }
     sm90::mbar_init_fence();
   }
-  if constexpr (CS > 1) cluster_sync();  // no CTA arrives on or copies into another's barriers before they exist
-  else __syncthreads();
+  __syncthreads();
   wait_for_previous_grid();  // the chunk pass's slots (and the states pass's split states) are complete
 
   if (wg == NWG) {
@@ -261,27 +213,16 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
       return p.prep + (slot_index(p, seq, n, c) * p.heads + h) * int64_t(L::slot.bytes());
     };
     const uint32_t slot_bytes = STATES ? L::slot.q() : L::slot.bytes();
-    const uint32_t piece = slot_bytes / CS, rank = CS > 1 ? cluster_rank() : 0;
     for (int64_t c = c_begin; c < c_end; ++c) {
       const int i = int(c - c_begin), s = i % S;
       if (i >= S) {
         const uint32_t parity = uint32_t(i / S - 1) & 1u;
         sm90::mbar_wait(empty_bar + 8 * s, parity);
-        if constexpr (CS > 1) {
-          // Every CTA's consumers have released the stage before any piece is multicast into it.
-          if (lane == 0)
-            for (uint32_t r = 0; r < CS; ++r) mbar_arrive_cluster(cluster_empty_bar + 8 * s, r);
-          mbar_wait_cluster(cluster_empty_bar + 8 * s, parity);
-        }
       }
       const uint32_t dst = sbase + s * L::stage;
       if (lane == 0) {
         sm90::mbar_arrive_expect_tx(full_bar + 8 * s, slot_bytes);
-        if constexpr (CS > 1)
-          bulk_copy_multicast(dst + rank * piece, slot_of(c) + rank * piece, piece, full_bar + 8 * s,
-                              uint16_t((1u << CS) - 1));
-        else
-          bulk_copy(dst, slot_of(c), slot_bytes, full_bar + 8 * s);
+        bulk_copy(dst, slot_of(c), slot_bytes, full_bar + 8 * s);
       }
       const int rows_valid = int(min(int64_t(C), seq.len - c * C));
 #pragma unroll 4

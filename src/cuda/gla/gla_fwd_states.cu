@@ -40,25 +40,16 @@ void by_dims(const ChunkParams& p, F&& f) {
   return by_gate<E, 64, 64, ST>(p, f);
 }
 
-// Calls f(layout tag, launcher) for the kernel that p's dtype, dims, gate and stage count select.
+// Calls f(layout tag, launcher) for the kernel that p's dtype, dims and gate select (the same choice as
+// split_states_smem_bytes in layouts.h, which the planner checks against the device). Two stages: a third
+// (two chunks in flight) measured no faster and was retired (bench/notes_gla_fwd.md).
 template <class F>
 void by_kernel(const ChunkParams& p, F&& f) {
-  const bool three = p.state_stages == 3;
-  if (p.q.dtype == Elem::bf16) return three ? by_dims<__nv_bfloat16, 3>(p, f) : by_dims<__nv_bfloat16, 2>(p, f);
-  if (p.q.dtype == Elem::f16) return three ? by_dims<__half, 3>(p, f) : by_dims<__half, 2>(p, f);
+  if (p.q.dtype == Elem::bf16) return by_dims<__nv_bfloat16, kStateStages>(p, f);
+  if (p.q.dtype == Elem::f16) return by_dims<__half, kStateStages>(p, f);
 }
 
 }  // namespace
-
-bool split_states_fit(const ChunkParams& p) {
-  int bytes = 0;
-  by_kernel(p, [&](auto layout, auto) { bytes = decltype(layout)::bytes; });
-  int device = 0, per_block = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-             "cudaDeviceGetAttribute");
-  return bytes > 0 && bytes <= per_block;
-}
 
 void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream) {
   const int64_t nh = int64_t(num_seqs) * p.heads, slots = nh * (p.num_splits - 1);

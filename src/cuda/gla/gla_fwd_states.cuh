@@ -46,19 +46,10 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// Shared memory of one stage: k (then K̂ in place), v and the vector gate, each row padded by 16 bytes (rows
-// 8 apart share banks, no others: ldmatrix and the gate phase without bank conflicts); then the scalar gate of
-// the current chunk. STAGES: chunks in shared memory (STAGES − 1 of them in flight while one is computed).
+// Shared memory of the kernel: StatesLayoutBytes in cuda/gla/layouts.h (sizes of E and G), so that the
+// planner computes the same bytes.
 template <class E, class G, int KP, int BV, Gate GK, int STAGES>
-struct StatesLayout {
-  static constexpr int P = KP + 8, PV = BV + 8, PG = KP + 16 / int(sizeof(G));
-  static constexpr int k = 0;
-  static constexpr int v = k + C * P * int(sizeof(E));
-  static constexpr int g = v + C * PV * int(sizeof(E));
-  static constexpr int stage = g + (GK == Gate::vector ? C * PG * int(sizeof(G)) : 0);
-  static constexpr int scalar_gate = STAGES * stage;  // [64] floats
-  static constexpr int bytes = scalar_gate + C * 4;
-};
+using StatesLayout = StatesLayoutBytes<int(sizeof(E)), int(sizeof(G)), KP, BV, GK, STAGES>;
 
 template <class E, class G, int KP, int BV, Gate GK, int STAGES>
 __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkParams p) {

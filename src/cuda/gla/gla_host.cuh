@@ -1,5 +1,6 @@
 // Host-side translation of checked API tensors into the GLA kernels' views,
-// shared by the forward (gla_forward.cu) and the segment summaries (gla_segment.cu).
+// shared by the forward (gla_forward.cu) and the segment summaries (gla_segment.cu),
+// and the device properties the planner (plan.h) reads.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 
 #include "cuda/common/host.cuh"
 #include "cuda/gla/gla_fwd.cuh"
+#include "cuda/gla/plan.h"
 
 namespace flashgla::cuda {
 
@@ -44,5 +46,9 @@ inline void require_compute_dtype(const TensorView& x, const char* name) {
                    name, std::string("the CUDA backend takes float32, bfloat16 or float16 inputs, got ") +
                              dtype_name(x.dtype) + " (use the CPU backend for float64)");
 }
+
+// The planner's view of device `index` (multiprocessors, shared memory, the loaded code), queried once per
+// device and process (gla_device_props.cu).
+const gla::DeviceProps& device_props(int index);
 
 }  // namespace flashgla::cuda

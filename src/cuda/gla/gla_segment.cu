@@ -21,8 +21,8 @@
 // flight), one split per sequence cut into pieces, which also writes each
 // piece's log decay and, for the gradients, walks forward with inclusive
 // prefix sums (walk_forward); the same fold combines the pieces.
-// FLASHGLA_GLA_SEGMENT_KERNEL = split | generic forces one or the other (where
-// the split kernel applies).
+// The choice and the pieces: plan_segment (plan.h); FLASHGLA_GLA_SEGMENT_KERNEL
+// = split | generic forces one or the other (where the split kernel applies).
 #include <algorithm>
 #include <string>
 
@@ -40,12 +40,11 @@ using gla::Gate;
 using gla::Sequences;
 using gla::View;
 
-constexpr int kRows = 32;      // tokens per chunk
-constexpr int kTile = 64;      // keys and values per CTA
+constexpr int kRows = gla::kSegmentRows;  // tokens per chunk (32; layouts.h, where the planner reads it)
+constexpr int kTile = gla::kSegmentTile;  // keys and values per CTA (64)
 constexpr int kPitch = kTile + 4;  // floats per shared row: 16-byte aligned rows for float4 reads
 constexpr int kThreads = 256;  // gate phase: (key, row quarter); product: 4 keys × 4 values per thread
 constexpr int kQuarterRows = kRows / 4;
-constexpr int kMinPieceChunks = 16;  // a piece covers at least 512 tokens, so the fold stays cheap
 
 struct SegmentParams {
   View x, y, g;  // x: k or q [B,T,H,K]; y: v or d_o [B,T,H,V]; g: [B,T,H,K], [B,T,H] or absent
@@ -244,6 +243,8 @@ struct SegmentPlan {
   gla::ChunkParams split;
 };
 
+// The parameters of a call and the planner's choices (plan.h: plan_segment): the generic tile kernel with
+// its pieces, or the forward's split states kernel (see the top of this file), then the fold.
 SegmentPlan plan(const TensorView& x, const TensorView& y, const TensorView& g, const TensorView& cu_seqlens,
                  const TensorView& cu_seqlens_host, const GlaProblem& pr, bool grads) {
   SegmentPlan plan;
@@ -261,20 +262,30 @@ SegmentPlan plan(const TensorView& x, const TensorView& y, const TensorView& g, 
   p.scale = grads ? float(pr.scale) : 1.f;
   plan.pairs = pr.num_seqs * pr.heads;
 
-  // Pieces: enough CTAs for about eight per SM, each piece at least kMinPieceChunks chunks of the longest
-  // segment. FLASHGLA_GLA_SEGMENT_PIECES forces a count (tests of the fold on short inputs, benchmarks).
-  const int64_t tiles = int64_t(ceil_div(pr.key_dim, kTile)) * ceil_div(pr.value_dim, kTile);
-  const int64_t chunks = (longest_segment(cu_seqlens, cu_seqlens_host, pr) + kRows - 1) / kRows;
-  int device = 0, sms = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  const int64_t ctas = std::max<int64_t>(1, plan.pairs * tiles);
-  int64_t pieces = std::min<int64_t>((8 * int64_t(sms) + ctas - 1) / ctas, std::max<int64_t>(1, chunks / kMinPieceChunks));
-  pieces = env_count("FLASHGLA_GLA_SEGMENT_PIECES", pieces, 1);
-  pieces = std::max<int64_t>(1, std::min<int64_t>({pieces, std::max<int64_t>(1, chunks), 65535}));
-  p.pieces = int(pieces);
-  p.piece_chunks = std::max<int64_t>(1, (chunks + pieces - 1) / pieces);
-  if (pieces > 1) plan.workspace_bytes = size_t(plan.pairs * pieces) * size_t(pr.key_dim * pr.value_dim + pr.key_dim) * 4;
+  gla::SegmentProblem sp;
+  sp.input = p.x.dtype, sp.gate_dtype = p.g.dtype, sp.gate = p.gate;
+  sp.heads = p.heads, sp.key_dim = p.key_dim, sp.value_dim = p.value_dim;
+  sp.num_seqs = pr.num_seqs;
+  sp.longest = longest_segment(cu_seqlens, cu_seqlens_host, pr);
+  sp.x_rows16 = p.x.rows16, sp.y_rows16 = p.y.rows16, sp.g_rows16 = p.g.rows16;
+  const gla::SegmentPlan chosen = gla::plan_segment(sp, device_props(x.device.index), gla::current_gla_tuning());
+  p.pieces = chosen.pieces;
+  p.piece_chunks = chosen.piece_chunks;
+  plan.workspace_bytes = chosen.workspace_bytes;
+  plan.use_split = chosen.use_split;
+  if (plan.use_split) {
+    gla::ChunkParams& c = plan.split;
+    c.q = c.k = p.x, c.v = p.y, c.g = p.g;
+    c.seqs = p.seqs;
+    c.heads = p.heads, c.key_dim = p.key_dim, c.value_dim = p.value_dim;
+    c.gate = p.gate;
+    c.num_splits = 2;  // one split per sequence: slot nh · pieces + piece
+    c.chunks_per_split = chosen.split_chunks;
+    c.whole_segments = true;
+    c.walk_forward = grads;
+    c.summary_scale = p.scale;
+    c.state_pieces = chosen.pieces;
+  }
   return plan;
 }
 
@@ -308,49 +319,10 @@ void launch(SegmentPlan& plan, void* workspace, size_t workspace_bytes, cudaStre
   check_cuda(cudaGetLastError(), "GLA segment fold kernel launch");
 }
 
-// The forward's split states kernel where it applies (see the top of this file): s.use_split and its
-// parameters and workspace; else s is left as it is (the generic kernel).
-void plan_split(SegmentPlan& s, const TensorView& x, const TensorView& y, const TensorView& g,
-                const TensorView& cu_seqlens, const TensorView& cu_seqlens_host, const GlaProblem& pr) {
-  const std::string choice = env_choice("FLASHGLA_GLA_SEGMENT_KERNEL", {"split", "generic"});
-  gla::ChunkParams& c = s.split;
-  c.q = c.k = view_of(x), c.v = view_of(y), c.g = view_of(g);
-  c.seqs = s.params.seqs;
-  c.heads = s.params.heads, c.key_dim = s.params.key_dim, c.value_dim = s.params.value_dim;
-  c.gate = s.params.gate;
-  const bool half = c.k.dtype == Elem::bf16 || c.k.dtype == Elem::f16;
-  const bool gate_ok = c.gate != Gate::vector || ((c.g.dtype == c.k.dtype || c.g.dtype == Elem::f32) && c.g.rows16);
-  if (choice == "generic" || !half || !gate_ok || !c.k.rows16 || !c.v.rows16 || c.key_dim > 256) return;
-  const int64_t chunks = (longest_segment(cu_seqlens, cu_seqlens_host, pr) + gla::kChunk - 1) / gla::kChunk;
-  c.num_splits = 2;  // one split per sequence: slot nh · pieces + piece
-  c.chunks_per_split = std::max<int64_t>(1, chunks);
-  c.state_stages = 2;
-  c.whole_segments = true;
-  c.walk_forward = s.params.grads;
-  c.summary_scale = s.params.scale;
-  if (!gla::split_states_fit(c)) return;
-  // Pieces: about two CTAs per SM (the kernel's occupancy), each at least 8 chunks of the longest segment.
-  const int value_tile = gla::fast_value_tile(c.value_dim);
-  const int64_t tiles = int64_t((c.value_dim + value_tile - 1) / value_tile) * gla::fast_key_parts(c.key_dim);
-  int device = 0, sms = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  const int64_t ctas = std::max<int64_t>(1, s.pairs * tiles);
-  int64_t pieces = std::min<int64_t>((2 * int64_t(sms) + ctas - 1) / ctas, std::max<int64_t>(1, chunks / 8));
-  pieces = env_count("FLASHGLA_GLA_SEGMENT_PIECES", pieces, 1);
-  pieces = std::max<int64_t>(1, std::min<int64_t>({pieces, std::max<int64_t>(1, chunks), 65535}));
-  c.state_pieces = int(pieces);
-  s.use_split = true;
-  s.params.pieces = int(pieces);  // for the fold
-  // piece_states, piece_decay (the kernel's exp Σ g, unused here), piece_log_decay.
-  s.workspace_bytes = size_t(s.pairs * pieces) * size_t(pr.key_dim * pr.value_dim + 2 * pr.key_dim) * 4;
-}
-
 SegmentPlan plan_states(const GlaSegmentStatesArgs& a, const GlaProblem& pr) {
   require_compute_dtype(a.k, "k");
   SegmentPlan s = plan(a.k, a.v, a.g, a.cu_seqlens, a.cu_seqlens_host, pr, false);
   s.params.states = view_of(a.states), s.params.log_decay = view_of(a.log_decay);
-  plan_split(s, a.k, a.v, a.g, a.cu_seqlens, a.cu_seqlens_host, pr);
   return s;
 }
 
@@ -358,7 +330,6 @@ SegmentPlan plan_grads(const GlaSegmentStateGradsArgs& a, const GlaProblem& pr) 
   require_compute_dtype(a.q, "q");
   SegmentPlan s = plan(a.q, a.d_o, a.g, a.cu_seqlens, a.cu_seqlens_host, pr, true);
   s.params.states = view_of(a.d_states);
-  plan_split(s, a.q, a.d_o, a.g, a.cu_seqlens, a.cu_seqlens_host, pr);
   return s;
 }
 

@@ -1,0 +1,40 @@
+#!/bin/bash
+# Whether a refactor left the device code of some CUDA files unchanged, without a GPU: compiles each file to
+# PTX (sm_90a, -O3, as the build) at two commits and compares every kernel entry of the second with those of
+# the first, modulo names (anonymous-namespace and file hashes, basic-block numbers, the kernel's own name, so
+# that a removed template parameter still matches). Also counts the kernel entries at both commits.
+#   bash scripts/ptx_same.sh <old commit> <new commit> src/cuda/gla/gla_fwd_fast.cu [more .cu files]
+# Prints per file: entries old -> new, how many new entries equal an old one, and the names of those that do
+# not. Slow on a small machine (a minute or more per file and commit).
+set -euo pipefail
+old=$1 new=$2
+shift 2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for c in "$old" "$new"; do
+  mkdir -p "$work/$c" && git archive "$c" src include | tar -x -C "$work/$c"
+done
+for f in "$@"; do
+  for c in "$old" "$new"; do
+    nvcc -ptx -std=c++17 --expt-relaxed-constexpr -O3 -DNDEBUG -DFLASHGLA_WITH_CUDA -arch=sm_90a \
+      -I"$work/$c/src" -I"$work/$c/include" "$work/$c/$f" -o "$work/$c.$(basename "$f").ptx"
+  done
+  python3 - "$work/$old.$(basename "$f").ptx" "$work/$new.$(basename "$f").ptx" "$f" <<'EOF'
+import collections, re, sys
+hashes = re.compile(r'_GLOBAL__N__[0-9a-f]{8}_|_cu_[0-9a-f]{8}|L__BB[0-9]+_|_INTERNAL_[0-9a-f]{8}_')
+def entries(path):
+    text = open(path).read()
+    return {m.group(1): m.group(0) for m in re.finditer(r'(?:\.visible\s+)?\.entry\s+(\S+)\((.*?)\n\}\n', text, re.S)}
+def norm(body, name):
+    return hashes.sub('#', body.replace(name, 'NAME'))
+old, new = entries(sys.argv[1]), entries(sys.argv[2])
+old_bodies = collections.Counter(norm(v, k) for k, v in old.items())
+new_bodies = collections.Counter(norm(v, k) for k, v in new.items())
+same = sum((old_bodies & new_bodies).values())
+print(f"{sys.argv[3]}: {len(old)} -> {len(new)} kernel entries; {same} of {len(new)} identical to an old one")
+unmatched = new_bodies - old_bodies
+for k, v in new.items():
+    if unmatched[norm(v, k)]:
+        print(f"  differs: {k}")
+EOF
+done

@@ -1,0 +1,218 @@
+// Sizes the GLA CUDA kernels are built around (element types, tiles, shared-memory layouts), in plain
+// C++: the kernels (.cu/.cuh) and the planner (plan.cpp, compiled in every build and unit-tested on the
+// CPU) read the same definitions, so a plan made without a GPU uses the byte counts the kernels use.
+#pragma once
+
+#include <cstdint>
+
+#include "core/gla_chunk.h"
+
+#ifdef __CUDACC__
+#define FLASHGLA_HOST_DEVICE __host__ __device__
+#else
+#define FLASHGLA_HOST_DEVICE
+#endif
+
+namespace flashgla::cuda::gla {
+
+// Element types a kernel can read. q, k, v (and o) share one of f32/bf16/f16;
+// the gate may be any of the four.
+enum class Elem : int8_t { f32, bf16, f16, f64 };
+
+FLASHGLA_HOST_DEVICE inline int elem_size(Elem e) { return e == Elem::f64 ? 8 : e == Elem::f32 ? 4 : 2; }
+
+enum class Gate : int8_t { none, scalar, vector };
+
+using flashgla::kChunk;                  // C: tokens per chunk (core/gla_chunk.h)
+inline constexpr int kSlice = 32;        // key columns processed per step (K is looped in slices)
+// Value columns per CTA: 64 for bf16/fp16; 32 for fp32, whose larger tiles
+// would not leave room for the state of K = 512 in shared memory.
+FLASHGLA_HOST_DEVICE constexpr int value_tile(Elem input) { return input == Elem::f32 ? 32 : 64; }
+
+// ---- the general chunk kernel (gla_fwd_chunk.cu) ---------------------------------
+inline constexpr int kChunkOffPairs = 6;                // off-diagonal sub-chunk blocks (i, j), i > j, of 4 sub-chunks
+inline constexpr int kChunkAlphaPitch = kSlice + 4;     // floats per row of α
+
+// Byte offsets of the chunk kernel's shared-memory regions (see gla_fwd_chunk.cu).
+struct ChunkLayout {
+  int state = 0, raw[2] = {0, 0}, raw_v = 0, alpha = 0, qg = 0, qoff = 0, koff = 0, kdt = 0, vt = 0;
+  int totals = 0, decay = 0, split_decay = 0, scalar_alpha = 0;
+  int bytes = 0;
+  int state_pitch = 0;  // floats per row of the transposed state S^T[v][k]
+};
+
+inline ChunkLayout chunk_layout(Elem input, Elem gate, Gate gate_kind, int key_dim) {
+  constexpr int C = kChunk, KS = kSlice;
+  const int esize = elem_size(input);
+  const int BV = value_tile(input);
+  const int padding = esize == 2 ? 8 : 4;
+  const int slice_pitch = KS + padding, chunk_pitch = C + padding;
+  const int key_pad = (key_dim + KS - 1) / KS * KS;
+  ChunkLayout L;
+  int offset = 0;
+  auto take = [&](int bytes) {
+    const int at = offset;
+    offset += (bytes + 15) / 16 * 16;
+    return at;
+  };
+  // Key rows of S: the pitch keeps the fragment reads of O += Q S free of bank conflicts.
+  L.state_pitch = BV + (esize == 2 ? 4 : 8);
+  L.state = take(key_pad * L.state_pitch * 4);
+  const int stage = 2 * C * KS * esize + (gate_kind == Gate::vector ? C * KS * elem_size(gate) : 0);
+  L.raw[0] = take(stage);
+  L.raw[1] = take(stage);
+  L.raw_v = take(C * BV * esize);
+  L.alpha = take(C * kChunkAlphaPitch * 4);
+  L.qg = take(C * slice_pitch * esize);
+  L.qoff = take(48 * slice_pitch * esize);
+  L.koff = take(kChunkOffPairs * 16 * slice_pitch * esize);
+  L.kdt = take(KS * chunk_pitch * esize);
+  L.vt = take(BV * chunk_pitch * esize);
+  L.totals = take(3 * 8 * KS * 4);
+  L.decay = take(KS * 4);
+  L.split_decay = take(key_pad * 4);
+  L.scalar_alpha = take(C * 4);
+  L.bytes = offset;
+  // A (64 × chunk_pitch) is stored over the contiguous Qg, Qoff, Koff area.
+  static_assert(64 * (64 + 8) * 2 <= (64 + 48 + 96) * (32 + 8) * 2, "A must fit over the slice operands");
+  static_assert(64 * (64 + 4) * 4 <= (64 + 48 + 96) * (32 + 4) * 4, "A must fit over the slice operands");
+  // The output tile is staged over α: 64 × (tile + padding) elements.
+  static_assert(64 * (64 + 8) * 2 <= C * kChunkAlphaPitch * 4 && 64 * (32 + 4) * 4 <= C * kChunkAlphaPitch * 4,
+                "the output tile must fit over alpha");
+  return L;
+}
+
+// ---- the fast path (gla_fwd_fast.cuh) -------------------------------------------
+// One CTA per SM; value tiles of fast_value_tile(V) columns, fast_key_parts(K)
+// key parts of up to 128 keys (more than one: o is zeroed, then accumulated).
+inline int fast_value_tile(int value_dim) { return value_dim > 64 ? 128 : 64; }
+inline int fast_key_parts(int key_dim) { return key_dim > 128 ? (key_dim + 127) / 128 : 1; }
+
+inline constexpr int kFastTriangle = 36;  // entries of an 8×8 lower triangle with its diagonal
+
+// Byte offsets of the fast kernel's shared-memory regions; tiles of 64 rows use a pitch of
+// 8 extra elements so that ldmatrix rows fall in distinct banks.
+template <int KP, int BV>
+struct FastLayout {
+  static constexpr int C = kChunk;
+  static constexpr int P = KP + 8, PV = BV + 8, PA = C + 8;
+  static constexpr int q = 0;                         // two buffers [64][P]: q, then q ⊙ exp Γ in place
+  static constexpr int k = q + 2 * C * P * 2;         // two buffers [64][P]: k, then k ⊙ exp(γ^C − Γ) in place
+  static constexpr int g = k + 2 * C * P * 2;         // vector gate, [64][KP]
+  static constexpr int v = g + C * KP * 2;            // two buffers [64][PV]
+  static constexpr int qo = v + 2 * C * PV * 2;       // 96 rows: query side of the off-diagonal blocks
+  static constexpr int ko = qo + 96 * P * 2;          // 96 rows: key side
+  static constexpr int s = ko + 96 * P * 2;           // bf16 state [KP][PV]
+  static constexpr int a = s + KP * PV * 2;           // A [64][PA]
+  static constexpr int totals = a + C * PA * 2;       // [8 groups][KP] float2: (Π of the group's α without its
+                                                      // first row, α of its first row)
+  static constexpr int diag = totals + 8 * KP * 8;    // [2 key halves][8 groups][36] partial triangles
+  static constexpr int decay = diag + 2 * 8 * kFastTriangle * 4;  // [KP] exp(γ^C)
+  static constexpr int salpha = decay + KP * 4;       // [64] scalar gate α
+  static constexpr int bytes = salpha + C * 4;
+};
+
+inline int fast_chunk_smem_bytes(int key_dim, int value_dim) {
+  const bool wide_keys = key_dim > 64, wide_values = value_dim > 64;
+  if (wide_keys && wide_values) return FastLayout<128, 128>::bytes;
+  if (wide_keys) return FastLayout<128, 64>::bytes;
+  if (wide_values) return FastLayout<64, 128>::bytes;
+  return FastLayout<64, 64>::bytes;
+}
+
+// ---- the split states kernel (gla_fwd_states.cuh) --------------------------------
+// Shared memory of one stage: k (then K̂ in place), v and the vector gate, each row padded by 16 bytes (rows
+// 8 apart share banks, no others: ldmatrix and the gate phase without bank conflicts); then the scalar gate of
+// the current chunk. STAGES: chunks in shared memory (STAGES − 1 of them in flight while one is computed).
+// ES, GS: bytes of an input and of a gate element.
+template <int ES, int GS, int KP, int BV, Gate GK, int STAGES>
+struct StatesLayoutBytes {
+  static constexpr int C = kChunk;
+  static constexpr int P = KP + 8, PV = BV + 8, PG = KP + 16 / GS;
+  static constexpr int k = 0;
+  static constexpr int v = k + C * P * ES;
+  static constexpr int g = v + C * PV * ES;
+  static constexpr int stage = g + (GK == Gate::vector ? C * PG * GS : 0);
+  static constexpr int scalar_gate = STAGES * stage;  // [64] floats
+  static constexpr int bytes = scalar_gate + C * 4;
+};
+inline constexpr int kStateStages = 2;  // chunks of k, v, g in the states kernel's shared memory
+
+// Shared memory of the states kernel that bf16/fp16 inputs with this gate (kind and dtype) and K, V select
+// (the same choice as its launcher, gla_fwd_states.cu); 0 where none applies.
+template <int KP, int BV>
+int split_states_smem_bytes_of(Elem gate_dtype, Gate gate) {
+  switch (gate) {
+    case Gate::vector:
+      return gate_dtype == Elem::f32 ? StatesLayoutBytes<2, 4, KP, BV, Gate::vector, kStateStages>::bytes
+                                     : StatesLayoutBytes<2, 2, KP, BV, Gate::vector, kStateStages>::bytes;
+    case Gate::scalar: return StatesLayoutBytes<2, 2, KP, BV, Gate::scalar, kStateStages>::bytes;
+    case Gate::none: return StatesLayoutBytes<2, 2, KP, BV, Gate::none, kStateStages>::bytes;
+  }
+  return 0;
+}
+inline int split_states_smem_bytes(Elem input, Elem gate_dtype, Gate gate, int key_dim, int value_dim) {
+  if (input != Elem::bf16 && input != Elem::f16) return 0;
+  const bool wide_keys = key_dim > 64, wide_values = value_dim > 64;
+  if (wide_keys && wide_values) return split_states_smem_bytes_of<128, 128>(gate_dtype, gate);
+  if (wide_keys) return split_states_smem_bytes_of<128, 64>(gate_dtype, gate);
+  if (wide_values) return split_states_smem_bytes_of<64, 128>(gate_dtype, gate);
+  return split_states_smem_bytes_of<64, 64>(gate_dtype, gate);
+}
+
+// ---- the Hopper path (gla_fwd_hopper.cuh) ----------------------------------------
+inline int hopper_key_pad(int key_dim) { return key_dim <= 64 ? 64 : key_dim <= 128 ? 128 : 256; }
+
+namespace hopper {
+// Byte offsets inside one workspace slot of the chunk pass (one chunk of one head); every tile
+// starts 1024-byte aligned, as the 128-byte swizzle needs.
+struct Slot {
+  int key_pad;
+  FLASHGLA_HOST_DEVICE constexpr int kt() const { return 0; }
+  FLASHGLA_HOST_DEVICE constexpr int decay() const { return key_pad * 128; }
+  FLASHGLA_HOST_DEVICE constexpr int q() const { return decay() + 1024; }
+  FLASHGLA_HOST_DEVICE constexpr int a() const { return q() + key_pad * 128; }
+  FLASHGLA_HOST_DEVICE constexpr int bytes() const { return a() + kChunk * 128; }
+};
+}  // namespace hopper
+
+// ---- the segment summaries' generic tile kernel (gla_segment.cu) -------------------
+inline constexpr int kSegmentRows = 32;            // tokens per chunk
+inline constexpr int kSegmentTile = 64;            // keys and values per CTA
+inline constexpr int kSegmentMinPieceChunks = 16;  // a piece covers at least 512 tokens, so the fold stays cheap
+
+}  // namespace flashgla::cuda::gla
+
+// ---- the chunked backward's state scans (gla_bwd_states.cu) ----------------------
+namespace flashgla::cuda::gla_bwd {
+
+inline constexpr int kTile = 64;   // key / value columns per tile
+inline constexpr int kTileElems = kTile * kTile;
+inline constexpr int kSummaryFloats = kTileElems + kTile;  // one scan piece's summary: state tile and decay
+// Default diag_factor_limit: operands scaled by factors within 2^±64, which
+// bf16 and fp32 hold.
+inline constexpr float kDiagFactorLimit = 64.f;
+// Row pitch (elements) of a 64x64 work tile of TS-byte elements, and of the fp32/fp64 ones.
+template <int TS>
+inline constexpr int kLdOf = TS == 2 ? kTile + 8 : kTile + 4;
+inline constexpr int kLdF = kTile + 4;  // fp32 and fp64 work tiles
+
+// Shared memory of the state scans, TS/GTS: bytes of a tile element and of a gate element. kPair: the block
+// covers two value tiles (see state_scan_kernel). kStages: 2 with the pipelined scan (x, y and the raw gate of
+// the next chunk copied while this one computes), else 1 (the gate goes through registers).
+template <int TS, int GTS, int kPair, int kStages = 1>
+struct StateScanSmemBytes {
+  static constexpr size_t tile = size_t(kTile) * kLdOf<TS> * TS;
+  static constexpr size_t x = 0;                                  // x̂: scaled keys or queries, [token][key column]
+  static constexpr size_t y = x + kStages * tile;                 // values or output gradients, [token][value column]
+  static constexpr size_t stage = y + kStages * kPair * tile;     // the state tiles on their way to the scratch
+  static constexpr size_t gates = stage + kPair * tile;           // Γ, [token][key column]
+  static constexpr size_t raw_gates = gates + size_t(kTile) * kLdF * GTS;  // pipelined: bf16 gate rows, unpadded
+  static constexpr size_t bytes = raw_gates + (kStages > 1 ? size_t(kStages) * kTileElems * 2 : 0);
+};
+
+// Resident state-scan blocks per SM of one tile (the launch bounds): TS-byte compute elements.
+template <int TS>
+inline constexpr int kScanBlocksPerSmOf = TS == 2 ? 4 : 2;
+
+}  // namespace flashgla::cuda::gla_bwd

@@ -1,0 +1,341 @@
+// The GLA CUDA planner (plan.h): the decisions of the chunked forward, the backward and the segment
+// summaries, as pure functions. Measurements behind the rules: bench/notes_gla_fwd.md, bench/notes_gla_bwd.md
+// and bench/results_gla_*.md.
+#include "cuda/gla/plan.h"
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include "core/env.h"
+#include "core/errors.h"
+#include "flashgla/flashgla.h"
+
+namespace flashgla::cuda::gla {
+
+// ---- tuning -------------------------------------------------------------------------
+
+GlaTuning gla_tuning_from_env() {
+  using Force = GlaTuning::Force;
+  auto force = [](const std::string& choice, const char* off, const char* on) {
+    return choice == off ? Force::off : choice == on ? Force::on : Force::library;
+  };
+  GlaTuning t;
+  t.fast = env_choice("FLASHGLA_GLA_FAST", {"0", "1"}) != "0";
+  t.hopper = force(env_choice("FLASHGLA_GLA_HOPPER", {"0", "1"}), "0", "1");
+  t.splits = env_count("FLASHGLA_GLA_SPLITS", 0, 1);
+  t.state_pieces = env_count("FLASHGLA_GLA_STATE_PIECES", 0, 1);
+  t.hopper_pdl = env_choice("FLASHGLA_GLA_HOPPER_PDL", {"0", "1"}) != "0";
+  t.bwd_scan_pairs = env_choice("FLASHGLA_GLA_BWD_SCAN_PAIR", {"0", "1"}) != "0";
+  t.bwd_scan_pipeline = env_choice("FLASHGLA_GLA_BWD_SCAN_PIPELINE", {"0", "lean"}) != "0";
+  t.bwd_scan_split = env_count("FLASHGLA_GLA_BWD_SCAN_SPLIT", -1, 0);
+  t.bwd_diag_elementwise = env_choice("FLASHGLA_GLA_BWD_DIAG", {"factored", "elementwise"}) == "elementwise";
+  t.bwd_general_layout = env_choice("FLASHGLA_GLA_BWD_LAYOUT", {"general"}) == "general";
+  t.bwd_gate_in_registers = env_choice("FLASHGLA_GLA_BWD_GATE", {"async", "registers"}) == "registers";
+  t.bwd_overlap = force(env_choice("FLASHGLA_GLA_BWD_OVERLAP", {"0", "1"}), "0", "1");
+  t.segment_pieces = env_count("FLASHGLA_GLA_SEGMENT_PIECES", 0, 1);
+  t.segment_split_kernel = force(env_choice("FLASHGLA_GLA_SEGMENT_KERNEL", {"split", "generic"}), "generic", "split");
+  return t;
+}
+
+namespace {
+
+struct TuningState {
+  std::mutex mutex;
+  bool stale = true;  // read the environment at the next use
+  GlaTuning tuning;
+};
+
+TuningState& tuning_state() {
+  static TuningState state;
+  return state;
+}
+
+}  // namespace
+
+GlaTuning current_gla_tuning() {
+  TuningState& s = tuning_state();
+  const std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.stale) {
+    s.tuning = gla_tuning_from_env();  // throws on a bad value, and stays stale: the next call reports it again
+    s.stale = false;
+  }
+  return s.tuning;
+}
+
+void reload_gla_tuning() {
+  TuningState& s = tuning_state();
+  const std::lock_guard<std::mutex> lock(s.mutex);
+  s.stale = true;
+}
+
+void set_gla_tuning(const GlaTuning& tuning) {
+  TuningState& s = tuning_state();
+  const std::lock_guard<std::mutex> lock(s.mutex);
+  s.tuning = tuning;
+  s.stale = false;
+}
+
+// ---- forward ------------------------------------------------------------------------
+
+bool fast_chunk_supported(const FwdProblem& p) {
+  const bool half_inputs = p.input == Elem::bf16 || p.input == Elem::f16;
+  const bool gate_dtype_ok = p.gate_dtype == p.input || p.gate_dtype == Elem::f32;
+  const bool gate_ok = p.gate != Gate::vector || (gate_dtype_ok && p.g_rows16);
+  return half_inputs && gate_ok && p.key_dim >= 1 && p.key_dim <= 256 && p.value_dim >= 1 && p.q_rows16 &&
+         p.k_rows16 && p.v_rows16 && p.o_rows16;
+}
+
+bool hopper_chunk_supported(const FwdProblem& p) {
+  const bool half_inputs = p.input == Elem::bf16 || p.input == Elem::f16;
+  return half_inputs && p.key_dim >= 1 && p.key_dim <= 256 && p.value_dim >= 1 && p.v_rows16 && p.o_rows16;
+}
+
+size_t hopper_prep_bytes(const FwdProblem& p) {
+  const int64_t chunks = (p.seq_len + kChunk - 1) / kChunk;
+  const int64_t slots = p.varlen ? p.num_seqs + chunks + 1 : p.num_seqs * chunks;
+  return size_t(slots) * size_t(p.heads) * size_t(hopper::Slot{hopper_key_pad(p.key_dim)}.bytes()) + 1024;
+}
+
+FwdPlan plan_forward(const FwdProblem& p, const DeviceProps& device, const GlaTuning& tuning) {
+  FwdPlan plan;
+  plan.num_slices = (p.key_dim + kSlice - 1) / kSlice;
+  plan.smem = chunk_layout(p.input, p.gate_dtype, p.gate, p.key_dim);
+  plan.hopper_pdl = tuning.hopper_pdl;
+  const int sms = device.multiprocessors;
+
+  // The fast path where it applies and fits (tuning.fast = false: benchmarks of both, tests of the general
+  // kernel).
+  bool fast = fast_chunk_supported(p) && tuning.fast &&
+              fast_chunk_smem_bytes(p.key_dim, p.value_dim) <= device.max_smem_per_block;
+  // The Hopper path on sm_90a: by default where it measured faster than the fast path: 128 < K ≤ 256 (e.g. the
+  // GLA layer's K256 V512 heads), and K = 128 with V ≥ 256 (the 340M model's heads) when its 64-column value
+  // tiles fill at least half the SMs, i.e. without a sequence split (on par where the split applies).
+  // tuning.hopper: on wherever it applies, off never.
+  const int64_t hopper_tiles = p.num_seqs * p.heads * ((p.value_dim + 63) / 64);
+  const bool wide_values = p.key_dim == 128 && p.value_dim >= 256 && 2 * hopper_tiles > sms;
+  const bool hopper_wanted = tuning.hopper == GlaTuning::Force::on ||
+                             (tuning.hopper != GlaTuning::Force::off && (p.key_dim > 128 || wide_values));
+  const int64_t chunks_of_t = (p.seq_len + kChunk - 1) / kChunk;
+  bool hopper = false;
+  if (hopper_wanted && hopper_chunk_supported(p) && chunks_of_t <= 65535 && device.sm90a) {
+    hopper = true, fast = false;
+    plan.prep_key_pad = hopper_key_pad(p.key_dim);
+    plan.prep_chunks = chunks_of_t;
+  }
+  plan.kernel = hopper ? FwdKernel::hopper : fast ? FwdKernel::fast : FwdKernel::general;
+  FLASHGLA_REQUIRE(fast || hopper || plan.smem.bytes <= device.max_smem_per_block, ErrorKind::unsupported, "q",
+                   "K = " + std::to_string(p.key_dim) + " needs " + std::to_string(plan.smem.bytes) +
+                       " bytes of shared memory in the CUDA chunked kernel, more than this device's " +
+                       std::to_string(device.max_smem_per_block) + " (K ≤ 512 fits on sm_80 and sm_90)");
+
+  // Split long sequences when (sequences × heads × value tiles) leaves SMs idle.
+  // Without the lengths of a varlen batch on the host there is nothing to plan with: no split.
+  const int64_t longest = p.longest;
+  const int64_t max_chunks = longest < 0 ? (p.seq_len + kChunk - 1) / kChunk : (longest + kChunk - 1) / kChunk;
+  const int64_t tile = hopper ? 64 : fast ? fast_value_tile(p.value_dim) : value_tile(p.input);
+  const int64_t key_parts = fast ? fast_key_parts(p.key_dim) : 1;
+  const int64_t tiles = p.num_seqs * p.heads * ((p.value_dim + tile - 1) / tile) * key_parts;
+  int64_t splits = 1;
+  if (longest > 0 && tiles > 0) {
+    constexpr int64_t kMinChunksPerSplit = 4;
+    const int64_t slots =
+        int64_t(sms) * (fast || hopper ? 1 : device.general_blocks_per_sm(p.input, plan.smem.bytes));
+    splits = std::max<int64_t>(1, std::min(slots / tiles, max_chunks / kMinChunksPerSplit));
+    if (tuning.splits > 0) splits = tuning.splits;  // for tuning and tests of the split path
+    splits = std::min<int64_t>(splits, std::max<int64_t>(1, max_chunks));
+  }
+  plan.chunks_per_split = std::max<int64_t>(1, (max_chunks + splits - 1) / splits);
+  plan.num_splits = int((std::max<int64_t>(1, max_chunks) + plan.chunks_per_split - 1) / plan.chunks_per_split);
+  const size_t nh_splits = size_t(p.num_seqs * p.heads * (plan.num_splits - 1));
+  if (plan.num_splits > 1) {
+    plan.split_states_floats = nh_splits * size_t(p.key_dim) * size_t(p.value_dim);
+    plan.split_floats = nh_splits * size_t(p.key_dim) * size_t(p.value_dim + 1);
+    plan.workspace_bytes = plan.split_floats * sizeof(float);
+    plan.states = StatesPass::in_kernel;
+  }
+  // The split's states pass on the fast path: the states kernel (gla_fwd_states.cu; it measured faster at every
+  // split shape than the fast kernel's own states pass, which remains for the general and Hopper kernels and
+  // wherever the states kernel would not fit). Pieces per split: enough for one CTA per SM (one piece per
+  // split beat 2–4 pieces at 2 CTAs per SM, whose smaller states pass the larger fold outweighed);
+  // tuning.state_pieces overrides. The fold writes prefix slots (one read per state element in the output pass).
+  const int states_bytes = split_states_smem_bytes(p.input, p.gate_dtype, p.gate, p.key_dim, p.value_dim);
+  const bool states_fit = states_bytes > 0 && states_bytes <= device.max_smem_per_block;
+  if (fast && plan.num_splits > 1 && states_fit) {
+    plan.states = StatesPass::states_kernel;
+    const int64_t tiles_per_piece = tiles * (plan.num_splits - 1);  // CTAs of one piece per split
+    int64_t pieces = std::max<int64_t>(1, int64_t(sms) / std::max<int64_t>(1, tiles_per_piece));
+    if (tuning.state_pieces > 0) pieces = tuning.state_pieces;
+    pieces = std::min<int64_t>({pieces, plan.chunks_per_split, 65535 / (plan.num_splits - 1)});
+    plan.state_pieces = int(std::max<int64_t>(1, pieces));
+    plan.split_prefix = true;
+    plan.piece_states_floats = nh_splits * size_t(plan.state_pieces) * size_t(p.key_dim) * size_t(p.value_dim);
+    plan.workspace_bytes += nh_splits * size_t(plan.state_pieces) * size_t(p.key_dim) * size_t(p.value_dim + 1) *
+                            sizeof(float);
+  }
+  if (hopper) {
+    plan.prep_offset = plan.workspace_bytes;
+    plan.prep_grid_chunks = std::max<int64_t>(1, max_chunks);
+    plan.workspace_bytes += hopper_prep_bytes(p);
+  }
+  return plan;
+}
+
+// ---- backward -------------------------------------------------------------------------
+
+namespace {
+
+using gla_bwd::kTile;
+
+int64_t num_slots(const BwdProblem& pr) {
+  const int64_t C = kChunk;
+  return pr.varlen ? pr.seq_len / C + pr.num_seqs + 1 : pr.batch * ((pr.seq_len + C - 1) / C);
+}
+
+// Two pipelined scan blocks (105 KB each) per SM, as the launch bounds assume:
+// Hopper (228 KB per SM) yes, an A100 (164 KB) no.
+bool two_pipelined_scans_per_sm(const DeviceProps& device) {
+  constexpr size_t kReservedPerBlock = 1024;  // shared memory the system keeps per block (sm_80 and later)
+  return size_t(device.smem_per_sm) >= 2 * (gla_bwd::StateScanSmemBytes<2, 4, 2, 2>::bytes + kReservedPerBlock);
+}
+
+// Whether the state scans run paired (two value tiles per block: V / 64 even)
+// and pipelined (x, y and a vector gate copied a chunk ahead, which needs every
+// tile in whole bf16 rows, no converting fallback).
+bool paired_scans(const BwdProblem& pr, const GlaTuning& tuning) {
+  const int64_t value_tiles = (pr.value_dim + kTile - 1) / kTile;
+  return tuning.bwd_scan_pairs && value_tiles % 2 == 0;
+}
+
+bool pipelined_scans(const BwdProblem& pr, const DeviceProps& device, const GlaTuning& tuning) {
+  return pr.chunked && paired_scans(pr, tuning) && tuning.bwd_scan_pipeline && pr.q_bf16_rows && pr.k_bf16_rows &&
+         pr.v_bf16_rows && pr.do_bf16_rows && (!pr.vector_gate || pr.g_bf16_rows) &&
+         two_pipelined_scans_per_sm(device);
+}
+
+// Sequence split of the state scans (gla_bwd_states.cu): chunks per piece, 0
+// for none. Fixed-length inputs are split when the blocks of both scans fill
+// at most half of the GPU's resident slots, into as many pieces as fit in one
+// wave, of at least kMinChunksPerSplit chunks (each piece costs a fold step).
+// Pipelined scans only where they fill at most a quarter of the slots: at half
+// of the slots the unsplit pipelined scans measured faster than the split ones
+// with their fold (bench/notes_gla_bwd.md). tuning.bwd_scan_split forces it.
+constexpr int64_t kMinChunksPerSplit = 8;
+
+int64_t scan_chunks_per_split(const BwdProblem& pr, const DeviceProps& device, const GlaTuning& tuning) {
+  if (!pr.chunked || pr.varlen || pr.num_seqs * pr.heads == 0) return 0;
+  const int64_t chunks = (pr.seq_len + kChunk - 1) / kChunk;
+  const int64_t tiles = ((pr.key_dim + kTile - 1) / kTile) * ((pr.value_dim + kTile - 1) / kTile);
+  int64_t per_split = 0;
+  if (tuning.bwd_scan_split >= 0) {
+    per_split = tuning.bwd_scan_split;
+  } else {
+    const int blocks_per_sm = pr.f32 ? gla_bwd::kScanBlocksPerSmOf<4> : gla_bwd::kScanBlocksPerSmOf<2>;
+    const int64_t resident = int64_t(device.multiprocessors) * blocks_per_sm;
+    const int64_t blocks = 2 * pr.num_seqs * pr.heads * tiles;
+    const int64_t min_slots_per_block = pipelined_scans(pr, device, tuning) ? 4 : 2;
+    const int64_t splits = std::min(resident / blocks, chunks / kMinChunksPerSplit);
+    if (resident / blocks >= min_slots_per_block && splits >= 2) per_split = (chunks + splits - 1) / splits;
+  }
+  if (per_split <= 0 || per_split >= chunks) return 0;
+  const int64_t max_splits = 65535 / tiles;  // pieces x tiles is the scan's grid.y
+  if ((chunks + per_split - 1) / per_split > max_splits) per_split = (chunks + max_splits - 1) / max_splits;
+  return per_split;
+}
+
+}  // namespace
+
+BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const GlaTuning& tuning) {
+  BwdPlan plan;
+  if (pr.chunked) {
+    const int64_t tiles = ((pr.key_dim + kTile - 1) / kTile) * ((pr.value_dim + kTile - 1) / kTile);
+    const size_t elem = pr.f32 ? 4 : 2;
+    plan.states = plan.dstates = size_t(num_slots(pr) * pr.heads * tiles) * gla_bwd::kTileElems * elem;
+    plan.chunks_per_split = scan_chunks_per_split(pr, device, tuning);
+    if (plan.chunks_per_split > 0) {
+      const int64_t chunks = (pr.seq_len + kChunk - 1) / kChunk;
+      const int64_t key_tiles = (pr.key_dim + kTile - 1) / kTile;
+      plan.scan_splits = (chunks + plan.chunks_per_split - 1) / plan.chunks_per_split;
+      plan.split_summaries =
+          size_t(2 * pr.num_seqs * pr.heads * plan.scan_splits * tiles) * gla_bwd::kSummaryFloats * sizeof(float);
+      plan.chunk_decays = size_t(2 * num_slots(pr) * pr.heads * key_tiles * kTile) * sizeof(float);
+    }
+  } else {
+    plan.dq_acc = plan.dk_acc = plan.dg_suffix_terms = plan.dg_prefix_terms =
+        size_t(pr.batch * pr.seq_len * pr.heads * pr.key_dim) * sizeof(float);
+    plan.dg_final = size_t(pr.num_seqs * pr.heads * pr.key_dim) * sizeof(float);
+  }
+  // A's pairs inside a sub-chunk go through the products where the gates allow (see mark_wide_subchunks in
+  // gla_bwd_chunk.cu); bwd_diag_elementwise sums them element by element everywhere.
+  plan.diag_factor_limit = tuning.bwd_diag_elementwise ? -1.f : gla_bwd::kDiagFactorLimit;
+  plan.general_layout = tuning.bwd_general_layout;
+  plan.gate_in_registers = tuning.bwd_gate_in_registers;
+  plan.scan_pairs = paired_scans(pr, tuning);
+  // The pipelined scans' variant with fewer instructions per step ("lean", 2); the first pipelined variant
+  // (1) was never faster and is retired (bench/notes_gla_bwd.md).
+  plan.scan_pipeline = pipelined_scans(pr, device, tuning) ? 2 : 0;
+  plan.num_slots = num_slots(pr);
+  // On sm_90+ the chunk kernel starts as the scans' blocks retire, when it follows the scans themselves (not
+  // a fold; faster: bench/notes_gla_bwd.md). Only where the loaded code has griddepcontrol (compiled for sm_90
+  // or newer), without which the chunk kernel would not wait for the scans. tuning.bwd_overlap: off, or on
+  // after a fold too.
+  const GlaTuning::Force overlap = tuning.bwd_overlap;
+  plan.overlap = device.sm90 && (overlap == GlaTuning::Force::library ? plan.scan_splits == 1
+                                                                      : overlap == GlaTuning::Force::on);
+  return plan;
+}
+
+// ---- segment summaries ------------------------------------------------------------------
+
+SegmentPlan plan_segment(const SegmentProblem& p, const DeviceProps& device, const GlaTuning& tuning) {
+  SegmentPlan plan;
+  const int64_t pairs = p.num_seqs * p.heads;
+  const int64_t sms = device.multiprocessors;
+  // The generic tile kernel (gla_segment.cu): chunks of 32 tokens, 64×64 tiles. Pieces: enough CTAs for about
+  // eight per SM, each piece at least 16 chunks (512 tokens, so that the fold stays cheap) of the longest segment.
+  {
+    constexpr int64_t kRows = kSegmentRows, kTile = kSegmentTile, kMinPieceChunks = kSegmentMinPieceChunks;
+    const int64_t tiles = ((p.key_dim + kTile - 1) / kTile) * ((p.value_dim + kTile - 1) / kTile);
+    const int64_t chunks = (p.longest + kRows - 1) / kRows;
+    const int64_t ctas = std::max<int64_t>(1, pairs * tiles);
+    int64_t pieces = std::min<int64_t>((8 * sms + ctas - 1) / ctas, std::max<int64_t>(1, chunks / kMinPieceChunks));
+    if (tuning.segment_pieces > 0) pieces = tuning.segment_pieces;
+    pieces = std::max<int64_t>(1, std::min<int64_t>({pieces, std::max<int64_t>(1, chunks), 65535}));
+    plan.pieces = int(pieces);
+    plan.piece_chunks = std::max<int64_t>(1, (chunks + pieces - 1) / pieces);
+    if (pieces > 1)
+      plan.workspace_bytes = size_t(pairs * pieces) * size_t(int64_t(p.key_dim) * p.value_dim + p.key_dim) * 4;
+  }
+  // The forward's split states kernel for bf16/fp16 inputs with K ≤ 256 and 16-byte rows, where it fits
+  // (tuning.segment_split_kernel = off: the generic kernel).
+  const bool half = p.input == Elem::bf16 || p.input == Elem::f16;
+  const bool gate_ok =
+      p.gate != Gate::vector || ((p.gate_dtype == p.input || p.gate_dtype == Elem::f32) && p.g_rows16);
+  if (tuning.segment_split_kernel == GlaTuning::Force::off || !half || !gate_ok || !p.x_rows16 || !p.y_rows16 ||
+      p.key_dim > 256)
+    return plan;
+  const int64_t chunks = (p.longest + kChunk - 1) / kChunk;
+  const int states_bytes = split_states_smem_bytes(p.input, p.gate_dtype, p.gate, p.key_dim, p.value_dim);
+  if (!(states_bytes > 0 && states_bytes <= device.max_smem_per_block)) return plan;
+  // Pieces: about two CTAs per SM (the kernel's occupancy), each at least 8 chunks of the longest segment.
+  const int value_tile = fast_value_tile(p.value_dim);
+  const int64_t tiles = int64_t((p.value_dim + value_tile - 1) / value_tile) * fast_key_parts(p.key_dim);
+  const int64_t ctas = std::max<int64_t>(1, pairs * tiles);
+  int64_t pieces = std::min<int64_t>((2 * sms + ctas - 1) / ctas, std::max<int64_t>(1, chunks / 8));
+  if (tuning.segment_pieces > 0) pieces = tuning.segment_pieces;
+  pieces = std::max<int64_t>(1, std::min<int64_t>({pieces, std::max<int64_t>(1, chunks), 65535}));
+  plan.use_split = true;
+  plan.split_chunks = std::max<int64_t>(1, chunks);
+  plan.pieces = int(pieces);
+  // piece_states, piece_decay (the kernel's exp Σ g, unused here), piece_log_decay.
+  plan.workspace_bytes = size_t(pairs * pieces) * size_t(int64_t(p.key_dim) * p.value_dim + 2 * p.key_dim) * 4;
+  return plan;
+}
+
+}  // namespace flashgla::cuda::gla
+
+namespace flashgla {
+
+void reload_tuning() { cuda::gla::reload_gla_tuning(); }
+
+}  // namespace flashgla

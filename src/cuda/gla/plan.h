@@ -1,0 +1,167 @@
+// The GLA CUDA planner: what the host code of the chunked forward (gla_forward.cu, the Hopper path's
+// launches), the backward (gla_backward.cu) and the segment summaries (gla_segment.cu) decide before a launch —
+// which kernel, the sequence split, pieces, launch options and the workspace layout — as pure functions of the
+// problem, the device's properties and a tuning struct. Plain C++ (built without CUDA too), so that the
+// decisions are unit-tested on the CPU (tests/test_gla_plan.cpp); the CUDA files fill the inputs (the device
+// queried once per device, see device_props in cuda/gla/gla_host.cuh) and follow the plan.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "cuda/gla/layouts.h"
+
+namespace flashgla::cuda::gla {
+
+// ---- tuning -----------------------------------------------------------------------
+// The library's choices, overridable for benchmarks and tests. A default-constructed GlaTuning is the
+// library's choice everywhere; each field names the environment switch that sets it (gla_tuning_from_env).
+struct GlaTuning {
+  enum class Force : int8_t { library, off, on };
+  // Forward.
+  bool fast = true;                   // FLASHGLA_GLA_FAST=0: never the fast path (the general kernel instead)
+  Force hopper = Force::library;      // FLASHGLA_GLA_HOPPER=0|1: the Hopper path never / wherever it applies
+  int64_t splits = 0;                 // FLASHGLA_GLA_SPLITS=<n ≥ 1>: sequence splits (0: the library's count)
+  int64_t state_pieces = 0;           // FLASHGLA_GLA_STATE_PIECES=<n ≥ 1>: pieces per split of the states kernel
+  bool hopper_pdl = true;             // FLASHGLA_GLA_HOPPER_PDL=0: the Hopper state kernel without PDL
+  // Backward.
+  bool bwd_scan_pairs = true;         // FLASHGLA_GLA_BWD_SCAN_PAIR=0: one block per 64x64 tile
+  bool bwd_scan_pipeline = true;      // FLASHGLA_GLA_BWD_SCAN_PIPELINE=0: the scans without a pipeline
+  int64_t bwd_scan_split = -1;        // FLASHGLA_GLA_BWD_SCAN_SPLIT=<chunks per piece, 0: none> (-1: library)
+  bool bwd_diag_elementwise = false;  // FLASHGLA_GLA_BWD_DIAG=elementwise (=factored: the default)
+  bool bwd_general_layout = false;    // FLASHGLA_GLA_BWD_LAYOUT=general
+  bool bwd_gate_in_registers = false; // FLASHGLA_GLA_BWD_GATE=registers (=async: the default)
+  Force bwd_overlap = Force::library; // FLASHGLA_GLA_BWD_OVERLAP=0|1
+  // Segment summaries.
+  int64_t segment_pieces = 0;         // FLASHGLA_GLA_SEGMENT_PIECES=<n ≥ 1>
+  Force segment_split_kernel = Force::library;  // FLASHGLA_GLA_SEGMENT_KERNEL=generic (off) | split (on)
+};
+
+// The tuning from the FLASHGLA_GLA_* environment variables: unset or empty leaves the library's choice; any
+// other value must be one the switch knows, else a flashgla::Error (ErrorKind::value) names the variable.
+GlaTuning gla_tuning_from_env();
+
+// The tuning every call uses: read from the environment on the first call and again after
+// reload_gla_tuning() (an explicit request: tests and benchmarks that change a switch mid-process), or the
+// one given to set_gla_tuning (until the next reload). A bad environment value throws from the call that reads
+// it. Thread-safe.
+GlaTuning current_gla_tuning();
+void reload_gla_tuning();
+void set_gla_tuning(const GlaTuning& tuning);
+
+// ---- device -------------------------------------------------------------------------
+struct DeviceProps {
+  int multiprocessors = 0;
+  int max_smem_per_block = 0;  // opt-in maximum of dynamic shared memory per block, bytes
+  int smem_per_sm = 0;         // shared memory per multiprocessor, bytes
+  // Which machine code of this build the device runs (see LoadedCode in cuda/common/host.cuh): griddepcontrol
+  // and bf16 reductions (sm90), wgmma and the Hopper kernels (sm90a).
+  bool sm90 = false, sm90a = false;
+  // Resident CTAs per SM of the general chunk kernel for an input dtype and its dynamic shared memory: an
+  // occupancy query (it depends on the compiled kernel's registers); asked only where the plan needs it.
+  std::function<int(Elem input, int smem_bytes)> general_blocks_per_sm;
+};
+
+// ---- forward (chunked) --------------------------------------------------------------
+struct FwdProblem {
+  Elem input = Elem::bf16, gate_dtype = Elem::bf16;
+  Gate gate = Gate::vector;
+  int heads = 0, key_dim = 0, value_dim = 0;
+  int64_t num_seqs = 0;
+  int64_t seq_len = 0;   // T (of the packed batch when varlen)
+  bool varlen = false;
+  int64_t longest = 0;   // tokens of the longest sequence; −1: unknown (varlen lengths only on the device)
+  // The kernels' 16-byte row copies apply (see view_of in gla_host.cuh).
+  bool q_rows16 = false, k_rows16 = false, v_rows16 = false, g_rows16 = false, o_rows16 = false;
+};
+
+enum class FwdKernel : int8_t { general, fast, hopper };
+// How the states of the earlier splits are made: none (one split), the split states kernel
+// (gla_fwd_states.cu), or the output kernel's own states pass (states_only) first.
+enum class StatesPass : int8_t { none, states_kernel, in_kernel };
+
+struct FwdPlan {
+  FwdKernel kernel = FwdKernel::general;
+  ChunkLayout smem;                   // the general kernel's layout (filled for every kernel, as before)
+  int num_slices = 0;                 // ceil(K / kSlice)
+  int num_splits = 1;
+  int64_t chunks_per_split = 1;
+  StatesPass states = StatesPass::none;
+  int state_pieces = 0;               // states kernel: pieces per split (0: not that kernel)
+  bool split_prefix = false;          // states kernel: prefix slots (see ChunkParams)
+  int prep_key_pad = 0;               // Hopper: K padded to 64, 128 or 256
+  int64_t prep_chunks = 0;            // Hopper: ceil(T / 64)
+  int64_t prep_grid_chunks = 0;       // Hopper: chunks of the longest sequence (or of T)
+  bool hopper_pdl = true;             // Hopper: the state kernel as a programmatic dependent launch
+  // Workspace, in this order: the split slots (states then decays, floats), the pieces (states kernel,
+  // floats), the Hopper slots (aligned to 1024 bytes at run time: the size includes the slack).
+  size_t split_states_floats = 0;     // N·H·(splits−1)·K·V: split_decay starts here
+  size_t split_floats = 0;            // N·H·(splits−1)·K·(V+1)
+  size_t piece_states_floats = 0;     // N·H·(splits−1)·pieces·K·V: piece_decay starts here (after piece_states)
+  size_t prep_offset = 0;             // bytes
+  size_t workspace_bytes = 0;
+};
+
+FwdPlan plan_forward(const FwdProblem& problem, const DeviceProps& device, const GlaTuning& tuning);
+
+// The fast path's and the Hopper path's input conditions (dtypes, K, aligned rows).
+bool fast_chunk_supported(const FwdProblem& p);
+bool hopper_chunk_supported(const FwdProblem& p);
+// Workspace bytes of the Hopper chunk pass's slots (with 1024 bytes of alignment slack).
+size_t hopper_prep_bytes(const FwdProblem& p);
+
+// ---- backward -------------------------------------------------------------------------
+struct BwdProblem {
+  bool chunked = true;        // else recurrent
+  bool f32 = false;           // compute type: fp32 inputs, else bf16 (bf16 and fp16 inputs)
+  bool varlen = false;
+  int64_t batch = 0, seq_len = 0, num_seqs = 0;
+  int heads = 0, key_dim = 0, value_dim = 0;
+  bool vector_gate = false;
+  // Every tile of the tensor is whole aligned bf16 rows (gla_bwd::bf16_rows): q, k, v, d_o, g.
+  bool q_bf16_rows = false, k_bf16_rows = false, v_bf16_rows = false, do_bf16_rows = false, g_bf16_rows = false;
+};
+
+struct BwdPlan {
+  bool scan_pairs = true;
+  int scan_pipeline = 0;             // 0 none, 2 the pipelined scans (gla_bwd::Params::scan_pipeline)
+  int64_t chunks_per_split = 0, scan_splits = 1;
+  float diag_factor_limit = -1.f;
+  bool general_layout = false, gate_in_registers = false;
+  bool overlap = false;              // the chunk kernel as a programmatic dependent of the scans
+  int64_t num_slots = 0;
+  // Scratch sizes, laid out in this order, each aligned to kAlign bytes.
+  size_t states = 0, dstates = 0, split_summaries = 0, chunk_decays = 0;
+  size_t dq_acc = 0, dk_acc = 0, dg_suffix_terms = 0, dg_prefix_terms = 0, dg_final = 0;
+  static constexpr size_t kAlign = 256;
+  static size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+  size_t total() const {
+    return aligned(states) + aligned(dstates) + aligned(split_summaries) + aligned(chunk_decays) + aligned(dq_acc) +
+           aligned(dk_acc) + aligned(dg_suffix_terms) + aligned(dg_prefix_terms) + aligned(dg_final);
+  }
+};
+
+BwdPlan plan_backward(const BwdProblem& problem, const DeviceProps& device, const GlaTuning& tuning);
+
+// ---- segment summaries -----------------------------------------------------------------
+struct SegmentProblem {
+  Elem input = Elem::bf16, gate_dtype = Elem::bf16;
+  Gate gate = Gate::vector;
+  int heads = 0, key_dim = 0, value_dim = 0;
+  int64_t num_seqs = 0;
+  int64_t longest = 0;  // tokens of the longest segment (T where unknown)
+  bool x_rows16 = false, y_rows16 = false, g_rows16 = false;
+};
+
+struct SegmentPlan {
+  bool use_split = false;      // the forward's split states kernel, then the fold; else the generic tile kernel
+  int pieces = 1;              // pieces per segment (the fold's count either way)
+  int64_t piece_chunks = 1;    // generic kernel: chunks (of 32 tokens) per piece
+  int64_t split_chunks = 1;    // split kernel: chunks (of 64 tokens) of its one split per segment
+  size_t workspace_bytes = 0;
+};
+
+SegmentPlan plan_segment(const SegmentProblem& problem, const DeviceProps& device, const GlaTuning& tuning);
+
+}  // namespace flashgla::cuda::gla

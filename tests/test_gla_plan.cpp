@@ -1,0 +1,617 @@
+// The GLA CUDA planner (src/cuda/gla/plan.h) on the CPU: its decisions at the anchor shapes of the project
+// (../shared/ANCHORS.md) and the GLA 340M model's layer (hidden 1024, 4 heads: K = 128, V = 256), for an
+// H100-like device (132 SMs, 227 KB per block, sm_90a code) and an A100-like one (108 SMs, 163 KB, sm_80
+// code only). The expected values are worked out here from the rules as the code's comments and
+// bench/notes_gla_*.md state them (not copied from the planner's output); then every tuning field forces its
+// choice, and a bad environment value is an error naming the variable.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cuda/gla/plan.h"
+#include "flashgla/error.h"
+
+namespace flashgla::cuda::gla {
+namespace {
+
+using Force = GlaTuning::Force;
+
+// The general kernel's occupancy is a query of the compiled kernel; the stand-in says 2 CTAs per SM and
+// records what it was asked.
+struct Occupancy {
+  std::vector<int> asked_bytes;
+  int answer = 2;
+};
+
+DeviceProps h100(Occupancy* occupancy = nullptr) {
+  DeviceProps d;
+  d.multiprocessors = 132, d.max_smem_per_block = 227 * 1024, d.smem_per_sm = 228 * 1024;
+  d.sm90 = d.sm90a = true;
+  d.general_blocks_per_sm = [occupancy](Elem, int bytes) {
+    if (!occupancy) return 2;
+    occupancy->asked_bytes.push_back(bytes);
+    return occupancy->answer;
+  };
+  return d;
+}
+
+DeviceProps a100(Occupancy* occupancy = nullptr) {
+  DeviceProps d = h100(occupancy);
+  d.multiprocessors = 108, d.max_smem_per_block = 163 * 1024, d.smem_per_sm = 164 * 1024;
+  d.sm90 = d.sm90a = false;
+  return d;
+}
+
+// bf16 q, k, v, o and a bf16 vector gate, every row 16-byte aligned: what chunk_gla gets from a model.
+FwdProblem forward(int64_t B, int64_t T, int H, int K, int V, Elem input = Elem::bf16) {
+  FwdProblem p;
+  p.input = p.gate_dtype = input;
+  p.gate = Gate::vector;
+  p.heads = H, p.key_dim = K, p.value_dim = V;
+  p.num_seqs = B, p.seq_len = T, p.longest = T;
+  p.q_rows16 = p.k_rows16 = p.v_rows16 = p.g_rows16 = p.o_rows16 = true;
+  return p;
+}
+
+constexpr size_t kFloat = sizeof(float);
+
+// Bytes of the split slots: (splits − 1) states [K][V] and decays [K] per (sequence, head).
+size_t split_slot_bytes(const FwdProblem& p, int splits) {
+  return size_t(p.num_seqs * p.heads * (splits - 1)) * size_t(p.key_dim) * size_t(p.value_dim + 1) * kFloat;
+}
+
+// Bytes of the Hopper chunk pass's slots: one per (chunk, head) of (decay row: K_pad × 128 bytes, 1 KB,
+// the q image: K_pad × 128 bytes, the A image: 64 × 128 bytes), plus 1 KB of alignment slack.
+size_t hopper_slot_bytes(int64_t slots, int heads, int key_pad) {
+  const size_t slot = size_t(key_pad) * 128 + 1024 + size_t(key_pad) * 128 + 64 * 128;
+  return size_t(slots) * size_t(heads) * slot + 1024;
+}
+
+// ---- forward: the decision table ---------------------------------------------------------
+
+// B8 T2048 H16 d64: the fast path on both (its 64×64 layout fits 163 KB); 8·16 = 128 value tiles fill
+// both GPUs' SMs at one CTA each (132 / 128 = 1, 108 / 128 = 0): no split, no workspace.
+TEST(GlaPlan, ForwardAnchorD64) {
+  const FwdProblem p = forward(8, 2048, 16, 64, 64);
+  for (const DeviceProps& d : {h100(), a100()}) {
+    const FwdPlan plan = plan_forward(p, d, GlaTuning{});
+    EXPECT_EQ(plan.kernel, FwdKernel::fast);
+    EXPECT_EQ(plan.num_splits, 1);
+    EXPECT_EQ(plan.chunks_per_split, 32);
+    EXPECT_EQ(plan.states, StatesPass::none);
+    EXPECT_EQ(plan.workspace_bytes, 0u);
+  }
+}
+
+// B8 T4096 H16 d128: the fast path on the H100 (128×128 tiles, 223 KB of shared memory: too much for an
+// A100, which runs the general kernel; K = 128 with V < 256 is not the Hopper path's). No split on either:
+// 128 tiles for 132 SMs; the general kernel's 8·16·2 = 256 tiles of 64 columns for 108 × 2 slots.
+TEST(GlaPlan, ForwardAnchorD128) {
+  const FwdProblem p = forward(8, 4096, 16, 128, 128);
+  const FwdPlan on_h100 = plan_forward(p, h100(), GlaTuning{});
+  EXPECT_EQ(on_h100.kernel, FwdKernel::fast);
+  EXPECT_EQ(on_h100.num_splits, 1);
+  EXPECT_EQ(on_h100.workspace_bytes, 0u);
+  Occupancy occupancy;
+  const FwdPlan on_a100 = plan_forward(p, a100(&occupancy), GlaTuning{});
+  EXPECT_EQ(on_a100.kernel, FwdKernel::general);
+  EXPECT_EQ(on_a100.num_splits, 1);
+  EXPECT_EQ(on_a100.workspace_bytes, 0u);
+  ASSERT_EQ(occupancy.asked_bytes.size(), 1u);  // the general kernel's slots come from its occupancy
+  EXPECT_EQ(occupancy.asked_bytes[0], on_a100.smem.bytes);
+  EXPECT_LE(on_a100.smem.bytes, 163 * 1024);
+}
+
+// B2 T16384 H16 d128, the long-sequence anchor. H100: 32 tiles, 132 / 32 = 4 splits (chunks allow 256 / 4),
+// 64 chunks each; the states kernel with one piece (3 · 32 = 96 CTAs already fill one per SM), prefix slots;
+// workspace: the split slots and the pieces' slots. A100 (general kernel, 2 CTAs per SM): 64 tiles of 64
+// columns, 216 / 64 = 3 splits of 86 chunks, the kernel's own states pass, the split slots only.
+TEST(GlaPlan, ForwardAnchorLongSequenceSplits) {
+  const FwdProblem p = forward(2, 16384, 16, 128, 128);
+  const FwdPlan on_h100 = plan_forward(p, h100(), GlaTuning{});
+  EXPECT_EQ(on_h100.kernel, FwdKernel::fast);
+  EXPECT_EQ(on_h100.num_splits, 4);
+  EXPECT_EQ(on_h100.chunks_per_split, 64);
+  EXPECT_EQ(on_h100.states, StatesPass::states_kernel);
+  EXPECT_EQ(on_h100.state_pieces, 1);
+  EXPECT_TRUE(on_h100.split_prefix);
+  EXPECT_EQ(on_h100.workspace_bytes, 2 * split_slot_bytes(p, 4));
+  EXPECT_EQ(on_h100.split_states_floats, size_t(2 * 16 * 3) * 128 * 128);
+  EXPECT_EQ(on_h100.split_floats, size_t(2 * 16 * 3) * 128 * 129);
+  EXPECT_EQ(on_h100.piece_states_floats, size_t(2 * 16 * 3) * 128 * 128);
+
+  const FwdPlan on_a100 = plan_forward(p, a100(), GlaTuning{});
+  EXPECT_EQ(on_a100.kernel, FwdKernel::general);
+  EXPECT_EQ(on_a100.num_splits, 3);
+  EXPECT_EQ(on_a100.chunks_per_split, 86);
+  EXPECT_EQ(on_a100.states, StatesPass::in_kernel);
+  EXPECT_EQ(on_a100.state_pieces, 0);
+  EXPECT_EQ(on_a100.workspace_bytes, split_slot_bytes(p, 3));
+}
+
+// B4 T4096 H4 K256 V512, the GLA layer's heads: the Hopper path on sm_90a (128 < K ≤ 256), 4·4·8 = 128 value
+// tiles of 64 columns: no split; its workspace is the chunk pass's slots (4 · 64 chunks × 4 heads, key pad
+// 256). The A100 has neither the Hopper code nor room for the fast path's 128×128 tiles: the general kernel.
+TEST(GlaPlan, ForwardAnchorGlaLayerHeads) {
+  const FwdProblem p = forward(4, 4096, 4, 256, 512);
+  const FwdPlan on_h100 = plan_forward(p, h100(), GlaTuning{});
+  EXPECT_EQ(on_h100.kernel, FwdKernel::hopper);
+  EXPECT_EQ(on_h100.num_splits, 1);
+  EXPECT_EQ(on_h100.prep_key_pad, 256);
+  EXPECT_EQ(on_h100.prep_chunks, 64);
+  EXPECT_EQ(on_h100.prep_grid_chunks, 64);
+  EXPECT_EQ(on_h100.prep_offset, 0u);
+  EXPECT_EQ(on_h100.workspace_bytes, hopper_slot_bytes(4 * 64, 4, 256));
+  EXPECT_TRUE(on_h100.hopper_pdl);
+
+  const FwdPlan on_a100 = plan_forward(p, a100(), GlaTuning{});
+  EXPECT_EQ(on_a100.kernel, FwdKernel::general);
+  EXPECT_EQ(on_a100.num_splits, 1);
+  EXPECT_EQ(on_a100.workspace_bytes, 0u);
+}
+
+// The 340M model's heads (K = 128, V = 256, H = 4): the Hopper path when its 64-column value tiles fill at
+// least half the SMs (2 × tiles > SMs): B8 T2048 has 8·4·4 = 128 tiles (256 > 132); B2 T8192 has 32
+// (64 ≤ 132): the fast path, split 132 / 16 = 8 ways (16 chunks each) with the states kernel (one piece:
+// 7 · 16 = 112 CTAs), as bench/results_gla_forward.md timed it.
+TEST(GlaPlan, Forward340MModelHeads) {
+  const FwdProblem wide = forward(8, 2048, 4, 128, 256);
+  const FwdPlan hopper = plan_forward(wide, h100(), GlaTuning{});
+  EXPECT_EQ(hopper.kernel, FwdKernel::hopper);
+  EXPECT_EQ(hopper.num_splits, 1);
+  EXPECT_EQ(hopper.prep_key_pad, 128);
+  EXPECT_EQ(hopper.workspace_bytes, hopper_slot_bytes(8 * 32, 4, 128));
+
+  const FwdProblem long_seq = forward(2, 8192, 4, 128, 256);
+  const FwdPlan fast = plan_forward(long_seq, h100(), GlaTuning{});
+  EXPECT_EQ(fast.kernel, FwdKernel::fast);
+  EXPECT_EQ(fast.num_splits, 8);
+  EXPECT_EQ(fast.chunks_per_split, 16);
+  EXPECT_EQ(fast.states, StatesPass::states_kernel);
+  EXPECT_EQ(fast.state_pieces, 1);
+  EXPECT_EQ(fast.workspace_bytes, 2 * split_slot_bytes(long_seq, 8));
+
+  // An A100: the general kernel (8·4·4 = 128 tiles of 64 columns against 108 × 2 slots: no split).
+  const FwdPlan general = plan_forward(wide, a100(), GlaTuning{});
+  EXPECT_EQ(general.kernel, FwdKernel::general);
+  EXPECT_EQ(general.num_splits, 1);
+}
+
+// The Hopper path's slots for a varlen batch: one per (chunk of the packed T, head) plus one per sequence and
+// one more (a sequence's chunks start at its own boundary); its chunk pass covers the longest sequence's
+// chunks. Past 65535 chunks of T the Hopper path does not apply (the fast path runs).
+TEST(GlaPlan, ForwardHopperVarlenAndLimits) {
+  FwdProblem p = forward(3, 4096, 4, 256, 512);
+  p.varlen = true, p.longest = 2000;
+  const FwdPlan plan = plan_forward(p, h100(), GlaTuning{});
+  EXPECT_EQ(plan.kernel, FwdKernel::hopper);
+  EXPECT_EQ(plan.num_splits, 1);  // 3·4·8 = 96 tiles: 132 / 96 = 1
+  EXPECT_EQ(plan.prep_chunks, 64);
+  EXPECT_EQ(plan.prep_grid_chunks, 32);
+  EXPECT_EQ(plan.workspace_bytes, hopper_slot_bytes(3 + 64 + 1, 4, 256));
+  const FwdProblem huge = forward(1, int64_t(65536) * 64, 4, 256, 512);
+  EXPECT_EQ(plan_forward(huge, h100(), GlaTuning{}).kernel, FwdKernel::fast);
+}
+
+// fp32 inputs: always the general kernel (32-column value tiles); a fixed-length batch of one sequence
+// and one head is split into as many pieces as slots allow, at least 4 chunks each.
+TEST(GlaPlan, ForwardFp32GeneralKernel) {
+  const FwdProblem p = forward(1, 4096, 1, 64, 64, Elem::f32);
+  const FwdPlan plan = plan_forward(p, h100(), GlaTuning{});
+  EXPECT_EQ(plan.kernel, FwdKernel::general);
+  // 2 value tiles, 264 slots: 132 splits wanted, 64 / 4 = 16 allowed.
+  EXPECT_EQ(plan.num_splits, 16);
+  EXPECT_EQ(plan.chunks_per_split, 4);
+  EXPECT_EQ(plan.states, StatesPass::in_kernel);
+  EXPECT_EQ(plan.workspace_bytes, split_slot_bytes(p, 16));
+}
+
+// Varlen without host lengths: nothing to plan a split with; with them, the longest sequence counts.
+TEST(GlaPlan, ForwardVarlenSplitNeedsHostLengths) {
+  FwdProblem p = forward(3, 30000, 1, 64, 64);
+  p.varlen = true, p.longest = -1;
+  EXPECT_EQ(plan_forward(p, h100(), GlaTuning{}).num_splits, 1);
+  p.longest = 20000;  // 313 chunks; 3 tiles: 132 / 3 = 44 splits (313 / 4 = 78 allowed) of 8 chunks: 40 of them
+  const FwdPlan plan = plan_forward(p, h100(), GlaTuning{});
+  EXPECT_EQ(plan.num_splits, 40);
+  EXPECT_EQ(plan.chunks_per_split, 8);
+}
+
+// Inputs the fast path does not take: unaligned rows, an fp64 gate, K > 256.
+TEST(GlaPlan, ForwardFastPathConditions) {
+  FwdProblem p = forward(8, 2048, 16, 64, 64);
+  p.v_rows16 = false;
+  EXPECT_EQ(plan_forward(p, h100(), GlaTuning{}).kernel, FwdKernel::general);
+  p = forward(8, 2048, 16, 64, 64);
+  p.gate_dtype = Elem::f64;
+  EXPECT_EQ(plan_forward(p, h100(), GlaTuning{}).kernel, FwdKernel::general);
+  p.gate = Gate::scalar;  // a scalar gate's dtype does not matter
+  EXPECT_EQ(plan_forward(p, h100(), GlaTuning{}).kernel, FwdKernel::fast);
+  p = forward(8, 2048, 16, 512, 64);
+  EXPECT_EQ(plan_forward(p, h100(), GlaTuning{}).kernel, FwdKernel::general);
+}
+
+// A device without room for the general kernel's shared memory: an error naming q, not a failed launch.
+TEST(GlaPlan, ForwardTooLittleSharedMemoryIsAnError) {
+  DeviceProps small = a100();
+  small.max_smem_per_block = 48 * 1024;
+  const FwdProblem p = forward(1, 256, 1, 512, 64, Elem::f32);
+  try {
+    plan_forward(p, small, GlaTuning{});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::unsupported);
+    EXPECT_EQ(e.argument(), "q");
+  }
+}
+
+// ---- forward: tuning forces each choice ------------------------------------------------------
+
+TEST(GlaPlan, ForwardTuningForcesChoices) {
+  const FwdProblem d64 = forward(8, 2048, 16, 64, 64);
+  GlaTuning no_fast;
+  no_fast.fast = false;
+  EXPECT_EQ(plan_forward(d64, h100(), no_fast).kernel, FwdKernel::general);
+
+  GlaTuning hopper_on;
+  hopper_on.hopper = Force::on;
+  EXPECT_EQ(plan_forward(forward(8, 4096, 16, 128, 128), h100(), hopper_on).kernel, FwdKernel::hopper);
+  EXPECT_EQ(plan_forward(forward(8, 4096, 16, 128, 128), a100(), hopper_on).kernel, FwdKernel::general);
+  GlaTuning hopper_off;
+  hopper_off.hopper = Force::off;
+  EXPECT_EQ(plan_forward(forward(4, 4096, 4, 256, 512), h100(), hopper_off).kernel, FwdKernel::fast);
+
+  GlaTuning three_splits;
+  three_splits.splits = 3;
+  const FwdPlan split = plan_forward(d64, h100(), three_splits);
+  EXPECT_EQ(split.num_splits, 3);
+  EXPECT_EQ(split.chunks_per_split, 11);
+  EXPECT_EQ(split.states, StatesPass::states_kernel);
+  three_splits.splits = 1000;  // at most one split per chunk
+  EXPECT_EQ(plan_forward(d64, h100(), three_splits).num_splits, 32);
+
+  GlaTuning pieces;
+  pieces.state_pieces = 3;
+  const FwdProblem long_seq = forward(2, 16384, 16, 128, 128);
+  const FwdPlan with_pieces = plan_forward(long_seq, h100(), pieces);
+  EXPECT_EQ(with_pieces.state_pieces, 3);
+  EXPECT_EQ(with_pieces.workspace_bytes, split_slot_bytes(long_seq, 4) * 4);  // split slots + 3 pieces' slots
+  EXPECT_EQ(with_pieces.piece_states_floats, size_t(2 * 16 * 3 * 3) * 128 * 128);
+  pieces.state_pieces = 500;  // at most one piece per chunk of a split
+  EXPECT_EQ(plan_forward(long_seq, h100(), pieces).state_pieces, 64);
+
+  GlaTuning no_pdl;
+  no_pdl.hopper_pdl = false;
+  EXPECT_FALSE(plan_forward(forward(4, 4096, 4, 256, 512), h100(), no_pdl).hopper_pdl);
+}
+
+// ---- backward ----------------------------------------------------------------------------------
+
+BwdProblem backward(int64_t B, int64_t T, int H, int K, int V, bool f32 = false) {
+  BwdProblem p;
+  p.chunked = true, p.f32 = f32;
+  p.batch = p.num_seqs = B, p.seq_len = T;
+  p.heads = H, p.key_dim = K, p.value_dim = V;
+  p.vector_gate = true;
+  p.q_bf16_rows = p.k_bf16_rows = p.v_bf16_rows = p.do_bf16_rows = p.g_bf16_rows = !f32;
+  return p;
+}
+
+// State tiles: one 64×64 tile of the compute type per (chunk, head, key tile, value tile), twice (S and dS).
+size_t state_bytes(const BwdProblem& p, size_t elem) {
+  const int64_t slots = p.batch * ((p.seq_len + 63) / 64);
+  return size_t(slots * p.heads * ((p.key_dim + 63) / 64) * ((p.value_dim + 63) / 64)) * 4096 * elem;
+}
+
+// B8 T4096 H16 d128, bf16 rows: paired scans (2 value tiles); pipelined on the H100 (two 105 KB blocks fit
+// its 228 KB per SM) but not on the A100 (164 KB); 1024 scan blocks against 132 × 4 resident: no split; the
+// chunk kernel overlaps the scans where the code has griddepcontrol (sm_90).
+TEST(GlaPlan, BackwardAnchorD128) {
+  const BwdProblem p = backward(8, 4096, 16, 128, 128);
+  const BwdPlan on_h100 = plan_backward(p, h100(), GlaTuning{});
+  EXPECT_TRUE(on_h100.scan_pairs);
+  EXPECT_EQ(on_h100.scan_pipeline, 2);
+  EXPECT_EQ(on_h100.scan_splits, 1);
+  EXPECT_EQ(on_h100.chunks_per_split, 0);
+  EXPECT_TRUE(on_h100.overlap);
+  EXPECT_EQ(on_h100.diag_factor_limit, 64.f);
+  EXPECT_FALSE(on_h100.general_layout);
+  EXPECT_FALSE(on_h100.gate_in_registers);
+  EXPECT_EQ(on_h100.num_slots, 8 * 64);
+  EXPECT_EQ(on_h100.total(), 2 * state_bytes(p, 2));
+
+  const BwdPlan on_a100 = plan_backward(p, a100(), GlaTuning{});
+  EXPECT_EQ(on_a100.scan_pipeline, 0);
+  EXPECT_FALSE(on_a100.overlap);
+  EXPECT_EQ(on_a100.scan_splits, 1);
+}
+
+// B2 T16384 H16 d128: 256 scan blocks fill half of the H100's 528 slots: the pipelined scans stay unsplit
+// (they split only at a quarter); the A100's unpipelined scans at 432 / 256 = 1 slot per block: no split.
+TEST(GlaPlan, BackwardAnchorLongSequence) {
+  const BwdProblem p = backward(2, 16384, 16, 128, 128);
+  EXPECT_EQ(plan_backward(p, h100(), GlaTuning{}).scan_splits, 1);
+  EXPECT_EQ(plan_backward(p, a100(), GlaTuning{}).scan_splits, 1);
+  BwdProblem unpipelined = p;
+  unpipelined.g_bf16_rows = false;  // a vector gate not in whole bf16 rows: no pipeline, 2 slots per block suffice
+  const BwdPlan split = plan_backward(unpipelined, h100(), GlaTuning{});
+  EXPECT_EQ(split.scan_pipeline, 0);
+  EXPECT_EQ(split.scan_splits, 2);  // min(528 / 256, 256 / 8) = 2 pieces of 128 chunks
+  EXPECT_EQ(split.chunks_per_split, 128);
+  EXPECT_FALSE(split.overlap);      // the chunk kernel follows the fold
+}
+
+// Few heads, a long sequence: 32 scan blocks, 528 / 32 = 16 pieces (256 / 8 = 32 allowed) of 16 chunks;
+// the summaries (state tile and decay per piece and tile, both scans) and the chunk decays join the scratch.
+TEST(GlaPlan, BackwardSplitScansAndWorkspace) {
+  const BwdProblem p = backward(1, 16384, 4, 128, 128);
+  const BwdPlan plan = plan_backward(p, h100(), GlaTuning{});
+  EXPECT_EQ(plan.scan_splits, 16);
+  EXPECT_EQ(plan.chunks_per_split, 16);
+  EXPECT_FALSE(plan.overlap);
+  EXPECT_EQ(plan.split_summaries, size_t(2 * 1 * 4 * 16 * 4) * (4096 + 64) * kFloat);
+  EXPECT_EQ(plan.chunk_decays, size_t(2 * 256 * 4 * 2 * 64) * kFloat);
+  EXPECT_EQ(plan.total(), 2 * state_bytes(p, 2) + plan.split_summaries + plan.chunk_decays);
+  BwdProblem varlen = p;
+  varlen.varlen = true;  // varlen: never split
+  EXPECT_EQ(plan_backward(varlen, h100(), GlaTuning{}).scan_splits, 1);
+}
+
+// The 340M model's heads (K128 V256, H4) at B8 T2048: 4 value tiles (paired), pipelined; 2 scans × 8 × 4 ×
+// 8 tiles = 512 blocks for 528 slots: unsplit. fp32 inputs: fp32 state tiles, 2 resident blocks per SM, no
+// pipeline.
+TEST(GlaPlan, Backward340MAndFp32) {
+  const BwdProblem model = backward(8, 2048, 4, 128, 256);
+  const BwdPlan plan = plan_backward(model, h100(), GlaTuning{});
+  EXPECT_EQ(plan.scan_pipeline, 2);
+  EXPECT_EQ(plan.scan_splits, 1);
+  EXPECT_EQ(plan.total(), 2 * state_bytes(model, 2));
+
+  const BwdProblem f32 = backward(1, 4096, 2, 64, 64, true);
+  const BwdPlan f32_plan = plan_backward(f32, h100(), GlaTuning{});
+  EXPECT_FALSE(f32_plan.scan_pairs);  // one value tile
+  EXPECT_EQ(f32_plan.scan_pipeline, 0);
+  // 4 blocks, 132 × 2 resident: 66 per block; min(66, 64 / 8 = 8) = 8 pieces of 8 chunks.
+  EXPECT_EQ(f32_plan.scan_splits, 8);
+  EXPECT_EQ(f32_plan.states, state_bytes(f32, 4));
+}
+
+TEST(GlaPlan, BackwardRecurrentScratch) {
+  BwdProblem p = backward(2, 100, 3, 32, 48);
+  p.chunked = false;
+  const BwdPlan plan = plan_backward(p, h100(), GlaTuning{});
+  const size_t per_token = size_t(2 * 100 * 3 * 32) * kFloat;
+  EXPECT_EQ(plan.states, 0u);
+  EXPECT_EQ(plan.dq_acc, per_token);
+  EXPECT_EQ(plan.dg_prefix_terms, per_token);
+  EXPECT_EQ(plan.dg_final, size_t(2 * 3 * 32) * kFloat);
+  EXPECT_EQ(plan.scan_pipeline, 0);
+  EXPECT_EQ(plan.total(), 4 * ((per_token + 255) / 256 * 256) + (size_t(2 * 3 * 32) * kFloat + 255) / 256 * 256);
+}
+
+TEST(GlaPlan, BackwardTuningForcesChoices) {
+  const BwdProblem p = backward(8, 4096, 16, 128, 128);
+  GlaTuning t;
+  t.bwd_scan_pairs = false;
+  EXPECT_FALSE(plan_backward(p, h100(), t).scan_pairs);
+  EXPECT_EQ(plan_backward(p, h100(), t).scan_pipeline, 0);  // the pipeline needs pairs
+  t = GlaTuning{};
+  t.bwd_scan_pipeline = false;
+  EXPECT_EQ(plan_backward(p, h100(), t).scan_pipeline, 0);
+  t = GlaTuning{};
+  t.bwd_scan_split = 3;  // pieces of 3 chunks
+  const BwdPlan split = plan_backward(p, h100(), t);
+  EXPECT_EQ(split.chunks_per_split, 3);
+  EXPECT_EQ(split.scan_splits, 22);
+  EXPECT_FALSE(split.overlap);
+  t.bwd_scan_split = 0;  // none
+  EXPECT_EQ(plan_backward(backward(1, 16384, 4, 128, 128), h100(), t).scan_splits, 1);
+  t = GlaTuning{};
+  t.bwd_diag_elementwise = true;
+  EXPECT_LT(plan_backward(p, h100(), t).diag_factor_limit, 0.f);
+  t = GlaTuning{};
+  t.bwd_general_layout = true;
+  EXPECT_TRUE(plan_backward(p, h100(), t).general_layout);
+  t = GlaTuning{};
+  t.bwd_gate_in_registers = true;
+  EXPECT_TRUE(plan_backward(p, h100(), t).gate_in_registers);
+  t = GlaTuning{};
+  t.bwd_overlap = Force::off;
+  EXPECT_FALSE(plan_backward(p, h100(), t).overlap);
+  t.bwd_overlap = Force::on;
+  t.bwd_scan_split = 3;
+  EXPECT_TRUE(plan_backward(p, h100(), t).overlap);   // after a fold too
+  EXPECT_FALSE(plan_backward(p, a100(), t).overlap);  // never without griddepcontrol in the loaded code
+}
+
+// ---- segment summaries ----------------------------------------------------------------------------
+
+SegmentProblem segment(int64_t N, int H, int K, int V, int64_t longest, Elem input = Elem::bf16) {
+  SegmentProblem p;
+  p.input = p.gate_dtype = input;
+  p.gate = Gate::vector;
+  p.heads = H, p.key_dim = K, p.value_dim = V;
+  p.num_seqs = N, p.longest = longest;
+  p.x_rows16 = p.y_rows16 = p.g_rows16 = true;
+  return p;
+}
+
+// bf16, K ≤ 256, aligned rows: the forward's states kernel, one split per segment, pieces for about two CTAs
+// per SM of at least 8 chunks: 128 (sequence, head) pairs × 1 tile: ceil(264 / 128) = 3 pieces; workspace:
+// per piece a state [K][V], its decay and its log decay [K].
+TEST(GlaPlan, SegmentSplitKernel) {
+  const SegmentProblem p = segment(8, 16, 128, 128, 4096);
+  const SegmentPlan plan = plan_segment(p, h100(), GlaTuning{});
+  EXPECT_TRUE(plan.use_split);
+  EXPECT_EQ(plan.split_chunks, 64);
+  EXPECT_EQ(plan.pieces, 3);
+  EXPECT_EQ(plan.workspace_bytes, size_t(128 * 3) * (128 * 128 + 2 * 128) * kFloat);
+}
+
+// The A100 fits the states kernel too (128×128 tiles: 102 KB with a bf16 gate, 134 KB with fp32); about two
+// CTAs per SM of its 108 SMs: ceil(216 / 128) = 2 pieces.
+TEST(GlaPlan, SegmentSplitKernelOnA100) {
+  const SegmentPlan plan = plan_segment(segment(8, 16, 128, 128, 4096), a100(), GlaTuning{});
+  EXPECT_TRUE(plan.use_split);
+  EXPECT_EQ(plan.pieces, 2);
+}
+
+// fp32 (or K > 256): the generic tile kernel, chunks of 32 tokens, pieces for about eight CTAs per SM of
+// at least 16 chunks: 128 pairs × 4 tiles of 64×64: ceil(1056 / 512) = 3 pieces of 43 chunks.
+TEST(GlaPlan, SegmentGenericKernel) {
+  const SegmentProblem p = segment(8, 16, 128, 128, 4096, Elem::f32);
+  const SegmentPlan plan = plan_segment(p, h100(), GlaTuning{});
+  EXPECT_FALSE(plan.use_split);
+  EXPECT_EQ(plan.pieces, 3);
+  EXPECT_EQ(plan.piece_chunks, 43);
+  EXPECT_EQ(plan.workspace_bytes, size_t(128 * 3) * (128 * 128 + 128) * kFloat);
+  // One short segment: a single piece, no workspace.
+  EXPECT_EQ(plan_segment(segment(1, 1, 64, 64, 100, Elem::f32), h100(), GlaTuning{}).workspace_bytes, 0u);
+}
+
+TEST(GlaPlan, SegmentTuningForcesChoices) {
+  const SegmentProblem p = segment(8, 16, 128, 128, 4096);
+  GlaTuning t;
+  t.segment_split_kernel = Force::off;
+  EXPECT_FALSE(plan_segment(p, h100(), t).use_split);
+  t = GlaTuning{};
+  t.segment_pieces = 5;
+  const SegmentPlan five = plan_segment(p, h100(), t);
+  EXPECT_EQ(five.pieces, 5);
+  EXPECT_EQ(five.workspace_bytes, size_t(128 * 5) * (128 * 128 + 2 * 128) * kFloat);
+  t.segment_pieces = 1000;  // at most one piece per chunk
+  EXPECT_EQ(plan_segment(p, h100(), t).pieces, 64);
+}
+
+// ---- the environment ----------------------------------------------------------------------------
+
+// Sets environment variables for a scope and restores them.
+class Environment {
+ public:
+  void set(const char* name, const char* value) {
+    if (const char* old = std::getenv(name)) saved_.push_back({name, old, true});
+    else saved_.push_back({name, "", false});
+    setenv(name, value, 1);
+  }
+  ~Environment() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it)
+      if (it->had) setenv(it->name, it->value.c_str(), 1);
+      else unsetenv(it->name);
+    reload_gla_tuning();
+  }
+
+ private:
+  struct Saved {
+    const char* name;
+    std::string value;
+    bool had;
+  };
+  std::vector<Saved> saved_;
+};
+
+const char* const kSwitches[] = {
+    "FLASHGLA_GLA_FAST",         "FLASHGLA_GLA_HOPPER",           "FLASHGLA_GLA_SPLITS",
+    "FLASHGLA_GLA_STATE_PIECES", "FLASHGLA_GLA_HOPPER_PDL",       "FLASHGLA_GLA_BWD_SCAN_PAIR",
+    "FLASHGLA_GLA_BWD_SCAN_PIPELINE", "FLASHGLA_GLA_BWD_SCAN_SPLIT", "FLASHGLA_GLA_BWD_DIAG",
+    "FLASHGLA_GLA_BWD_LAYOUT",   "FLASHGLA_GLA_BWD_GATE",         "FLASHGLA_GLA_BWD_OVERLAP",
+    "FLASHGLA_GLA_SEGMENT_PIECES", "FLASHGLA_GLA_SEGMENT_KERNEL"};
+
+TEST(GlaPlan, TuningFromEnvironment) {
+  Environment env;
+  for (const char* name : kSwitches) env.set(name, "");  // empty: the library's choice
+  const GlaTuning defaults = gla_tuning_from_env();
+  EXPECT_TRUE(defaults.fast);
+  EXPECT_EQ(defaults.hopper, Force::library);
+  EXPECT_EQ(defaults.splits, 0);
+  EXPECT_EQ(defaults.bwd_scan_split, -1);
+  EXPECT_EQ(defaults.segment_split_kernel, Force::library);
+
+  env.set("FLASHGLA_GLA_FAST", "0");
+  env.set("FLASHGLA_GLA_HOPPER", "1");
+  env.set("FLASHGLA_GLA_SPLITS", "7");
+  env.set("FLASHGLA_GLA_STATE_PIECES", "2");
+  env.set("FLASHGLA_GLA_HOPPER_PDL", "0");
+  env.set("FLASHGLA_GLA_BWD_SCAN_PAIR", "0");
+  env.set("FLASHGLA_GLA_BWD_SCAN_PIPELINE", "0");
+  env.set("FLASHGLA_GLA_BWD_SCAN_SPLIT", "0");
+  env.set("FLASHGLA_GLA_BWD_DIAG", "elementwise");
+  env.set("FLASHGLA_GLA_BWD_LAYOUT", "general");
+  env.set("FLASHGLA_GLA_BWD_GATE", "registers");
+  env.set("FLASHGLA_GLA_BWD_OVERLAP", "1");
+  env.set("FLASHGLA_GLA_SEGMENT_PIECES", "4");
+  env.set("FLASHGLA_GLA_SEGMENT_KERNEL", "generic");
+  const GlaTuning t = gla_tuning_from_env();
+  EXPECT_FALSE(t.fast);
+  EXPECT_EQ(t.hopper, Force::on);
+  EXPECT_EQ(t.splits, 7);
+  EXPECT_EQ(t.state_pieces, 2);
+  EXPECT_FALSE(t.hopper_pdl);
+  EXPECT_FALSE(t.bwd_scan_pairs);
+  EXPECT_FALSE(t.bwd_scan_pipeline);
+  EXPECT_EQ(t.bwd_scan_split, 0);
+  EXPECT_TRUE(t.bwd_diag_elementwise);
+  EXPECT_TRUE(t.bwd_general_layout);
+  EXPECT_TRUE(t.bwd_gate_in_registers);
+  EXPECT_EQ(t.bwd_overlap, Force::on);
+  EXPECT_EQ(t.segment_pieces, 4);
+  EXPECT_EQ(t.segment_split_kernel, Force::off);
+}
+
+// A typo must not silently run the default path: each bad value is an error naming its variable, from the
+// reading function and from the first call after a reload (and again from the next, until it is fixed).
+TEST(GlaPlan, BadTuningValueNamesTheVariable) {
+  struct Bad {
+    const char *name, *value;
+  };
+  for (const Bad& bad : {Bad{"FLASHGLA_GLA_FAST", "off"}, Bad{"FLASHGLA_GLA_HOPPER", "yes"},
+                         Bad{"FLASHGLA_GLA_SPLITS", "0"}, Bad{"FLASHGLA_GLA_SPLITS", "2x"},
+                         Bad{"FLASHGLA_GLA_STATE_PIECES", "-1"}, Bad{"FLASHGLA_GLA_HOPPER_PDL", "no"},
+                         Bad{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "1"}, Bad{"FLASHGLA_GLA_BWD_SCAN_SPLIT", "-1"},
+                         Bad{"FLASHGLA_GLA_BWD_DIAG", "exact"}, Bad{"FLASHGLA_GLA_BWD_OVERLAP", "2"},
+                         Bad{"FLASHGLA_GLA_SEGMENT_KERNEL", "mma"}, Bad{"FLASHGLA_GLA_SEGMENT_PIECES", "many"}}) {
+    SCOPED_TRACE(std::string(bad.name) + "=" + bad.value);
+    Environment env;
+    env.set(bad.name, bad.value);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      try {
+        if (attempt == 0) {
+          gla_tuning_from_env();
+        } else {
+          reload_gla_tuning();
+          current_gla_tuning();
+        }
+        ADD_FAILURE() << "expected an error";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::value);
+        EXPECT_EQ(e.argument(), bad.name);
+        EXPECT_NE(std::string(e.what()).find(bad.value), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_THROW(current_gla_tuning(), Error);  // still stale: reported again
+  }
+  EXPECT_NO_THROW(current_gla_tuning());  // the environment restored and read again
+}
+
+// The tuning is read once: a change of the environment counts after reload_gla_tuning (or a test hook's
+// set_gla_tuning), not before.
+TEST(GlaPlan, TuningIsReadOnceUntilReloaded) {
+  Environment env;
+  env.set("FLASHGLA_GLA_SPLITS", "");
+  reload_gla_tuning();
+  EXPECT_EQ(current_gla_tuning().splits, 0);
+  env.set("FLASHGLA_GLA_SPLITS", "5");
+  EXPECT_EQ(current_gla_tuning().splits, 0);
+  reload_gla_tuning();
+  EXPECT_EQ(current_gla_tuning().splits, 5);
+  GlaTuning hook;
+  hook.splits = 9;
+  set_gla_tuning(hook);
+  EXPECT_EQ(current_gla_tuning().splits, 9);
+  reload_gla_tuning();
+  EXPECT_EQ(current_gla_tuning().splits, 5);
+}
+
+}  // namespace
+}  // namespace flashgla::cuda::gla
