@@ -433,10 +433,12 @@ def _split_linear_attn_state(op, initial_state, normalize):
     return initial_state, None
 
 
+_NORMALIZE_HINT = " (since FLA 0.6 the argument after output_final_state is normalize; pass cu_seqlens by keyword)"
+
+
 def _linear_attn(op, op_raw, q, k, v, scale, initial_state, output_final_state, reverse, normalize, cu_seqlens,
-                 cu_seqlens_host, hint=""):
-    normalize = _flag(normalize, "normalize", op, " (since FLA 0.6 the argument after output_final_state is "
-                                                   "normalize; pass cu_seqlens by keyword)")
+                 cu_seqlens_host, hint="", normalize_hint=_NORMALIZE_HINT):
+    normalize = _flag(normalize, "normalize", op, normalize_hint)
     kv_state, z_state = _split_linear_attn_state(op, initial_state, normalize)
     require_tensors(q=q, k=k, v=v, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host)
     scale = as_scale(scale, op, hint)
@@ -485,7 +487,9 @@ def fused_recurrent_linear_attn(q: Tensor, k: Tensor, v: Tensor, scale: Optional
     reverse=True both the state and the key sum run from each sequence's last token to its first."""
     cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
     return _linear_attn("fused_recurrent_linear_attn", _fused_recurrent_gla, q, k, v, scale, initial_state,
-                        output_final_state, bool(reverse), normalize, cu_seqlens, cu_seqlens_host)
+                        output_final_state, bool(reverse), normalize, cu_seqlens, cu_seqlens_host,
+                        normalize_hint=" (FLA 0.6's order after output_final_state: reverse, normalize, "
+                                       "cu_seqlens; pass cu_seqlens by keyword)")
 
 
 def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = None, gv: Optional[Tensor] = None,
