@@ -294,10 +294,16 @@ def test_errors_name_the_argument(gen):
         flashgla.chunk_linear_attn(q, k, v, initial_state=(h0, None), normalize=False)
     with raises(ValueError, "initial_state", "pair"):
         flashgla.chunk_linear_attn(q, k, v, initial_state=(h0,))
-    with raises(ValueError, "z_init", "[N, 1, H, K]"):
+    with raises(ValueError, "initial_state", "z_state [N, 1, H, K] = [2, 1, 3, 8]", "[2, 3, 8]"):
         flashgla.chunk_linear_attn(q, k, v, initial_state=(h0, torch.zeros(2, 3, 8)))
-    with raises(ValueError, "z_init", "[N, H, K]"):
+    with raises(ValueError, "initial_state", "z_state [N, 1, H, K] = [2, 1, 3, 8]", "[1, 1, 3, 8]"):
         flashgla.chunk_linear_attn(q, k, v, initial_state=(h0, torch.zeros(1, 1, 3, 8)))
+    with raises(ValueError, "z_init", "[N, 1, H, K]"):  # the normaliser op itself: the C++ API's name
+        flashgla.gla._linear_attn_normalize(v, q, k, torch.zeros(2, 3, 8), None, None, None, False)
+    with raises(TypeError, "reverse", "cu_seqlens"):  # FLA 0.6: reverse comes after output_final_state
+        flashgla.fused_recurrent_linear_attn(q, k, v, None, None, False, cu([9]))
+    with raises(TypeError, "reverse", "cu_seqlens"):
+        flashgla.fused_recurrent_gla(q, k, v, F.logsigmoid(q), None, None, None, False, cu([9]))
     with raises(ValueError, "transpose_state_layout"):
         flashgla.fused_recurrent_gla(q, k, v, transpose_state_layout=True, state_v_first=True)
 
