@@ -570,7 +570,9 @@ TEST(GlaPlan, BadTuningValueNamesTheVariable) {
                          Bad{"FLASHGLA_GLA_STATE_PIECES", "-1"}, Bad{"FLASHGLA_GLA_HOPPER_PDL", "no"},
                          Bad{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "1"}, Bad{"FLASHGLA_GLA_BWD_SCAN_SPLIT", "-1"},
                          Bad{"FLASHGLA_GLA_BWD_DIAG", "exact"}, Bad{"FLASHGLA_GLA_BWD_OVERLAP", "2"},
-                         Bad{"FLASHGLA_GLA_SEGMENT_KERNEL", "mma"}, Bad{"FLASHGLA_GLA_SEGMENT_PIECES", "many"}}) {
+                         Bad{"FLASHGLA_GLA_SEGMENT_KERNEL", "mma"}, Bad{"FLASHGLA_GLA_SEGMENT_PIECES", "many"},
+                         Bad{"FLASHGLA_GLA_BWD_SCAN_PAIR", "no"}, Bad{"FLASHGLA_GLA_BWD_LAYOUT", "plain"},
+                         Bad{"FLASHGLA_GLA_BWD_GATE", "register"}}) {
     SCOPED_TRACE(std::string(bad.name) + "=" + bad.value);
     Environment env;
     env.set(bad.name, bad.value);
