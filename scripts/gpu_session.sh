@@ -2,8 +2,10 @@
 # Every GPU check of a change in two calls on one machine of 2 or 4 GPUs (device tool, kind nvidia-h100-x2
 # or -x4, carry [".deps", ".base"]; .base is `git archive` of the commit to compare with, for the A/B):
 #   PART=A bash scripts/gpu_session.sh   # builds; then in parallel, one GPU each: C++ tests and
-#                                        # compute-sanitizer; the Python tests. Then the distributed
-#                                        # tests over NCCL (2 GPUs; 4 where present).
+#                                        # compute-sanitizer (with the FLA-option and planner tests on their
+#                                        # own, and the backward with FLASHGLA_GLA_BWD_GATE=registers); the
+#                                        # Python tests. Then the distributed tests over NCCL (2 GPUs; 4 where
+#                                        # present).
 #   PART=C bash scripts/gpu_session.sh   # one call instead of B where device time is short: builds, the
 #                                        # C++ tests named by CPP_FILTER (e.g. what A left unfinished) and
 #                                        # the sanitizers on SAN_FILTER beside the A/B; then the decode,
@@ -16,7 +18,7 @@
 # side on two GPUs of the host (the A/B's ratios compare two builds on the same GPU in the same call).
 # Logs and appended results files come back in $OUT/session.tgz; a short table is printed last.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu_session_out}
 PART=${PART:-A}
@@ -48,6 +50,16 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 GPUS=$(nvidia-smi -L | wc -l)
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*.whl && export PYTHONPATH=/tmp/site
 
+# The sanitizers run gpu_check.sh's list of small GPU tests unless SAN_FILTER / SANITIZE_FILTER name others.
+SAN=${SAN_FILTER:-${SANITIZE_FILTER:-$(grep -oE 'SANITIZE_FILTER:-[^}]*' scripts/gpu_check.sh | cut -d- -f2-)}}
+# Today's GPU checks of the FLA 0.6 options and the planner: the C++ tests on their own, the backward with the
+# vector gate loaded through registers (the planner's non-default gate path), the FLA API's CUDA tests.
+new_checks() {
+  step cpp_fla_plan 120 build-gpu/flashgla_tests --gtest_brief=1 --gtest_filter='GlaApiOptions.*:GlaPlan.*'
+  step cpp_bwd_gate_registers 180 env FLASHGLA_GLA_BWD_GATE=registers build-gpu/flashgla_tests --gtest_brief=1 \
+    --gtest_filter='CudaGlaBackward.*'
+}
+
 if [ "$PART" = C ]; then
   step configure 120 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH"
@@ -60,15 +72,19 @@ if [ "$PART" = C ]; then
   wait; pack
   ( export CUDA_VISIBLE_DEVICES=$((GPUS - 1))
     step cpp_tests 300 build-gpu/flashgla_tests --gtest_filter="${CPP_FILTER:-*}"
-    step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/flashgla_tests --gtest_filter="$SAN_FILTER"
-    step racecheck 90 compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/flashgla_tests --gtest_filter="$SAN_FILTER"
+    new_checks
+    step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/flashgla_tests --gtest_filter="$SAN"
+    step racecheck 90 compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/flashgla_tests --gtest_filter="$SAN"
     step py_tests 60 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp "$PWD/tests/python/test_gpu.py" -k "prefill or pool"
+    step py_fla_api_cuda 120 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp \
+      "$PWD/tests/python/test_fla_api.py" -k cuda
   ) &
   ( export CUDA_VISIBLE_DEVICES=0
     step ab 240 bash bench/ab_cli.sh build-base/flashgla build-gpu/flashgla "${AB_ROUNDS:-2}"
     step bench_decode 90 python3 bench/bench_decode.py
     step fla_checkpoint 120 python3 bench/check_fla_checkpoint.py
     step bench_generate 150 python3 bench/bench_generate.py --repeats 2
+    step bench_fla_api 150 python3 bench/bench_fla_api.py
   ) &
   wait; pack
   [ "$GPUS" -ge 2 ] && [ -n "${CP:-}" ] && {
@@ -76,8 +92,8 @@ if [ "$PART" = C ]; then
     step cp_2gpu 100 torchrun --nproc_per_node 2 bench/bench_cp.py --tokens 524288 --repeats 3; }
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$LOGS/cpp_tests.log" | head -6
   for f in memcheck racecheck; do grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS/$f.log"; done
-  tail -2 "$LOGS/py_tests.log"
-  for f in bench_decode fla_checkpoint bench_generate cp_1gpu cp_2gpu; do
+  for f in py_tests py_fla_api_cuda; do tail -2 "$LOGS/$f.log"; done
+  for f in bench_decode fla_checkpoint bench_generate bench_fla_api cp_1gpu cp_2gpu; do
     [ -f "$LOGS/$f.log" ] && { echo "== $f"; tail -12 "$LOGS/$f.log"; }
   done
   [ -f "$LOGS/ab.log" ] && { echo "== A/B against .base"; cat "$LOGS/ab.log"; }
@@ -93,11 +109,10 @@ elif [ "$PART" = A ]; then
       -DFLASHGLA_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=$ARCH >/dev/null && cmake --build build-base -j16 --target flashgla_cli" &
   fi
   wait; pack
-  # The sanitizers run gpu_check.sh's list of small GPU tests.
-  SAN=${SANITIZE_FILTER:-$(grep -oE 'SANITIZE_FILTER:-[^}]*' scripts/gpu_check.sh | cut -d- -f2-)}
   ( export CUDA_VISIBLE_DEVICES=$((GPUS - 1))
     step cpp_tests 330 build-gpu/flashgla_tests --gtest_brief=1
     step cli_check 60 build-gpu/flashgla check
+    new_checks
     step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/flashgla_tests --gtest_filter="$SAN"
     step racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/flashgla_tests --gtest_filter="$SAN"
   ) &
@@ -110,7 +125,7 @@ elif [ "$PART" = A ]; then
   step dist_tests 240 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp \
     "$PWD/tests/python/test_distributed_gpu.py" "$PWD/tests/python/test_distributed_model_gpu.py"
   pack
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$LOGS/cpp_tests.log" | head -5
+  for f in cpp_tests cpp_fla_plan cpp_bwd_gate_registers; do grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$LOGS/$f.log" | head -5; done
   for f in py_tests dist_tests; do echo "== $f"; tail -3 "$LOGS/$f.log"; done
 else
   # A's builds are still there when B follows on the warm machine; otherwise build what B needs.
@@ -132,6 +147,7 @@ else
     step fla_checkpoint 120 python3 bench/check_fla_checkpoint.py
     step bench_kvcache 100 python3 bench/bench_kvcache.py
     step bench_generate 150 python3 bench/bench_generate.py --repeats 2
+    step bench_fla_api 150 python3 bench/bench_fla_api.py
   ) &
   wait; pack
   TOKENS=${TOKENS:-524288,1048576}
@@ -143,12 +159,12 @@ else
   step fsdp 240 python3 bench/bench_fsdp.py --gpus "$list" --variants "${VARIANTS:-probe,tuned}" --steps 6 --warmup 2
   pack
   [ "$GPUS" -ge 4 ] && step lm_cp 200 python3 bench/bench_fsdp.py --mode cp --gpus 4
-  for f in bench_decode fla_checkpoint bench_kvcache bench_generate cp_1gpu cp_2gpu cp_4gpu fsdp lm_cp; do
+  for f in bench_decode fla_checkpoint bench_kvcache bench_generate bench_fla_api cp_1gpu cp_2gpu cp_4gpu fsdp lm_cp; do
     [ -f "$LOGS/$f.log" ] && { echo "== $f"; tail -12 "$LOGS/$f.log"; }
   done
   [ -f "$LOGS/ab.log" ] && { echo "== A/B against .base"; cat "$LOGS/ab.log"; }
 fi
 pack
 echo
-printf '%-16s %-14s %s\n' step result time
-while IFS='|' read -r a b c; do printf '%-16s %-14s %s\n' "$a" "$b" "$c"; done <"$STATUS"
+printf '%-24s %-14s %s\n' step result time
+while IFS='|' read -r a b c; do printf '%-24s %-14s %s\n' "$a" "$b" "$c"; done <"$STATUS"

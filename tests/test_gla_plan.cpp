@@ -316,7 +316,7 @@ TEST(GlaPlan, BackwardAnchorD128) {
   EXPECT_EQ(on_h100.scan_splits, 1);
   EXPECT_EQ(on_h100.chunks_per_split, 0);
   EXPECT_TRUE(on_h100.overlap);
-  EXPECT_EQ(on_h100.diag_factor_limit, 64.f);
+  EXPECT_EQ(on_h100.diag_factor_limit, 64.f);  // factors within 2^±64: what bf16 and fp32 operands hold
   EXPECT_FALSE(on_h100.general_layout);
   EXPECT_FALSE(on_h100.gate_in_registers);
   EXPECT_EQ(on_h100.num_slots, 8 * 64);
@@ -352,6 +352,7 @@ TEST(GlaPlan, BackwardSplitScansAndWorkspace) {
   EXPECT_EQ(plan.chunks_per_split, 16);
   EXPECT_FALSE(plan.overlap);
   EXPECT_EQ(plan.split_summaries, size_t(2 * 1 * 4 * 16 * 4) * (4096 + 64) * kFloat);
+  // Chunk decays: both scans × 256 chunks of 64 tokens × 4 heads × 2 key tiles × 64 columns.
   EXPECT_EQ(plan.chunk_decays, size_t(2 * 256 * 4 * 2 * 64) * kFloat);
   EXPECT_EQ(plan.total(), 2 * state_bytes(p, 2) + plan.split_summaries + plan.chunk_decays);
   BwdProblem varlen = p;
@@ -570,7 +571,9 @@ TEST(GlaPlan, BadTuningValueNamesTheVariable) {
                          Bad{"FLASHGLA_GLA_STATE_PIECES", "-1"}, Bad{"FLASHGLA_GLA_HOPPER_PDL", "no"},
                          Bad{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "1"}, Bad{"FLASHGLA_GLA_BWD_SCAN_SPLIT", "-1"},
                          Bad{"FLASHGLA_GLA_BWD_DIAG", "exact"}, Bad{"FLASHGLA_GLA_BWD_OVERLAP", "2"},
-                         Bad{"FLASHGLA_GLA_SEGMENT_KERNEL", "mma"}, Bad{"FLASHGLA_GLA_SEGMENT_PIECES", "many"}}) {
+                         Bad{"FLASHGLA_GLA_SEGMENT_KERNEL", "mma"}, Bad{"FLASHGLA_GLA_SEGMENT_PIECES", "many"},
+                         Bad{"FLASHGLA_GLA_BWD_SCAN_PAIR", "no"}, Bad{"FLASHGLA_GLA_BWD_LAYOUT", "plain"},
+                         Bad{"FLASHGLA_GLA_BWD_GATE", "register"}}) {
     SCOPED_TRACE(std::string(bad.name) + "=" + bad.value);
     Environment env;
     env.set(bad.name, bad.value);

@@ -5,7 +5,7 @@
 // where o_raw is the unnormalised output of gla_forward without a gate (same
 // q, k, scale). z_final is z after the last token (after the first with
 // reverse; z_init for an empty sequence), the state a next call continues from.
-// Sums accumulate in fp32 (fp64 for fp64 inputs on the CPU).
+// Sums accumulate in fp32 on CUDA and in fp64 on the CPU (the reference).
 //
 // The backward gives the normaliser's part of dq and dk (add gla_backward's,
 // called with d_o_raw as its d_o), the gradient of o_raw and of z_init.

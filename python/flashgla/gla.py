@@ -287,6 +287,16 @@ def _flag(value, name, op, hint):
     raise TypeError(f"flashgla: {name}: {op} expects a bool, got {type(value).__name__}{hint}")
 
 
+def _reverse(value, op):
+    """reverse of the recurrent ops: anything bool() takes, except a tensor (a positional argument out of place,
+    e.g. cu_seqlens, whose bool() would fail without naming the argument or read the device)."""
+    if isinstance(value, Tensor):
+        raise TypeError(f"flashgla: reverse: {op} expects a bool, got a Tensor (FLA 0.6's order after "
+                        "output_final_state: reverse, state_v_first or normalize, cu_seqlens; pass cu_seqlens by "
+                        "keyword)")
+    return bool(value)
+
+
 def _host_seqlens(cu_seqlens_cpu, cu_seqlens_host):
     """FLA's cu_seqlens_cpu is flashgla's cu_seqlens_host: either name, or both when they agree."""
     if cu_seqlens_cpu is None:
@@ -405,7 +415,7 @@ def fused_recurrent_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tens
     require_tensors(q=q, k=k, v=v, g=g, g_gamma=g_gamma, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
     o, final_state = _fused_recurrent_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
-                                          as_scale(scale, "fused_recurrent_simple_gla"), bool(reverse),
+                                          as_scale(scale, "fused_recurrent_simple_gla"), _reverse(reverse, "fused_recurrent_simple_gla"),
                                           output_final_state, g_gamma, state_v_first)
     return o, final_state if output_final_state else None
 
@@ -433,12 +443,26 @@ def _split_linear_attn_state(op, initial_state, normalize):
     return initial_state, None
 
 
+_NORMALIZE_HINT = " (since FLA 0.6 the argument after output_final_state is normalize; pass cu_seqlens by keyword)"
+
+
+def _check_z_state(op, z_state, q, cu_seqlens):
+    """z_state (initial_state's second item) against FLA's [N, 1, H, K], in the caller's terms (the C++ API names
+    its [N, H, K] view z_init); malformed q or cu_seqlens are left to the C++ checks."""
+    if z_state is None or q.dim() != 4 or (cu_seqlens is not None and cu_seqlens.dim() != 1):
+        return
+    expected = _z_shape(q, cu_seqlens)
+    if tuple(z_state.shape) != tuple(expected):
+        raise ValueError(f"flashgla: initial_state: {op} takes z_state [N, 1, H, K] = {list(expected)} as the "
+                         f"pair's second item, got shape {list(z_state.shape)}")
+
+
 def _linear_attn(op, op_raw, q, k, v, scale, initial_state, output_final_state, reverse, normalize, cu_seqlens,
-                 cu_seqlens_host, hint=""):
-    normalize = _flag(normalize, "normalize", op, " (since FLA 0.6 the argument after output_final_state is "
-                                                   "normalize; pass cu_seqlens by keyword)")
+                 cu_seqlens_host, hint="", normalize_hint=_NORMALIZE_HINT):
+    normalize = _flag(normalize, "normalize", op, normalize_hint)
     kv_state, z_state = _split_linear_attn_state(op, initial_state, normalize)
     require_tensors(q=q, k=k, v=v, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host)
+    _check_z_state(op, z_state, q, cu_seqlens)
     scale = as_scale(scale, op, hint)
     o, final_state = op_raw(q, k, v, None, kv_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state)
     final_state = final_state if output_final_state else None
@@ -485,7 +509,10 @@ def fused_recurrent_linear_attn(q: Tensor, k: Tensor, v: Tensor, scale: Optional
     reverse=True both the state and the key sum run from each sequence's last token to its first."""
     cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
     return _linear_attn("fused_recurrent_linear_attn", _fused_recurrent_gla, q, k, v, scale, initial_state,
-                        output_final_state, bool(reverse), normalize, cu_seqlens, cu_seqlens_host)
+                        output_final_state, _reverse(reverse, "fused_recurrent_linear_attn"), normalize, cu_seqlens,
+                        cu_seqlens_host,
+                        normalize_hint=" (FLA 0.6's order after output_final_state: reverse, normalize, "
+                                       "cu_seqlens; pass cu_seqlens by keyword)")
 
 
 def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = None, gv: Optional[Tensor] = None,
@@ -508,7 +535,7 @@ def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = 
     require_tensors(q=q, k=k, v=v, gk=gk, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
     o, final_state = _fused_recurrent_gla(q, k, v, gk, initial_state, cu_seqlens, cu_seqlens_host,
-                                          as_scale(scale, "fused_recurrent_gla"), bool(reverse),
+                                          as_scale(scale, "fused_recurrent_gla"), _reverse(reverse, "fused_recurrent_gla"),
                                           output_final_state, None, state_v_first)
     return o, final_state if output_final_state else None
 

@@ -161,7 +161,8 @@ def test_g_gamma(gen, op, with_g, varlen, device):
 # ---- state_v_first ------------------------------------------------------------------------------------
 
 STATE_OPS = {"chunk_gla": "vector", "chunk_simple_gla": "scalar", "fused_recurrent_gla": "vector",
-             "fused_recurrent_simple_gla": "scalar"}
+             "fused_recurrent_simple_gla": "scalar", "fused_recurrent_gla_reverse": "vector",
+             "fused_recurrent_simple_gla_reverse": "scalar"}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -169,7 +170,10 @@ STATE_OPS = {"chunk_gla": "vector", "chunk_simple_gla": "scalar", "fused_recurre
 @pytest.mark.parametrize("op", list(STATE_OPS))
 def test_state_v_first(gen, op, varlen, device):
     """initial_state, final_state, dh0 (and the final state's gradient) laid out [N, H, V, K]: the fp64 recurrence's
-    results, transposed."""
+    results, transposed (the recurrent ops also with reverse=True)."""
+    reverse = op.endswith("_reverse")
+    function = getattr(flashgla, op.removesuffix("_reverse"))
+    extra = {"reverse": True} if reverse else {}
     dtype = dtype_for(device)
     lengths = [2, 0, 70] if varlen else None
     B, T, H, K, V = (1, sum(lengths), 2, 16, 24) if varlen else (2, 65, 2, 16, 24)
@@ -180,13 +184,12 @@ def test_state_v_first(gen, op, varlen, device):
     do, dht_vk = randn(gen, B, T, H, V, dtype=dtype), randn(gen, N, H, V, K, dtype=torch.float32)
     leaves = [x.to(device).requires_grad_() for x in (q, k, v, g, h0_vk)]
     with poisoned_outputs():
-        o, ht = getattr(flashgla, op)(*leaves[:4], initial_state=leaves[4], output_final_state=True,
-                                      state_v_first=True,
-                                      cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(device))
+        o, ht = function(*leaves[:4], initial_state=leaves[4], output_final_state=True, state_v_first=True,
+                         cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(device), **extra)
         grads = grads_of((o, ht), leaves, to(device, do, dht_vk))
     assert ht.shape == (N, H, V, K) and grads[4].shape == (N, H, V, K)
     ref = [x.detach().double().requires_grad_() for x in (q, k, v, g, h0)]
-    o_ref, ht_ref = naive_gla(*ref[:4], initial_state=ref[4], cu_seqlens=cu_seqlens)
+    o_ref, ht_ref = naive_gla(*ref[:4], initial_state=ref[4], cu_seqlens=cu_seqlens, reverse=reverse)
     ref_grads = torch.autograd.grad((o_ref, ht_ref), ref, (do.double(), dht_vk.double().transpose(-1, -2)))
     assert_close(o, o_ref, TOLERANCE[dtype], "o")
     assert_close(ht, ht_ref.transpose(-1, -2), TOLERANCE[dtype], "final_state [N, H, V, K]")
@@ -281,6 +284,8 @@ def test_errors_name_the_argument(gen):
         flashgla.chunk_gla(q, k, v, F.logsigmoid(q), None, None, False, cu([9]))
     with raises(TypeError, "normalize", "cu_seqlens"):
         flashgla.chunk_linear_attn(q, k, v, None, None, False, cu([9]))
+    with raises(TypeError, "normalize", "reverse"):  # fused_recurrent_linear_attn: reverse comes first
+        flashgla.fused_recurrent_linear_attn(q, k, v, None, None, False, False, cu([9]))
     with raises(TypeError, "gv", "scale"):
         flashgla.fused_recurrent_gla(q, k, v, F.logsigmoid(q), 0.5)
     with raises(NotImplementedError, "gv"):
@@ -289,10 +294,16 @@ def test_errors_name_the_argument(gen):
         flashgla.chunk_linear_attn(q, k, v, initial_state=(h0, None), normalize=False)
     with raises(ValueError, "initial_state", "pair"):
         flashgla.chunk_linear_attn(q, k, v, initial_state=(h0,))
-    with raises(ValueError, "z_init", "[N, 1, H, K]"):
+    with raises(ValueError, "initial_state", "z_state [N, 1, H, K] = [2, 1, 3, 8]", "[2, 3, 8]"):
         flashgla.chunk_linear_attn(q, k, v, initial_state=(h0, torch.zeros(2, 3, 8)))
-    with raises(ValueError, "z_init", "[N, H, K]"):
+    with raises(ValueError, "initial_state", "z_state [N, 1, H, K] = [2, 1, 3, 8]", "[1, 1, 3, 8]"):
         flashgla.chunk_linear_attn(q, k, v, initial_state=(h0, torch.zeros(1, 1, 3, 8)))
+    with raises(ValueError, "z_init", "[N, 1, H, K]"):  # the normaliser op itself: the C++ API's name
+        flashgla.gla._linear_attn_normalize(v, q, k, torch.zeros(2, 3, 8), None, None, None, False)
+    with raises(TypeError, "reverse", "cu_seqlens"):  # FLA 0.6: reverse comes after output_final_state
+        flashgla.fused_recurrent_linear_attn(q, k, v, None, None, False, cu([9]))
+    with raises(TypeError, "reverse", "cu_seqlens"):
+        flashgla.fused_recurrent_gla(q, k, v, F.logsigmoid(q), None, None, None, False, cu([9]))
     with raises(ValueError, "transpose_state_layout"):
         flashgla.fused_recurrent_gla(q, k, v, transpose_state_layout=True, state_v_first=True)
 
