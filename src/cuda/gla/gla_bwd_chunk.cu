@@ -29,149 +29,10 @@
 // it differentiates, so gates of −20 per step give tiny, accurate dg.
 #include "cuda/common/host.cuh"
 #include "cuda/gla/gla_bwd_device.cuh"
+#include "cuda/gla/stages/chunk_bwd.cuh"
 
 namespace flashgla::cuda::gla_bwd {
 namespace {
-
-constexpr int kSubs = kChunk / kSub;  // 4 sub-chunks per chunk
-
-// Phase A's key stage (rows of 64 columns) for A, between sub-chunks and, where
-// the gates allow (a "factored" sub-chunk, see mark_wide_subchunks), inside
-// one: sub-chunk I takes keys of rows j < 16 (I + 1), k_j exp(Γ_{16I} − Γ_j),
-// from key_stage_row(I).
-__host__ __device__ constexpr int key_stage_row(int I) { return kSub * I * (I + 1) / 2; }
-constexpr int kStageRows = key_stage_row(kSubs);  // 160
-// Key stage row -> its sub-chunk I and key row j.
-__device__ __forceinline__ int key_stage_sub(int row) {
-  return row < key_stage_row(1) ? 0 : (row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3));
-}
-__device__ __forceinline__ int key_stage_key(int row) { return row - key_stage_row(key_stage_sub(row)); }
-
-// Phase C's stages hold only the rows its products read (dq and dk take no
-// pairs inside a sub-chunk): sub-chunk I's keys j < 16 I, k_j exp(Γ_{16I} − Γ_j),
-// from between_key_row(I); sub-chunk J's queries i >= 16 (J + 1),
-// q_i exp(Γ_i − Γ_{16J+15}), from between_query_row(J); 96 rows each.
-__host__ __device__ constexpr int between_key_row(int I) { return kSub * I * (I - 1) / 2; }
-__host__ __device__ constexpr int between_query_row(int J) { return kSub * J * (2 * kSubs - 1 - J) / 2; }
-constexpr int kBetweenRows = between_key_row(kSubs);  // 96
-static_assert(between_query_row(kSubs - 1) == kBetweenRows, "both stages hold every pair between sub-chunks");
-__device__ __forceinline__ int between_key_sub(int row) {
-  return row < between_key_row(2) ? 1 : (row < between_key_row(3) ? 2 : 3);
-}
-__device__ __forceinline__ int between_query_sub(int row) {
-  return row < between_query_row(1) ? 0 : (row < between_query_row(2) ? 1 : 2);
-}
-__device__ __forceinline__ int between_key_key(int row) { return row - between_key_row(between_key_sub(row)); }
-__device__ __forceinline__ int between_query_query(int row) {
-  const int J = between_query_sub(row);
-  return kSub * (J + 1) + row - between_query_row(J);
-}
-
-// For A (phase A), pairs inside a sub-chunk may go through the products as
-// well when its 16 rows of Γ span at most p.diag_factor_limit (log2 units) in
-// every key column of the tile: the operands are then scaled against a row of
-// the sub-chunk by factors within 2^±limit, which bf16 and fp32 hold. Else
-// (gates of −20 per step, say) those pairs are summed element by element, each
-// with its own exponent. On by default (kDiagFactorLimit); dq and dk keep the
-// element-wise sums: factoring them too raised dg's error 3-4x, past 1e-2
-// (bench/notes_gla_bwd.md), while A feeds only dv. Threads 64 s.. cover
-// sub-chunk s; each warp writes whether any of its columns is too wide into
-// flags[warp] (read after a barrier).
-template <class GT>
-__device__ __forceinline__ void mark_wide_subchunks(const GT* sG, int* flags, float limit) {
-  static_assert(kChunkThreads == kSubs * kTile, "one thread per (sub-chunk, column)");
-  const int s = threadIdx.x / kTile, c = threadIdx.x % kTile;
-  GT lo = sG[kSub * s * kLdF + c], hi = lo;
-#pragma unroll
-  for (int i = 1; i < kSub; ++i) {
-    const GT x = sG[(kSub * s + i) * kLdF + c];
-    lo = x < lo ? x : lo;
-    hi = x > hi ? x : hi;
-  }
-  const bool wide = !(hi - lo <= GT(limit));  // NaN or inf: wide
-  const bool any_wide = __any_sync(0xffffffffu, wide);
-  if ((threadIdx.x & 31) == 0) flags[threadIdx.x / 32] = any_wide;
-}
-
-// Shared memory. R is a work area whose layout changes with the phase:
-//   phase A: dO, V tiles (rows 0-127); then key stage (rows 0-159) and q̂ (160-223);
-//            then the factored part of A's diagonal blocks in fp32;
-//            A goes to the q tile's buffer and stays there through phase B;
-//   phase B: kValueGroup dO tiles, k̂, kValueGroup dS tiles; then dv in fp32;
-//   phase C: key and query stages (rows 0-191);
-//            then dO, V, S, dS tiles (rows 0-255);
-//            then dq', dk^{(S)}, dk^{(A)'} in fp32 (three 64 x kLdF arrays).
-template <class T, class GT>
-struct ChunkSmem {
-  static constexpr size_t tile = size_t(kTile) * kLd<T> * sizeof(T);
-  static constexpr size_t tile_f = size_t(kTile) * kLdF * sizeof(float);
-  static constexpr int kDiagLd = kSub + 1;
-  static constexpr size_t q = 0;                               // q tile of the current key tile
-  static constexpr size_t k = q + tile;                        // k tile
-  static constexpr size_t dA = k + tile;                       // dA, compute type (mma operand)
-  static constexpr size_t dA_diag = dA + tile;                 // dA's diagonal blocks in fp32, [64][kDiagLd]
-  static constexpr size_t gates = dA_diag + size_t(kChunk) * kDiagLd * sizeof(float);  // Γ of the key tile
-  static constexpr size_t r = gates + size_t(kTile) * kLdF * sizeof(GT);
-  // Phase B holds 2 kValueGroup + 1 tiles: two value tiles at a time where that fits.
-  static constexpr int kValueGroup = sizeof(T) == 2 ? 2 : 1;
-  static constexpr size_t r_tiles = 2 * kValueGroup + 1 > 4 ? 2 * kValueGroup + 1 : 4;
-  static constexpr size_t r_bytes = r_tiles * tile > 3 * tile_f ? r_tiles * tile : 3 * tile_f;
-  static_assert(size_t(2 * kBetweenRows) * kLd<T> * sizeof(T) <= r_bytes, "phase C: both stages in R");
-  static_assert(size_t(kStageRows + kChunk) * kLd<T> * sizeof(T) + size_t(kChunk) * kDiagLd * sizeof(float) <= r_bytes,
-                "phase A: key stage, q̂ and the diagonal blocks' element-wise sums in R");
-  static_assert(kValueGroup * tile_f <= r_bytes, "phase B stages dv (fp32) in R");
-  static_assert(size_t(kTile) * kLdF * sizeof(GT) >= size_t(kTileElems) * sizeof(bf16),
-                "the gates' buffer holds a raw bf16 gate tile (start_gate_tile)");
-  static_assert(gates % 16 == 0, "cp.async into the gates' buffer");
-  static constexpr size_t totals = r + r_bytes;                // dg: per sub-chunk sums, 2 x [4][64]
-  static constexpr size_t state_term = totals + 2 * kSubs * kTile * sizeof(float);  // [64]
-  static constexpr size_t row_sums = state_term + kTile * sizeof(float);           // [64], scalar gate
-  static constexpr size_t wide = row_sums + kTile * sizeof(float);                 // [8] warps' flags
-  static constexpr size_t bytes = wide + 8 * sizeof(int);
-};
-
-// The rows of the diagonal block whose A entries warp half hc computes: an
-// interleaving that gives both halves 68 of the 136 pairs j <= i.
-__device__ __forceinline__ int diagonal_row(int hc, int m) {
-  return 4 * (m >> 1) + (hc == 0 ? ((m & 1) ? 3 : 0) : ((m & 1) ? 2 : 1));
-}
-
-// The gate tile of key columns c0.. as Γ in sG, in two steps around the
-// caller's cp_async_commit_and_wait_all(): with kPlain and a vector gate (bf16 rows, as
-// its dg), its rows are copied asynchronously into sG itself, with the other
-// tiles, then read back and summed; else (or with p.gate_in_registers) loaded
-// into registers (load_gate_tile). Waiting on the register loads of the gate
-// was the largest single stall of the general kernel in a profile
-// (bench/notes_gla_bwd.md); the copies cost one more barrier.
-// sG must be free (no reader left) when start_gate_tile is called.
-template <class GT, bool kPlain>
-__device__ __forceinline__ GateTile<GT, kChunkThreads> start_gate_tile(const Params& p, GT* sG, int64_t b, int64_t t0,
-                                                                       int rows, int64_t h, int c0) {
-  if (kPlain && p.gate == GateKind::vector && !p.gate_in_registers) {
-    constexpr int kPieces = kTile * sizeof(bf16) / 16;  // 16-byte pieces per row
-    const bf16* src = static_cast<const bf16*>(p.g.data) + offset4(p.g, b, t0, h, c0);
-    bf16* raw = reinterpret_cast<bf16*>(sG);
-    for_each_item<kChunkThreads, kTile * kPieces>([&](int idx) {
-      const int r = idx / kPieces, c = idx % kPieces * 8;  // rows past `rows`: zero, a flat Γ
-      cp_async16_ordered(raw + r * kTile + c, r < rows ? src + (r * int(p.g.stride[1]) + c) : src, r < rows ? 16 : 0);
-    });
-    return {};
-  }
-  return load_gate_tile<GT, kChunkThreads, kPlain>(p, b, t0, rows, h, c0);
-}
-
-template <class GT, bool kPlain>
-__device__ __forceinline__ void finish_gate_tile(const Params& p, GT* sG, GateTile<GT, kChunkThreads>& gate) {
-  if (kPlain && p.gate == GateKind::vector && !p.gate_in_registers) {
-    __syncthreads();  // every thread's copies have landed
-    using Tile = GateTile<GT, kChunkThreads>;
-    const int c = threadIdx.x % kTile, first = (threadIdx.x / kTile) * Tile::kRows;
-    const bf16* raw = reinterpret_cast<const bf16*>(sG);
-#pragma unroll
-    for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
-  }
-  store_gate_cumsum<GT, kChunkThreads>(sG, gate);  // its first barrier ends the reads above
-}
 
 // kPlain (bf16 only): every tile of q, k, v, dO and of the outputs is whole
 // aligned 16-byte rows of bf16 (see plain_layout), so the kernel holds only the
@@ -196,7 +57,6 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   float* sTotB = sTotA + kSubs * kTile;
   float* sStateTerm = reinterpret_cast<float*>(smem + Smem::state_term);
   float* sRowSums = reinterpret_cast<float*>(smem + Smem::row_sums);
-  int* sWide = reinterpret_cast<int*>(smem + Smem::wide);
 
   Seq seq;
   int64_t chunk;
@@ -211,135 +71,19 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   const GT* gamma = sG + (kChunk - 1) * LDF;  // γ: the last row of Γ
 
   // ---- phase A: dA --------------------------------------------------------------
-  // Warp (s, hc) computes the 16x16 blocks (s, J) for J = hc, hc + 2 with J <= s.
+  // (The stages' register arrays are declared here, in the kernel: see stages/chunk_bwd.cuh.)
   {
     float acc[2][2][4];
-    zero(acc[0]);
-    zero(acc[1]);
-    T* sDO = R;
-    T* sV = R + kTile * LD;
-    for (int vt = 0; vt < p.value_tiles; ++vt) {
-      load_tile_async<T, kChunkThreads, kPlain>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
-      load_tile_async<T, kChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
-      cp_async_commit_and_wait_all();
-      __syncthreads();
-#pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        const int J = hc + 2 * jj;
-        if (J <= s) warp_gemm<2, false, true>(acc[jj], sDO + kSub * s * LD, LD, sV + kSub * J * LD, LD, kTile);
-      }
-      __syncthreads();
-    }
-#pragma unroll
-    for (int jj = 0; jj < 2; ++jj) {
-      const int J = hc + 2 * jj;
-      if (J > s) continue;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = kSub * s + acc_row(e), j = kSub * J + acc_col(nt, e);
-          const float x = j <= i ? scale * acc[jj][nt][e] : 0.f;
-          sdA[i * LD + j] = from_float<T>(j == i ? 0.f : x);  // the products take pairs j < i only
-          if (J == s) sdAd[i * LDD + j - kSub * s] = x;
-        }
-    }
+    chunk_bwd_dA<T, GT, kPlain>(p, b, t0, rows, h, s, hc, V, scale, acc);
   }
 
-  // ---- phase A: A ---------------------------------------------------------------
-  // Off-diagonal blocks (s, J), J = hc, hc + 2 < s, on the products; the
-  // diagonal block (s, s) too for key tiles where sub-chunk s is factored,
-  // else element by element, rows diagonal_row(hc, 0..7).
+  // ---- phase A: A (the forward's intra-chunk scores, recomputed) -----------------
   {
     float acc[2][2][4];
-    zero(acc[0]);
-    zero(acc[1]);
-    T* sKStage = R;                       // key_stage rows
-    T* sQHat = R + kStageRows * LD;       // row i: q_i exp(Γ_i − Γ_{16 s(i)})
-    // The element-wise part of the diagonal blocks, [64][LDD] fp32 after q̂,
-    // each entry summed by the one lane that holds it (rows diagonal_row,
-    // column j): in shared memory rather than registers so that the loop over
-    // those rows keeps one body (8 unrolled bodies were a fifth of the code).
-    float* sDiagElem = reinterpret_cast<float*>(sQHat + kChunk * LD);
-    const int diag_col = transpose_reduce_index<kSub>();  // the column whose sums this lane holds
-    if ((lane & 1) == 0) {
-#pragma unroll 1
-      for (int m = 0; m < 8; ++m) sDiagElem[(kSub * s + diagonal_row(hc, m)) * LDD + diag_col] = 0.f;
-    }
-    for (int kt = 0; kt < p.key_tiles; ++kt) {
-      auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
-      load_tile_async<T, kChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
-      load_tile_async<T, kChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
-      cp_async_commit_and_wait_all();
-      finish_gate_tile<GT, kPlain>(p, sG, gate);
-      mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
-      map_rows<T, kChunkThreads, kStageRows, kPlain>(sKStage, sK, key_stage_key, [&](int row, int col, float x) {
-        return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + col] - sG[key_stage_key(row) * LDF + col]);
-      });
-      map_rows<T, kChunkThreads, kChunk, kPlain>(sQHat, sQ, [](int r) { return r; }, [&](int i, int col, float x) {
-        return x * exp2_of(sG[i * LDF + col] - sG[(i / kSub) * kSub * LDF + col]);
-      });
-      __syncthreads();
-      const bool factored = !(sWide[2 * s] | sWide[2 * s + 1]);
-#pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        const int J = hc + 2 * jj;
-        if (J < s || (J == s && factored))
-          warp_gemm<2, false, true>(acc[jj], sQHat + kSub * s * LD, LD,
-                                    sKStage + (key_stage_row(s) + kSub * J) * LD, LD, kTile);
-      }
-      // Diagonal block: lanes over columns (two each, one at a time), then a sum over the warp.
-#pragma unroll 1
-      for (int half = 0; half < (factored ? 0 : 2); ++half) {
-        const int c = lane + 32 * half;
-        float k_reg[kSub];
-        GT g_reg[kSub];
-#pragma unroll
-        for (int j = 0; j < kSub; ++j) {
-          k_reg[j] = to_float(sK[(kSub * s + j) * LD + c]);
-          g_reg[j] = sG[(kSub * s + j) * LDF + c];
-        }
-#pragma unroll 1
-        for (int m = 0; m < 8; ++m) {
-          const int i = diagonal_row(hc, m);
-          const float qi = to_float(sQ[(kSub * s + i) * LD + c]);
-          const GT gi = sG[(kSub * s + i) * LDF + c];
-          float part[kSub];
-#pragma unroll
-          for (int j = 0; j < kSub; ++j) part[j] = j <= i ? qi * k_reg[j] * exp2_of(gi - g_reg[j]) : 0.f;
-          const float sum = transpose_reduce<kSub>(part);
-          if ((lane & 1) == 0) sDiagElem[(kSub * s + i) * LDD + diag_col] += sum;
-        }
-      }
-      __syncthreads();
-    }
-    // A (scaled) into sA: off-diagonal blocks; the diagonal block (zero above
-    // the diagonal) sums its product part (via fp32 in R, free now) and its
-    // element-wise part.
-    float* sDiagProduct = reinterpret_cast<float*>(R);  // [64][LDD]
-#pragma unroll
-    for (int jj = 0; jj < 2; ++jj) {
-      const int J = hc + 2 * jj;
-      if (J > s) continue;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = kSub * s + acc_row(e), j = kSub * J + acc_col(nt, e);
-          if (J < s) sA[i * LD + j] = from_float<T>(scale * acc[jj][nt][e]);
-          else sDiagProduct[i * LDD + j - kSub * s] = acc[jj][nt][e];
-        }
-    }
-    __syncthreads();
-    if ((lane & 1) == 0) {
-      const int j = diag_col;
-#pragma unroll
-      for (int m = 0; m < 8; ++m) {
-        const int i = diagonal_row(hc, m);
-        const float a = sDiagElem[(kSub * s + i) * LDD + j] + sDiagProduct[(kSub * s + i) * LDD + j];
-        sA[(kSub * s + i) * LD + kSub * s + j] = from_float<T>(j <= i ? scale * a : 0.f);
-      }
-    }
+    float k_reg[kSub];
+    GT g_reg[kSub];
+    float part[kSub];
+    chunk_fwd_intra<T, GT, kPlain>(p, b, t0, rows, h, s, hc, lane, K, scale, acc, k_reg, g_reg, part);
   }
   __syncthreads();
 

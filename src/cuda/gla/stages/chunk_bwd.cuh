@@ -1,0 +1,310 @@
+// The stages of the chunked GLA backward's chunk kernel (gla_bwd_chunk.cu), named like their CPU twins in
+// src/cpu/gla/stages.h (and FLA's): chunk_bwd_dA (dA = scale (dO V^T) ⊙ M) and chunk_fwd_intra (the forward's
+// intra-chunk A, recomputed); phases B (dv) and C (dq, dk, dg) are still written out in the kernel. Every stage
+// runs on the whole block (8 warps, warp (s, hc): sub-chunk s, column half hc) with the kernel's tiles in shared
+// memory; the kernel composes them. The kernel's generated code is the same as before the stages were named
+// (scripts/ptx_same.sh), which takes three rules: the kernel owns the stages' register arrays and passes them by
+// reference (arrays local to an inlined function change the order in which the compiler allocates the kernel's
+// registers), a stage derives its shared-memory pointers from `smem` itself (passed in, the compiler folds the
+// offsets differently), and the order of the kernel's aggregates stays as it was (phase B as a stage, with its
+// own gate tile, reorders them: the reason it is not one yet). Also here: the shared-memory layout (ChunkSmem)
+// and the helpers the stages share.
+#pragma once
+
+#include "cuda/gla/gla_bwd_device.cuh"
+
+namespace flashgla::cuda::gla_bwd {
+namespace {
+
+constexpr int kSubs = kChunk / kSub;  // 4 sub-chunks per chunk
+
+// Phase A's key stage (rows of 64 columns) for A, between sub-chunks and, where
+// the gates allow (a "factored" sub-chunk, see mark_wide_subchunks), inside
+// one: sub-chunk I takes keys of rows j < 16 (I + 1), k_j exp(Γ_{16I} − Γ_j),
+// from key_stage_row(I).
+__host__ __device__ constexpr int key_stage_row(int I) { return kSub * I * (I + 1) / 2; }
+constexpr int kStageRows = key_stage_row(kSubs);  // 160
+// Key stage row -> its sub-chunk I and key row j.
+__device__ __forceinline__ int key_stage_sub(int row) {
+  return row < key_stage_row(1) ? 0 : (row < key_stage_row(2) ? 1 : (row < key_stage_row(3) ? 2 : 3));
+}
+__device__ __forceinline__ int key_stage_key(int row) { return row - key_stage_row(key_stage_sub(row)); }
+
+// Phase C's stages hold only the rows its products read (dq and dk take no
+// pairs inside a sub-chunk): sub-chunk I's keys j < 16 I, k_j exp(Γ_{16I} − Γ_j),
+// from between_key_row(I); sub-chunk J's queries i >= 16 (J + 1),
+// q_i exp(Γ_i − Γ_{16J+15}), from between_query_row(J); 96 rows each.
+__host__ __device__ constexpr int between_key_row(int I) { return kSub * I * (I - 1) / 2; }
+__host__ __device__ constexpr int between_query_row(int J) { return kSub * J * (2 * kSubs - 1 - J) / 2; }
+constexpr int kBetweenRows = between_key_row(kSubs);  // 96
+static_assert(between_query_row(kSubs - 1) == kBetweenRows, "both stages hold every pair between sub-chunks");
+__device__ __forceinline__ int between_key_sub(int row) {
+  return row < between_key_row(2) ? 1 : (row < between_key_row(3) ? 2 : 3);
+}
+__device__ __forceinline__ int between_query_sub(int row) {
+  return row < between_query_row(1) ? 0 : (row < between_query_row(2) ? 1 : 2);
+}
+__device__ __forceinline__ int between_key_key(int row) { return row - between_key_row(between_key_sub(row)); }
+__device__ __forceinline__ int between_query_query(int row) {
+  const int J = between_query_sub(row);
+  return kSub * (J + 1) + row - between_query_row(J);
+}
+
+// For A (phase A), pairs inside a sub-chunk may go through the products as
+// well when its 16 rows of Γ span at most p.diag_factor_limit (log2 units) in
+// every key column of the tile: the operands are then scaled against a row of
+// the sub-chunk by factors within 2^±limit, which bf16 and fp32 hold. Else
+// (gates of −20 per step, say) those pairs are summed element by element, each
+// with its own exponent. On by default (kDiagFactorLimit); dq and dk keep the
+// element-wise sums: factoring them too raised dg's error 3-4x, past 1e-2
+// (bench/notes_gla_bwd.md), while A feeds only dv. Threads 64 s.. cover
+// sub-chunk s; each warp writes whether any of its columns is too wide into
+// flags[warp] (read after a barrier).
+template <class GT>
+__device__ __forceinline__ void mark_wide_subchunks(const GT* sG, int* flags, float limit) {
+  static_assert(kChunkThreads == kSubs * kTile, "one thread per (sub-chunk, column)");
+  const int s = threadIdx.x / kTile, c = threadIdx.x % kTile;
+  GT lo = sG[kSub * s * kLdF + c], hi = lo;
+#pragma unroll
+  for (int i = 1; i < kSub; ++i) {
+    const GT x = sG[(kSub * s + i) * kLdF + c];
+    lo = x < lo ? x : lo;
+    hi = x > hi ? x : hi;
+  }
+  const bool wide = !(hi - lo <= GT(limit));  // NaN or inf: wide
+  const bool any_wide = __any_sync(0xffffffffu, wide);
+  if ((threadIdx.x & 31) == 0) flags[threadIdx.x / 32] = any_wide;
+}
+
+// Shared memory. R is a work area whose layout changes with the phase:
+//   phase A: dO, V tiles (rows 0-127); then key stage (rows 0-159) and q̂ (160-223);
+//            then the factored part of A's diagonal blocks in fp32;
+//            A goes to the q tile's buffer and stays there through phase B;
+//   phase B: kValueGroup dO tiles, k̂, kValueGroup dS tiles; then dv in fp32;
+//   phase C: key and query stages (rows 0-191);
+//            then dO, V, S, dS tiles (rows 0-255);
+//            then dq', dk^{(S)}, dk^{(A)'} in fp32 (three 64 x kLdF arrays).
+template <class T, class GT>
+struct ChunkSmem {
+  static constexpr size_t tile = size_t(kTile) * kLd<T> * sizeof(T);
+  static constexpr size_t tile_f = size_t(kTile) * kLdF * sizeof(float);
+  static constexpr int kDiagLd = kSub + 1;
+  static constexpr size_t q = 0;                               // q tile of the current key tile
+  static constexpr size_t k = q + tile;                        // k tile
+  static constexpr size_t dA = k + tile;                       // dA, compute type (mma operand)
+  static constexpr size_t dA_diag = dA + tile;                 // dA's diagonal blocks in fp32, [64][kDiagLd]
+  static constexpr size_t gates = dA_diag + size_t(kChunk) * kDiagLd * sizeof(float);  // Γ of the key tile
+  static constexpr size_t r = gates + size_t(kTile) * kLdF * sizeof(GT);
+  // Phase B holds 2 kValueGroup + 1 tiles: two value tiles at a time where that fits.
+  static constexpr int kValueGroup = sizeof(T) == 2 ? 2 : 1;
+  static constexpr size_t r_tiles = 2 * kValueGroup + 1 > 4 ? 2 * kValueGroup + 1 : 4;
+  static constexpr size_t r_bytes = r_tiles * tile > 3 * tile_f ? r_tiles * tile : 3 * tile_f;
+  static_assert(size_t(2 * kBetweenRows) * kLd<T> * sizeof(T) <= r_bytes, "phase C: both stages in R");
+  static_assert(size_t(kStageRows + kChunk) * kLd<T> * sizeof(T) + size_t(kChunk) * kDiagLd * sizeof(float) <= r_bytes,
+                "phase A: key stage, q̂ and the diagonal blocks' element-wise sums in R");
+  static_assert(kValueGroup * tile_f <= r_bytes, "phase B stages dv (fp32) in R");
+  static_assert(size_t(kTile) * kLdF * sizeof(GT) >= size_t(kTileElems) * sizeof(bf16),
+                "the gates' buffer holds a raw bf16 gate tile (start_gate_tile)");
+  static_assert(gates % 16 == 0, "cp.async into the gates' buffer");
+  static constexpr size_t totals = r + r_bytes;                // dg: per sub-chunk sums, 2 x [4][64]
+  static constexpr size_t state_term = totals + 2 * kSubs * kTile * sizeof(float);  // [64]
+  static constexpr size_t row_sums = state_term + kTile * sizeof(float);           // [64], scalar gate
+  static constexpr size_t wide = row_sums + kTile * sizeof(float);                 // [8] warps' flags
+  static constexpr size_t bytes = wide + 8 * sizeof(int);
+};
+
+// The rows of the diagonal block whose A entries warp half hc computes: an
+// interleaving that gives both halves 68 of the 136 pairs j <= i.
+__device__ __forceinline__ int diagonal_row(int hc, int m) {
+  return 4 * (m >> 1) + (hc == 0 ? ((m & 1) ? 3 : 0) : ((m & 1) ? 2 : 1));
+}
+
+// The gate tile of key columns c0.. as Γ in sG, in two steps around the
+// caller's cp_async_commit_and_wait_all(): with kPlain and a vector gate (bf16 rows, as
+// its dg), its rows are copied asynchronously into sG itself, with the other
+// tiles, then read back and summed; else (or with p.gate_in_registers) loaded
+// into registers (load_gate_tile). Waiting on the register loads of the gate
+// was the largest single stall of the general kernel in a profile
+// (bench/notes_gla_bwd.md); the copies cost one more barrier.
+// sG must be free (no reader left) when start_gate_tile is called.
+template <class GT, bool kPlain>
+__device__ __forceinline__ GateTile<GT, kChunkThreads> start_gate_tile(const Params& p, GT* sG, int64_t b, int64_t t0,
+                                                                       int rows, int64_t h, int c0) {
+  if (kPlain && p.gate == GateKind::vector && !p.gate_in_registers) {
+    constexpr int kPieces = kTile * sizeof(bf16) / 16;  // 16-byte pieces per row
+    const bf16* src = static_cast<const bf16*>(p.g.data) + offset4(p.g, b, t0, h, c0);
+    bf16* raw = reinterpret_cast<bf16*>(sG);
+    for_each_item<kChunkThreads, kTile * kPieces>([&](int idx) {
+      const int r = idx / kPieces, c = idx % kPieces * 8;  // rows past `rows`: zero, a flat Γ
+      cp_async16_ordered(raw + r * kTile + c, r < rows ? src + (r * int(p.g.stride[1]) + c) : src, r < rows ? 16 : 0);
+    });
+    return {};
+  }
+  return load_gate_tile<GT, kChunkThreads, kPlain>(p, b, t0, rows, h, c0);
+}
+
+template <class GT, bool kPlain>
+__device__ __forceinline__ void finish_gate_tile(const Params& p, GT* sG, GateTile<GT, kChunkThreads>& gate) {
+  if (kPlain && p.gate == GateKind::vector && !p.gate_in_registers) {
+    __syncthreads();  // every thread's copies have landed
+    using Tile = GateTile<GT, kChunkThreads>;
+    const int c = threadIdx.x % kTile, first = (threadIdx.x / kTile) * Tile::kRows;
+    const bf16* raw = reinterpret_cast<const bf16*>(sG);
+#pragma unroll
+    for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
+  }
+  store_gate_cumsum<GT, kChunkThreads>(sG, gate);  // its first barrier ends the reads above
+}
+
+// Phase A, dA = scale (dO V^T) ⊙ M over the value tiles, into sdA (compute type, zero on and above the diagonal:
+// the products take pairs j < i only) and the diagonal blocks into sdAd (fp32, with the diagonal).
+// Warp (s, hc) computes the 16x16 blocks (s, J) for J = hc, hc + 2 with J <= s.
+template <class T, class GT, bool kPlain>
+__device__ __forceinline__ void chunk_bwd_dA(const Params& p, int64_t b, int64_t t0, int rows, int h, int s, int hc,
+                                             int V, float scale, float (&acc)[2][2][4]) {
+  using Smem = ChunkSmem<T, GT>;
+  constexpr int LD = kLd<T>;
+  constexpr int LDD = Smem::kDiagLd;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sdA = reinterpret_cast<T*>(smem + Smem::dA);
+  float* sdAd = reinterpret_cast<float*>(smem + Smem::dA_diag);
+  T* R = reinterpret_cast<T*>(smem + Smem::r);
+  zero(acc[0]);
+  zero(acc[1]);
+  T* sDO = R;
+  T* sV = R + kTile * LD;
+  for (int vt = 0; vt < p.value_tiles; ++vt) {
+    load_tile_async<T, kChunkThreads, kPlain>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+    load_tile_async<T, kChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+    cp_async_commit_and_wait_all();
+    __syncthreads();
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      const int J = hc + 2 * jj;
+      if (J <= s) warp_gemm<2, false, true>(acc[jj], sDO + kSub * s * LD, LD, sV + kSub * J * LD, LD, kTile);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj) {
+    const int J = hc + 2 * jj;
+    if (J > s) continue;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = kSub * s + acc_row(e), j = kSub * J + acc_col(nt, e);
+        const float x = j <= i ? scale * acc[jj][nt][e] : 0.f;
+        sdA[i * LD + j] = from_float<T>(j == i ? 0.f : x);  // the products take pairs j < i only
+        if (J == s) sdAd[i * LDD + j - kSub * s] = x;
+      }
+  }
+}
+
+// Phase A, the forward's intra-chunk A recomputed (scaled) into sA, over the key tiles (seed 002 steps 3-4).
+// Off-diagonal blocks (s, J), J = hc, hc + 2 < s, on the products; the diagonal block (s, s) too for key tiles
+// where sub-chunk s is factored, else element by element, rows diagonal_row(hc, 0..7).
+template <class T, class GT, bool kPlain>
+__device__ __forceinline__ void chunk_fwd_intra(const Params& p, int64_t b, int64_t t0, int rows, int h, int s, int hc,
+                                                int lane, int K, float scale, float (&acc)[2][2][4],
+                                                float (&k_reg)[kSub], GT (&g_reg)[kSub], float (&part)[kSub]) {
+  using Smem = ChunkSmem<T, GT>;
+  constexpr int LD = kLd<T>;
+  constexpr int LDF = kLdF;
+  constexpr int LDD = Smem::kDiagLd;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem + Smem::q);
+  T* sK = reinterpret_cast<T*>(smem + Smem::k);
+  GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
+  T* R = reinterpret_cast<T*>(smem + Smem::r);
+  T* sA = sQ;  // A, from here through phase B (q is reloaded in phase C)
+  int* sWide = reinterpret_cast<int*>(smem + Smem::wide);
+  zero(acc[0]);
+  zero(acc[1]);
+  T* sKStage = R;                       // key_stage rows
+  T* sQHat = R + kStageRows * LD;       // row i: q_i exp(Γ_i − Γ_{16 s(i)})
+  // The element-wise part of the diagonal blocks, [64][LDD] fp32 after q̂,
+  // each entry summed by the one lane that holds it (rows diagonal_row,
+  // column j): in shared memory rather than registers so that the loop over
+  // those rows keeps one body (8 unrolled bodies were a fifth of the code).
+  float* sDiagElem = reinterpret_cast<float*>(sQHat + kChunk * LD);
+  const int diag_col = transpose_reduce_index<kSub>();  // the column whose sums this lane holds
+  if ((lane & 1) == 0) {
+#pragma unroll 1
+    for (int m = 0; m < 8; ++m) sDiagElem[(kSub * s + diagonal_row(hc, m)) * LDD + diag_col] = 0.f;
+  }
+  for (int kt = 0; kt < p.key_tiles; ++kt) {
+    auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+    load_tile_async<T, kChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+    load_tile_async<T, kChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+    cp_async_commit_and_wait_all();
+    finish_gate_tile<GT, kPlain>(p, sG, gate);
+    mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
+    map_rows<T, kChunkThreads, kStageRows, kPlain>(sKStage, sK, key_stage_key, [&](int row, int col, float x) {
+      return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + col] - sG[key_stage_key(row) * LDF + col]);
+    });
+    map_rows<T, kChunkThreads, kChunk, kPlain>(sQHat, sQ, [](int r) { return r; }, [&](int i, int col, float x) {
+      return x * exp2_of(sG[i * LDF + col] - sG[(i / kSub) * kSub * LDF + col]);
+    });
+    __syncthreads();
+    const bool factored = !(sWide[2 * s] | sWide[2 * s + 1]);
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      const int J = hc + 2 * jj;
+      if (J < s || (J == s && factored))
+        warp_gemm<2, false, true>(acc[jj], sQHat + kSub * s * LD, LD,
+                                  sKStage + (key_stage_row(s) + kSub * J) * LD, LD, kTile);
+    }
+    // Diagonal block: lanes over columns (two each, one at a time), then a sum over the warp.
+#pragma unroll 1
+    for (int half = 0; half < (factored ? 0 : 2); ++half) {
+      const int c = lane + 32 * half;
+#pragma unroll
+      for (int j = 0; j < kSub; ++j) {
+        k_reg[j] = to_float(sK[(kSub * s + j) * LD + c]);
+        g_reg[j] = sG[(kSub * s + j) * LDF + c];
+      }
+#pragma unroll 1
+      for (int m = 0; m < 8; ++m) {
+        const int i = diagonal_row(hc, m);
+        const float qi = to_float(sQ[(kSub * s + i) * LD + c]);
+        const GT gi = sG[(kSub * s + i) * LDF + c];
+#pragma unroll
+        for (int j = 0; j < kSub; ++j) part[j] = j <= i ? qi * k_reg[j] * exp2_of(gi - g_reg[j]) : 0.f;
+        const float sum = transpose_reduce<kSub>(part);
+        if ((lane & 1) == 0) sDiagElem[(kSub * s + i) * LDD + diag_col] += sum;
+      }
+    }
+    __syncthreads();
+  }
+  // A (scaled) into sA: off-diagonal blocks; the diagonal block (zero above
+  // the diagonal) sums its product part (via fp32 in R, free now) and its
+  // element-wise part.
+  float* sDiagProduct = reinterpret_cast<float*>(R);  // [64][LDD]
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj) {
+    const int J = hc + 2 * jj;
+    if (J > s) continue;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = kSub * s + acc_row(e), j = kSub * J + acc_col(nt, e);
+        if (J < s) sA[i * LD + j] = from_float<T>(scale * acc[jj][nt][e]);
+        else sDiagProduct[i * LDD + j - kSub * s] = acc[jj][nt][e];
+      }
+  }
+  __syncthreads();
+  if ((lane & 1) == 0) {
+    const int j = diag_col;
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      const int i = diagonal_row(hc, m);
+      const float a = sDiagElem[(kSub * s + i) * LDD + j] + sDiagProduct[(kSub * s + i) * LDD + j];
+      sA[(kSub * s + i) * LD + kSub * s + j] = from_float<T>(j <= i ? scale * a : 0.f);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flashgla::cuda::gla_bwd
