@@ -52,7 +52,6 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   constexpr int LDD = Smem::kDiagLd;
   GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
   T* R = reinterpret_cast<T*>(smem + Smem::r);
-  T* sA = sQ;  // A, from the end of phase A through phase B (q is reloaded in phase C)
   float* sTotA = reinterpret_cast<float*>(smem + Smem::totals);
   float* sTotB = sTotA + kSubs * kTile;
   float* sStateTerm = reinterpret_cast<float*>(smem + Smem::state_term);
@@ -91,62 +90,10 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   wait_for_previous_grid();
 
   // ---- phase B: dv ----------------------------------------------------------------
-  // Warp (s, hc): rows of sub-chunk s, value columns 32 hc.. of each value tile;
-  // kGroup value tiles at a time, so that k̂ = k ⊙ exp(γ − Γ) is built once per group.
   {
-    constexpr int kGroup = Smem::kValueGroup;
-    T* sDO = R;                          // kGroup tiles
-    T* sKHat = R + kGroup * kTile * LD;
-    T* sDS = sKHat + kTile * LD;         // kGroup tiles
-    for (int vt0 = 0; vt0 < p.value_tiles; vt0 += kGroup) {
-      const int group = p.value_tiles - vt0 < kGroup ? p.value_tiles - vt0 : kGroup;
-      for (int j = 0; j < group; ++j)
-        load_tile_async<T, kChunkThreads, kPlain>(sDO + j * kTile * LD, p.d_o, b, t0, rows, h, (vt0 + j) * kTile, V);
-      cp_async_commit_and_wait_all();
-      __syncthreads();
-      float acc[kGroup][4][4];
-#pragma unroll
-      for (int j = 0; j < kGroup; ++j) {
-        zero(acc[j]);
-        // A^T dO: rows j of sub-chunk s take rows i >= 16 s (A is zero above the diagonal).
-        if (j < group)
-          warp_gemm<4, true, false>(acc[j], sA + kSub * s * LD + kSub * s, LD,
-                                    sDO + j * kTile * LD + kSub * s * LD + 32 * hc, LD, kChunk - kSub * s);
-      }
-      for (int kt = 0; kt < p.key_tiles; ++kt) {
-        auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
-        const bool k_plain = kPlain || plain_tile<T>(p.k, b, t0, h, kt * kTile, K);  // else loaded scaled, below
-        if (k_plain) load_tile_async<T, kChunkThreads, kPlain>(sKHat, p.k, b, t0, rows, h, kt * kTile, K);
-        for (int j = 0; j < group; ++j)
-          copy_tile_in<T, kChunkThreads>(sDS + j * kTile * LD,
-                                         static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
-        cp_async_commit_and_wait_all();
-        finish_gate_tile<GT, kPlain>(p, sG, gate);
-        auto k_hat = [=](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
-        if (k_plain) transform_tile<T, kChunkThreads, kPlain>(sKHat, k_hat);
-        else load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, k_hat);
-        __syncthreads();
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j)
-          if (j < group)
-            warp_gemm<4, false, false>(acc[j], sKHat + kSub * s * LD, LD, sDS + j * kTile * LD + 32 * hc, LD, kTile);
-        __syncthreads();
-      }
-      // dv through shared memory (R is free now), stored whole rows at a time.
-      float* sDV = reinterpret_cast<float*>(R);  // kGroup fp32 tiles
-#pragma unroll
-      for (int j = 0; j < kGroup; ++j)
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; e += 2)
-            store_pair(sDV + j * kTile * LDF + (kSub * s + acc_row(e)) * LDF + 32 * hc + acc_col(nt, e), acc[j][nt][e],
-                       acc[j][nt][e + 1]);
-      __syncthreads();
-      for (int j = 0; j < group; ++j)
-        store_tile<kChunkThreads, kPlain>(p.dv, b, t0, rows, h, (vt0 + j) * kTile, V, sDV + j * kTile * LDF);
-      __syncthreads();  // R is read by the stores above
-    }
+    float acc[Smem::kValueGroup][4][4];
+    GateTile<GT, kChunkThreads> gate;
+    chunk_bwd_dv<T, GT, kPlain>(p, gamma, b, t0, slot, rows, h, s, hc, K, V, acc, gate);
   }
 
   // ---- phase C: dq, dk, dg, one key tile at a time ------------------------------------

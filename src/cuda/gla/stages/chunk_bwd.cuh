@@ -1,14 +1,15 @@
 // The stages of the chunked GLA backward's chunk kernel (gla_bwd_chunk.cu), named like their CPU twins in
-// src/cpu/gla/stages.h (and FLA's): chunk_bwd_dA (dA = scale (dO V^T) ⊙ M) and chunk_fwd_intra (the forward's
-// intra-chunk A, recomputed); phases B (dv) and C (dq, dk, dg) are still written out in the kernel. Every stage
-// runs on the whole block (8 warps, warp (s, hc): sub-chunk s, column half hc) with the kernel's tiles in shared
-// memory; the kernel composes them. The kernel's generated code is the same as before the stages were named
-// (scripts/ptx_same.sh), which takes three rules: the kernel owns the stages' register arrays and passes them by
-// reference (arrays local to an inlined function change the order in which the compiler allocates the kernel's
-// registers), a stage derives its shared-memory pointers from `smem` itself (passed in, the compiler folds the
-// offsets differently), and the order of the kernel's aggregates stays as it was (phase B as a stage, with its
-// own gate tile, reorders them: the reason it is not one yet). Also here: the shared-memory layout (ChunkSmem)
-// and the helpers the stages share.
+// src/cpu/gla/stages.h (and FLA's): chunk_bwd_dA (dA = scale (dO V^T) ⊙ M), chunk_fwd_intra (the forward's
+// intra-chunk A, recomputed) and chunk_bwd_dv (dv = A^T dO + k̂ dS); phase C (dq, dk, dg) is still written out in
+// the kernel. Every stage runs on the whole block (8 warps, warp (s, hc): sub-chunk s, column half hc) with the
+// kernel's tiles in shared memory; the kernel composes them. The kernel's generated code is the same as before
+// the stages were named (scripts/ptx_same.sh), which takes three rules: the kernel owns the stages' register
+// arrays and aggregates (accumulators, per-lane rows, gate tiles) and passes them by reference (those of an
+// inlined function are placed ahead of the kernel's own and change the order in which the compiler allocates
+// the kernel's registers); a stage derives its shared-memory pointers from `smem` itself (passed in, the
+// compiler folds the constant offsets differently); and a value the kernel computes once for later phases too
+// (gamma) is passed, not recomputed. Also here: the shared-memory layout (ChunkSmem) and the helpers the stages
+// share.
 #pragma once
 
 #include "cuda/gla/gla_bwd_device.cuh"
@@ -217,7 +218,7 @@ __device__ __forceinline__ void chunk_fwd_intra(const Params& p, int64_t b, int6
   T* sK = reinterpret_cast<T*>(smem + Smem::k);
   GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
   T* R = reinterpret_cast<T*>(smem + Smem::r);
-  T* sA = sQ;  // A, from here through phase B (q is reloaded in phase C)
+  T* sA = sQ;  // A, from here through chunk_bwd_dv (q is reloaded in phase C)
   int* sWide = reinterpret_cast<int*>(smem + Smem::wide);
   zero(acc[0]);
   zero(acc[1]);
@@ -303,6 +304,74 @@ __device__ __forceinline__ void chunk_fwd_intra(const Params& p, int64_t b, int6
       const float a = sDiagElem[(kSub * s + i) * LDD + j] + sDiagProduct[(kSub * s + i) * LDD + j];
       sA[(kSub * s + i) * LD + kSub * s + j] = from_float<T>(j <= i ? scale * a : 0.f);
     }
+  }
+}
+
+// Phase B, dv = A^T dO + k̂ dS with k̂ = k ⊙ exp(γ − Γ), stored. Warp (s, hc): rows of sub-chunk s, value columns
+// 32 hc.. of each value tile; kGroup value tiles at a time, so that k̂ is built once per group.
+template <class T, class GT, bool kPlain>
+__device__ __forceinline__ void chunk_bwd_dv(const Params& p, const GT* gamma, int64_t b, int64_t t0, int64_t slot,
+                                             int rows, int h, int s, int hc, int K, int V,
+                                             float (&acc)[ChunkSmem<T, GT>::kValueGroup][4][4],
+                                             GateTile<GT, kChunkThreads>& gate) {
+  using Smem = ChunkSmem<T, GT>;
+  constexpr int LD = kLd<T>;
+  constexpr int LDF = kLdF;
+  extern __shared__ __align__(16) unsigned char smem[];
+  GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
+  T* R = reinterpret_cast<T*>(smem + Smem::r);
+  T* sA = reinterpret_cast<T*>(smem + Smem::q);  // A (chunk_fwd_intra)
+  constexpr int kGroup = Smem::kValueGroup;
+  T* sDO = R;                          // kGroup tiles
+  T* sKHat = R + kGroup * kTile * LD;
+  T* sDS = sKHat + kTile * LD;         // kGroup tiles
+  for (int vt0 = 0; vt0 < p.value_tiles; vt0 += kGroup) {
+    const int group = p.value_tiles - vt0 < kGroup ? p.value_tiles - vt0 : kGroup;
+    for (int j = 0; j < group; ++j)
+      load_tile_async<T, kChunkThreads, kPlain>(sDO + j * kTile * LD, p.d_o, b, t0, rows, h, (vt0 + j) * kTile, V);
+    cp_async_commit_and_wait_all();
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      zero(acc[j]);
+      // A^T dO: rows j of sub-chunk s take rows i >= 16 s (A is zero above the diagonal).
+      if (j < group)
+        warp_gemm<4, true, false>(acc[j], sA + kSub * s * LD + kSub * s, LD,
+                                  sDO + j * kTile * LD + kSub * s * LD + 32 * hc, LD, kChunk - kSub * s);
+    }
+    for (int kt = 0; kt < p.key_tiles; ++kt) {
+      gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+      const bool k_plain = kPlain || plain_tile<T>(p.k, b, t0, h, kt * kTile, K);  // else loaded scaled, below
+      if (k_plain) load_tile_async<T, kChunkThreads, kPlain>(sKHat, p.k, b, t0, rows, h, kt * kTile, K);
+      for (int j = 0; j < group; ++j)
+        copy_tile_in<T, kChunkThreads>(sDS + j * kTile * LD,
+                                       static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
+      cp_async_commit_and_wait_all();
+      finish_gate_tile<GT, kPlain>(p, sG, gate);
+      auto k_hat = [=](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
+      if (k_plain) transform_tile<T, kChunkThreads, kPlain>(sKHat, k_hat);
+      else load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, k_hat);
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j)
+        if (j < group)
+          warp_gemm<4, false, false>(acc[j], sKHat + kSub * s * LD, LD, sDS + j * kTile * LD + 32 * hc, LD, kTile);
+      __syncthreads();
+    }
+    // dv through shared memory (R is free now), stored whole rows at a time.
+    float* sDV = reinterpret_cast<float*>(R);  // kGroup fp32 tiles
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2)
+          store_pair(sDV + j * kTile * LDF + (kSub * s + acc_row(e)) * LDF + 32 * hc + acc_col(nt, e), acc[j][nt][e],
+                     acc[j][nt][e + 1]);
+    __syncthreads();
+    for (int j = 0; j < group; ++j)
+      store_tile<kChunkThreads, kPlain>(p.dv, b, t0, rows, h, (vt0 + j) * kTile, V, sDV + j * kTile * LDF);
+    __syncthreads();  // R is read by the stores above
   }
 }
 
