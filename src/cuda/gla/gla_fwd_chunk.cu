@@ -186,26 +186,16 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
 
       if (!p.states_only) {
         // ---- O += (Q ⊙ exp Γ) S over this slice's keys ----
-#pragma unroll
-        for (int ks = 0; ks < KS / 16; ++ks) {
-          const auto bf = M::load_b_rows(S + (slice * KS + 16 * ks) * sp + 8 * cg, sp, lane);
-#pragma unroll
-          for (int mt = 0; mt < MT_O; ++mt) {
-            const auto af = M::load_a(Qg + 16 * (MT_O * part + mt) * PS + 16 * ks, PS, lane);
-            M::mma(o_acc[mt], af, bf);
-          }
+        {
+          typename M::B bf;
+          typename M::A af;
+          stages::chunk_fwd_o_state<E>(S, sp, Qg, slice, cg, part, lane, o_acc, bf, af);
         }
-        // ---- off-diagonal sub-chunk blocks of A (seed 002 step 3; chunk_fwd_intra's tensor-core part) ----
+        // ---- off-diagonal sub-chunk blocks of A (seed 002 step 3) ----
         if (warp < kPairs) {
-#pragma unroll
-          for (int ks = 0; ks < KS / 16; ++ks) {
-            const auto af = M::load_a(Qoff + (pair_i - 1) * 16 * PS + 16 * ks, PS, lane);
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-              const auto bf = M::load_b(Koff + (warp * 16 + 8 * nt) * PS + 16 * ks, PS, lane);
-              M::mma(a_off[nt], af, bf);
-            }
-          }
+          typename M::A af;
+          typename M::B bf;
+          stages::chunk_fwd_intra_offdiag<E>(Qoff, Koff, warp, pair_i, lane, a_off, af, bf);
         }
         // ---- diagonal blocks: A_rc += Σ_k q_rk k_ck Π_{c<s≤r} α_sk, in fp32 (seed 002 step 4) ----
         stages::chunk_fwd_intra_diag<E>(rq, rk, alpha_s, warp, lane, diag);

@@ -1,16 +1,17 @@
 // The stages of the general chunked forward (gla_fwd_chunk.cu): the steps of seed 002 as device functions named
-// like their CPU twins in src/cpu/gla/stages.h (and FLA's): chunk_local_cumsum (step 1, here in product form),
-// chunk_fwd_h (step 2, the state update), chunk_fwd_intra_diag / chunk_fwd_intra_store (steps 3-4, the
-// intra-chunk scores over 16-token sub-chunks) and chunk_fwd_o_intra / chunk_fwd_o_store (step 5, the output).
-// Every stage runs on the whole CTA with the kernel's tiles in shared memory; the kernel (chunk_forward_kernel)
-// composes them and owns the loads, the barriers between stages and two short tensor-core loops of its own
-// (O += (Q ⊙ exp Γ) S and the off-diagonal blocks of A).
+// like their CPU twins in src/cpu/gla/stages.h (and FLA's): chunk_local_cumsum (step 1, here in product form,
+// with chunk_fwd_operands building the gated operands from it), chunk_fwd_h (step 2, the state update),
+// chunk_fwd_intra_offdiag / chunk_fwd_intra_diag / chunk_fwd_intra_store (steps 3-4, the intra-chunk scores over
+// 16-token sub-chunks) and chunk_fwd_o_state / chunk_fwd_o_intra / chunk_fwd_o_store (step 5, the output). Every
+// stage runs on the whole CTA with the kernel's tiles in shared memory; the kernel (chunk_forward_kernel)
+// composes them and owns the loads and the barriers between stages.
 //
 // The kernel's generated code is the same as before the stages were named (scripts/ptx_same.sh). Two rules keep
-// it so: a stage declares no array of its own across the calls the kernel makes (the kernel owns the register
-// arrays and passes them by reference: GateFactors), and a stage receives what the kernel derives from the
-// thread index in a form the compiler can bound (chunk_fwd_intra_diag takes warp and lane). With the two
-// product loops above as stages too, the compiler orders the fp32 kernel's registers differently.
+// it so: the kernel owns the register arrays and aggregates the stages share or that several stages would
+// each declare (GateFactors, the mma fragments of chunk_fwd_o_state and chunk_fwd_intra_offdiag) and passes
+// them by reference (those of an inlined function are placed ahead of the kernel's own and change the order in
+// which the compiler allocates the kernel's registers); and a stage receives what the kernel derives from the
+// thread index in a form the compiler can bound (chunk_fwd_intra_diag takes warp and lane).
 #pragma once
 
 #include "cuda/gla/gla_device.cuh"
@@ -152,6 +153,46 @@ __device__ __forceinline__ void transpose_values(const E* raw_v, E* VT, int r0, 
       v_nonfinite |= (__float_as_uint(vv[j]) & 0x7F800000u) == 0x7F800000u;
     }
     store8(VT + col * PC + r0, vv);
+  }
+}
+
+// Step 5, the output's share from the state: O += (Q ⊙ exp Γ) S over this slice's keys (warp: row tiles of
+// `part`, value columns of group cg). bf, af: fragments of the kernel (see the top of this file).
+template <class E>
+__device__ __forceinline__ void chunk_fwd_o_state(const float* S, int sp, const E* Qg, int slice, int cg, int part,
+                                                  int lane, float (&o_acc)[ChunkTile<E>::MT_O][4],
+                                                  typename Mma<E>::B& bf, typename Mma<E>::A& af) {
+  using T = ChunkTile<E>;
+  using M = Mma<E>;
+  constexpr int KS = T::KS, PS = T::PS, MT_O = T::MT_O;
+#pragma unroll
+  for (int ks = 0; ks < KS / 16; ++ks) {
+    bf = M::load_b_rows(S + (slice * KS + 16 * ks) * sp + 8 * cg, sp, lane);
+#pragma unroll
+    for (int mt = 0; mt < MT_O; ++mt) {
+      af = M::load_a(Qg + 16 * (MT_O * part + mt) * PS + 16 * ks, PS, lane);
+      M::mma(o_acc[mt], af, bf);
+    }
+  }
+}
+
+// Seed 002 step 3: this slice's share of one off-diagonal 16×16 block (pair_i, j) of A, on tensor cores (warps
+// 0..5, one block each). af, bf: fragments of the kernel.
+template <class E>
+__device__ __forceinline__ void chunk_fwd_intra_offdiag(const E* Qoff, const E* Koff, int warp, int pair_i, int lane,
+                                                        float (&a_off)[2][4], typename Mma<E>::A& af,
+                                                        typename Mma<E>::B& bf) {
+  using T = ChunkTile<E>;
+  using M = Mma<E>;
+  constexpr int KS = T::KS, PS = T::PS;
+#pragma unroll
+  for (int ks = 0; ks < KS / 16; ++ks) {
+    af = M::load_a(Qoff + (pair_i - 1) * 16 * PS + 16 * ks, PS, lane);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      bf = M::load_b(Koff + (warp * 16 + 8 * nt) * PS + 16 * ks, PS, lane);
+      M::mma(a_off[nt], af, bf);
+    }
   }
 }
 
