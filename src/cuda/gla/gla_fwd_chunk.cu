@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
   extern __shared__ __align__(16) unsigned char smem[];
   using M = Mma<E>;
   using Tile = stages::ChunkTile<E>;  // tile shape and pitches (stages/chunk_fwd.cuh)
-  constexpr int C = Tile::C, KS = Tile::KS, PS = Tile::PS, BV = Tile::BV, CG = Tile::CG, RW = Tile::RW;
+  constexpr int C = Tile::C, KS = Tile::KS, BV = Tile::BV, CG = Tile::CG, RW = Tile::RW;
   constexpr int MT_O = Tile::MT_O, kPairs = Tile::kPairs, kDiagRows = Tile::kDiagRows;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g4 = lane >> 2, t4 = lane & 3;  // mma fragment coordinates
