@@ -48,13 +48,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   T* sQ = reinterpret_cast<T*>(smem + Smem::q);
   T* sK = reinterpret_cast<T*>(smem + Smem::k);
   T* sdA = reinterpret_cast<T*>(smem + Smem::dA);
-  float* sdAd = reinterpret_cast<float*>(smem + Smem::dA_diag);
-  constexpr int LDD = Smem::kDiagLd;
   GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
   T* R = reinterpret_cast<T*>(smem + Smem::r);
-  float* sTotA = reinterpret_cast<float*>(smem + Smem::totals);
-  float* sTotB = sTotA + kSubs * kTile;
-  float* sStateTerm = reinterpret_cast<float*>(smem + Smem::state_term);
   float* sRowSums = reinterpret_cast<float*>(smem + Smem::row_sums);
 
   Seq seq;
@@ -106,7 +101,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     cp_async_commit_and_wait_all();
     finish_gate_tile<GT, kPlain>(p, sG, gate);
 
-    // Between sub-chunks, on the products (accumulators kept until the epilogue):
+    // ---- dq, dk between sub-chunks, on the products (accumulators kept until chunk_bwd_dqk):
     //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J).
     float acc_qa[4][4], acc_ka[4][4];
     zero(acc_qa);
@@ -132,127 +127,25 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
                                   sQStage + between_query_row(s) * LD + 32 * hc, LD, kChunk - first);
     }
 
-    // Through the states: dq ∝ dO S^T, dk^{(S)} ∝ V dS^T, and rowsum(S ⊙ dS).
+    // ---- dq, dk through the states: dq ∝ dO S^T, dk^{(S)} ∝ V dS^T, and rowsum(S ⊙ dS) ----
     float acc_q[4][4], acc_k[4][4];
-    zero(acc_q);
-    zero(acc_k);
-    {
-      T* sDO = R;
-      T* sV = R + kTile * LD;
-      T* sS = R + 2 * kTile * LD;
-      T* sDS = R + 3 * kTile * LD;
-      float state_term = 0.f;
-      for (int vt = 0; vt < p.value_tiles; ++vt) {
-        __syncthreads();  // the stages (first tile) or the previous tiles are no longer read
-        load_tile_async<T, kChunkThreads, kPlain>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
-        load_tile_async<T, kChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
-        copy_tile_in<T, kChunkThreads>(sS, static_cast<const T*>(p.states) + state_tile_index(p, slot, h, kt, vt));
-        copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
-        cp_async_commit_and_wait_all();
-        __syncthreads();
-        warp_gemm<4, false, true>(acc_q, sDO + kSub * s * LD, LD, sS + 32 * hc * LD, LD, kTile);
-        warp_gemm<4, false, true>(acc_k, sV + kSub * s * LD, LD, sDS + 32 * hc * LD, LD, kTile);
-        {  // four threads per key row, 16 value columns each
-          const int key = threadIdx.x / 4, part = threadIdx.x % 4;
-#pragma unroll
-          for (int c = 0; c < 16; ++c)
-            state_term += to_float(sS[key * LD + 16 * part + c]) * to_float(sDS[key * LD + 16 * part + c]);
-        }
-      }
-      state_term += __shfl_xor_sync(0xffffffffu, state_term, 1);
-      state_term += __shfl_xor_sync(0xffffffffu, state_term, 2);
-      if (threadIdx.x % 4 == 0) sStateTerm[threadIdx.x / 4] = state_term;
-    }
+    chunk_bwd_dqk_inter<T, GT, kPlain>(p, b, t0, slot, rows, h, s, hc, kt, V, acc_q, acc_k);
     __syncthreads();  // R is free for the fp32 results
 
-    // Epilogue of the products, scaled, into fp32 arrays that the element-wise
-    // step reads with lanes over columns.
-    float* sDQ = reinterpret_cast<float*>(R);  // dq without the diagonal block
-    float* sDKS = sDQ + kTile * LDF;           // dk^{(S)}
-    float* sDKA = sDKS + kTile * LDF;          // dk^{(A)} without the diagonal block
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
-        const GT g = sG[i * LDF + c];
-        sDQ[i * LDF + c] = scale * acc_q[nt][e] * exp2_of(g) + acc_qa[nt][e] * exp2_of(g - sG[kSub * s * LDF + c]);
-        sDKS[i * LDF + c] = acc_k[nt][e] * exp2_of(gamma[c] - g);
-        sDKA[i * LDF + c] = acc_ka[nt][e] * exp2_of(sG[(kSub * s + kSub - 1) * LDF + c] - g);
-      }
-    __syncwarp();
-
-    // Inside the sub-chunk, element by element (lanes over columns), then the
-    // outputs and this sub-chunk's part of dg: within_sub[i] = Σ_{i'>=i} a + Σ_{i'<i} b.
+    // ---- dq, dk of the key tile (products scaled and gated, diagonal blocks element by element) and
+    //      this sub-chunk's part of dg ----
     float within_sub[kSub];
-    {
-      float k_reg[kSub], q_reg[kSub], dq_d[kSub], dk_d[kSub];
-      GT g_reg[kSub];
-#pragma unroll
-      for (int i = 0; i < kSub; ++i) {
-        k_reg[i] = to_float(sK[(kSub * s + i) * LD + col]);
-        q_reg[i] = to_float(sQ[(kSub * s + i) * LD + col]);
-        g_reg[i] = sG[(kSub * s + i) * LDF + col];
-        dq_d[i] = dk_d[i] = 0.f;
-      }
-#pragma unroll
-      for (int i = 1; i < kSub; ++i)
-#pragma unroll
-        for (int j = 0; j < i; ++j) {
-          const float w = sdAd[(kSub * s + i) * LDD + j] * exp2_of(g_reg[i] - g_reg[j]);
-          dq_d[i] += w * k_reg[j];
-          dk_d[j] += w * q_reg[i];
-        }
-      // dq and dk replace dq' and dk^{(A)'} in shared memory (this thread's
-      // elements) and are stored below, whole rows at a time.
-      // a_i = q_i ⊙ dq'_i − k_i ⊙ dk^{(A)'}_i goes to dq_d[i], b_i = k_i ⊙ dk^{(S)}_i to dk_d[i].
-#pragma unroll
-      for (int i = 0; i < kSub; ++i) {
-        const int row = kSub * s + i;
-        const float dA_ii = sdAd[row * LDD + i];
-        const float dq_x = sDQ[row * LDF + col] + dq_d[i];   // dq without the diagonal term
-        const float dka_x = sDKA[row * LDF + col] + dk_d[i];  // dk^{(A)} without it
-        const float dks = sDKS[row * LDF + col];
-        sDQ[row * LDF + col] = dq_x + dA_ii * k_reg[i];
-        sDKA[row * LDF + col] = dka_x + dks + dA_ii * q_reg[i];
-        dq_d[i] = q_reg[i] * dq_x - k_reg[i] * dka_x;
-        dk_d[i] = k_reg[i] * dks;
-      }
-      float suffix = 0.f, prefix = 0.f;
-#pragma unroll
-      for (int i = kSub - 1; i >= 0; --i) {
-        suffix += dq_d[i];
-        within_sub[i] = suffix;
-      }
-#pragma unroll
-      for (int i = 0; i < kSub; ++i) {
-        within_sub[i] += prefix;
-        prefix += dk_d[i];
-      }
-      sTotA[s * kTile + col] = suffix;
-      sTotB[s * kTile + col] = prefix;
-    }
+    float k_reg[kSub], q_reg[kSub], dq_d[kSub], dk_d[kSub];
+    GT g_reg[kSub];
+    chunk_bwd_dqk<T, GT>(gamma, s, hc, col, scale, acc_q, acc_qa, acc_k, acc_ka, within_sub, k_reg, q_reg, dq_d, dk_d,
+                         g_reg);
+    float* sDQ = reinterpret_cast<float*>(R);  // dq
+    float* sDKS = sDQ + kTile * LDF;           // dg (a vector gate)
+    float* sDKA = sDKS + kTile * LDF;          // dk
     __syncthreads();
 
-    if (p.gate != GateKind::none) {
-      float carry = exp2_of(gamma[col]) * sStateTerm[col];
-      for (int t = s + 1; t < kSubs; ++t) carry += sTotA[t * kTile + col];
-      for (int t = 0; t < s; ++t) carry += sTotB[t * kTile + col];
-      const int key = kt * kTile + col;
-#pragma unroll
-      for (int i = 0; i < kSub; ++i) {
-        const int row = kSub * s + i;
-        const float dg = within_sub[i] + carry;
-        if (p.gate == GateKind::vector) {
-          sDKS[row * LDF + col] = dg;  // this thread's element; stored below
-        } else {
-          float sum = key < K ? dg : 0.f;
-#pragma unroll
-          for (int offset = 16; offset >= 1; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-          if (lane == 0) atomicAdd(&sRowSums[row], sum);
-        }
-      }
-    }
+    // ---- dg: this sub-chunk's part, the carry from the others and the state term ----
+    chunk_bwd_dg<T, GT>(p, gamma, kt, col, lane, K, within_sub);
     __syncthreads();
     store_tile<kChunkThreads, kPlain>(p.dq, b, t0, rows, h, kt * kTile, K, sDQ);
     store_tile<kChunkThreads, kPlain>(p.dk, b, t0, rows, h, kt * kTile, K, sDKA);

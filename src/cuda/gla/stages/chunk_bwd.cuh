@@ -1,14 +1,20 @@
 // The stages of the chunked GLA backward's chunk kernel (gla_bwd_chunk.cu), named like their CPU twins in
-// src/cpu/gla/stages.h (and FLA's): chunk_bwd_dA (dA = scale (dO V^T) ⊙ M), chunk_fwd_intra (the forward's
-// intra-chunk A, recomputed) and chunk_bwd_dv (dv = A^T dO + k̂ dS); phase C (dq, dk, dg) is still written out in
-// the kernel. Every stage runs on the whole block (8 warps, warp (s, hc): sub-chunk s, column half hc) with the
-// kernel's tiles in shared memory; the kernel composes them. The kernel's generated code is the same as before
-// the stages were named (scripts/ptx_same.sh), which takes three rules: the kernel owns the stages' register
-// arrays and aggregates (accumulators, per-lane rows, gate tiles) and passes them by reference (those of an
-// inlined function are placed ahead of the kernel's own and change the order in which the compiler allocates
-// the kernel's registers); a stage derives its shared-memory pointers from `smem` itself (passed in, the
-// compiler folds the constant offsets differently); and a value the kernel computes once for later phases too
-// (gamma) is passed, not recomputed. Also here: the shared-memory layout (ChunkSmem) and the helpers the stages
+// src/cpu/gla/stages.h (and FLA's): phase A chunk_bwd_dA (dA = scale (dO V^T) ⊙ M) and chunk_fwd_intra (the
+// forward's intra-chunk A, recomputed); phase B chunk_bwd_dv (dv = A^T dO + k̂ dS); phase C, per key tile,
+// chunk_bwd_dqk_inter (dq, dk through the states), chunk_bwd_dqk (dq, dk inside the chunk, from the products'
+// accumulators and the diagonal blocks) and chunk_bwd_dg. The products between sub-chunks of phase C stay
+// written out in the kernel (as a stage its addresses fold differently). Every stage runs on the whole block
+// (8 warps, warp (s, hc): sub-chunk s, column half hc) with the kernel's tiles in shared memory; the kernel
+// composes them, loads the tiles of phase C and stores its outputs.
+//
+// The kernel's generated code is the same as before the stages were named (scripts/ptx_same.sh), which takes
+// four rules: the kernel owns the stages' register arrays and aggregates (accumulators, per-lane rows, gate
+// tiles) and passes them by reference (those of an inlined function are placed ahead of the kernel's own and
+// change the order in which the compiler allocates the kernel's registers); a stage derives its shared-memory
+// pointers from `smem` itself, the way the kernel did (passed in, the compiler folds the constant offsets
+// differently); a value the kernel computes once for several phases (gamma, col) is passed, not recomputed;
+// and a stage whose loops run over the other sub-chunks takes the sub-chunk from the thread index (chunk_bwd_dg),
+// so that the compiler bounds it. Also here: the shared-memory layout (ChunkSmem) and the helpers the stages
 // share.
 #pragma once
 
@@ -372,6 +378,174 @@ __device__ __forceinline__ void chunk_bwd_dv(const Params& p, const GT* gamma, i
     for (int j = 0; j < group; ++j)
       store_tile<kChunkThreads, kPlain>(p.dv, b, t0, rows, h, (vt0 + j) * kTile, V, sDV + j * kTile * LDF);
     __syncthreads();  // R is read by the stores above
+  }
+}
+
+// ---- phase C: dq, dk, dg of one key tile (kt) -------------------------------------------------------------
+
+// Through the states (the inter-chunk shares): dq ∝ dO S^T, dk^{(S)} ∝ V dS^T, over the value tiles, and
+// rowsum(S ⊙ dS) to sStateTerm (dg's state term).
+template <class T, class GT, bool kPlain>
+__device__ __forceinline__ void chunk_bwd_dqk_inter(const Params& p, int64_t b, int64_t t0, int64_t slot, int rows,
+                                                    int h, int s, int hc, int kt, int V, float (&acc_q)[4][4],
+                                                    float (&acc_k)[4][4]) {
+  using Smem = ChunkSmem<T, GT>;
+  constexpr int LD = kLd<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* R = reinterpret_cast<T*>(smem + Smem::r);
+  float* sStateTerm = reinterpret_cast<float*>(smem + Smem::state_term);
+  zero(acc_q);
+  zero(acc_k);
+  {
+    T* sDO = R;
+    T* sV = R + kTile * LD;
+    T* sS = R + 2 * kTile * LD;
+    T* sDS = R + 3 * kTile * LD;
+    float state_term = 0.f;
+    for (int vt = 0; vt < p.value_tiles; ++vt) {
+      __syncthreads();  // the stages (first tile) or the previous tiles are no longer read
+      load_tile_async<T, kChunkThreads, kPlain>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+      load_tile_async<T, kChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+      copy_tile_in<T, kChunkThreads>(sS, static_cast<const T*>(p.states) + state_tile_index(p, slot, h, kt, vt));
+      copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
+      cp_async_commit_and_wait_all();
+      __syncthreads();
+      warp_gemm<4, false, true>(acc_q, sDO + kSub * s * LD, LD, sS + 32 * hc * LD, LD, kTile);
+      warp_gemm<4, false, true>(acc_k, sV + kSub * s * LD, LD, sDS + 32 * hc * LD, LD, kTile);
+      {  // four threads per key row, 16 value columns each
+        const int key = threadIdx.x / 4, part = threadIdx.x % 4;
+#pragma unroll
+        for (int c = 0; c < 16; ++c)
+          state_term += to_float(sS[key * LD + 16 * part + c]) * to_float(sDS[key * LD + 16 * part + c]);
+      }
+    }
+    state_term += __shfl_xor_sync(0xffffffffu, state_term, 1);
+    state_term += __shfl_xor_sync(0xffffffffu, state_term, 2);
+    if (threadIdx.x % 4 == 0) sStateTerm[threadIdx.x / 4] = state_term;
+  }
+}
+
+// dq and dk of the key tile into fp32 tiles in R (sDQ, sDKA; dk^{(S)} in sDKS), from the products' accumulators
+// (scaled, gated) and the diagonal blocks element by element; this sub-chunk's part of dg into within_sub and
+// its sums into sTotA / sTotB. k_reg .. g_reg: per-lane rows of the kernel (see the top of this file).
+template <class T, class GT>
+__device__ __forceinline__ void chunk_bwd_dqk(const GT* gamma, int s, int hc, int col, float scale,
+                                              float (&acc_q)[4][4], float (&acc_qa)[4][4], float (&acc_k)[4][4],
+                                              float (&acc_ka)[4][4], float (&within_sub)[kSub],
+                                              float (&k_reg)[kSub], float (&q_reg)[kSub], float (&dq_d)[kSub],
+                                              float (&dk_d)[kSub], GT (&g_reg)[kSub]) {
+  using Smem = ChunkSmem<T, GT>;
+  constexpr int LD = kLd<T>;
+  constexpr int LDF = kLdF;
+  constexpr int LDD = Smem::kDiagLd;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem + Smem::q);
+  T* sK = reinterpret_cast<T*>(smem + Smem::k);
+  float* sdAd = reinterpret_cast<float*>(smem + Smem::dA_diag);
+  GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
+  T* R = reinterpret_cast<T*>(smem + Smem::r);
+  float* sTotA = reinterpret_cast<float*>(smem + Smem::totals);
+  float* sTotB = sTotA + kSubs * kTile;
+  float* sDQ = reinterpret_cast<float*>(R);  // dq without the diagonal block
+  float* sDKS = sDQ + kTile * LDF;           // dk^{(S)}
+  float* sDKA = sDKS + kTile * LDF;          // dk^{(A)} without the diagonal block
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
+      const GT g = sG[i * LDF + c];
+      sDQ[i * LDF + c] = scale * acc_q[nt][e] * exp2_of(g) + acc_qa[nt][e] * exp2_of(g - sG[kSub * s * LDF + c]);
+      sDKS[i * LDF + c] = acc_k[nt][e] * exp2_of(gamma[c] - g);
+      sDKA[i * LDF + c] = acc_ka[nt][e] * exp2_of(sG[(kSub * s + kSub - 1) * LDF + c] - g);
+    }
+  __syncwarp();
+
+  // Inside the sub-chunk, element by element (lanes over columns), then the
+  // outputs and this sub-chunk's part of dg: within_sub[i] = Σ_{i'>=i} a + Σ_{i'<i} b.
+  {
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+      k_reg[i] = to_float(sK[(kSub * s + i) * LD + col]);
+      q_reg[i] = to_float(sQ[(kSub * s + i) * LD + col]);
+      g_reg[i] = sG[(kSub * s + i) * LDF + col];
+      dq_d[i] = dk_d[i] = 0.f;
+    }
+#pragma unroll
+    for (int i = 1; i < kSub; ++i)
+#pragma unroll
+      for (int j = 0; j < i; ++j) {
+        const float w = sdAd[(kSub * s + i) * LDD + j] * exp2_of(g_reg[i] - g_reg[j]);
+        dq_d[i] += w * k_reg[j];
+        dk_d[j] += w * q_reg[i];
+      }
+    // dq and dk replace dq' and dk^{(A)'} in shared memory (this thread's
+    // elements) and are stored below, whole rows at a time.
+    // a_i = q_i ⊙ dq'_i − k_i ⊙ dk^{(A)'}_i goes to dq_d[i], b_i = k_i ⊙ dk^{(S)}_i to dk_d[i].
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+      const int row = kSub * s + i;
+      const float dA_ii = sdAd[row * LDD + i];
+      const float dq_x = sDQ[row * LDF + col] + dq_d[i];   // dq without the diagonal term
+      const float dka_x = sDKA[row * LDF + col] + dk_d[i];  // dk^{(A)} without it
+      const float dks = sDKS[row * LDF + col];
+      sDQ[row * LDF + col] = dq_x + dA_ii * k_reg[i];
+      sDKA[row * LDF + col] = dka_x + dks + dA_ii * q_reg[i];
+      dq_d[i] = q_reg[i] * dq_x - k_reg[i] * dka_x;
+      dk_d[i] = k_reg[i] * dks;
+    }
+    float suffix = 0.f, prefix = 0.f;
+#pragma unroll
+    for (int i = kSub - 1; i >= 0; --i) {
+      suffix += dq_d[i];
+      within_sub[i] = suffix;
+    }
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+      within_sub[i] += prefix;
+      prefix += dk_d[i];
+    }
+    sTotA[s * kTile + col] = suffix;
+    sTotB[s * kTile + col] = prefix;
+  }
+}
+
+// dg of the key tile: within_sub plus the carry from the other sub-chunks and the state term, to sDKS (a vector
+// gate; stored by the kernel) or summed over the keys into sRowSums (a scalar gate).
+template <class T, class GT>
+__device__ __forceinline__ void chunk_bwd_dg(const Params& p, const GT* gamma, int kt, int col, int lane, int K,
+                                             const float (&within_sub)[kSub]) {
+  // The sub-chunk from the thread index here, as in the kernel, not passed: the compiler then bounds it (the
+  // loops over the other sub-chunks).
+  const int s = threadIdx.x / 32 / 2;
+  using Smem = ChunkSmem<T, GT>;
+  constexpr int LDF = kLdF;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* R = reinterpret_cast<T*>(smem + Smem::r);
+  float* sDQ = reinterpret_cast<float*>(R);
+  float* sDKS = sDQ + kTile * LDF;  // dk^{(S)} (chunk_bwd_dqk), then dg
+  float* sTotA = reinterpret_cast<float*>(smem + Smem::totals);
+  float* sTotB = sTotA + kSubs * kTile;
+  float* sStateTerm = reinterpret_cast<float*>(smem + Smem::state_term);
+  float* sRowSums = reinterpret_cast<float*>(smem + Smem::row_sums);
+  if (p.gate != GateKind::none) {
+    float carry = exp2_of(gamma[col]) * sStateTerm[col];
+    for (int t = s + 1; t < kSubs; ++t) carry += sTotA[t * kTile + col];
+    for (int t = 0; t < s; ++t) carry += sTotB[t * kTile + col];
+    const int key = kt * kTile + col;
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+      const int row = kSub * s + i;
+      const float dg = within_sub[i] + carry;
+      if (p.gate == GateKind::vector) {
+        sDKS[row * LDF + col] = dg;  // this thread's element; stored below
+      } else {
+        float sum = key < K ? dg : 0.f;
+#pragma unroll
+        for (int offset = 16; offset >= 1; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        if (lane == 0) atomicAdd(&sRowSums[row], sum);
+      }
+    }
   }
 }
 
