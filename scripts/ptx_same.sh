@@ -6,6 +6,11 @@
 #   bash scripts/ptx_same.sh <old commit> <new commit> src/cuda/gla/gla_fwd_fast.cu [more .cu files]
 # Prints per file: entries old -> new, how many new entries equal an old one, and the names of those that do
 # not. Slow on a small machine (a minute or more per file and commit).
+# Moving kernel code into __forceinline__ functions keeps the PTX only under a few rules (src/cuda/gla/stages/
+# chunk_fwd.cuh and chunk_bwd.cuh say why): the kernel declares the register arrays and aggregates (accumulators,
+# fragments, gate tiles) and passes them by reference; shared-memory pointers are derived from `smem` inside the
+# function as the kernel did; values the kernel computes once are passed; indices the compiler must bound are
+# recomputed from threadIdx inside.
 set -euo pipefail
 old=$1 new=$2
 shift 2
