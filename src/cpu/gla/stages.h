@@ -31,7 +31,7 @@ constexpr int64_t kChunk = flashgla::kChunk;  // C (core/gla_chunk.h), 64-bit li
 constexpr int64_t kSub = 16;
 
 // exp(−reset_gate) is below the smallest normal number of T (exp_array's
-// float version flushes there): see "Resets" above.
+// float version flushes there): see "Resets" in gla_chunk_impl.h.
 template <class T>
 constexpr T reset_gate();
 template <>
