@@ -411,17 +411,9 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
 #pragma unroll
     for (int nt = 0; nt < NO; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     if (!p.states_only) {
-#pragma unroll
-      for (int ks = 0; ks < KT; ++ks) {
-        const auto af = frag_a(q_s + 16 * mo * P + 16 * ks, P, lane);
-#pragma unroll
-        for (int np = 0; np < NO / 2; ++np) {
-          typename M::B b0, b1;
-          frag_b2_t<E>(b0, b1, s_s + 16 * ks * PV + 8 * (no0 + 2 * np), PV, lane);
-          M::mma(o[2 * np], af, b0);
-          M::mma(o[2 * np + 1], af, b1);
-        }
-      }
+      typename M::A af;
+      typename M::B b0, b1;
+      chunk_fwd_o_state<E, KP, BV>(o, c, mo, no0, af, b0, b1);
     }
 
     // ---- M: S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V ----

@@ -1,6 +1,7 @@
 // The stages of the fast chunked forward (gla_fwd_fast.cuh), named like their CPU twins in src/cpu/gla/stages.h
 // and the general kernel's (stages/chunk_fwd.cuh): so far chunk_fwd_h (the state update, seed 002 step 2, on the
-// state's mma accumulators); the other phases are still written out in the kernel. Also here: the constants and
+// state's mma accumulators) and chunk_fwd_o_state (O = (Q ⊙ exp Γ) S); the other phases (P1/P2 gate factors
+// and operands, the off-diagonal blocks of A, O += A V, the stores) are still written out in the kernel. Also here: the constants and
 // fragment helpers the kernel and its stages share (moved verbatim). As in stages/chunk_fwd.cuh the kernel owns
 // the register arrays and the mma fragments and passes them by reference, so that its generated code stays the
 // same (scripts/ptx_same.sh).
@@ -175,6 +176,35 @@ __device__ __forceinline__ void chunk_fwd_h(float (&S)[(BV / 8) * (KP / 16) / NW
       frag_b2_t<E>(b0, b1, v_s + 16 * ks * PV + 8 * (ns0 + 2 * np), PV, lane);
       M::mma(S[2 * np], af, b0);
       M::mma(S[2 * np + 1], af, b1);
+    }
+  }
+}
+
+// Step 5, the output's share from the state: O = (Q ⊙ exp Γ) S for chunk c (warp: rows 16·mo, NO value column
+// tiles from no0), with q ⊙ exp Γ and the bf16 copy of S in shared memory. af, b0, b1: fragments of the kernel;
+// pointers from `smem` and c as for chunk_fwd_h; mo and no0 passed (the kernel uses them again afterwards).
+template <class E, int KP, int BV>
+__device__ __forceinline__ void chunk_fwd_o_state(float (&o)[(BV / 8) / 4][4], int64_t c, int mo, int no0,
+                                                  typename Mma<E>::A& af, typename Mma<E>::B& b0,
+                                                  typename Mma<E>::B& b1) {
+  using L = FastLayout<KP, BV>;
+  using M = Mma<E>;
+  constexpr int P = L::P, PV = L::PV;
+  constexpr int KT = KP / 16;                // key tiles of the state
+  constexpr int NO = (BV / 8) / 4;           // output column tiles per warp
+  extern __shared__ __align__(16) unsigned char smem[];
+  E* q_buf = reinterpret_cast<E*>(smem + L::q);
+  E* s_s = reinterpret_cast<E*>(smem + L::s);
+  E* q_s = q_buf + (c & 1) * C * P;  // q ⊙ exp Γ
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int ks = 0; ks < KT; ++ks) {
+    af = frag_a(q_s + 16 * mo * P + 16 * ks, P, lane);
+#pragma unroll
+    for (int np = 0; np < NO / 2; ++np) {
+      frag_b2_t<E>(b0, b1, s_s + 16 * ks * PV + 8 * (no0 + 2 * np), PV, lane);
+      M::mma(o[2 * np], af, b0);
+      M::mma(o[2 * np + 1], af, b1);
     }
   }
 }
