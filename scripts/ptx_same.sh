@@ -1,11 +1,17 @@
 #!/bin/bash
 # Whether a refactor left the device code of some CUDA files unchanged, without a GPU: compiles each file to
 # PTX (sm_90a, -O3, as the build) at two commits and compares every kernel entry of the second with those of
-# the first, modulo names (anonymous-namespace and file hashes, basic-block numbers, the kernel's own name, so
-# that a removed template parameter still matches). Also counts the kernel entries at both commits.
+# the first, modulo names (anonymous-namespace and file hashes and the number nvcc appends to some of them,
+# basic-block numbers, the kernel's own name, so that a removed template parameter still matches). Also counts
+# the kernel entries at both commits.
 #   bash scripts/ptx_same.sh <old commit> <new commit> src/cuda/gla/gla_fwd_fast.cu [more .cu files]
 # Prints per file: entries old -> new, how many new entries equal an old one, and the names of those that do
 # not. Slow on a small machine (a minute or more per file and commit).
+# Moving kernel code into __forceinline__ functions keeps the PTX only under a few rules (src/cuda/gla/stages/
+# chunk_fwd.cuh and chunk_bwd.cuh say why): the kernel declares the register arrays and aggregates (accumulators,
+# fragments, gate tiles) and passes them by reference; shared-memory pointers are derived from `smem` inside the
+# function as the kernel did; values the kernel computes once are passed; indices the compiler must bound are
+# recomputed from threadIdx inside.
 set -euo pipefail
 old=$1 new=$2
 shift 2
@@ -21,7 +27,7 @@ for f in "$@"; do
   done
   python3 - "$work/$old.$(basename "$f").ptx" "$work/$new.$(basename "$f").ptx" "$f" <<'EOF'
 import collections, re, sys
-hashes = re.compile(r'_GLOBAL__N__[0-9a-f]{8}_|_cu_[0-9a-f]{8}|L__BB[0-9]+_|_INTERNAL_[0-9a-f]{8}_')
+hashes = re.compile(r'_GLOBAL__N__[0-9a-f]{8}_|_cu_[0-9a-f]{8}_[0-9]+|_cu_[0-9a-f]{8}|L__BB[0-9]+_|_INTERNAL_[0-9a-f]{8}_')
 def entries(path):
     text = open(path).read()
     return {m.group(1): m.group(0) for m in re.finditer(r'(?:\.visible\s+)?\.entry\s+(\S+)\((.*?)\n\}\n', text, re.S)}

@@ -32,33 +32,20 @@
 // 0..s−1 (a short scan in its prologue) and computes its outputs.
 #include "cuda/common/host.cuh"
 #include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/stages/chunk_fwd.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {
 
-constexpr int C = kChunk, KS = kSlice, NT = kChunkThreads;
-constexpr int kPairs = kChunkOffPairs;  // off-diagonal sub-chunk blocks (i, j), i > j, of 4 sub-chunks
-constexpr int kDiagRows = 17;  // rows of the diagonal blocks each thread sums (two columns, 17 rows)
-
-// Row pitches (elements) of the operand tiles: padded so that fragment loads
-// of a warp hit distinct banks.
-template <class E>
-constexpr int pad() { return sizeof(E) == 2 ? 8 : 4; }
-template <class E>
-constexpr int tile_of() { return sizeof(E) == 4 ? value_tile(Elem::f32) : value_tile(Elem::bf16); }
-constexpr int kAlphaPitch = kChunkAlphaPitch;  // floats per row of α (shared-memory layout: layouts.h)
+constexpr int NT = kChunkThreads;
 
 template <class E>
 __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   using M = Mma<E>;
-  constexpr int PS = KS + pad<E>();  // rows of one slice (32 keys)
-  constexpr int PC = C + pad<E>();   // rows of one chunk (64 tokens)
-  constexpr int BV = tile_of<E>();   // value columns
-  constexpr int CG = BV / 8;         // groups of 8 value columns: warp w owns group w % CG ...
-  constexpr int RW = 8 / CG;         // ... shared by RW warps (1 for bf16/fp16, 2 for fp32)
-  constexpr int MT_O = 4 / RW;       // 16-row tiles of O per warp
-  constexpr int MT_S = 2 / RW;       // 16-key tiles of the slice's state update per warp
+  using Tile = stages::ChunkTile<E>;  // tile shape and pitches (stages/chunk_fwd.cuh)
+  constexpr int C = Tile::C, KS = Tile::KS, BV = Tile::BV, CG = Tile::CG, RW = Tile::RW;
+  constexpr int MT_O = Tile::MT_O, kPairs = Tile::kPairs, kDiagRows = Tile::kDiagRows;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g4 = lane >> 2, t4 = lane & 3;  // mma fragment coordinates
   const int64_t nh = blockIdx.x;
@@ -181,90 +168,16 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
       const E* rq = raw_q(stage);
       const E* rk = raw_k(stage);
 
-      // ---- gate factors and operands: warp = group of 8 rows, lane = key column ----
+      // ---- gate factors (seed 002 step 1) and the gated operands: warp = group of 8 rows, lane = key column ----
       {
-        const int rg = warp, r0 = 8 * rg, sub = rg >> 1;
-        float a[8];
-        if (p.gate == Gate::vector) {
-          const unsigned char* graw = raw_g(stage);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) a[j] = __expf(load_float(graw, (r0 + j) * KS + lane, p.g.dtype));
-        } else {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) a[j] = p.gate == Gate::scalar ? scalar_alpha[r0 + j] : 1.f;
-        }
-        if (!p.states_only)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) alpha_s[(r0 + j) * kAlphaPitch + lane] = a[j];
-        // Within the group: forward products without the first row, backward products after each row.
-        float fwd[8], bwd[8];
-        fwd[0] = 1.f;
-#pragma unroll
-        for (int j = 1; j < 8; ++j) fwd[j] = fwd[j - 1] * a[j];
-        bwd[7] = 1.f;
-#pragma unroll
-        for (int j = 6; j >= 0; --j) bwd[j] = bwd[j + 1] * a[j + 1];
-        totals[(0 * 8 + rg) * KS + lane] = a[0] * fwd[7];  // the group's product
-        totals[(1 * 8 + rg) * KS + lane] = fwd[7];         // ... without its first row
-        totals[(2 * 8 + rg) * KS + lane] = a[0];           // its first row
-        __syncthreads();
-        float total[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) total[j] = totals[j * KS + lane];
-        float before = 1.f, after = 1.f;  // products over the groups before / after this one
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if (j < rg) before *= total[j];
-          if (j > rg) after *= total[j];
-        }
-        if (rg == 0) {
-          const float chunk_decay = total[0] * after;
-          decay_s[lane] = chunk_decay;
-          if (p.states_only) split_decay_s[slice * KS + lane] *= chunk_decay;
-        }
-        float kv[8], kd[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          kv[j] = to_float(rk[(r0 + j) * KS + lane]);
-          kd[j] = kv[j] * bwd[j] * after;  // k ⊙ exp(γ^C − Γ_r)
-        }
-        store8(KdT + lane * PC + r0, kd);
-        if (!p.states_only) {
-          // exp(Γ_r − γ_first) of this sub-chunk: the group before (odd groups) contributes its product without its first row.
-          const float lead = (rg & 1) ? totals[(1 * 8 + rg - 1) * KS + lane] : 1.f;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const float qv = to_float(rq[(r0 + j) * KS + lane]);
-            const float inclusive = a[0] * fwd[j];  // Π over this group's rows up to r
-            Qg[(r0 + j) * PS + lane] = from_float<E>(qv * before * inclusive);
-            if (sub > 0) Qoff[(r0 + j - 16) * PS + lane] = from_float<E>(qv * ((rg & 1) ? lead * inclusive : fwd[j]));
-          }
-#pragma unroll
-          for (int target = 1; target < 4; ++target) {
-            if (target <= sub) continue;
-            // exp(γ_target^first − Γ_r) = (Π after r in this group) (Π of the groups in between) α(first row of target)
-            float mid = totals[(2 * 8 + 2 * target) * KS + lane];
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-              if (j > rg && j < 2 * target) mid *= total[j];
-            E* dst = Koff + ((target * (target - 1) / 2 + sub) * 16 + r0 - 16 * sub) * PS + lane;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) dst[j * PS] = from_float<E>(kv[j] * bwd[j] * mid);
-          }
-        }
-        if (slice == 0) {
-#pragma unroll
-          for (int half = 0; half < BV / 32; ++half) {
-            const int col = lane + 32 * half;
-            float vv[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              vv[j] = to_float(raw_v[(r0 + j) * BV + col]);
-              v_nonfinite |= (__float_as_uint(vv[j]) & 0x7F800000u) == 0x7F800000u;
-            }
-            store8(VT + col * PC + r0, vv);
-          }
-        }
+        // The stages' register arrays live here, in the kernel: arrays local to an inlined function change the
+        // order in which the compiler allocates the kernel's registers (stages/chunk_fwd.cuh).
+        float a[8], fwd[8], bwd[8], total[8], before, after, kv[8], kd[8], vv[8];
+        stages::GateFactors f{a, fwd, bwd, total, before, after, kv, kd};
+        stages::chunk_local_cumsum<E>(p, raw_g(stage), scalar_alpha, alpha_s, totals, decay_s, split_decay_s, slice,
+                                      warp, lane, f);
+        stages::chunk_fwd_operands<E>(p, rq, rk, totals, KdT, Qg, Qoff, Koff, warp, lane, f);
+        if (slice == 0) stages::transpose_values<E>(raw_v, VT, 8 * warp, lane, v_nonfinite, vv);
       }
       if (slice == 0) v_nonfinite = __syncthreads_or(v_nonfinite);  // operands ready; raw v consumed
       else __syncthreads();
@@ -273,153 +186,38 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
 
       if (!p.states_only) {
         // ---- O += (Q ⊙ exp Γ) S over this slice's keys ----
-#pragma unroll
-        for (int ks = 0; ks < KS / 16; ++ks) {
-          const auto bf = M::load_b_rows(S + (slice * KS + 16 * ks) * sp + 8 * cg, sp, lane);
-#pragma unroll
-          for (int mt = 0; mt < MT_O; ++mt) {
-            const auto af = M::load_a(Qg + 16 * (MT_O * part + mt) * PS + 16 * ks, PS, lane);
-            M::mma(o_acc[mt], af, bf);
-          }
-        }
-        // ---- off-diagonal sub-chunk blocks of A ----
-        if (warp < kPairs) {
-#pragma unroll
-          for (int ks = 0; ks < KS / 16; ++ks) {
-            const auto af = M::load_a(Qoff + (pair_i - 1) * 16 * PS + 16 * ks, PS, lane);
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-              const auto bf = M::load_b(Koff + (warp * 16 + 8 * nt) * PS + 16 * ks, PS, lane);
-              M::mma(a_off[nt], af, bf);
-            }
-          }
-        }
-        // ---- diagonal blocks: A_rc += Σ_k q_rk k_ck Π_{c<s≤r} α_sk, in fp32 ----
         {
-          const E* qrow = rq + 16 * dblk * KS + 4 * kq;
-          const E* krow = rk + 16 * dblk * KS + 4 * kq;
-          const float* arow = alpha_s + 16 * dblk * kAlphaPitch + 4 * kq;
-          const int second_from = 16 - p8;  // rows of column p8 first, then of column 15 − p8
-          const float4 k2 = load4(krow + (15 - p8) * KS);
-          float4 d = load4(krow + p8 * KS);
-          // Branch-free: at the switch to the second column d restarts from its key.
-#pragma unroll
-          for (int j = 0; j < kDiagRows; ++j) {
-            const bool restart = j == second_from;
-            const int r = j >= second_from ? j - 1 : p8 + j;
-            if (j > 0) {
-              const float4 al = load4(arow + r * kAlphaPitch);
-              d.x = restart ? k2.x : d.x * al.x;
-              d.y = restart ? k2.y : d.y * al.y;
-              d.z = restart ? k2.z : d.z * al.z;
-              d.w = restart ? k2.w : d.w * al.w;
-            }
-            const float4 qv = load4(qrow + r * KS);
-            diag[j] = fmaf(qv.x, d.x, fmaf(qv.y, d.y, fmaf(qv.z, d.z, fmaf(qv.w, d.w, diag[j]))));
-          }
+          typename M::B bf;
+          typename M::A af;
+          stages::chunk_fwd_o_state<E>(S, sp, Qg, slice, cg, part, lane, o_acc, bf, af);
         }
+        // ---- off-diagonal sub-chunk blocks of A (seed 002 step 3) ----
+        if (warp < kPairs) {
+          typename M::A af;
+          typename M::B bf;
+          stages::chunk_fwd_intra_offdiag<E>(Qoff, Koff, warp, pair_i, lane, a_off, af, bf);
+        }
+        // ---- diagonal blocks: A_rc += Σ_k q_rk k_ck Π_{c<s≤r} α_sk, in fp32 (seed 002 step 4) ----
+        stages::chunk_fwd_intra_diag<E>(rq, rk, alpha_s, warp, lane, diag);
       }
-      // ---- S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V on this slice's keys, this warp's columns ----
+      // ---- S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V on this slice's keys, this warp's columns (step 2) ----
       if constexpr (RW > 1) __syncthreads();  // the column group's other warp has read these keys too
       __syncwarp();
-#pragma unroll
-      for (int mt = 0; mt < MT_S; ++mt) {
-        const int key = 16 * (MT_S * part + mt) + g4;  // rows key and key + 8 of the fragment
-        float* s0 = S + (slice * KS + key) * sp + 8 * cg + 2 * t4;
-        float* s1 = s0 + 8 * sp;
-        const float d0 = decay_s[key], d1 = decay_s[key + 8];
-        float acc[4] = {s0[0] * d0, s0[1] * d0, s1[0] * d1, s1[1] * d1};
-#pragma unroll
-        for (int ks = 0; ks < C / 16; ++ks) {
-          const auto af = M::load_a(KdT + 16 * (MT_S * part + mt) * PC + 16 * ks, PC, lane);
-          const auto bf = M::load_b(VT + 8 * cg * PC + 16 * ks, PC, lane);
-          M::mma(acc, af, bf);
-        }
-        *reinterpret_cast<float2*>(s0) = make_float2(acc[0], acc[1]);
-        *reinterpret_cast<float2*>(s1) = make_float2(acc[2], acc[3]);
-      }
+      stages::chunk_fwd_h<E>(S, sp, decay_s, KdT, VT, slice, cg, part, g4, t4, lane);
       stage ^= 1;
     }
 
     if (p.states_only) continue;
 
     // ---- assemble A over the slice operands, once every warp is done with them ----
-#pragma unroll
-    for (int j = 0; j < kDiagRows; ++j) {
-      diag[j] += __shfl_xor_sync(0xffffffffu, diag[j], 1);
-      diag[j] += __shfl_xor_sync(0xffffffffu, diag[j], 2);
-      diag[j] += __shfl_xor_sync(0xffffffffu, diag[j], 4);
-    }
-    __syncthreads();
-    if (kq == 0) {
-      E* block = Amat + 16 * dblk * PC + 16 * dblk;
-#pragma unroll
-      for (int j = 0; j < kDiagRows; ++j) {
-        const bool second = j >= 16 - p8;
-        block[(second ? j - 1 : p8 + j) * PC + (second ? 15 - p8 : p8)] = from_float<E>(diag[j]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kDiagRows; ++j) diag[j] = 0.f;
-    for (int i = tid; i < 4 * 256; i += NT) {  // causal mask: zero above the diagonal of the diagonal blocks
-      const int b = i >> 8, r = (i >> 4) & 15, col = i & 15;
-      if (col > r) Amat[(16 * b + r) * PC + 16 * b + col] = from_float<E>(0.f);
-    }
-    if (warp < kPairs) {
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        E* at = Amat + (16 * pair_i + g4) * PC + 16 * pair_j + 8 * nt + 2 * t4;
-        at[0] = from_float<E>(a_off[nt][0]);
-        at[1] = from_float<E>(a_off[nt][1]);
-        at[8 * PC] = from_float<E>(a_off[nt][2]);
-        at[8 * PC + 1] = from_float<E>(a_off[nt][3]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) a_off[nt][e] = 0.f;
-      }
-    }
-    __syncthreads();
+    stages::chunk_fwd_intra_store<E>(Amat, tid, warp, dblk, p8, kq, pair_i, pair_j, g4, t4, diag, a_off);
 
-    // ---- O += (A ⊙ M) V: row block m needs the sub-chunks 0..m ----
-#pragma unroll
-    for (int mt = 0; mt < MT_O; ++mt) {
-      const int m = MT_O * part + mt;
-      for (int ks = 0; ks <= m; ++ks) {
-        if (ks == m && v_nonfinite) {
-          // The diagonal block's product would multiply the zeros above the diagonal of A by later rows of v: a
-          // NaN or Inf there would reach earlier outputs. Row by row up to the diagonal instead (rare chunks).
-          const E* a_rows = Amat + 16 * m * PC + 16 * m;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = g4 + 8 * (e >> 1), col = 8 * cg + 2 * t4 + (e & 1);
-            float sum = 0.f;
-            for (int b = 0; b <= r; ++b)
-              sum = fmaf(to_float(a_rows[r * PC + b]), to_float(VT[col * PC + 16 * m + b]), sum);
-            o_acc[mt][e] += sum;
-          }
-          break;
-        }
-        const auto af = M::load_a(Amat + 16 * m * PC + 16 * ks, PC, lane);
-        const auto bf = M::load_b(VT + 8 * cg * PC + 16 * ks, PC, lane);
-        M::mma(o_acc[mt], af, bf);
-      }
-    }
+    // ---- O += (A ⊙ M) V: row block m needs the sub-chunks 0..m (seed 002 step 5) ----
+    stages::chunk_fwd_o_intra<E>(Amat, VT, v_nonfinite, cg, part, g4, t4, lane, o_acc);
 
     // ---- o = scale · O, staged in the α area (free since the barrier above) for whole-row stores ----
-    E* otile = reinterpret_cast<E*>(smem + L.alpha);
-    constexpr int OP = BV + pad<E>();  // pitch (elements) of the staged tile
-#pragma unroll
-    for (int mt = 0; mt < MT_O; ++mt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        E* at = otile + (16 * (MT_O * part + mt) + g4 + 8 * half) * OP + 8 * cg + 2 * t4;
-        at[0] = from_float<E>(p.scale * o_acc[mt][2 * half]);
-        at[1] = from_float<E>(p.scale * o_acc[mt][2 * half + 1]);
-        o_acc[mt][2 * half] = o_acc[mt][2 * half + 1] = 0.f;
-      }
-    }
-    __syncthreads();
-    store_tile(p.o.data, p.o.rows16, p.o.stride[3], sizeof(E), row_offset(p.o, c * C), p.o.stride[1], C, rows_valid,
-               v0, V, BV, otile, OP * sizeof(E), tid, NT);
+    stages::chunk_fwd_o_store<E>(p, reinterpret_cast<E*>(smem + L.alpha), seq, h, c, rows_valid, v0, V, tid, cg, part,
+                                 g4, t4, o_acc);
   }
 
   // ---- the state: this split's piece (states pass) or the final state ----

@@ -1,0 +1,213 @@
+// The stages of the fast chunked forward (gla_fwd_fast.cuh), named like their CPU twins in src/cpu/gla/stages.h
+// and the general kernel's (stages/chunk_fwd.cuh): so far chunk_fwd_h (the state update, seed 002 step 2, on the
+// state's mma accumulators) and chunk_fwd_o_state (O = (Q ⊙ exp Γ) S); the other phases (P1/P2 gate factors
+// and operands, the off-diagonal blocks of A, O += A V, the stores) are still written out in the kernel. Also here: the constants and
+// fragment helpers the kernel and its stages share (moved verbatim). As in stages/chunk_fwd.cuh the kernel owns
+// the register arrays and the mma fragments and passes them by reference, so that its generated code stays the
+// same (scripts/ptx_same.sh).
+#pragma once
+
+#include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/gla_fwd.cuh"
+
+namespace flashgla::cuda::gla {
+namespace {
+
+constexpr int C = kChunk;
+constexpr int NW = 16, NT = NW * 32;
+constexpr int kTriangle = kFastTriangle;  // entries of an 8×8 lower triangle with its diagonal
+constexpr int kScatter = 48;   // kTriangle padded for a 4-level reduce-scatter
+
+// FastLayout<KP, BV>: the byte offsets of the shared-memory regions (cuda/gla/layouts.h).
+
+// ldmatrix: the ordered flavour of cuda/common/mma.cuh (ldmatrix_x4_ordered, ldmatrix_x4_trans_ordered,
+// ldmatrix_x2_ordered).
+
+// Fragment loads (lane-dependent addresses, see the mma.sync m16n8k16 layouts).
+// A operand [16 rows][16] from a row-major tile.
+template <class E>
+__device__ __forceinline__ typename Mma<E>::A frag_a(const E* tile, int pitch, int lane) {
+  typename Mma<E>::A f;
+  ldmatrix_x4_ordered(f.x, tile + (lane & 15) * pitch + (lane >> 4) * 8);
+  return f;
+}
+// A operand [16 rows m][16 k] from a tile stored k-major (tile[k][m]).
+template <class E>
+__device__ __forceinline__ typename Mma<E>::A frag_a_t(const E* tile, int pitch, int lane) {
+  typename Mma<E>::A f;
+  ldmatrix_x4_trans_ordered(f.x, tile + ((lane & 7) + ((lane >> 4) << 3)) * pitch + ((lane >> 3) & 1) * 8);
+  return f;
+}
+// B operand [16 k][8 n] from a tile stored n-major (tile[n][k]).
+template <class E>
+__device__ __forceinline__ typename Mma<E>::B frag_b(const E* tile, int pitch, int lane) {
+  typename Mma<E>::B f;
+  ldmatrix_x2_ordered(f.x, tile + (lane & 7) * pitch + ((lane >> 3) & 1) * 8);
+  return f;
+}
+// Two B operands [16 k][8 n], columns 0–7 and 8–15 of a tile stored k-major (tile[k][n]).
+template <class E>
+__device__ __forceinline__ void frag_b2_t(typename Mma<E>::B& b0, typename Mma<E>::B& b1, const E* tile, int pitch,
+                                          int lane) {
+  uint32_t r[4];
+  ldmatrix_x4_trans_ordered(r, tile + (lane & 15) * pitch + (lane >> 4) * 8);
+  b0.x[0] = r[0], b0.x[1] = r[1], b1.x[0] = r[2], b1.x[1] = r[3];
+}
+
+template <class E>
+__device__ __forceinline__ void store2(E* p, float lo, float hi) {
+  *reinterpret_cast<uint32_t*>(p) = Mma<E>::pack(lo, hi);
+}
+
+// N = 1 or 2 consecutive elements as floats (4-byte aligned for 2), and back.
+template <class E, int N>
+__device__ __forceinline__ void load_keys(const E* p, float (&x)[N]) {
+  if constexpr (std::is_same_v<E, float>) {
+    if constexpr (N == 2) {
+      const float2 w = *reinterpret_cast<const float2*>(p);
+      x[0] = w.x, x[1] = w.y;
+    } else {
+      x[0] = p[0];
+    }
+  } else if constexpr (N == 2) {
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(p);
+    E pair[2];
+    *reinterpret_cast<uint32_t*>(pair) = w;
+    x[0] = to_float(pair[0]), x[1] = to_float(pair[1]);
+  } else {
+    x[0] = to_float(p[0]);
+  }
+}
+template <class E, int N>
+__device__ __forceinline__ void store_keys(E* p, const float (&x)[N]) {
+  if constexpr (N == 2) store2(p, x[0], x[1]);
+  else p[0] = from_float<E>(x[0]);
+}
+
+// o += (lo, hi) at p (two consecutive elements), or one element: the key parts' shares of o. Reductions
+// without a result (red) on sm_90; key parts only run there (their shared memory exceeds sm_80's).
+__device__ __forceinline__ void add2(__nv_bfloat16* p, float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.noftz.bf16x2 [%0], %1;\n" ::"l"(p), "r"(Mma<__nv_bfloat16>::pack(lo, hi)));
+#else
+  atomicAdd(reinterpret_cast<__nv_bfloat162*>(p), __floats2bfloat162_rn(lo, hi));
+#endif
+}
+__device__ __forceinline__ void add2(__half* p, float lo, float hi) {
+  asm volatile("red.global.add.noftz.f16x2 [%0], %1;\n" ::"l"(p), "r"(Mma<__half>::pack(lo, hi)));
+}
+__device__ __forceinline__ void add1(__nv_bfloat16* p, float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.noftz.bf16 [%0], %1;\n" ::"l"(p), "h"(__bfloat16_as_ushort(__float2bfloat16_rn(x))));
+#else
+  atomicAdd(p, __float2bfloat16_rn(x));
+#endif
+}
+__device__ __forceinline__ void add1(__half* p, float x) {
+  asm volatile("red.global.add.noftz.f16 [%0], %1;\n" ::"l"(p), "h"(__half_as_ushort(__float2half_rn(x))));
+}
+
+// Whether any of the 8 bf16/fp16 elements of w is a NaN or an Inf (all exponent bits set).
+template <class E>
+__device__ __forceinline__ bool any_nonfinite8(uint4 w) {
+  constexpr uint32_t m = std::is_same_v<E, __half> ? 0x7C007C00u : 0x7F807F80u;
+  constexpr uint32_t lo = m & 0xFFFFu, hi = m & 0xFFFF0000u;
+  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) bad |= (x[i] & lo) == lo || (x[i] & hi) == hi;
+  return bad;
+}
+
+// O's diagonal block row by row up to the diagonal (the rare chunks whose v holds a NaN or Inf): the sums of
+// this lane's fragment elements. Out of line: inlined, it made ptxas spill in the 128×128 kernels.
+template <class E, int NO, int PA, int PV>
+struct DiagSums {
+  float x[NO][4];
+};
+template <class E, int NO, int PA, int PV>
+__device__ __noinline__ DiagSums<E, NO, PA, PV> diagonal_rowwise(const E* a_rows, const E* v_rows, int lane) {
+  const int g4 = lane >> 2, t4 = lane & 3;
+  DiagSums<E, NO, PA, PV> s;
+#pragma unroll
+  for (int nt = 0; nt < NO; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = g4 + 8 * (e >> 1);
+      const E* a_row = a_rows + r * PA;
+      const E* v_col = v_rows + 8 * nt + 2 * t4 + (e & 1);
+      float sum = 0.f;
+#pragma unroll 1
+      for (int b = 0; b <= r; ++b) sum = fmaf(to_float(a_row[b]), to_float(v_col[b * PV]), sum);
+      s.x[nt][e] = sum;
+    }
+  return s;
+}
+
+// Seed 002 step 2 on this warp's state tile (key tile kt, value column tiles ns0..) of chunk c: S ← diag(exp γ^C) S
+// + (K ⊙ exp(γ^C − Γ))^T V, with k ⊙ exp(γ^C − Γ) and v of the chunk in shared memory. af, b0, b1: fragments of
+// the kernel. The shared-memory pointers and the warp's tile come from `smem`, c and the thread index here, as
+// in the kernel (passed in, the kernel's code changes).
+template <class E, int KP, int BV>
+__device__ __forceinline__ void chunk_fwd_h(float (&S)[(BV / 8) * (KP / 16) / NW][4], int64_t c,
+                                            typename Mma<E>::A& af, typename Mma<E>::B& b0, typename Mma<E>::B& b1) {
+  using L = FastLayout<KP, BV>;
+  using M = Mma<E>;
+  constexpr int P = L::P, PV = L::PV;
+  constexpr int KT = KP / 16;                // key tiles of the state
+  constexpr int NS = (BV / 8) * KT / NW;     // state column tiles (8 wide) per warp
+  extern __shared__ __align__(16) unsigned char smem[];
+  const float* decay_s = reinterpret_cast<float*>(smem + L::decay);
+  E* k_buf = reinterpret_cast<E*>(smem + L::k);
+  E* v_buf = reinterpret_cast<E*>(smem + L::v);
+  const E* v_s = v_buf + (c & 1) * C * PV;
+  E* k_s = k_buf + (c & 1) * C * P;  // k ⊙ exp(γ^C − Γ)
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g4 = lane >> 2;
+  const int kt = warp % KT, ns0 = (warp / KT) * NS;
+  const float d0 = decay_s[16 * kt + g4], d1 = decay_s[16 * kt + g4 + 8];
+#pragma unroll
+  for (int nt = 0; nt < NS; ++nt) S[nt][0] *= d0, S[nt][1] *= d0, S[nt][2] *= d1, S[nt][3] *= d1;
+#pragma unroll
+  for (int ks = 0; ks < C / 16; ++ks) {
+    af = frag_a_t(k_s + 16 * ks * P + 16 * kt, P, lane);
+#pragma unroll
+    for (int np = 0; np < NS / 2; ++np) {
+      frag_b2_t<E>(b0, b1, v_s + 16 * ks * PV + 8 * (ns0 + 2 * np), PV, lane);
+      M::mma(S[2 * np], af, b0);
+      M::mma(S[2 * np + 1], af, b1);
+    }
+  }
+}
+
+// Step 5, the output's share from the state: O = (Q ⊙ exp Γ) S for chunk c (warp: rows 16·mo, NO value column
+// tiles from no0), with q ⊙ exp Γ and the bf16 copy of S in shared memory. af, b0, b1: fragments of the kernel;
+// pointers from `smem` and c as for chunk_fwd_h; mo and no0 passed (the kernel uses them again afterwards).
+template <class E, int KP, int BV>
+__device__ __forceinline__ void chunk_fwd_o_state(float (&o)[(BV / 8) / 4][4], int64_t c, int mo, int no0,
+                                                  typename Mma<E>::A& af, typename Mma<E>::B& b0,
+                                                  typename Mma<E>::B& b1) {
+  using L = FastLayout<KP, BV>;
+  using M = Mma<E>;
+  constexpr int P = L::P, PV = L::PV;
+  constexpr int KT = KP / 16;                // key tiles of the state
+  constexpr int NO = (BV / 8) / 4;           // output column tiles per warp
+  extern __shared__ __align__(16) unsigned char smem[];
+  E* q_buf = reinterpret_cast<E*>(smem + L::q);
+  E* s_s = reinterpret_cast<E*>(smem + L::s);
+  E* q_s = q_buf + (c & 1) * C * P;  // q ⊙ exp Γ
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int ks = 0; ks < KT; ++ks) {
+    af = frag_a(q_s + 16 * mo * P + 16 * ks, P, lane);
+#pragma unroll
+    for (int np = 0; np < NO / 2; ++np) {
+      frag_b2_t<E>(b0, b1, s_s + 16 * ks * PV + 8 * (no0 + 2 * np), PV, lane);
+      M::mma(o[2 * np], af, b0);
+      M::mma(o[2 * np + 1], af, b1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flashgla::cuda::gla
