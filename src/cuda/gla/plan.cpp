@@ -216,11 +216,11 @@ bool pipelined_scans(const BwdProblem& pr, const DeviceProps& device, const GlaT
 // Sequence split of the state scans (gla_bwd_states.cu): chunks per piece, 0
 // for none. Fixed-length inputs are split when the blocks of both scans fill
 // at most half of the GPU's resident slots, into as many pieces as fit in one
-// wave, of at least kMinChunksPerSplit chunks (each piece costs a fold step).
+// wave, of at least kMinScanChunksPerPiece chunks (each piece costs a fold step).
 // Pipelined scans only where they fill at most a quarter of the slots: at half
 // of the slots the unsplit pipelined scans measured faster than the split ones
 // with their fold (bench/notes_gla_bwd.md). tuning.bwd_scan_split forces it.
-constexpr int64_t kMinChunksPerSplit = 8;
+constexpr int64_t kMinScanChunksPerPiece = 8;
 
 int64_t scan_chunks_per_split(const BwdProblem& pr, const DeviceProps& device, const GlaTuning& tuning) {
   if (!pr.chunked || pr.varlen || pr.num_seqs * pr.heads == 0) return 0;
@@ -234,7 +234,7 @@ int64_t scan_chunks_per_split(const BwdProblem& pr, const DeviceProps& device, c
     const int64_t resident = int64_t(device.multiprocessors) * blocks_per_sm;
     const int64_t blocks = 2 * pr.num_seqs * pr.heads * tiles;
     const int64_t min_slots_per_block = pipelined_scans(pr, device, tuning) ? 4 : 2;
-    const int64_t splits = std::min(resident / blocks, chunks / kMinChunksPerSplit);
+    const int64_t splits = std::min(resident / blocks, chunks / kMinScanChunksPerPiece);
     if (resident / blocks >= min_slots_per_block && splits >= 2) per_split = (chunks + splits - 1) / splits;
   }
   if (per_split <= 0 || per_split >= chunks) return 0;

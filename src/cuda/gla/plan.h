@@ -83,7 +83,8 @@ enum class StatesPass : int8_t { none, states_kernel, in_kernel };
 
 struct FwdPlan {
   FwdKernel kernel = FwdKernel::general;
-  ChunkLayout smem;                   // the general kernel's layout (filled for every kernel, as before)
+  ChunkLayout smem;                   // the general kernel's layout; filled whichever kernel runs (the
+                                      // shared-memory check and the general kernel's occupancy read it)
   int num_slices = 0;                 // ceil(K / kSlice)
   int num_splits = 1;
   int64_t chunks_per_split = 1;
