@@ -13,12 +13,7 @@ namespace flashgla::cuda {
 namespace {
 
 using gla::Elem;
-using gla::Gate;
 using gla::View;
-
-Gate gate_of(GateKind kind) {
-  return kind == GateKind::vector ? Gate::vector : kind == GateKind::scalar ? Gate::scalar : Gate::none;
-}
 
 gla::Sequences sequences_of(const TensorView& cu_seqlens, int64_t total_len) {
   gla::Sequences s;
@@ -59,7 +54,7 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   c.h0 = view_of(a.initial_state), c.ht = view_of(a.final_state);
   c.seqs = sequences_of(a.cu_seqlens, p.seq_len);
   c.heads = int(p.heads), c.key_dim = int(p.key_dim), c.value_dim = int(p.value_dim);
-  c.gate = gate_of(p.gate);
+  c.gate = p.gate;
   c.scale = float(p.scale);
   out.num_seqs = int(p.num_seqs);
 
@@ -185,7 +180,7 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
     r.o = view_of(args.o), r.h0 = view_of(args.initial_state), r.ht = view_of(args.final_state);
     r.seqs = sequences_of(args.cu_seqlens, problem.seq_len);
     r.heads = int(problem.heads), r.key_dim = int(problem.key_dim), r.value_dim = int(problem.value_dim);
-    r.gate = gate_of(problem.gate);
+    r.gate = problem.gate;
     r.scale = float(problem.scale);
     r.reverse = args.reverse;
     gla::launch_recurrent_forward(r, int(problem.num_seqs), stream);
@@ -238,7 +233,7 @@ void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem) {
   d.state_rows = problem.state_rows;
   d.heads = int(problem.heads), d.key_dim = int(problem.key_dim), d.value_dim = int(problem.value_dim);
   d.tokens = int(problem.seq_len);
-  d.gate = gate_of(problem.gate);
+  d.gate = problem.gate;
   d.scale = float(problem.scale);
   gla::launch_decode(d, int(problem.num_seqs), device_props(args.q.device.index).multiprocessors,
                      static_cast<cudaStream_t>(args.stream));

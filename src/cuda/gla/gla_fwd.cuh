@@ -37,7 +37,7 @@ struct ChunkParams {
   View h0, ht;                  // [N,H,K,V] f32
   Sequences seqs;
   int heads = 0, key_dim = 0, value_dim = 0, num_slices = 0;
-  Gate gate = Gate::none;
+  GateByte gate = Gate::none;
   float scale = 1.f;
   // Sequence split (see gla_fwd_chunk.cu): split s of a sequence covers chunks
   // [s * chunks_per_split, (s + 1) * chunks_per_split).
@@ -107,7 +107,7 @@ struct RecurrentParams {
   View q, k, v, g, o, h0, ht;
   Sequences seqs;
   int heads = 0, key_dim = 0, value_dim = 0;
-  Gate gate = Gate::none;
+  GateByte gate = Gate::none;
   float scale = 1.f;
   bool reverse = false;
   // Launch shape (chosen by the launcher).
@@ -128,7 +128,7 @@ struct DecodeParams {
   int64_t index_stride = 1;
   int64_t state_rows = 0;                  // P
   int heads = 0, key_dim = 0, value_dim = 0, tokens = 1;
-  Gate gate = Gate::none;
+  GateByte gate = Gate::none;
   float scale = 1.f;
 };
 

@@ -37,6 +37,7 @@ namespace {
 
 using gla::Elem;
 using gla::Gate;
+using gla::GateByte;
 using gla::Sequences;
 using gla::View;
 
@@ -50,7 +51,7 @@ struct SegmentParams {
   View x, y, g;  // x: k or q [B,T,H,K]; y: v or d_o [B,T,H,V]; g: [B,T,H,K], [B,T,H] or absent
   Sequences seqs;
   int heads = 0, key_dim = 0, value_dim = 0;
-  Gate gate = Gate::none;
+  GateByte gate = Gate::none;
   bool grads = false;  // false: S(L); true: B(L)
   float scale = 1.f;   // multiplies x (1 for the states)
   int pieces = 1;
@@ -257,7 +258,7 @@ SegmentPlan plan(const TensorView& x, const TensorView& y, const TensorView& g, 
     p.seqs.i64 = cu_seqlens.dtype == DType::i64;
   }
   p.heads = int(pr.heads), p.key_dim = int(pr.key_dim), p.value_dim = int(pr.value_dim);
-  p.gate = pr.gate == GateKind::vector ? Gate::vector : pr.gate == GateKind::scalar ? Gate::scalar : Gate::none;
+  p.gate = pr.gate;
   p.grads = grads;
   p.scale = grads ? float(pr.scale) : 1.f;
   plan.pairs = pr.num_seqs * pr.heads;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/gla_chunk.h"
+#include "core/problem.h"
 
 #ifdef __CUDACC__
 #define FLASHGLA_HOST_DEVICE __host__ __device__
@@ -21,7 +22,20 @@ enum class Elem : int8_t { f32, bf16, f16, f64 };
 
 FLASHGLA_HOST_DEVICE inline int elem_size(Elem e) { return e == Elem::f64 ? 8 : e == Elem::f32 ? 4 : 2; }
 
-enum class Gate : int8_t { none, scalar, vector };
+// The gate kind of forward and backward alike: flashgla::GateKind (core/problem.h), as the argument checks
+// resolve it.
+using Gate = flashgla::GateKind;
+
+// A Gate kept in one byte: the forward's parameter blocks (gla_fwd.cuh, gla_segment.cu) hold their gate so,
+// which keeps their layout, and so the kernels' parameter offsets and loads, as they were before the forward
+// and backward shared one gate type. It reads and assigns as a Gate.
+struct GateByte {
+  int8_t value = 0;
+  GateByte() = default;
+  FLASHGLA_HOST_DEVICE constexpr GateByte(Gate g) : value(static_cast<int8_t>(g)) {}
+  FLASHGLA_HOST_DEVICE constexpr operator Gate() const { return static_cast<Gate>(value); }
+};
+static_assert(sizeof(GateByte) == 1 && alignof(GateByte) == 1, "one byte, as the forward's parameter blocks lay it out");
 
 using flashgla::kChunk;                  // C: tokens per chunk (core/gla_chunk.h)
 inline constexpr int kSlice = 32;        // key columns processed per step (K is looped in slices)
