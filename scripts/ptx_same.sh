@@ -32,7 +32,8 @@ def entries(path):
     text = open(path).read()
     return {m.group(1): m.group(0) for m in re.finditer(r'(?:\.visible\s+)?\.entry\s+(\S+)\((.*?)\n\}\n', text, re.S)}
 def norm(body, name):
-    return hashes.sub('#', body.replace(name, 'NAME'))
+    # Operand lists as inline asm spells them ('{%r1, %r2}' or '{%r1,%r2}'): PTX ignores that whitespace.
+    return re.sub(r',[ \t]+', ',', hashes.sub('#', body.replace(name, 'NAME')))
 old, new = entries(sys.argv[1]), entries(sys.argv[2])
 old_bodies = collections.Counter(norm(v, k) for k, v in old.items())
 new_bodies = collections.Counter(norm(v, k) for k, v in new.items())
