@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "cuda/attention/attention_generic.cuh"
+#include "cuda/attention/attention_sequences.cuh"
 #include "cuda/common/dtype.cuh"
 #include "cuda/common/host.cuh"
 
@@ -94,31 +95,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 // ---- sequences and masks ------------------------------------------------------------
 
-// One sequence: queries [q_begin, q_begin + q_len) and keys [k_begin, ...) of batch row `batch`.
-struct Span {
-  int64_t batch, q_begin, q_len, k_begin, k_len;
-};
-
-// cu_seqlens come from device memory unchecked: each value is clamped into
-// [0, total], so a bad one never addresses outside the tensors.
-__device__ __forceinline__ int64_t boundary(const void* cu, int64_t stride, bool is64, int64_t n, int64_t total) {
-  const int64_t v = is64 ? static_cast<const int64_t*>(cu)[n * stride] : static_cast<const int32_t*>(cu)[n * stride];
-  return v < 0 ? 0 : (v > total ? total : v);
-}
-
-__device__ __forceinline__ Span sequence(const AttentionParams& p, int64_t n) {
-  if (!p.varlen) return {n, 0, p.q_len, 0, p.k_len};
-  const int64_t qb = boundary(p.cu_q, p.cu_q_stride, p.cu_q_64, n, p.q_len);
-  const int64_t qe = boundary(p.cu_q, p.cu_q_stride, p.cu_q_64, n + 1, p.q_len);
-  const int64_t kb = boundary(p.cu_k, p.cu_k_stride, p.cu_k_64, n, p.k_len);
-  const int64_t ke = boundary(p.cu_k, p.cu_k_stride, p.cu_k_64, n + 1, p.k_len);
-  return {0, qb, qe > qb ? qe - qb : 0, kb, ke > kb ? ke - kb : 0};
-}
-
-// The sequence holding query token `flat` (by_key: key token) — batch row · T
-// + token, or the packed token with varlen — and the token's index in it.
-// False when no sequence holds it (possible only with inconsistent boundaries).
-__device__ __forceinline__ bool locate(const AttentionParams& p, int64_t flat, bool by_key, Span& s,
+__device__ __forceinline__ bool locate(const AttentionParams& p, int64_t flat, bool by_key, Seq& s,
                                        int64_t& index) {
   const int64_t total = by_key ? p.k_len : p.q_len;
   if (!p.varlen) {
@@ -144,13 +121,13 @@ __device__ __forceinline__ bool locate(const AttentionParams& p, int64_t flat, b
 
 // Query i of s sees keys [0, visible_keys): all of them, or causally (aligned
 // to the bottom right) those with j ≤ i + Tk − Tq.
-__device__ __forceinline__ int64_t visible_keys(const AttentionParams& p, const Span& s, int64_t i) {
+__device__ __forceinline__ int64_t visible_keys(const AttentionParams& p, const Seq& s, int64_t i) {
   if (!p.causal) return s.k_len;
   return min(s.k_len, max(int64_t(0), i + s.k_len - s.q_len + 1));
 }
 
 // The first query of s that sees key j (the same condition, solved for i).
-__device__ __forceinline__ int64_t first_query(const AttentionParams& p, const Span& s, int64_t j) {
+__device__ __forceinline__ int64_t first_query(const AttentionParams& p, const Seq& s, int64_t j) {
   return p.causal ? max(int64_t(0), j - (s.k_len - s.q_len)) : 0;
 }
 
@@ -179,7 +156,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int KEYS = kStep<CHUNKS>;
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  Span s;
+  Seq s;
   int64_t i;
   if (row >= tokens * p.q_heads || !locate(p, row % tokens, false, s, i)) return;  // the whole warp
   const int64_t head = row / tokens, kv_head = head / p.group, token = s.q_begin + i;
@@ -257,7 +234,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int QUERIES = kStep<CHUNKS> < 4 ? kStep<CHUNKS> : 4;
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  Span s;
+  Seq s;
   int64_t j;
   if (row >= tokens * p.kv_heads || !locate(p, row % tokens, true, s, j)) return;  // the whole warp
   const int64_t kv_head = row / tokens, key = s.k_begin + j;
@@ -315,7 +292,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int KEYS = kStep<CHUNKS>;
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  Span s;
+  Seq s;
   int64_t i;
   if (row >= tokens * p.q_heads || !locate(p, row % tokens, false, s, i)) return;  // the whole warp
   const int64_t head = row / tokens, kv_head = head / p.group, token = s.q_begin + i;
