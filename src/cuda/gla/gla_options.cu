@@ -134,6 +134,31 @@ __device__ void reduce_tile(float (*part)[kThreads], float* out) {
   }
 }
 
+// z (the running key sum) from z_init, or zero.
+__device__ __forceinline__ void load_z_init(const NormalizeParams& p, int64_t n, int64_t h, float* z) {
+  for (int64_t d = threadIdx.x; d < p.K; d += kThreads) z[d] = p.z_init.data ? load(p.z_init, at3(p.z_init, n, h, d)) : 0.f;
+}
+
+// This thread's share (its columns of z) of q_t · z_t for the tile's tokens, z_t including k_t, into acc;
+// kAdvance: z moves on to the end of the tile (the backward advances it later, with dq).
+template <bool kAdvance>
+__device__ __forceinline__ void tile_qz_partials(const NormalizeParams& p, const Seq& s, int64_t b, int64_t h,
+                                                 int64_t i0, int tokens, float* z, float (&acc)[kTile]) {
+#pragma unroll
+  for (int j = 0; j < kTile; ++j) acc[j] = 0.f;
+  for (int64_t d = threadIdx.x; d < p.K; d += kThreads) {
+    float zz = z[d];
+#pragma unroll
+    for (int j = 0; j < kTile; ++j)
+      if (j < tokens) {
+        const int64_t t = row_of(s, i0 + j, p.reverse);
+        zz += load(p.k, at4(p.k, b, t, h, d));
+        acc[j] += load(p.q, at4(p.q, b, t, h, d)) * zz;
+      }
+    if (kAdvance) z[d] = zz;
+  }
+}
+
 // z lives in dynamic shared memory (K floats); thread c owns columns c, c + kThreads, ...
 __global__ void normalize_forward_kernel(NormalizeParams p) {
   extern __shared__ float z[];
@@ -142,23 +167,11 @@ __global__ void normalize_forward_kernel(NormalizeParams p) {
   const int64_t n = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
   const Seq s = sequence_of(p, n);
   const int64_t b = s.batch;
-  for (int64_t d = threadIdx.x; d < p.K; d += kThreads) z[d] = p.z_init.data ? load(p.z_init, at3(p.z_init, n, h, d)) : 0.f;
+  load_z_init(p, n, h, z);
   for (int64_t i0 = 0; i0 < s.len; i0 += kTile) {
     const int tokens = int(s.len - i0 < kTile ? s.len - i0 : kTile);
     float acc[kTile];
-#pragma unroll
-    for (int j = 0; j < kTile; ++j) acc[j] = 0.f;
-    for (int64_t d = threadIdx.x; d < p.K; d += kThreads) {
-      float zz = z[d];
-#pragma unroll
-      for (int j = 0; j < kTile; ++j)
-        if (j < tokens) {
-          const int64_t t = row_of(s, i0 + j, p.reverse);
-          zz += load(p.k, at4(p.k, b, t, h, d));
-          acc[j] += load(p.q, at4(p.q, b, t, h, d)) * zz;
-        }
-      z[d] = zz;
-    }
+    tile_qz_partials<true>(p, s, b, h, i0, tokens, z, acc);
 #pragma unroll
     for (int j = 0; j < kTile; ++j) part[j][threadIdx.x] = acc[j];
     __syncthreads();
@@ -188,22 +201,11 @@ __global__ void normalize_backward_kernel(NormalizeParams p) {
   const Seq s = sequence_of(p, n);
   const int64_t b = s.batch;
   auto scratch = [&](int64_t t) { return (b * p.seq_len + t) * p.heads + h; };
-  for (int64_t d = threadIdx.x; d < p.K; d += kThreads) z[d] = p.z_init.data ? load(p.z_init, at3(p.z_init, n, h, d)) : 0.f;
+  load_z_init(p, n, h, z);
   for (int64_t i0 = 0; i0 < s.len; i0 += kTile) {
     const int tokens = int(s.len - i0 < kTile ? s.len - i0 : kTile);
     float acc[kTile];
-#pragma unroll
-    for (int j = 0; j < kTile; ++j) acc[j] = 0.f;
-    for (int64_t d = threadIdx.x; d < p.K; d += kThreads) {
-      float zz = z[d];
-#pragma unroll
-      for (int j = 0; j < kTile; ++j)
-        if (j < tokens) {
-          const int64_t t = row_of(s, i0 + j, p.reverse);
-          zz += load(p.k, at4(p.k, b, t, h, d));
-          acc[j] += load(p.q, at4(p.q, b, t, h, d)) * zz;
-        }
-    }
+    tile_qz_partials<false>(p, s, b, h, i0, tokens, z, acc);
 #pragma unroll
     for (int j = 0; j < kTile; ++j) part[j][threadIdx.x] = acc[j], acc[j] = 0.f;
     for (int64_t e = threadIdx.x; e < p.V; e += kThreads) {
