@@ -2,6 +2,7 @@
 // problem, fixed-length or from cu_seqlens.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/elements.h"
@@ -23,6 +24,17 @@ inline SeqRange sequence(const GlaProblem& p, const TensorView& cu_seqlens, int6
   int64_t b = load_element<int64_t>(cu_seqlens, n * cu_seqlens.stride[0]);
   int64_t e = load_element<int64_t>(cu_seqlens, (n + 1) * cu_seqlens.stride[0]);
   return {0, b, e - b};
+}
+
+// The longest sequence of a checked problem as the host can know it: the fixed length, else from
+// cu_seqlens_host or a cu_seqlens on the CPU; -1 where the boundaries are only in device memory.
+inline int64_t longest_sequence(const GlaProblem& p, const TensorView& cu_seqlens, const TensorView& cu_seqlens_host) {
+  if (!p.varlen) return p.seq_len;
+  const TensorView& host = cu_seqlens_host.defined() ? cu_seqlens_host : cu_seqlens;
+  if (host.device.type != DeviceType::cpu) return -1;
+  int64_t longest = 0;
+  for (int64_t n = 0; n < p.num_seqs; ++n) longest = std::max(longest, sequence(p, host, n).len);
+  return longest;
 }
 
 }  // namespace flashgla

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/backend.h"
+#include "core/sequences.h"
 #include "cuda/common/host.cuh"
 #include "cuda/gla/gla_fwd.cuh"
 #include "cuda/gla/gla_host.cuh"
@@ -32,20 +33,6 @@ struct ChunkPlan {
   int num_seqs = 0;
 };
 
-int64_t longest_sequence(const GlaForwardArgs& a, const GlaProblem& p) {
-  if (!p.varlen) return p.seq_len;
-  const TensorView& host = a.cu_seqlens_host.defined() ? a.cu_seqlens_host : a.cu_seqlens;
-  if (host.device.type != DeviceType::cpu) return -1;  // unknown without reading device memory
-  auto at = [&](int64_t i) {
-    const int64_t offset = i * host.stride[0];
-    return host.dtype == DType::i64 ? static_cast<const int64_t*>(host.data)[offset]
-                                    : int64_t(static_cast<const int32_t*>(host.data)[offset]);
-  };
-  int64_t longest = 0;
-  for (int64_t n = 0; n < p.num_seqs; ++n) longest = std::max(longest, at(n + 1) - at(n));
-  return longest;
-}
-
 // On the tensors' device (the caller's guard).
 ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   ChunkPlan out;
@@ -63,7 +50,7 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   fp.heads = c.heads, fp.key_dim = c.key_dim, fp.value_dim = c.value_dim;
   fp.num_seqs = p.num_seqs, fp.seq_len = p.seq_len;
   fp.varlen = c.seqs.cu_seqlens != nullptr;
-  fp.longest = longest_sequence(a, p);
+  fp.longest = longest_sequence(p, a.cu_seqlens, a.cu_seqlens_host);  // -1: unknown, no split
   fp.q_rows16 = c.q.rows16, fp.k_rows16 = c.k.rows16, fp.v_rows16 = c.v.rows16, fp.g_rows16 = c.g.rows16;
   fp.o_rows16 = c.o.rows16;
   out.plan = gla::plan_forward(fp, device_props(a.q.device.index), gla::current_gla_tuning());

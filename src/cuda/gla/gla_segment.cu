@@ -27,6 +27,7 @@
 #include <string>
 
 #include "core/backend.h"
+#include "core/sequences.h"
 #include "cuda/common/host.cuh"
 #include "cuda/gla/gla_device.cuh"
 #include "cuda/gla/gla_fwd.cuh"
@@ -221,20 +222,6 @@ __global__ void __launch_bounds__(kThreads) fold_pieces_kernel(const SegmentPara
   }
 }
 
-int64_t longest_segment(const TensorView& cu_seqlens, const TensorView& cu_seqlens_host, const GlaProblem& p) {
-  if (!p.varlen) return p.seq_len;
-  const TensorView& host = cu_seqlens_host.defined() ? cu_seqlens_host : cu_seqlens;
-  if (host.device.type != DeviceType::cpu) return p.seq_len;  // unknown without reading device memory: at most T
-  auto at = [&](int64_t i) {
-    const int64_t offset = i * host.stride[0];
-    return host.dtype == DType::i64 ? static_cast<const int64_t*>(host.data)[offset]
-                                    : int64_t(static_cast<const int32_t*>(host.data)[offset]);
-  };
-  int64_t longest = 0;
-  for (int64_t n = 0; n < p.num_seqs; ++n) longest = std::max(longest, at(n + 1) - at(n));
-  return longest;
-}
-
 // The plan of a call: the parameters (without the scratch pointers) and the scratch it needs.
 struct SegmentPlan {
   SegmentParams params;
@@ -267,7 +254,8 @@ SegmentPlan plan(const TensorView& x, const TensorView& y, const TensorView& g, 
   sp.input = p.x.dtype, sp.gate_dtype = p.g.dtype, sp.gate = p.gate;
   sp.heads = p.heads, sp.key_dim = p.key_dim, sp.value_dim = p.value_dim;
   sp.num_seqs = pr.num_seqs;
-  sp.longest = longest_segment(cu_seqlens, cu_seqlens_host, pr);
+  const int64_t longest = longest_sequence(pr, cu_seqlens, cu_seqlens_host);
+  sp.longest = longest < 0 ? pr.seq_len : longest;  // unknown without reading device memory: at most T
   sp.x_rows16 = p.x.rows16, sp.y_rows16 = p.y.rows16, sp.g_rows16 = p.g.rows16;
   const gla::SegmentPlan chosen = gla::plan_segment(sp, device_props(x.device.index), gla::current_gla_tuning());
   p.pieces = chosen.pieces;
