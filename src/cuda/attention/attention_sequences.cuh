@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cuda/attention/attention_params.cuh"
+#include "cuda/common/sequences.cuh"
 
 namespace flashgla::cuda::attn {
 
@@ -15,12 +16,7 @@ struct Seq {
   int64_t batch, q_begin, q_len, k_begin, k_len;
 };
 
-// cu_seqlens values come from the caller's device memory unchecked: clamp them
-// into [0, total] so a bad value can never address outside the tensors.
-__device__ __forceinline__ int64_t boundary(const void* cu, int64_t stride, bool is64, int64_t i, int64_t total) {
-  const int64_t v = is64 ? static_cast<const int64_t*>(cu)[i * stride] : static_cast<const int32_t*>(cu)[i * stride];
-  return v < 0 ? 0 : (v > total ? total : v);
-}
+using cuda::boundary;  // cuda/common/sequences.cuh: clamped into [0, total]
 
 __device__ __forceinline__ Seq sequence(const AttentionParams& p, int64_t n) {
   if (!p.varlen) return {n, 0, p.q_len, 0, p.k_len};

@@ -59,25 +59,9 @@ __device__ __forceinline__ void store8(E* p, const float (&x)[8]) {
   *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// ---- sequences -----------------------------------------------------------------
-struct SeqRange {
-  int64_t batch;  // row of the batch dimension
-  int64_t begin;  // first token in that row
-  int64_t len;
-};
-
-// Sequence n: row n of a fixed-length batch, or [cu[n], cu[n+1]) of row 0,
-// both clamped to [0, T] so that a bad cu_seqlens can never send a read out of bounds.
-__device__ __forceinline__ SeqRange sequence_range(const Sequences& s, int64_t n) {
-  if (!s.cu_seqlens) return {n, 0, s.total_len};
-  auto at = [&](int64_t i) -> int64_t {
-    return s.i64 ? static_cast<const int64_t*>(s.cu_seqlens)[i * s.stride]
-                 : static_cast<const int32_t*>(s.cu_seqlens)[i * s.stride];
-  };
-  const int64_t begin = min(max(at(n), int64_t(0)), s.total_len);
-  const int64_t end = min(max(at(n + 1), begin), s.total_len);
-  return {0, begin, end - begin};
-}
+// ---- sequences (cuda/common/sequences.cuh) ----------------------------------------
+using SeqRange = SeqSpan;
+__device__ __forceinline__ SeqRange sequence_range(const Sequences& s, int64_t n) { return sequence_span(s, n); }
 
 // ---- copies into shared memory ----------------------------------------------------
 // The forward kernels use the unordered cp.async flavour (cuda/common/copy.cuh):

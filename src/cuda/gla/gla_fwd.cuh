@@ -8,25 +8,9 @@
 
 #include <cstdint>
 
-#include "cuda/gla/layouts.h"
+#include "cuda/gla/types.cuh"
 
 namespace flashgla::cuda::gla {
-
-// A strided view with up to four dimensions, as the kernels see it.
-struct View {
-  void* data = nullptr;        // null: absent
-  int64_t stride[4] = {0, 0, 0, 0};
-  Elem dtype = Elem::f32;
-  bool rows16 = false;         // innermost stride 1 and every row start 16-byte aligned (16-byte path)
-};
-
-// Sequence boundaries: cu_seqlens on the device (null: fixed-length batch).
-struct Sequences {
-  const void* cu_seqlens = nullptr;
-  int64_t stride = 1;
-  bool i64 = false;
-  int64_t total_len = 0;       // T: every boundary is clamped to [0, T]
-};
 
 // ---- chunked forward -----------------------------------------------------------
 // Elem, Gate, kChunk, kSlice, value_tile and ChunkLayout: cuda/gla/layouts.h; the decisions: cuda/gla/plan.h.
