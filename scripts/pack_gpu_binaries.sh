@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Compile here, run there: builds what PART=P of scripts/gpu_session.sh runs, for sm_90a only, and packs it
+# into .gpu/ (git-ignored; carry [".gpu"], under the device tool's 64 MiB): the flashgla command and the C++
+# tests of this tree, the flashgla command of BASE (a commit, for the A/B; default: none), and the Python
+# wheel for the GPU machine's Python (3.12; PYTHON names an interpreter of that version).
+#   bash scripts/pack_gpu_binaries.sh [BASE]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base=${1:-}
+PYTHON=${PYTHON:-python3.12}
+JOBS=${FLASHGLA_JOBS:-$(nproc)}
+arch=(-DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a)
+mkdir -p .gpu
+cmake -S . -B build-sm90a -G Ninja "${arch[@]}" >/dev/null
+cmake --build build-sm90a -j"$JOBS" --target flashgla_cli flashgla_tests
+for b in flashgla flashgla_tests; do strip -o ".gpu/$b" "build-sm90a/$b" && xz -T"$JOBS" -6 -f ".gpu/$b"; done
+if [ -n "$base" ]; then
+  rm -rf build-base-src && mkdir build-base-src && git archive "$base" | tar -x -C build-base-src
+  cmake -S build-base-src -B build-base-sm90a -G Ninja "${arch[@]}" -DFLASHGLA_TESTS=OFF >/dev/null
+  cmake --build build-base-sm90a -j"$JOBS" --target flashgla_cli
+  strip -o .gpu/flashgla_base build-base-sm90a/flashgla && xz -T"$JOBS" -6 -f .gpu/flashgla_base
+fi
+rm -f .gpu/*.whl
+FLASHGLA_CUDA=ON CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90a" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
+  "$PYTHON" -m pip wheel -q --no-build-isolation --no-deps . -w .gpu
+ls -la .gpu
