@@ -13,8 +13,8 @@
 namespace flashgla::cuda {
 namespace {
 
-using gla_bwd::Compute;
-using gla_bwd::Params;
+using gla::Compute;
+using gla::BwdParams;
 
 Compute compute_type(const GlaBackwardArgs& a) {
   switch (a.q.dtype) {
@@ -28,8 +28,8 @@ Compute compute_type(const GlaBackwardArgs& a) {
   }
 }
 
-gla_bwd::Tensor tensor(const TensorView& t) {
-  gla_bwd::Tensor out;
+gla::Tensor tensor(const TensorView& t) {
+  gla::Tensor out;
   if (!t.defined()) return out;
   out.data = t.data;
   out.dtype = t.dtype;
@@ -39,7 +39,7 @@ gla_bwd::Tensor tensor(const TensorView& t) {
 
 // The planner's view of the call (plan.h).
 gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
-  using gla_bwd::bf16_rows;
+  using gla::bf16_rows;
   gla::BwdProblem b;
   b.chunked = a.algorithm == GlaAlgorithm::chunked;
   b.f32 = compute_type(a) == Compute::f32;
@@ -64,7 +64,7 @@ void check_supported(const GlaBackwardArgs& a, const GlaProblem& pr) {
   FLASHGLA_REQUIRE(pr.num_seqs * pr.heads < (int64_t(1) << 31), ErrorKind::unsupported, "q",
                  "too many sequences x heads for one launch");
   if (a.algorithm == GlaAlgorithm::recurrent)
-    FLASHGLA_REQUIRE(pr.key_dim <= gla_bwd::kRecurrentMaxThreads, ErrorKind::unsupported, "q",
+    FLASHGLA_REQUIRE(pr.key_dim <= gla::kRecurrentMaxThreads, ErrorKind::unsupported, "q",
                    "the CUDA recurrent GLA backward takes K <= 512, got K = " + std::to_string(pr.key_dim));
 }
 
@@ -81,7 +81,7 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
   if (pr.num_seqs == 0) return;
 
-  Params p;
+  BwdParams p;
   p.q = tensor(a.q), p.k = tensor(a.k), p.v = tensor(a.v), p.g = tensor(a.g), p.d_o = tensor(a.d_o);
   p.h0 = tensor(a.initial_state), p.dht = tensor(a.d_final_state);
   p.dq = tensor(a.dq), p.dk = tensor(a.dk), p.dv = tensor(a.dv), p.dg = tensor(a.dg);
@@ -94,11 +94,11 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   }
   p.batch = pr.batch, p.seq_len = pr.seq_len, p.num_seqs = pr.num_seqs;
   p.heads = int(pr.heads), p.key_dim = int(pr.key_dim), p.value_dim = int(pr.value_dim);
-  p.key_tiles = int((pr.key_dim + gla_bwd::kTile - 1) / gla_bwd::kTile);
-  p.value_tiles = int((pr.value_dim + gla_bwd::kTile - 1) / gla_bwd::kTile);
+  p.key_tiles = int((pr.key_dim + gla::kTile - 1) / gla::kTile);
+  p.value_tiles = int((pr.value_dim + gla::kTile - 1) / gla::kTile);
   p.scale = float(pr.scale);
   p.reverse = a.reverse;
-  p.chunks_per_seq = (pr.seq_len + gla_bwd::kChunk - 1) / gla_bwd::kChunk;
+  p.chunks_per_seq = (pr.seq_len + gla::kChunk - 1) / gla::kChunk;
   const gla::BwdPlan sizes = plan(a, pr);  // the choices below and the scratch layout (plan.cpp says why)
   p.diag_factor_limit = sizes.diag_factor_limit;
   p.general_layout = sizes.general_layout;
@@ -119,7 +119,7 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   if (a.algorithm == GlaAlgorithm::chunked) {
     const Compute c = compute_type(a);
     const int device_smem = device_props(a.q.device.index).max_smem_per_block;
-    FLASHGLA_REQUIRE(size_t(device_smem) >= gla_bwd::chunk_smem_bytes(c), ErrorKind::unsupported, "q",
+    FLASHGLA_REQUIRE(size_t(device_smem) >= gla::bwd_chunk_smem_bytes(c), ErrorKind::unsupported, "q",
                    "this GPU has too little shared memory per block for the chunked GLA backward in " +
                        std::string(dtype_name(a.q.dtype)));
     p.states = take(sizes.states);
@@ -128,8 +128,8 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     p.chunks_per_split = sizes.chunks_per_split;
     p.split_summaries = reinterpret_cast<float*>(take(sizes.split_summaries));
     p.chunk_decays = reinterpret_cast<float*>(take(sizes.chunk_decays));
-    gla_bwd::launch_state_scan(p, c, stream);  // also writes dh0
-    if (p.num_slots > 0 && pr.seq_len > 0) gla_bwd::launch_chunk(p, c, sizes.overlap, stream);
+    gla::launch_bwd_state_scan(p, c, stream);  // also writes dh0
+    if (p.num_slots > 0 && pr.seq_len > 0) gla::launch_bwd_chunk(p, c, sizes.overlap, stream);
   } else {
     p.dq_acc = reinterpret_cast<float*>(take(sizes.dq_acc));
     p.dk_acc = reinterpret_cast<float*>(take(sizes.dk_acc));
@@ -137,7 +137,7 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     p.dg_prefix_terms = reinterpret_cast<float*>(take(sizes.dg_prefix_terms));
     p.dg_final = reinterpret_cast<float*>(take(sizes.dg_final));
     check_cuda(cudaMemsetAsync(scratch.bytes(), 0, sizes.total(), stream), "cudaMemsetAsync (GLA backward scratch)");
-    gla_bwd::launch_recurrent(p, stream);
+    gla::launch_bwd_recurrent(p, stream);
   }
 }
 

@@ -28,15 +28,15 @@
 #include "cuda/gla/layouts.h"
 #include "flashgla/tensor.h"
 
-namespace flashgla::cuda::gla_bwd {
+namespace flashgla::cuda::gla {
 
 using flashgla::kChunk;            // C: tokens per chunk (core/gla_chunk.h)
 inline constexpr int kSub = 16;    // tokens per secondary sub-chunk
 // kTile (key / value columns per tile), kTileElems, kSummaryFloats and kDiagFactorLimit (the default
 // diag_factor_limit): cuda/gla/layouts.h.
 
-inline constexpr int kStateThreads = 256;  // gla_bwd_states.cu: 8 warps, 16 state rows x 32 columns each
-inline constexpr int kChunkThreads = 256;  // gla_bwd_chunk.cu: 8 warps, two per sub-chunk
+inline constexpr int kBwdStateThreads = 256;  // gla_bwd_states.cu: 8 warps, 16 state rows x 32 columns each
+inline constexpr int kBwdChunkThreads = 256;  // gla_bwd_chunk.cu: 8 warps, two per sub-chunk
 inline constexpr int kRecurrentCols = 32;  // gla_bwd_recurrent.cu: state columns per block
 inline constexpr int kRecurrentBatch = 8;  // tokens staged in shared memory at a time
 inline constexpr int kRecurrentMaxThreads = 512;  // one thread per key row: K <= 512
@@ -48,7 +48,7 @@ struct Tensor {
   int64_t stride[4] = {0, 0, 0, 0};
 };
 
-struct Params {
+struct BwdParams {
   Tensor q, k, v, g, d_o;  // [B,T,H,K|V]; g [B,T,H,K] or [B,T,H]
   Tensor h0, dht;          // f32 [N,H,K,V]
   Tensor dq, dk, dv, dg;   // outputs; dg absent without a gate
@@ -114,12 +114,12 @@ enum class Compute { f32, bf16 };
 // Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16,
 // with the rows of a chunk within 2^31 elements (32-bit offsets inside it).
 bool bf16_rows(const Tensor& t, int D);
-size_t chunk_smem_bytes(Compute c);
-void launch_state_scan(const Params& p, Compute c, cudaStream_t stream);
+size_t bwd_chunk_smem_bytes(Compute c);
+void launch_bwd_state_scan(const BwdParams& p, Compute c, cudaStream_t stream);
 // overlap_scans (sm_90+): a programmatic dependent launch; the chunk kernel's
 // blocks start as the state scans' blocks retire, compute dA and A, and wait
 // for the scans (griddepcontrol.wait) before they read a state or write.
-void launch_chunk(const Params& p, Compute c, bool overlap_scans, cudaStream_t stream);
-void launch_recurrent(const Params& p, cudaStream_t stream);
+void launch_bwd_chunk(const BwdParams& p, Compute c, bool overlap_scans, cudaStream_t stream);
+void launch_bwd_recurrent(const BwdParams& p, cudaStream_t stream);
 
-}  // namespace flashgla::cuda::gla_bwd
+}  // namespace flashgla::cuda::gla

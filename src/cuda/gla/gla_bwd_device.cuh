@@ -15,7 +15,7 @@
 #include "cuda/common/mma.cuh"
 #include "cuda/gla/gla_bwd.cuh"
 
-namespace flashgla::cuda::gla_bwd {
+namespace flashgla::cuda::gla {
 
 using bf16 = __nv_bfloat16;
 
@@ -80,14 +80,14 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 }
 
 // ---- sequences -----------------------------------------------------------------
-struct Seq {
+struct BwdSeq {
   int64_t batch;  // row of the batch dimension
   int64_t begin;  // first token in that row
   int64_t len;
   int64_t slot0;  // chunk slot of the sequence's first chunk
 };
 
-__device__ __forceinline__ int64_t cu_value(const Params& p, int64_t i) {
+__device__ __forceinline__ int64_t cu_value(const BwdParams& p, int64_t i) {
   const int64_t off = i * p.cu_seqlens_stride;
   int64_t x = p.cu_seqlens_i64 ? static_cast<const int64_t*>(p.cu_seqlens)[off]
                                : int64_t(static_cast<const int32_t*>(p.cu_seqlens)[off]);
@@ -98,7 +98,7 @@ __device__ __forceinline__ int64_t cu_value(const Params& p, int64_t i) {
 // out of bounds. Chunk slots: with cu_seqlens, sequence n's chunks start at
 // floor(begin / C) + n, which keeps the sequences' slots disjoint and below
 // floor(T / C) + N + 1 without a prefix sum over the lengths.
-__device__ __forceinline__ Seq sequence(const Params& p, int64_t n) {
+__device__ __forceinline__ BwdSeq sequence(const BwdParams& p, int64_t n) {
   if (!p.cu_seqlens) return {n, 0, p.seq_len, n * p.chunks_per_seq};
   const int64_t begin = cu_value(p, n);
   int64_t end = cu_value(p, n + 1);
@@ -109,7 +109,7 @@ __device__ __forceinline__ Seq sequence(const Params& p, int64_t n) {
 __device__ __forceinline__ int64_t num_chunks(int64_t len) { return (len + kChunk - 1) / kChunk; }
 
 // The sequence and chunk of a chunk slot; false for an unused slot.
-__device__ __forceinline__ bool locate_chunk(const Params& p, int64_t slot, Seq& seq, int64_t& chunk) {
+__device__ __forceinline__ bool locate_chunk(const BwdParams& p, int64_t slot, BwdSeq& seq, int64_t& chunk) {
   if (!p.cu_seqlens) {
     seq = sequence(p, slot / p.chunks_per_seq);
     chunk = slot % p.chunks_per_seq;
@@ -401,7 +401,7 @@ __device__ __forceinline__ void copy_tile_out(T* g, const T* s) {
   });
 }
 
-__device__ __forceinline__ int64_t state_tile_index(const Params& p, int64_t slot, int64_t h, int kt, int vt) {
+__device__ __forceinline__ int64_t state_tile_index(const BwdParams& p, int64_t slot, int64_t h, int kt, int vt) {
   return (((slot * p.heads + h) * p.key_tiles + kt) * p.value_tiles + vt) * int64_t(kTileElems);
 }
 
@@ -438,7 +438,7 @@ __device__ __forceinline__ void load_gate_rows(GT (&x)[R], const In* src, int64_
 
 // kBf16Only: the caller knows the gate is bf16 (only that loader is compiled).
 template <class GT, int kThreads, bool kBf16Only = false>
-__device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const Params& p, int64_t b, int64_t t0, int rows,
+__device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const BwdParams& p, int64_t b, int64_t t0, int rows,
                                                                  int64_t h, int c0) {
   using Tile = GateTile<GT, kThreads>;
   Tile g;
@@ -584,4 +584,4 @@ __device__ __forceinline__ int transpose_reduce_index() {
   return N == 32 ? lane : lane >> 1;
 }
 
-}  // namespace flashgla::cuda::gla_bwd
+}  // namespace flashgla::cuda::gla

@@ -185,8 +185,6 @@ FwdPlan plan_forward(const FwdProblem& p, const DeviceProps& device, const GlaTu
 
 namespace {
 
-using gla_bwd::kTile;
-
 int64_t num_slots(const BwdProblem& pr) {
   const int64_t C = kChunk;
   return pr.varlen ? pr.seq_len / C + pr.num_seqs + 1 : pr.batch * ((pr.seq_len + C - 1) / C);
@@ -196,7 +194,7 @@ int64_t num_slots(const BwdProblem& pr) {
 // Hopper (228 KB per SM) yes, an A100 (164 KB) no.
 bool two_pipelined_scans_per_sm(const DeviceProps& device) {
   constexpr size_t kReservedPerBlock = 1024;  // shared memory the system keeps per block (sm_80 and later)
-  return size_t(device.smem_per_sm) >= 2 * (gla_bwd::StateScanSmemBytes<2, 4, 2, 2>::bytes + kReservedPerBlock);
+  return size_t(device.smem_per_sm) >= 2 * (StateScanSmemBytes<2, 4, 2, 2>::bytes + kReservedPerBlock);
 }
 
 // Whether the state scans run paired (two value tiles per block: V / 64 even)
@@ -230,7 +228,7 @@ int64_t scan_chunks_per_split(const BwdProblem& pr, const DeviceProps& device, c
   if (tuning.bwd_scan_split >= 0) {
     per_split = tuning.bwd_scan_split;
   } else {
-    const int blocks_per_sm = pr.f32 ? gla_bwd::kScanBlocksPerSmOf<4> : gla_bwd::kScanBlocksPerSmOf<2>;
+    const int blocks_per_sm = pr.f32 ? kScanBlocksPerSmOf<4> : kScanBlocksPerSmOf<2>;
     const int64_t resident = int64_t(device.multiprocessors) * blocks_per_sm;
     const int64_t blocks = 2 * pr.num_seqs * pr.heads * tiles;
     const int64_t min_slots_per_block = pipelined_scans(pr, device, tuning) ? 4 : 2;
@@ -250,14 +248,14 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
   if (pr.chunked) {
     const int64_t tiles = ((pr.key_dim + kTile - 1) / kTile) * ((pr.value_dim + kTile - 1) / kTile);
     const size_t elem = pr.f32 ? 4 : 2;
-    plan.states = plan.dstates = size_t(num_slots(pr) * pr.heads * tiles) * gla_bwd::kTileElems * elem;
+    plan.states = plan.dstates = size_t(num_slots(pr) * pr.heads * tiles) * kTileElems * elem;
     plan.chunks_per_split = scan_chunks_per_split(pr, device, tuning);
     if (plan.chunks_per_split > 0) {
       const int64_t chunks = (pr.seq_len + kChunk - 1) / kChunk;
       const int64_t key_tiles = (pr.key_dim + kTile - 1) / kTile;
       plan.scan_splits = (chunks + plan.chunks_per_split - 1) / plan.chunks_per_split;
       plan.split_summaries =
-          size_t(2 * pr.num_seqs * pr.heads * plan.scan_splits * tiles) * gla_bwd::kSummaryFloats * sizeof(float);
+          size_t(2 * pr.num_seqs * pr.heads * plan.scan_splits * tiles) * kSummaryFloats * sizeof(float);
       plan.chunk_decays = size_t(2 * num_slots(pr) * pr.heads * key_tiles * kTile) * sizeof(float);
     }
   } else {
@@ -267,7 +265,7 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
   }
   // A's pairs inside a sub-chunk go through the products where the gates allow (see mark_wide_subchunks in
   // gla_bwd_chunk.cu); bwd_diag_elementwise sums them element by element everywhere.
-  plan.diag_factor_limit = tuning.bwd_diag_elementwise ? -1.f : gla_bwd::kDiagFactorLimit;
+  plan.diag_factor_limit = tuning.bwd_diag_elementwise ? -1.f : kDiagFactorLimit;
   plan.general_layout = tuning.bwd_general_layout;
   plan.gate_in_registers = tuning.bwd_gate_in_registers;
   plan.scan_pairs = paired_scans(pr, tuning);

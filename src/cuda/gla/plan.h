@@ -120,13 +120,13 @@ struct BwdProblem {
   int64_t batch = 0, seq_len = 0, num_seqs = 0;
   int heads = 0, key_dim = 0, value_dim = 0;
   bool vector_gate = false;
-  // Every tile of the tensor is whole aligned bf16 rows (gla_bwd::bf16_rows): q, k, v, d_o, g.
+  // Every tile of the tensor is whole aligned bf16 rows (bf16_rows in gla_bwd_chunk.cu): q, k, v, d_o, g.
   bool q_bf16_rows = false, k_bf16_rows = false, v_bf16_rows = false, do_bf16_rows = false, g_bf16_rows = false;
 };
 
 struct BwdPlan {
   bool scan_pairs = true;
-  int scan_pipeline = 0;             // 0 none, 2 the pipelined scans (gla_bwd::Params::scan_pipeline)
+  int scan_pipeline = 0;             // 0 none, 2 the pipelined scans (BwdParams::scan_pipeline)
   int64_t chunks_per_split = 0, scan_splits = 1;
   float diag_factor_limit = -1.f;
   bool general_layout = false, gate_in_registers = false;
