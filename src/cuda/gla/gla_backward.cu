@@ -28,15 +28,6 @@ Compute compute_type(const GlaBackwardArgs& a) {
   }
 }
 
-gla::Tensor tensor(const TensorView& t) {
-  gla::Tensor out;
-  if (!t.defined()) return out;
-  out.data = t.data;
-  out.dtype = t.dtype;
-  for (int d = 0; d < t.ndim; ++d) out.stride[d] = t.stride[d];
-  return out;
-}
-
 // The planner's view of the call (plan.h).
 gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
   using gla::bf16_rows;
@@ -48,9 +39,9 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
   b.heads = int(pr.heads), b.key_dim = int(pr.key_dim), b.value_dim = int(pr.value_dim);
   b.vector_gate = pr.gate == GateKind::vector;
   const int K = int(pr.key_dim), V = int(pr.value_dim);
-  b.q_bf16_rows = bf16_rows(tensor(a.q), K), b.k_bf16_rows = bf16_rows(tensor(a.k), K);
-  b.v_bf16_rows = bf16_rows(tensor(a.v), V), b.do_bf16_rows = bf16_rows(tensor(a.d_o), V);
-  b.g_bf16_rows = b.vector_gate && bf16_rows(tensor(a.g), K);
+  b.q_bf16_rows = bf16_rows(view_of(a.q), K), b.k_bf16_rows = bf16_rows(view_of(a.k), K);
+  b.v_bf16_rows = bf16_rows(view_of(a.v), V), b.do_bf16_rows = bf16_rows(view_of(a.d_o), V);
+  b.g_bf16_rows = b.vector_gate && bf16_rows(view_of(a.g), K);
   return b;
 }
 
@@ -82,10 +73,10 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   if (pr.num_seqs == 0) return;
 
   BwdParams p;
-  p.q = tensor(a.q), p.k = tensor(a.k), p.v = tensor(a.v), p.g = tensor(a.g), p.d_o = tensor(a.d_o);
-  p.h0 = tensor(a.initial_state), p.dht = tensor(a.d_final_state);
-  p.dq = tensor(a.dq), p.dk = tensor(a.dk), p.dv = tensor(a.dv), p.dg = tensor(a.dg);
-  p.dh0 = tensor(a.d_initial_state);
+  p.q = view_of(a.q), p.k = view_of(a.k), p.v = view_of(a.v), p.g = view_of(a.g), p.d_o = view_of(a.d_o);
+  p.h0 = view_of(a.initial_state), p.dht = view_of(a.d_final_state);
+  p.dq = view_of(a.dq), p.dk = view_of(a.dk), p.dv = view_of(a.dv), p.dg = view_of(a.dg);
+  p.dh0 = view_of(a.d_initial_state);
   p.gate = pr.gate;
   if (pr.varlen) {
     p.cu_seqlens = a.cu_seqlens.data;

@@ -25,8 +25,7 @@
 
 #include "core/gla_chunk.h"
 #include "core/problem.h"
-#include "cuda/gla/layouts.h"
-#include "flashgla/tensor.h"
+#include "cuda/gla/types.cuh"
 
 namespace flashgla::cuda::gla {
 
@@ -41,18 +40,11 @@ inline constexpr int kRecurrentCols = 32;  // gla_bwd_recurrent.cu: state column
 inline constexpr int kRecurrentBatch = 8;  // tokens staged in shared memory at a time
 inline constexpr int kRecurrentMaxThreads = 512;  // one thread per key row: K <= 512
 
-// A strided tensor as the kernels see it; data == nullptr: absent.
-struct Tensor {
-  void* data = nullptr;
-  DType dtype = DType::f32;
-  int64_t stride[4] = {0, 0, 0, 0};
-};
-
 struct BwdParams {
-  Tensor q, k, v, g, d_o;  // [B,T,H,K|V]; g [B,T,H,K] or [B,T,H]
-  Tensor h0, dht;          // f32 [N,H,K,V]
-  Tensor dq, dk, dv, dg;   // outputs; dg absent without a gate
-  Tensor dh0;              // f32 [N,H,K,V]
+  View q, k, v, g, d_o;  // [B,T,H,K|V]; g [B,T,H,K] or [B,T,H]
+  View h0, dht;          // f32 [N,H,K,V]
+  View dq, dk, dv, dg;   // outputs; dg absent without a gate
+  View dh0;              // f32 [N,H,K,V]
   GateKind gate = GateKind::none;
 
   const void* cu_seqlens = nullptr;  // device, i32 or i64; nullptr: fixed length
@@ -113,7 +105,7 @@ enum class Compute { f32, bf16 };
 
 // Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16,
 // with the rows of a chunk within 2^31 elements (32-bit offsets inside it).
-bool bf16_rows(const Tensor& t, int D);
+bool bf16_rows(const View& t, int D);
 size_t bwd_chunk_smem_bytes(Compute c);
 void launch_bwd_state_scan(const BwdParams& p, Compute c, cudaStream_t stream);
 // overlap_scans (sm_90+): a programmatic dependent launch; the chunk kernel's

@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
 bool plain_layout(const BwdParams& p) {
   const int K = p.key_dim, V = p.value_dim;
   return bf16_rows(p.q, K) && bf16_rows(p.k, K) && bf16_rows(p.v, V) && bf16_rows(p.d_o, V) && bf16_rows(p.dq, K) &&
-         bf16_rows(p.dk, K) && bf16_rows(p.dv, V) && (p.gate == GateKind::none || p.g.dtype == DType::bf16) &&
+         bf16_rows(p.dk, K) && bf16_rows(p.dv, V) && (p.gate == GateKind::none || p.g.dtype == Elem::bf16) &&
          (p.gate != GateKind::vector || (bf16_rows(p.g, K) && bf16_rows(p.dg, K)));
 }
 
@@ -188,9 +188,9 @@ void launch(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
 
 }  // namespace
 
-bool bf16_rows(const Tensor& t, int D) {
+bool bf16_rows(const View& t, int D) {
   constexpr int kVec = 8;
-  return t.dtype == DType::bf16 && t.stride[3] == 1 && D % kTile == 0 && t.stride[0] % kVec == 0 &&
+  return t.dtype == Elem::bf16 && t.stride[3] == 1 && D % kTile == 0 && t.stride[0] % kVec == 0 &&
          t.stride[1] % kVec == 0 && t.stride[2] % kVec == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 &&
          t.stride[1] < (int64_t(1) << 31) / kChunk;
 }

@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
 
   // The state tile: accumulator rows are key rows row0.., columns value columns col0..
   float acc[4][4];
-  const Tensor init = true_start ? (backward ? p.dht : p.h0) : Tensor{};
+  const View init = true_start ? (backward ? p.dht : p.h0) : View{};
   // Split: decay (log2) of this thread's two key rows since the piece's start.
   float decay_since_start[2] = {0.f, 0.f};
   const bool writes_decays = splitting && vt == 0 && col0 == 0 && threadIdx.x % 4 == 0;
@@ -122,8 +122,8 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
                        : 0.f;
     }
 
-  const Tensor& xs = backward ? p.q : p.k;
-  const Tensor& ys = backward ? p.d_o : p.v;
+  const View& xs = backward ? p.q : p.k;
+  const View& ys = backward ? p.d_o : p.v;
   T* scratch = static_cast<T*>(backward ? p.dstates : p.states);
   auto chunk_at = [&](int64_t i) { return first + (backward ? chunks - 1 - i : i); };  // step i's chunk
   auto rows_of = [&](int64_t c) { return int(seq.len - c * kChunk < kChunk ? seq.len - c * kChunk : kChunk); };
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
     if (p.gate == GateKind::vector)
       g_at = static_cast<const bf16*>(p.g.data) + offset4(p.g, seq.batch, seq.begin, h, kt * kTile + piece_col);
     const int which = threadIdx.x / kTile;
-    const Tensor& pf = which == 2 ? p.g : (which == 0 ? xs : ys);
+    const View& pf = which == 2 ? p.g : (which == 0 ? xs : ys);
     const int pf_col = which == 0 || which == 2 ? kt * kTile : (vt0 + (which == 3)) * kTile;
     if (which < 4 && (which != 2 || p.gate == GateKind::vector)) {
       prefetch_at = static_cast<const char*>(pf.data) +
