@@ -78,12 +78,13 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.dq = view_of(a.dq), p.dk = view_of(a.dk), p.dv = view_of(a.dv), p.dg = view_of(a.dg);
   p.dh0 = view_of(a.d_initial_state);
   p.gate = pr.gate;
+  p.seqs.total_len = pr.seq_len;
   if (pr.varlen) {
-    p.cu_seqlens = a.cu_seqlens.data;
-    p.cu_seqlens_i64 = a.cu_seqlens.dtype == DType::i64;
-    p.cu_seqlens_stride = a.cu_seqlens.stride[0];
+    p.seqs.cu_seqlens = a.cu_seqlens.data;
+    p.seqs.i64 = a.cu_seqlens.dtype == DType::i64;
+    p.seqs.stride = a.cu_seqlens.stride[0];
   }
-  p.batch = pr.batch, p.seq_len = pr.seq_len, p.num_seqs = pr.num_seqs;
+  p.num_seqs = pr.num_seqs;
   p.heads = int(pr.heads), p.key_dim = int(pr.key_dim), p.value_dim = int(pr.value_dim);
   p.key_tiles = int((pr.key_dim + gla::kTile - 1) / gla::kTile);
   p.value_tiles = int((pr.value_dim + gla::kTile - 1) / gla::kTile);

@@ -47,13 +47,8 @@ struct BwdParams {
   View dh0;              // f32 [N,H,K,V]
   GateKind gate = GateKind::none;
 
-  const void* cu_seqlens = nullptr;  // device, i32 or i64; nullptr: fixed length
-  bool cu_seqlens_i64 = false;
-  int64_t cu_seqlens_stride = 1;
-
-  int64_t batch = 0;    // B
-  int64_t seq_len = 0;  // T (tokens per batch row)
-  int64_t num_seqs = 0; // N
+  Sequences seqs;        // fixed length, or cu_seqlens; total_len: T (tokens per batch row)
+  int64_t num_seqs = 0;  // N
   int heads = 0, key_dim = 0, value_dim = 0;
   int key_tiles = 0, value_tiles = 0;  // ceil(K / 64), ceil(V / 64)
   float scale = 1.f;

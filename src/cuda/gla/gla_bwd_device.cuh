@@ -80,37 +80,26 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 }
 
 // ---- sequences -----------------------------------------------------------------
-struct BwdSeq {
-  int64_t batch;  // row of the batch dimension
-  int64_t begin;  // first token in that row
-  int64_t len;
-  int64_t slot0;  // chunk slot of the sequence's first chunk
+// A sequence (cuda::sequence_span: boundaries clamped to [0, T], so that a bad
+// cu_seqlens never sends an access out of bounds) and the chunk slot of its
+// first chunk.
+struct BwdSeq : SeqSpan {
+  int64_t slot0;
 };
 
-__device__ __forceinline__ int64_t cu_value(const BwdParams& p, int64_t i) {
-  const int64_t off = i * p.cu_seqlens_stride;
-  int64_t x = p.cu_seqlens_i64 ? static_cast<const int64_t*>(p.cu_seqlens)[off]
-                               : int64_t(static_cast<const int32_t*>(p.cu_seqlens)[off]);
-  return x < 0 ? 0 : (x > p.seq_len ? p.seq_len : x);
-}
-
-// Sequence n, clamped to [0, T] so that a bad cu_seqlens never sends an access
-// out of bounds. Chunk slots: with cu_seqlens, sequence n's chunks start at
-// floor(begin / C) + n, which keeps the sequences' slots disjoint and below
-// floor(T / C) + N + 1 without a prefix sum over the lengths.
+// Chunk slots: with cu_seqlens, sequence n's chunks start at floor(begin / C) + n,
+// which keeps the sequences' slots disjoint and below floor(T / C) + N + 1
+// without a prefix sum over the lengths.
 __device__ __forceinline__ BwdSeq sequence(const BwdParams& p, int64_t n) {
-  if (!p.cu_seqlens) return {n, 0, p.seq_len, n * p.chunks_per_seq};
-  const int64_t begin = cu_value(p, n);
-  int64_t end = cu_value(p, n + 1);
-  if (end < begin) end = begin;
-  return {0, begin, end - begin, begin / kChunk + n};
+  const SeqSpan s = sequence_span(p.seqs, n);
+  return {s, p.seqs.cu_seqlens ? s.begin / kChunk + n : n * p.chunks_per_seq};
 }
 
 __device__ __forceinline__ int64_t num_chunks(int64_t len) { return (len + kChunk - 1) / kChunk; }
 
 // The sequence and chunk of a chunk slot; false for an unused slot.
 __device__ __forceinline__ bool locate_chunk(const BwdParams& p, int64_t slot, BwdSeq& seq, int64_t& chunk) {
-  if (!p.cu_seqlens) {
+  if (!p.seqs.cu_seqlens) {
     seq = sequence(p, slot / p.chunks_per_seq);
     chunk = slot % p.chunks_per_seq;
     return true;
@@ -118,7 +107,7 @@ __device__ __forceinline__ bool locate_chunk(const BwdParams& p, int64_t slot, B
   int64_t lo = 0, hi = p.num_seqs - 1;  // the last sequence whose first slot is <= slot
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (cu_value(p, mid) / kChunk + mid <= slot) lo = mid;
+    if (boundary(p.seqs, mid) / kChunk + mid <= slot) lo = mid;
     else hi = mid - 1;
   }
   seq = sequence(p, lo);

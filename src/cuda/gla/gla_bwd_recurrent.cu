@@ -39,7 +39,7 @@ __device__ __forceinline__ int64_t token_at(const BwdParams& p, const BwdSeq& se
 
 // Index of (token, head, key) in the fp32 accumulators.
 __device__ __forceinline__ int64_t acc_index(const BwdParams& p, const BwdSeq& seq, int64_t token, int h, int key) {
-  return ((seq.batch * p.seq_len + token) * p.heads + h) * int64_t(p.key_dim) + key;
+  return ((seq.batch * p.seqs.total_len + token) * p.heads + h) * int64_t(p.key_dim) + key;
 }
 
 __global__ void __launch_bounds__(kRecurrentMaxThreads) recurrent_kernel(const BwdParams p) {
