@@ -41,13 +41,7 @@ __device__ __forceinline__ void store_as(void* base, int64_t i, Elem dtype, floa
   }
 }
 
-// to_float: cuda/common/dtype.cuh. from_float here rounds every 16-bit type to bf16 (the only one the
-// backward computes in).
-template <class T>
-__device__ __forceinline__ T from_float(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else return __float2bfloat16_rn(x);
-}
+// to_float, from_float: cuda/common/dtype.cuh (the tiles hold the compute type, float or bf16).
 
 // exp2 of a difference of gate cumsums (log2 units); fp64 cumsums keep the
 // difference exact before it is rounded to fp32. One hardware instruction
