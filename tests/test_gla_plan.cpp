@@ -318,7 +318,6 @@ TEST(GlaPlan, BackwardAnchorD128) {
   EXPECT_TRUE(on_h100.overlap);
   EXPECT_EQ(on_h100.diag_factor_limit, 64.f);  // factors within 2^±64: what bf16 and fp32 operands hold
   EXPECT_FALSE(on_h100.general_layout);
-  EXPECT_FALSE(on_h100.gate_in_registers);
   EXPECT_EQ(on_h100.num_slots, 8 * 64);
   EXPECT_EQ(on_h100.total(), 2 * state_bytes(p, 2));
 
@@ -415,9 +414,6 @@ TEST(GlaPlan, BackwardTuningForcesChoices) {
   t = GlaTuning{};
   t.bwd_general_layout = true;
   EXPECT_TRUE(plan_backward(p, h100(), t).general_layout);
-  t = GlaTuning{};
-  t.bwd_gate_in_registers = true;
-  EXPECT_TRUE(plan_backward(p, h100(), t).gate_in_registers);
   t = GlaTuning{};
   t.bwd_overlap = Force::off;
   EXPECT_FALSE(plan_backward(p, h100(), t).overlap);
@@ -516,8 +512,8 @@ const char* const kSwitches[] = {
     "FLASHGLA_GLA_FAST",         "FLASHGLA_GLA_HOPPER",           "FLASHGLA_GLA_SPLITS",
     "FLASHGLA_GLA_STATE_PIECES", "FLASHGLA_GLA_HOPPER_PDL",       "FLASHGLA_GLA_BWD_SCAN_PAIR",
     "FLASHGLA_GLA_BWD_SCAN_PIPELINE", "FLASHGLA_GLA_BWD_SCAN_SPLIT", "FLASHGLA_GLA_BWD_DIAG",
-    "FLASHGLA_GLA_BWD_LAYOUT",   "FLASHGLA_GLA_BWD_GATE",         "FLASHGLA_GLA_BWD_OVERLAP",
-    "FLASHGLA_GLA_SEGMENT_PIECES", "FLASHGLA_GLA_SEGMENT_KERNEL"};
+    "FLASHGLA_GLA_BWD_LAYOUT",   "FLASHGLA_GLA_BWD_OVERLAP",      "FLASHGLA_GLA_SEGMENT_PIECES",
+    "FLASHGLA_GLA_SEGMENT_KERNEL"};
 
 TEST(GlaPlan, TuningFromEnvironment) {
   Environment env;
@@ -539,7 +535,6 @@ TEST(GlaPlan, TuningFromEnvironment) {
   env.set("FLASHGLA_GLA_BWD_SCAN_SPLIT", "0");
   env.set("FLASHGLA_GLA_BWD_DIAG", "elementwise");
   env.set("FLASHGLA_GLA_BWD_LAYOUT", "general");
-  env.set("FLASHGLA_GLA_BWD_GATE", "registers");
   env.set("FLASHGLA_GLA_BWD_OVERLAP", "1");
   env.set("FLASHGLA_GLA_SEGMENT_PIECES", "4");
   env.set("FLASHGLA_GLA_SEGMENT_KERNEL", "generic");
@@ -554,7 +549,6 @@ TEST(GlaPlan, TuningFromEnvironment) {
   EXPECT_EQ(t.bwd_scan_split, 0);
   EXPECT_TRUE(t.bwd_diag_elementwise);
   EXPECT_TRUE(t.bwd_general_layout);
-  EXPECT_TRUE(t.bwd_gate_in_registers);
   EXPECT_EQ(t.bwd_overlap, Force::on);
   EXPECT_EQ(t.segment_pieces, 4);
   EXPECT_EQ(t.segment_split_kernel, Force::off);
@@ -572,8 +566,7 @@ TEST(GlaPlan, BadTuningValueNamesTheVariable) {
                          Bad{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "1"}, Bad{"FLASHGLA_GLA_BWD_SCAN_SPLIT", "-1"},
                          Bad{"FLASHGLA_GLA_BWD_DIAG", "exact"}, Bad{"FLASHGLA_GLA_BWD_OVERLAP", "2"},
                          Bad{"FLASHGLA_GLA_SEGMENT_KERNEL", "mma"}, Bad{"FLASHGLA_GLA_SEGMENT_PIECES", "many"},
-                         Bad{"FLASHGLA_GLA_BWD_SCAN_PAIR", "no"}, Bad{"FLASHGLA_GLA_BWD_LAYOUT", "plain"},
-                         Bad{"FLASHGLA_GLA_BWD_GATE", "register"}}) {
+                         Bad{"FLASHGLA_GLA_BWD_SCAN_PAIR", "no"}, Bad{"FLASHGLA_GLA_BWD_LAYOUT", "plain"}}) {
     SCOPED_TRACE(std::string(bad.name) + "=" + bad.value);
     Environment env;
     env.set(bad.name, bad.value);

@@ -94,7 +94,6 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   const gla::BwdPlan sizes = plan(a, pr);  // the choices below and the scratch layout (plan.cpp says why)
   p.diag_factor_limit = sizes.diag_factor_limit;
   p.general_layout = sizes.general_layout;
-  p.gate_in_registers = sizes.gate_in_registers;
   p.scan_pairs = sizes.scan_pairs;
   p.scan_pipeline = sizes.scan_pipeline;
   p.num_slots = sizes.num_slots;

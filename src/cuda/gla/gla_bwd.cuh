@@ -60,9 +60,6 @@ struct BwdParams {
   // Chunked: run the chunk kernel's general instantiation even where the
   // layout allows the plain one (tests; see chunk_kernel's kPlain).
   bool general_layout = false;
-  // Chunked, plain instantiation: load a vector gate into registers rather
-  // than by asynchronous copies (see start_gate_tile).
-  bool gate_in_registers = false;
 
   // Chunked: chunk slot of chunk c of sequence n (see sequence() in
   // gla_bwd_device.cuh); the scratch states hold one 64x64 tile per

@@ -112,10 +112,11 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
       map_rows<T, kBwdChunkThreads, kBetweenRows, kPlain>(sKStage, sK, between_key_key, [&](int row, int c, float x) {
         return x * exp2_of(sG[kSub * between_key_sub(row) * LDF + c] - sG[between_key_key(row) * LDF + c]);
       });
-      map_rows<T, kBwdChunkThreads, kBetweenRows, kPlain>(sQStage, sQ, between_query_query, [&](int row, int c, float x) {
-        const int i = between_query_query(row), ref = kSub * between_query_sub(row) + kSub - 1;
-        return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
-      });
+      map_rows<T, kBwdChunkThreads, kBetweenRows, kPlain>(
+          sQStage, sQ, between_query_query, [&](int row, int c, float x) {
+            const int i = between_query_query(row), ref = kSub * between_query_sub(row) + kSub - 1;
+            return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
+          });
       __syncthreads();
       const int keys = kSub * s;         // dq: keys j < keys
       const int first = kSub * (s + 1);  // dk: queries i >= first

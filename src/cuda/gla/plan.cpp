@@ -31,7 +31,6 @@ GlaTuning gla_tuning_from_env() {
   t.bwd_scan_split = env_count("FLASHGLA_GLA_BWD_SCAN_SPLIT", -1, 0);
   t.bwd_diag_elementwise = env_choice("FLASHGLA_GLA_BWD_DIAG", {"factored", "elementwise"}) == "elementwise";
   t.bwd_general_layout = env_choice("FLASHGLA_GLA_BWD_LAYOUT", {"general"}) == "general";
-  t.bwd_gate_in_registers = env_choice("FLASHGLA_GLA_BWD_GATE", {"async", "registers"}) == "registers";
   t.bwd_overlap = force(env_choice("FLASHGLA_GLA_BWD_OVERLAP", {"0", "1"}), "0", "1");
   t.segment_pieces = env_count("FLASHGLA_GLA_SEGMENT_PIECES", 0, 1);
   t.segment_split_kernel = force(env_choice("FLASHGLA_GLA_SEGMENT_KERNEL", {"split", "generic"}), "generic", "split");
@@ -267,7 +266,6 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
   // gla_bwd_chunk.cu); bwd_diag_elementwise sums them element by element everywhere.
   plan.diag_factor_limit = tuning.bwd_diag_elementwise ? -1.f : kDiagFactorLimit;
   plan.general_layout = tuning.bwd_general_layout;
-  plan.gate_in_registers = tuning.bwd_gate_in_registers;
   plan.scan_pairs = paired_scans(pr, tuning);
   // The pipelined scans' variant with fewer instructions per step ("lean", 2); the first pipelined variant
   // (1) was never faster and is retired (bench/notes_gla_bwd.md).

@@ -31,7 +31,6 @@ struct GlaTuning {
   int64_t bwd_scan_split = -1;        // FLASHGLA_GLA_BWD_SCAN_SPLIT=<chunks per piece, 0: none> (-1: library)
   bool bwd_diag_elementwise = false;  // FLASHGLA_GLA_BWD_DIAG=elementwise (=factored: the default)
   bool bwd_general_layout = false;    // FLASHGLA_GLA_BWD_LAYOUT=general
-  bool bwd_gate_in_registers = false; // FLASHGLA_GLA_BWD_GATE=registers (=async: the default)
   Force bwd_overlap = Force::library; // FLASHGLA_GLA_BWD_OVERLAP=0|1
   // Segment summaries.
   int64_t segment_pieces = 0;         // FLASHGLA_GLA_SEGMENT_PIECES=<n ≥ 1>
@@ -129,7 +128,7 @@ struct BwdPlan {
   int scan_pipeline = 0;             // 0 none, 2 the pipelined scans (BwdParams::scan_pipeline)
   int64_t chunks_per_split = 0, scan_splits = 1;
   float diag_factor_limit = -1.f;
-  bool general_layout = false, gate_in_registers = false;
+  bool general_layout = false;
   bool overlap = false;              // the chunk kernel as a programmatic dependent of the scans
   int64_t num_slots = 0;
   // Scratch sizes, laid out in this order, each aligned to kAlign bytes.

@@ -129,15 +129,15 @@ __device__ __forceinline__ int diagonal_row(int hc, int m) {
 // The gate tile of key columns c0.. as Γ in sG, in two steps around the
 // caller's cp_async_commit_and_wait_all(): with kPlain and a vector gate (bf16 rows, as
 // its dg), its rows are copied asynchronously into sG itself, with the other
-// tiles, then read back and summed; else (or with p.gate_in_registers) loaded
-// into registers (load_gate_tile). Waiting on the register loads of the gate
-// was the largest single stall of the general kernel in a profile
-// (bench/notes_gla_bwd.md); the copies cost one more barrier.
+// tiles, then read back and summed; else loaded into registers (load_gate_tile).
+// Waiting on the register loads of the gate was the largest single stall of the
+// general kernel in a profile, and in the plain kernel the copies are faster at
+// every shape measured (bench/notes_gla_bwd.md); they cost one more barrier.
 // sG must be free (no reader left) when start_gate_tile is called.
 template <class GT, bool kPlain>
-__device__ __forceinline__ GateTile<GT, kBwdChunkThreads> start_gate_tile(const BwdParams& p, GT* sG, int64_t b, int64_t t0,
-                                                                       int rows, int64_t h, int c0) {
-  if (kPlain && p.gate == GateKind::vector && !p.gate_in_registers) {
+__device__ __forceinline__ GateTile<GT, kBwdChunkThreads> start_gate_tile(const BwdParams& p, GT* sG, int64_t b,
+                                                                          int64_t t0, int rows, int64_t h, int c0) {
+  if (kPlain && p.gate == GateKind::vector) {
     constexpr int kPieces = kTile * sizeof(bf16) / 16;  // 16-byte pieces per row
     const bf16* src = static_cast<const bf16*>(p.g.data) + offset4(p.g, b, t0, h, c0);
     bf16* raw = reinterpret_cast<bf16*>(sG);
@@ -152,7 +152,7 @@ __device__ __forceinline__ GateTile<GT, kBwdChunkThreads> start_gate_tile(const 
 
 template <class GT, bool kPlain>
 __device__ __forceinline__ void finish_gate_tile(const BwdParams& p, GT* sG, GateTile<GT, kBwdChunkThreads>& gate) {
-  if (kPlain && p.gate == GateKind::vector && !p.gate_in_registers) {
+  if (kPlain && p.gate == GateKind::vector) {
     __syncthreads();  // every thread's copies have landed
     using Tile = GateTile<GT, kBwdChunkThreads>;
     const int c = threadIdx.x % kTile, first = (threadIdx.x / kTile) * Tile::kRows;
@@ -212,8 +212,8 @@ __device__ __forceinline__ void chunk_bwd_dA(const BwdParams& p, int64_t b, int6
 // Off-diagonal blocks (s, J), J = hc, hc + 2 < s, on the products; the diagonal block (s, s) too for key tiles
 // where sub-chunk s is factored, else element by element, rows diagonal_row(hc, 0..7).
 template <class T, class GT, bool kPlain>
-__device__ __forceinline__ void chunk_fwd_intra(const BwdParams& p, int64_t b, int64_t t0, int rows, int h, int s, int hc,
-                                                int lane, int K, float scale, float (&acc)[2][2][4],
+__device__ __forceinline__ void chunk_fwd_intra(const BwdParams& p, int64_t b, int64_t t0, int rows, int h, int s,
+                                                int hc, int lane, int K, float scale, float (&acc)[2][2][4],
                                                 float (&k_reg)[kSub], GT (&g_reg)[kSub], float (&part)[kSub]) {
   using Smem = ChunkSmem<T, GT>;
   constexpr int LD = kLd<T>;
