@@ -85,8 +85,9 @@ struct BwdSeq : SeqSpan {
 // which keeps the sequences' slots disjoint and below floor(T / C) + N + 1
 // without a prefix sum over the lengths.
 __device__ __forceinline__ BwdSeq sequence(const BwdParams& p, int64_t n) {
+  if (!p.seqs.cu_seqlens) return {sequence_span(p.seqs, n), n * p.chunks_per_seq};
   const SeqSpan s = sequence_span(p.seqs, n);
-  return {s, p.seqs.cu_seqlens ? s.begin / kChunk + n : n * p.chunks_per_seq};
+  return {s, s.begin / kChunk + n};
 }
 
 __device__ __forceinline__ int64_t num_chunks(int64_t len) { return (len + kChunk - 1) / kChunk; }
