@@ -37,11 +37,16 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
   b.varlen = pr.varlen;
   b.batch = pr.batch, b.seq_len = pr.seq_len, b.num_seqs = pr.num_seqs;
   b.heads = int(pr.heads), b.key_dim = int(pr.key_dim), b.value_dim = int(pr.value_dim);
-  b.vector_gate = pr.gate == GateKind::vector;
+  b.gate = pr.gate;
+  b.g_bf16 = pr.gate != GateKind::none && a.g.dtype == DType::bf16;
   const int K = int(pr.key_dim), V = int(pr.value_dim);
+  const bool vector_gate = pr.gate == GateKind::vector;
   b.q_bf16_rows = bf16_rows(view_of(a.q), K), b.k_bf16_rows = bf16_rows(view_of(a.k), K);
   b.v_bf16_rows = bf16_rows(view_of(a.v), V), b.do_bf16_rows = bf16_rows(view_of(a.d_o), V);
-  b.g_bf16_rows = b.vector_gate && bf16_rows(view_of(a.g), K);
+  b.g_bf16_rows = vector_gate && bf16_rows(view_of(a.g), K);
+  b.dq_bf16_rows = bf16_rows(view_of(a.dq), K), b.dk_bf16_rows = bf16_rows(view_of(a.dk), K);
+  b.dv_bf16_rows = bf16_rows(view_of(a.dv), V);
+  b.dg_bf16_rows = vector_gate && bf16_rows(view_of(a.dg), K);
   return b;
 }
 
@@ -93,9 +98,6 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.chunks_per_seq = (pr.seq_len + gla::kChunk - 1) / gla::kChunk;
   const gla::BwdPlan sizes = plan(a, pr);  // the choices below and the scratch layout (plan.cpp says why)
   p.diag_factor_limit = sizes.diag_factor_limit;
-  p.general_layout = sizes.general_layout;
-  p.scan_pairs = sizes.scan_pairs;
-  p.scan_pipeline = sizes.scan_pipeline;
   p.num_slots = sizes.num_slots;
 
   Scratch scratch(a.workspace, a.workspace_bytes, sizes.total(), stream, "gla_backward_workspace_bytes", "workspace",
@@ -119,8 +121,8 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     p.chunks_per_split = sizes.chunks_per_split;
     p.split_summaries = reinterpret_cast<float*>(take(sizes.split_summaries));
     p.chunk_decays = reinterpret_cast<float*>(take(sizes.chunk_decays));
-    gla::launch_bwd_state_scan(p, c, stream);  // also writes dh0
-    if (p.num_slots > 0 && pr.seq_len > 0) gla::launch_bwd_chunk(p, c, sizes.overlap, stream);
+    gla::launch_bwd_state_scan(p, c, sizes.scans, stream);  // also writes dh0
+    if (p.num_slots > 0 && pr.seq_len > 0) gla::launch_bwd_chunk(p, sizes.chunk_kernel, sizes.overlap, stream);
   } else {
     p.dq_acc = reinterpret_cast<float*>(take(sizes.dq_acc));
     p.dk_acc = reinterpret_cast<float*>(take(sizes.dk_acc));

@@ -25,6 +25,7 @@
 
 #include "core/gla_chunk.h"
 #include "core/problem.h"
+#include "cuda/gla/plan.h"
 #include "cuda/gla/types.cuh"
 
 namespace flashgla::cuda::gla {
@@ -57,9 +58,6 @@ struct BwdParams {
   // sub-chunk for which its pairs go through the tensor-core products for A
   // (see mark_wide_subchunks in gla_bwd_chunk.cu); below 0: never.
   float diag_factor_limit = -1.f;
-  // Chunked: run the chunk kernel's general instantiation even where the
-  // layout allows the plain one (tests; see chunk_kernel's kPlain).
-  bool general_layout = false;
 
   // Chunked: chunk slot of chunk c of sequence n (see sequence() in
   // gla_bwd_device.cuh); the scratch states hold one 64x64 tile per
@@ -69,14 +67,6 @@ struct BwdParams {
   void* states = nullptr;   // S before each chunk
   void* dstates = nullptr;  // dS after each chunk
   // Sequence split of the state scans (gla_bwd_states.cu): 1 split = none.
-  // State scans: one block covers two value tiles of a key tile where V / 64
-  // is even (x and the gate read and transformed once for both).
-  bool scan_pairs = true;
-  // State scans (bf16, pairs): x, y and a vector gate copied one chunk ahead
-  // into a second buffer (set by the planner where every tile is whole bf16 rows
-  // and two such blocks fit an SM's shared memory, see pipelined_scans in plan.cpp):
-  // 0 no, 2 yes (the value 1 was a retired first variant).
-  int scan_pipeline = 0;
   int64_t scan_splits = 1;
   int64_t chunks_per_split = 0;     // chunks of each piece (the last may have fewer)
   float* split_summaries = nullptr; // [scan][N][H][split][tile]: a piece's last state (64x64) and its total decay (64)
@@ -99,11 +89,12 @@ enum class Compute { f32, bf16 };
 // with the rows of a chunk within 2^31 elements (32-bit offsets inside it).
 bool bf16_rows(const View& t, int D);
 size_t bwd_chunk_smem_bytes(Compute c);
-void launch_bwd_state_scan(const BwdParams& p, Compute c, cudaStream_t stream);
+// The launchers run the instantiation the plan (plan.h) chose.
+void launch_bwd_state_scan(const BwdParams& p, Compute c, BwdScanKernel scans, cudaStream_t stream);
 // overlap_scans (sm_90+): a programmatic dependent launch; the chunk kernel's
 // blocks start as the state scans' blocks retire, compute dA and A, and wait
 // for the scans (griddepcontrol.wait) before they read a state or write.
-void launch_bwd_chunk(const BwdParams& p, Compute c, bool overlap_scans, cudaStream_t stream);
+void launch_bwd_chunk(const BwdParams& p, BwdChunkKernel kernel, bool overlap_scans, cudaStream_t stream);
 void launch_bwd_recurrent(const BwdParams& p, cudaStream_t stream);
 
 }  // namespace flashgla::cuda::gla

@@ -35,7 +35,7 @@ namespace flashgla::cuda::gla {
 namespace {
 
 // kPlain (bf16 only): every tile of q, k, v, dO and of the outputs is whole
-// aligned 16-byte rows of bf16 (see plain_layout), so the kernel holds only the
+// aligned 16-byte rows of bf16 (BwdChunkKernel::plain, plan.cpp), so the kernel holds only the
 // asynchronous copies and vector stores, none of the converting or
 // element-wise fallbacks: half the code, fewer instruction-cache misses (a
 // large share of the general kernel's stalls in a profile: bench/notes_gla_bwd.md).
@@ -158,16 +158,6 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
     store_as(p.dg.data, offset4(p.dg, b, t0 + threadIdx.x, h, 0), p.dg.dtype, sRowSums[threadIdx.x]);
 }
 
-// The layout of chunk_kernel<bf16, float, true>: q, k, v, dO, dq, dk, dv and a
-// vector gate and its dg all in bf16 rows (dg in bf16 implies g in bf16); a
-// scalar gate in bf16 (its loader is the only one compiled there).
-bool plain_layout(const BwdParams& p) {
-  const int K = p.key_dim, V = p.value_dim;
-  return bf16_rows(p.q, K) && bf16_rows(p.k, K) && bf16_rows(p.v, V) && bf16_rows(p.d_o, V) && bf16_rows(p.dq, K) &&
-         bf16_rows(p.dk, K) && bf16_rows(p.dv, V) && (p.gate == GateKind::none || p.g.dtype == Elem::bf16) &&
-         (p.gate != GateKind::vector || (bf16_rows(p.g, K) && bf16_rows(p.dg, K)));
-}
-
 template <class T, class GT, bool kPlain>
 void launch(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
   const size_t smem = ChunkSmem<T, GT>::bytes;
@@ -200,10 +190,12 @@ size_t bwd_chunk_smem_bytes(Compute c) {
   return c == Compute::f32 ? ChunkSmem<float, double>::bytes : ChunkSmem<bf16, float>::bytes;
 }
 
-void launch_bwd_chunk(const BwdParams& p, Compute c, bool overlap_scans, cudaStream_t stream) {
-  if (c == Compute::f32) launch<float, double, false>(p, overlap_scans, stream);
-  else if (p.general_layout || !plain_layout(p)) launch<bf16, float, false>(p, overlap_scans, stream);
-  else launch<bf16, float, true>(p, overlap_scans, stream);
+void launch_bwd_chunk(const BwdParams& p, BwdChunkKernel kernel, bool overlap_scans, cudaStream_t stream) {
+  switch (kernel) {
+    case BwdChunkKernel::f32: launch<float, double, false>(p, overlap_scans, stream); break;
+    case BwdChunkKernel::general: launch<bf16, float, false>(p, overlap_scans, stream); break;
+    case BwdChunkKernel::plain: launch<bf16, float, true>(p, overlap_scans, stream); break;
+  }
 }
 
 }  // namespace flashgla::cuda::gla

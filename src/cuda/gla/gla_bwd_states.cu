@@ -3,8 +3,8 @@
 // One block per (sequence, head, 64x64 tile of the K x V state) walks the
 // sequence's chunks in order and keeps its tile in registers (warp w owns key
 // rows 16 (w % 4).. and value columns 32 (w / 4)..; 8 warps, so that the
-// element-wise work of each step is spread thin; with scan_pairs and an even
-// V / 64, 16 warps and two value tiles per block). blockIdx.z picks the scan:
+// element-wise work of each step is spread thin; paired scans, for an even
+// V / 64: 16 warps and two value tiles per block). blockIdx.z picks the scan:
 //   z = 0, forward:  stores S before chunk c, then
 //                    S <- diag(exp γ) S + (K ⊙ exp(γ − Γ))^T V
 //   z = 1, backward: from dS = dht, stores dS after chunk c (last chunk first), then
@@ -60,7 +60,7 @@ __device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
 // value tiles of a key tile, warps 8.. the second, so that x, the gate and its
 // cumsum are loaded and transformed once for both; same registers per thread
 // and threads per SM as two blocks of one tile.
-// kPipeline = 2 (bf16, kPair = 2, whole bf16 rows: see BwdParams::scan_pipeline):
+// kPipeline = 2 (bf16, kPair = 2, whole bf16 rows: BwdScanKernel::pipelined):
 // two buffers of x, y and the gate's raw bf16 rows; chunk i + 1's copies are
 // issued at the top of step i and waited on at its end, so that they fly while
 // step i computes (else each step waits on its loads right after issuing them),
@@ -420,16 +420,10 @@ void launch_scan(const BwdParams& p, cudaStream_t stream) {
 }
 
 template <class T, class GT>
-void launch(const BwdParams& p, cudaStream_t stream) {
-  const bool pairs = p.scan_pairs && p.value_tiles % 2 == 0;
-  if constexpr (std::is_same_v<T, bf16>) {
-    if (pairs && p.scan_pipeline == 2) launch_scan<T, GT, 2, 2>(p, stream);
-    else if (pairs) launch_scan<T, GT, 2>(p, stream);
-    else launch_scan<T, GT, 1>(p, stream);
-  } else {
-    if (pairs) launch_scan<T, GT, 2>(p, stream);
-    else launch_scan<T, GT, 1>(p, stream);
-  }
+void launch(const BwdParams& p, BwdScanKernel scans, cudaStream_t stream) {
+  if (scans == BwdScanKernel::one_tile) launch_scan<T, GT, 1>(p, stream);
+  else if (std::is_same_v<T, bf16> && scans == BwdScanKernel::pipelined) launch_scan<bf16, float, 2, 2>(p, stream);
+  else launch_scan<T, GT, 2>(p, stream);  // paired (fp32: the planner pipelines bf16 rows only)
   const unsigned tiles = unsigned(p.key_tiles * p.value_tiles);
   if (p.scan_splits > 1) {
     const dim3 fold_grid(unsigned(p.num_seqs * p.heads), tiles * unsigned(p.scan_splits - 1), 2);
@@ -440,9 +434,9 @@ void launch(const BwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-void launch_bwd_state_scan(const BwdParams& p, Compute c, cudaStream_t stream) {
-  if (c == Compute::f32) launch<float, double>(p, stream);
-  else launch<bf16, float>(p, stream);
+void launch_bwd_state_scan(const BwdParams& p, Compute c, BwdScanKernel scans, cudaStream_t stream) {
+  if (c == Compute::f32) launch<float, double>(p, scans, stream);
+  else launch<bf16, float>(p, scans, stream);
 }
 
 }  // namespace flashgla::cuda::gla

@@ -206,8 +206,20 @@ bool paired_scans(const BwdProblem& pr, const GlaTuning& tuning) {
 
 bool pipelined_scans(const BwdProblem& pr, const DeviceProps& device, const GlaTuning& tuning) {
   return pr.chunked && paired_scans(pr, tuning) && tuning.bwd_scan_pipeline && pr.q_bf16_rows && pr.k_bf16_rows &&
-         pr.v_bf16_rows && pr.do_bf16_rows && (!pr.vector_gate || pr.g_bf16_rows) &&
+         pr.v_bf16_rows && pr.do_bf16_rows && (pr.gate != Gate::vector || pr.g_bf16_rows) &&
          two_pipelined_scans_per_sm(device);
+}
+
+// The plain chunk kernel: bf16, every tile of q, k, v, dO, dq, dk and dv whole aligned bf16 rows, a vector gate
+// and its dg too (dg in bf16 implies g in bf16), a scalar gate in bf16 (its loader is the only one compiled
+// there). tuning.bwd_general_layout: the general kernel wherever bf16.
+BwdChunkKernel chunk_kernel(const BwdProblem& pr, const GlaTuning& tuning) {
+  if (pr.f32) return BwdChunkKernel::f32;
+  const bool rows = pr.q_bf16_rows && pr.k_bf16_rows && pr.v_bf16_rows && pr.do_bf16_rows && pr.dq_bf16_rows &&
+                    pr.dk_bf16_rows && pr.dv_bf16_rows;
+  const bool gate = pr.gate == Gate::none ||
+                    (pr.g_bf16 && (pr.gate != Gate::vector || (pr.g_bf16_rows && pr.dg_bf16_rows)));
+  return rows && gate && !tuning.bwd_general_layout ? BwdChunkKernel::plain : BwdChunkKernel::general;
 }
 
 // Sequence split of the state scans (gla_bwd_states.cu): chunks per piece, 0
@@ -265,11 +277,12 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
   // A's pairs inside a sub-chunk go through the products where the gates allow (see mark_wide_subchunks in
   // gla_bwd_chunk.cu); bwd_diag_elementwise sums them element by element everywhere.
   plan.diag_factor_limit = tuning.bwd_diag_elementwise ? -1.f : kDiagFactorLimit;
-  plan.general_layout = tuning.bwd_general_layout;
-  plan.scan_pairs = paired_scans(pr, tuning);
-  // The pipelined scans' variant with fewer instructions per step ("lean", 2); the first pipelined variant
-  // (1) was never faster and is retired (bench/notes_gla_bwd.md).
-  plan.scan_pipeline = pipelined_scans(pr, device, tuning) ? 2 : 0;
+  plan.chunk_kernel = chunk_kernel(pr, tuning);
+  // The pipelined scans are the variant with fewer instructions per step ("lean"); the first pipelined variant
+  // was never faster and is retired (bench/notes_gla_bwd.md).
+  plan.scans = pipelined_scans(pr, device, tuning) ? BwdScanKernel::pipelined
+               : paired_scans(pr, tuning)          ? BwdScanKernel::paired
+                                                   : BwdScanKernel::one_tile;
   plan.num_slots = num_slots(pr);
   // On sm_90+ the chunk kernel starts as the scans' blocks retire, when it follows the scans themselves (not
   // a fold; faster: bench/notes_gla_bwd.md). Only where the loaded code has griddepcontrol (compiled for sm_90
