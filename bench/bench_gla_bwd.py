@@ -19,7 +19,7 @@ separately. --split-compare also times our bwd with the state scans' sequence
 split turned off (FLASHGLA_GLA_BWD_SCAN_SPLIT=0), --diag-compare with A's
 pairs inside sub-chunks summed element by element (FLASHGLA_GLA_BWD_DIAG=
 elementwise), in the same process; --compare NAME=VALUE[,NAME=VALUE] (repeatable)
-with any backend environment settings, e.g. FLASHGLA_GLA_BWD_GATE=registers.
+with any backend environment settings, e.g. FLASHGLA_GLA_BWD_LAYOUT=general.
 --shapes "8,4096,16,128,128;8,2048,4,128,256" times only those shapes.
 MODEL shapes are those of the 340M GLA model (issue 7: H=4, K=128, V=256).
 """

@@ -87,8 +87,7 @@ void expect_grads_close(const Grads& out, const Grads& ref, double tol) {
 std::string forced_paths() {
   std::string out;
   for (const char* name : {"FLASHGLA_GLA_BWD_DIAG", "FLASHGLA_GLA_BWD_SCAN_SPLIT", "FLASHGLA_GLA_BWD_OVERLAP",
-                           "FLASHGLA_GLA_BWD_LAYOUT", "FLASHGLA_GLA_BWD_GATE", "FLASHGLA_GLA_BWD_SCAN_PAIR",
-                           "FLASHGLA_GLA_BWD_SCAN_PIPELINE"})
+                           "FLASHGLA_GLA_BWD_LAYOUT", "FLASHGLA_GLA_BWD_SCAN_PAIR", "FLASHGLA_GLA_BWD_SCAN_PIPELINE"})
     if (const char* value = std::getenv(name)) out += std::string(" ") + (name + 17) + "=" + value;
   return out;
 }
@@ -359,15 +358,13 @@ TEST(CudaGlaBackward, ChunkedScanPipelineOnAndOffMatchReference) {
 
 // The plain instantiation on every kind of input it takes: bf16 in whole rows
 // (K, V multiples of 64), a vector gate and its dg in bf16, any gate kind and
-// range, fixed length and varlen, with and without h0 / dht; a vector gate
-// copied asynchronously (the default) and loaded into registers.
+// range, fixed length and varlen, with and without h0 / dht.
 TEST(CudaGlaBackward, ChunkedPlainLayoutMatchesReference) {
   SKIP_WITHOUT_GPU();
   struct Dims {
     int64_t K, V;
   };
   int i = 0;
-  for (const char* gate_path : {"async", "registers"})  // FLASHGLA_GLA_BWD_GATE: how a vector gate is loaded
   for (int64_t T : {1, 63, 64, 65, 200, 1000})
     for (const Dims& d : {Dims{64, 64}, Dims{128, 128}, Dims{64, 192}, Dims{256, 128}}) {
       Case c;
@@ -377,7 +374,6 @@ TEST(CudaGlaBackward, ChunkedPlainLayoutMatchesReference) {
       c.gate_dtype = c.dg_dtype = DType::bf16;  // dg takes f32 or g's dtype; the plain kernel bf16
       c.h0 = i % 4 != 1, c.dht = i % 4 != 2;
       c.seed = 5000 + i++;
-      const ScopedEnv gate_loads("FLASHGLA_GLA_BWD_GATE", gate_path);
       check_against_reference(c, Call{});
     }
   for (Gate gate : {Gate::vector, Gate::scalar, Gate::none}) {
@@ -532,8 +528,7 @@ TEST(CudaGlaBackward, UnknownTuningSwitchValueIsAnError) {
     const char *name, *value;
   };
   for (const Setting& bad : {Setting{"FLASHGLA_GLA_BWD_DIAG", "exact"}, Setting{"FLASHGLA_GLA_BWD_LAYOUT", "plain"},
-                             Setting{"FLASHGLA_GLA_BWD_GATE", "register"}, Setting{"FLASHGLA_GLA_BWD_SCAN_PAIR", "no"},
-                             Setting{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "1"},
+                             Setting{"FLASHGLA_GLA_BWD_SCAN_PAIR", "no"}, Setting{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "1"},
                              Setting{"FLASHGLA_GLA_BWD_SCAN_SPLIT", "-1"}})
     expect_unknown_switch_error(bad.name, bad.value, [&] { backward(c, in, Call{}); });
 }
@@ -643,10 +638,9 @@ TEST(CudaGlaBackward, EdgeGatesEveryPath) {
     const char *name, *value;
   };
   const Setting settings[] = {{"FLASHGLA_GLA_BWD_DIAG", "factored"},     {"FLASHGLA_GLA_BWD_DIAG", "elementwise"},
-                              {"FLASHGLA_GLA_BWD_LAYOUT", "general"},     {"FLASHGLA_GLA_BWD_GATE", "registers"},
-                              {"FLASHGLA_GLA_BWD_SCAN_SPLIT", "1"},       {"FLASHGLA_GLA_BWD_OVERLAP", "1"},
-                              {"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "0"},    {"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "lean"},
-                              {"FLASHGLA_GLA_BWD_SCAN_PAIR", "0"}};
+                              {"FLASHGLA_GLA_BWD_LAYOUT", "general"},     {"FLASHGLA_GLA_BWD_SCAN_SPLIT", "1"},
+                              {"FLASHGLA_GLA_BWD_OVERLAP", "1"},          {"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "0"},
+                              {"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "lean"}, {"FLASHGLA_GLA_BWD_SCAN_PAIR", "0"}};
   for (const Setting& st : settings)
     for (DType dtype : {DType::bf16, DType::f32}) {
       const ScopedEnv setting(st.name, st.value);

@@ -294,8 +294,9 @@ BwdProblem backward(int64_t B, int64_t T, int H, int K, int V, bool f32 = false)
   p.chunked = true, p.f32 = f32;
   p.batch = p.num_seqs = B, p.seq_len = T;
   p.heads = H, p.key_dim = K, p.value_dim = V;
-  p.vector_gate = true;
+  p.gate = Gate::vector, p.g_bf16 = !f32;
   p.q_bf16_rows = p.k_bf16_rows = p.v_bf16_rows = p.do_bf16_rows = p.g_bf16_rows = !f32;
+  p.dq_bf16_rows = p.dk_bf16_rows = p.dv_bf16_rows = p.dg_bf16_rows = !f32;
   return p;
 }
 
@@ -311,19 +312,17 @@ size_t state_bytes(const BwdProblem& p, size_t elem) {
 TEST(GlaPlan, BackwardAnchorD128) {
   const BwdProblem p = backward(8, 4096, 16, 128, 128);
   const BwdPlan on_h100 = plan_backward(p, h100(), GlaTuning{});
-  EXPECT_TRUE(on_h100.scan_pairs);
-  EXPECT_EQ(on_h100.scan_pipeline, 2);
+  EXPECT_EQ(on_h100.scans, BwdScanKernel::pipelined);
   EXPECT_EQ(on_h100.scan_splits, 1);
   EXPECT_EQ(on_h100.chunks_per_split, 0);
   EXPECT_TRUE(on_h100.overlap);
   EXPECT_EQ(on_h100.diag_factor_limit, 64.f);  // factors within 2^±64: what bf16 and fp32 operands hold
-  EXPECT_FALSE(on_h100.general_layout);
-  EXPECT_FALSE(on_h100.gate_in_registers);
+  EXPECT_EQ(on_h100.chunk_kernel, BwdChunkKernel::plain);
   EXPECT_EQ(on_h100.num_slots, 8 * 64);
   EXPECT_EQ(on_h100.total(), 2 * state_bytes(p, 2));
 
   const BwdPlan on_a100 = plan_backward(p, a100(), GlaTuning{});
-  EXPECT_EQ(on_a100.scan_pipeline, 0);
+  EXPECT_EQ(on_a100.scans, BwdScanKernel::paired);
   EXPECT_FALSE(on_a100.overlap);
   EXPECT_EQ(on_a100.scan_splits, 1);
 }
@@ -337,7 +336,7 @@ TEST(GlaPlan, BackwardAnchorLongSequence) {
   BwdProblem unpipelined = p;
   unpipelined.g_bf16_rows = false;  // a vector gate not in whole bf16 rows: no pipeline, 2 slots per block suffice
   const BwdPlan split = plan_backward(unpipelined, h100(), GlaTuning{});
-  EXPECT_EQ(split.scan_pipeline, 0);
+  EXPECT_EQ(split.scans, BwdScanKernel::paired);
   EXPECT_EQ(split.scan_splits, 2);  // min(528 / 256, 256 / 8) = 2 pieces of 128 chunks
   EXPECT_EQ(split.chunks_per_split, 128);
   EXPECT_FALSE(split.overlap);      // the chunk kernel follows the fold
@@ -366,14 +365,14 @@ TEST(GlaPlan, BackwardSplitScansAndWorkspace) {
 TEST(GlaPlan, Backward340MAndFp32) {
   const BwdProblem model = backward(8, 2048, 4, 128, 256);
   const BwdPlan plan = plan_backward(model, h100(), GlaTuning{});
-  EXPECT_EQ(plan.scan_pipeline, 2);
+  EXPECT_EQ(plan.scans, BwdScanKernel::pipelined);
   EXPECT_EQ(plan.scan_splits, 1);
   EXPECT_EQ(plan.total(), 2 * state_bytes(model, 2));
 
   const BwdProblem f32 = backward(1, 4096, 2, 64, 64, true);
   const BwdPlan f32_plan = plan_backward(f32, h100(), GlaTuning{});
-  EXPECT_FALSE(f32_plan.scan_pairs);  // one value tile
-  EXPECT_EQ(f32_plan.scan_pipeline, 0);
+  EXPECT_EQ(f32_plan.scans, BwdScanKernel::one_tile);  // one value tile
+  EXPECT_EQ(f32_plan.chunk_kernel, BwdChunkKernel::f32);
   // 4 blocks, 132 × 2 resident: 66 per block; min(66, 64 / 8 = 8) = 8 pieces of 8 chunks.
   EXPECT_EQ(f32_plan.scan_splits, 8);
   EXPECT_EQ(f32_plan.states, state_bytes(f32, 4));
@@ -388,19 +387,40 @@ TEST(GlaPlan, BackwardRecurrentScratch) {
   EXPECT_EQ(plan.dq_acc, per_token);
   EXPECT_EQ(plan.dg_prefix_terms, per_token);
   EXPECT_EQ(plan.dg_final, size_t(2 * 3 * 32) * kFloat);
-  EXPECT_EQ(plan.scan_pipeline, 0);
+  EXPECT_NE(plan.scans, BwdScanKernel::pipelined);
   EXPECT_EQ(plan.total(), 4 * ((per_token + 255) / 256 * 256) + (size_t(2 * 3 * 32) * kFloat + 255) / 256 * 256);
+}
+
+// The chunk kernel: the plain instantiation only where every tile it reads or writes is whole aligned bf16
+// rows (a vector gate's dg too) and a scalar gate is bf16 (its one loader there); else the general one.
+TEST(GlaPlan, BackwardChunkKernel) {
+  const BwdProblem p = backward(2, 1000, 2, 128, 128);
+  EXPECT_EQ(plan_backward(p, h100(), GlaTuning{}).chunk_kernel, BwdChunkKernel::plain);
+  auto kernel = [](const BwdProblem& q) { return plan_backward(q, h100(), GlaTuning{}).chunk_kernel; };
+  BwdProblem q = p;
+  q.dv_bf16_rows = false;  // an output in another layout (or dtype)
+  EXPECT_EQ(kernel(q), BwdChunkKernel::general);
+  q = p;
+  q.dg_bf16_rows = false;  // a vector gate's dg in fp32
+  EXPECT_EQ(kernel(q), BwdChunkKernel::general);
+  q = p;
+  q.gate = Gate::scalar, q.g_bf16_rows = q.dg_bf16_rows = false;
+  EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
+  q.g_bf16 = false;  // a scalar gate in fp32
+  EXPECT_EQ(kernel(q), BwdChunkKernel::general);
+  q.gate = Gate::none;
+  EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
+  EXPECT_EQ(kernel(backward(2, 1000, 2, 128, 128, true)), BwdChunkKernel::f32);
 }
 
 TEST(GlaPlan, BackwardTuningForcesChoices) {
   const BwdProblem p = backward(8, 4096, 16, 128, 128);
   GlaTuning t;
   t.bwd_scan_pairs = false;
-  EXPECT_FALSE(plan_backward(p, h100(), t).scan_pairs);
-  EXPECT_EQ(plan_backward(p, h100(), t).scan_pipeline, 0);  // the pipeline needs pairs
+  EXPECT_EQ(plan_backward(p, h100(), t).scans, BwdScanKernel::one_tile);  // the pipeline needs pairs
   t = GlaTuning{};
   t.bwd_scan_pipeline = false;
-  EXPECT_EQ(plan_backward(p, h100(), t).scan_pipeline, 0);
+  EXPECT_EQ(plan_backward(p, h100(), t).scans, BwdScanKernel::paired);
   t = GlaTuning{};
   t.bwd_scan_split = 3;  // pieces of 3 chunks
   const BwdPlan split = plan_backward(p, h100(), t);
@@ -414,10 +434,7 @@ TEST(GlaPlan, BackwardTuningForcesChoices) {
   EXPECT_LT(plan_backward(p, h100(), t).diag_factor_limit, 0.f);
   t = GlaTuning{};
   t.bwd_general_layout = true;
-  EXPECT_TRUE(plan_backward(p, h100(), t).general_layout);
-  t = GlaTuning{};
-  t.bwd_gate_in_registers = true;
-  EXPECT_TRUE(plan_backward(p, h100(), t).gate_in_registers);
+  EXPECT_EQ(plan_backward(p, h100(), t).chunk_kernel, BwdChunkKernel::general);
   t = GlaTuning{};
   t.bwd_overlap = Force::off;
   EXPECT_FALSE(plan_backward(p, h100(), t).overlap);
@@ -516,8 +533,8 @@ const char* const kSwitches[] = {
     "FLASHGLA_GLA_FAST",         "FLASHGLA_GLA_HOPPER",           "FLASHGLA_GLA_SPLITS",
     "FLASHGLA_GLA_STATE_PIECES", "FLASHGLA_GLA_HOPPER_PDL",       "FLASHGLA_GLA_BWD_SCAN_PAIR",
     "FLASHGLA_GLA_BWD_SCAN_PIPELINE", "FLASHGLA_GLA_BWD_SCAN_SPLIT", "FLASHGLA_GLA_BWD_DIAG",
-    "FLASHGLA_GLA_BWD_LAYOUT",   "FLASHGLA_GLA_BWD_GATE",         "FLASHGLA_GLA_BWD_OVERLAP",
-    "FLASHGLA_GLA_SEGMENT_PIECES", "FLASHGLA_GLA_SEGMENT_KERNEL"};
+    "FLASHGLA_GLA_BWD_LAYOUT",   "FLASHGLA_GLA_BWD_OVERLAP",      "FLASHGLA_GLA_SEGMENT_PIECES",
+    "FLASHGLA_GLA_SEGMENT_KERNEL"};
 
 TEST(GlaPlan, TuningFromEnvironment) {
   Environment env;
@@ -539,7 +556,6 @@ TEST(GlaPlan, TuningFromEnvironment) {
   env.set("FLASHGLA_GLA_BWD_SCAN_SPLIT", "0");
   env.set("FLASHGLA_GLA_BWD_DIAG", "elementwise");
   env.set("FLASHGLA_GLA_BWD_LAYOUT", "general");
-  env.set("FLASHGLA_GLA_BWD_GATE", "registers");
   env.set("FLASHGLA_GLA_BWD_OVERLAP", "1");
   env.set("FLASHGLA_GLA_SEGMENT_PIECES", "4");
   env.set("FLASHGLA_GLA_SEGMENT_KERNEL", "generic");
@@ -554,7 +570,6 @@ TEST(GlaPlan, TuningFromEnvironment) {
   EXPECT_EQ(t.bwd_scan_split, 0);
   EXPECT_TRUE(t.bwd_diag_elementwise);
   EXPECT_TRUE(t.bwd_general_layout);
-  EXPECT_TRUE(t.bwd_gate_in_registers);
   EXPECT_EQ(t.bwd_overlap, Force::on);
   EXPECT_EQ(t.segment_pieces, 4);
   EXPECT_EQ(t.segment_split_kernel, Force::off);
@@ -572,8 +587,7 @@ TEST(GlaPlan, BadTuningValueNamesTheVariable) {
                          Bad{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "1"}, Bad{"FLASHGLA_GLA_BWD_SCAN_SPLIT", "-1"},
                          Bad{"FLASHGLA_GLA_BWD_DIAG", "exact"}, Bad{"FLASHGLA_GLA_BWD_OVERLAP", "2"},
                          Bad{"FLASHGLA_GLA_SEGMENT_KERNEL", "mma"}, Bad{"FLASHGLA_GLA_SEGMENT_PIECES", "many"},
-                         Bad{"FLASHGLA_GLA_BWD_SCAN_PAIR", "no"}, Bad{"FLASHGLA_GLA_BWD_LAYOUT", "plain"},
-                         Bad{"FLASHGLA_GLA_BWD_GATE", "register"}}) {
+                         Bad{"FLASHGLA_GLA_BWD_SCAN_PAIR", "no"}, Bad{"FLASHGLA_GLA_BWD_LAYOUT", "plain"}}) {
     SCOPED_TRACE(std::string(bad.name) + "=" + bad.value);
     Environment env;
     env.set(bad.name, bad.value);

@@ -13,8 +13,8 @@
 namespace flashgla::cuda {
 namespace {
 
-using gla_bwd::Compute;
-using gla_bwd::Params;
+using gla::Compute;
+using gla::BwdParams;
 
 Compute compute_type(const GlaBackwardArgs& a) {
   switch (a.q.dtype) {
@@ -28,29 +28,25 @@ Compute compute_type(const GlaBackwardArgs& a) {
   }
 }
 
-gla_bwd::Tensor tensor(const TensorView& t) {
-  gla_bwd::Tensor out;
-  if (!t.defined()) return out;
-  out.data = t.data;
-  out.dtype = t.dtype;
-  for (int d = 0; d < t.ndim; ++d) out.stride[d] = t.stride[d];
-  return out;
-}
-
 // The planner's view of the call (plan.h).
 gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
-  using gla_bwd::bf16_rows;
+  using gla::bf16_rows;
   gla::BwdProblem b;
   b.chunked = a.algorithm == GlaAlgorithm::chunked;
   b.f32 = compute_type(a) == Compute::f32;
   b.varlen = pr.varlen;
   b.batch = pr.batch, b.seq_len = pr.seq_len, b.num_seqs = pr.num_seqs;
   b.heads = int(pr.heads), b.key_dim = int(pr.key_dim), b.value_dim = int(pr.value_dim);
-  b.vector_gate = pr.gate == GateKind::vector;
+  b.gate = pr.gate;
+  b.g_bf16 = pr.gate != GateKind::none && a.g.dtype == DType::bf16;
   const int K = int(pr.key_dim), V = int(pr.value_dim);
-  b.q_bf16_rows = bf16_rows(tensor(a.q), K), b.k_bf16_rows = bf16_rows(tensor(a.k), K);
-  b.v_bf16_rows = bf16_rows(tensor(a.v), V), b.do_bf16_rows = bf16_rows(tensor(a.d_o), V);
-  b.g_bf16_rows = b.vector_gate && bf16_rows(tensor(a.g), K);
+  const bool vector_gate = pr.gate == GateKind::vector;
+  b.q_bf16_rows = bf16_rows(view_of(a.q), K), b.k_bf16_rows = bf16_rows(view_of(a.k), K);
+  b.v_bf16_rows = bf16_rows(view_of(a.v), V), b.do_bf16_rows = bf16_rows(view_of(a.d_o), V);
+  b.g_bf16_rows = vector_gate && bf16_rows(view_of(a.g), K);
+  b.dq_bf16_rows = bf16_rows(view_of(a.dq), K), b.dk_bf16_rows = bf16_rows(view_of(a.dk), K);
+  b.dv_bf16_rows = bf16_rows(view_of(a.dv), V);
+  b.dg_bf16_rows = vector_gate && bf16_rows(view_of(a.dg), K);
   return b;
 }
 
@@ -64,7 +60,7 @@ void check_supported(const GlaBackwardArgs& a, const GlaProblem& pr) {
   FLASHGLA_REQUIRE(pr.num_seqs * pr.heads < (int64_t(1) << 31), ErrorKind::unsupported, "q",
                  "too many sequences x heads for one launch");
   if (a.algorithm == GlaAlgorithm::recurrent)
-    FLASHGLA_REQUIRE(pr.key_dim <= gla_bwd::kRecurrentMaxThreads, ErrorKind::unsupported, "q",
+    FLASHGLA_REQUIRE(pr.key_dim <= gla::kRecurrentMaxThreads, ErrorKind::unsupported, "q",
                    "the CUDA recurrent GLA backward takes K <= 512, got K = " + std::to_string(pr.key_dim));
 }
 
@@ -81,30 +77,27 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
   if (pr.num_seqs == 0) return;
 
-  Params p;
-  p.q = tensor(a.q), p.k = tensor(a.k), p.v = tensor(a.v), p.g = tensor(a.g), p.d_o = tensor(a.d_o);
-  p.h0 = tensor(a.initial_state), p.dht = tensor(a.d_final_state);
-  p.dq = tensor(a.dq), p.dk = tensor(a.dk), p.dv = tensor(a.dv), p.dg = tensor(a.dg);
-  p.dh0 = tensor(a.d_initial_state);
+  BwdParams p;
+  p.q = view_of(a.q), p.k = view_of(a.k), p.v = view_of(a.v), p.g = view_of(a.g), p.d_o = view_of(a.d_o);
+  p.h0 = view_of(a.initial_state), p.dht = view_of(a.d_final_state);
+  p.dq = view_of(a.dq), p.dk = view_of(a.dk), p.dv = view_of(a.dv), p.dg = view_of(a.dg);
+  p.dh0 = view_of(a.d_initial_state);
   p.gate = pr.gate;
+  p.seqs.total_len = pr.seq_len;
   if (pr.varlen) {
-    p.cu_seqlens = a.cu_seqlens.data;
-    p.cu_seqlens_i64 = a.cu_seqlens.dtype == DType::i64;
-    p.cu_seqlens_stride = a.cu_seqlens.stride[0];
+    p.seqs.cu_seqlens = a.cu_seqlens.data;
+    p.seqs.i64 = a.cu_seqlens.dtype == DType::i64;
+    p.seqs.stride = a.cu_seqlens.stride[0];
   }
-  p.batch = pr.batch, p.seq_len = pr.seq_len, p.num_seqs = pr.num_seqs;
+  p.num_seqs = pr.num_seqs;
   p.heads = int(pr.heads), p.key_dim = int(pr.key_dim), p.value_dim = int(pr.value_dim);
-  p.key_tiles = int((pr.key_dim + gla_bwd::kTile - 1) / gla_bwd::kTile);
-  p.value_tiles = int((pr.value_dim + gla_bwd::kTile - 1) / gla_bwd::kTile);
+  p.key_tiles = int((pr.key_dim + gla::kTile - 1) / gla::kTile);
+  p.value_tiles = int((pr.value_dim + gla::kTile - 1) / gla::kTile);
   p.scale = float(pr.scale);
   p.reverse = a.reverse;
-  p.chunks_per_seq = (pr.seq_len + gla_bwd::kChunk - 1) / gla_bwd::kChunk;
+  p.chunks_per_seq = (pr.seq_len + gla::kChunk - 1) / gla::kChunk;
   const gla::BwdPlan sizes = plan(a, pr);  // the choices below and the scratch layout (plan.cpp says why)
   p.diag_factor_limit = sizes.diag_factor_limit;
-  p.general_layout = sizes.general_layout;
-  p.gate_in_registers = sizes.gate_in_registers;
-  p.scan_pairs = sizes.scan_pairs;
-  p.scan_pipeline = sizes.scan_pipeline;
   p.num_slots = sizes.num_slots;
 
   Scratch scratch(a.workspace, a.workspace_bytes, sizes.total(), stream, "gla_backward_workspace_bytes", "workspace",
@@ -119,7 +112,7 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   if (a.algorithm == GlaAlgorithm::chunked) {
     const Compute c = compute_type(a);
     const int device_smem = device_props(a.q.device.index).max_smem_per_block;
-    FLASHGLA_REQUIRE(size_t(device_smem) >= gla_bwd::chunk_smem_bytes(c), ErrorKind::unsupported, "q",
+    FLASHGLA_REQUIRE(size_t(device_smem) >= gla::bwd_chunk_smem_bytes(c), ErrorKind::unsupported, "q",
                    "this GPU has too little shared memory per block for the chunked GLA backward in " +
                        std::string(dtype_name(a.q.dtype)));
     p.states = take(sizes.states);
@@ -128,8 +121,8 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     p.chunks_per_split = sizes.chunks_per_split;
     p.split_summaries = reinterpret_cast<float*>(take(sizes.split_summaries));
     p.chunk_decays = reinterpret_cast<float*>(take(sizes.chunk_decays));
-    gla_bwd::launch_state_scan(p, c, stream);  // also writes dh0
-    if (p.num_slots > 0 && pr.seq_len > 0) gla_bwd::launch_chunk(p, c, sizes.overlap, stream);
+    gla::launch_bwd_state_scan(p, c, sizes.scans, stream);  // also writes dh0
+    if (p.num_slots > 0 && pr.seq_len > 0) gla::launch_bwd_chunk(p, sizes.chunk_kernel, sizes.overlap, stream);
   } else {
     p.dq_acc = reinterpret_cast<float*>(take(sizes.dq_acc));
     p.dk_acc = reinterpret_cast<float*>(take(sizes.dk_acc));
@@ -137,7 +130,7 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     p.dg_prefix_terms = reinterpret_cast<float*>(take(sizes.dg_prefix_terms));
     p.dg_final = reinterpret_cast<float*>(take(sizes.dg_final));
     check_cuda(cudaMemsetAsync(scratch.bytes(), 0, sizes.total(), stream), "cudaMemsetAsync (GLA backward scratch)");
-    gla_bwd::launch_recurrent(p, stream);
+    gla::launch_bwd_recurrent(p, stream);
   }
 }
 

@@ -25,43 +25,31 @@
 
 #include "core/gla_chunk.h"
 #include "core/problem.h"
-#include "cuda/gla/layouts.h"
-#include "flashgla/tensor.h"
+#include "cuda/gla/plan.h"
+#include "cuda/gla/types.cuh"
 
-namespace flashgla::cuda::gla_bwd {
+namespace flashgla::cuda::gla {
 
 using flashgla::kChunk;            // C: tokens per chunk (core/gla_chunk.h)
 inline constexpr int kSub = 16;    // tokens per secondary sub-chunk
 // kTile (key / value columns per tile), kTileElems, kSummaryFloats and kDiagFactorLimit (the default
 // diag_factor_limit): cuda/gla/layouts.h.
 
-inline constexpr int kStateThreads = 256;  // gla_bwd_states.cu: 8 warps, 16 state rows x 32 columns each
-inline constexpr int kChunkThreads = 256;  // gla_bwd_chunk.cu: 8 warps, two per sub-chunk
+inline constexpr int kBwdStateThreads = 256;  // gla_bwd_states.cu: 8 warps, 16 state rows x 32 columns each
+inline constexpr int kBwdChunkThreads = 256;  // gla_bwd_chunk.cu: 8 warps, two per sub-chunk
 inline constexpr int kRecurrentCols = 32;  // gla_bwd_recurrent.cu: state columns per block
 inline constexpr int kRecurrentBatch = 8;  // tokens staged in shared memory at a time
 inline constexpr int kRecurrentMaxThreads = 512;  // one thread per key row: K <= 512
 
-// A strided tensor as the kernels see it; data == nullptr: absent.
-struct Tensor {
-  void* data = nullptr;
-  DType dtype = DType::f32;
-  int64_t stride[4] = {0, 0, 0, 0};
-};
-
-struct Params {
-  Tensor q, k, v, g, d_o;  // [B,T,H,K|V]; g [B,T,H,K] or [B,T,H]
-  Tensor h0, dht;          // f32 [N,H,K,V]
-  Tensor dq, dk, dv, dg;   // outputs; dg absent without a gate
-  Tensor dh0;              // f32 [N,H,K,V]
+struct BwdParams {
+  View q, k, v, g, d_o;  // [B,T,H,K|V]; g [B,T,H,K] or [B,T,H]
+  View h0, dht;          // f32 [N,H,K,V]
+  View dq, dk, dv, dg;   // outputs; dg absent without a gate
+  View dh0;              // f32 [N,H,K,V]
   GateKind gate = GateKind::none;
 
-  const void* cu_seqlens = nullptr;  // device, i32 or i64; nullptr: fixed length
-  bool cu_seqlens_i64 = false;
-  int64_t cu_seqlens_stride = 1;
-
-  int64_t batch = 0;    // B
-  int64_t seq_len = 0;  // T (tokens per batch row)
-  int64_t num_seqs = 0; // N
+  Sequences seqs;        // fixed length, or cu_seqlens; total_len: T (tokens per batch row)
+  int64_t num_seqs = 0;  // N
   int heads = 0, key_dim = 0, value_dim = 0;
   int key_tiles = 0, value_tiles = 0;  // ceil(K / 64), ceil(V / 64)
   float scale = 1.f;
@@ -70,12 +58,6 @@ struct Params {
   // sub-chunk for which its pairs go through the tensor-core products for A
   // (see mark_wide_subchunks in gla_bwd_chunk.cu); below 0: never.
   float diag_factor_limit = -1.f;
-  // Chunked: run the chunk kernel's general instantiation even where the
-  // layout allows the plain one (tests; see chunk_kernel's kPlain).
-  bool general_layout = false;
-  // Chunked, plain instantiation: load a vector gate into registers rather
-  // than by asynchronous copies (see start_gate_tile).
-  bool gate_in_registers = false;
 
   // Chunked: chunk slot of chunk c of sequence n (see sequence() in
   // gla_bwd_device.cuh); the scratch states hold one 64x64 tile per
@@ -85,14 +67,6 @@ struct Params {
   void* states = nullptr;   // S before each chunk
   void* dstates = nullptr;  // dS after each chunk
   // Sequence split of the state scans (gla_bwd_states.cu): 1 split = none.
-  // State scans: one block covers two value tiles of a key tile where V / 64
-  // is even (x and the gate read and transformed once for both).
-  bool scan_pairs = true;
-  // State scans (bf16, pairs): x, y and a vector gate copied one chunk ahead
-  // into a second buffer (set by the planner where every tile is whole bf16 rows
-  // and two such blocks fit an SM's shared memory, see pipelined_scans in plan.cpp):
-  // 0 no, 2 yes (the value 1 was a retired first variant).
-  int scan_pipeline = 0;
   int64_t scan_splits = 1;
   int64_t chunks_per_split = 0;     // chunks of each piece (the last may have fewer)
   float* split_summaries = nullptr; // [scan][N][H][split][tile]: a piece's last state (64x64) and its total decay (64)
@@ -113,13 +87,14 @@ enum class Compute { f32, bf16 };
 
 // Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16,
 // with the rows of a chunk within 2^31 elements (32-bit offsets inside it).
-bool bf16_rows(const Tensor& t, int D);
-size_t chunk_smem_bytes(Compute c);
-void launch_state_scan(const Params& p, Compute c, cudaStream_t stream);
+bool bf16_rows(const View& t, int D);
+size_t bwd_chunk_smem_bytes(Compute c);
+// The launchers run the instantiation the plan (plan.h) chose.
+void launch_bwd_state_scan(const BwdParams& p, Compute c, BwdScanKernel scans, cudaStream_t stream);
 // overlap_scans (sm_90+): a programmatic dependent launch; the chunk kernel's
 // blocks start as the state scans' blocks retire, compute dA and A, and wait
 // for the scans (griddepcontrol.wait) before they read a state or write.
-void launch_chunk(const Params& p, Compute c, bool overlap_scans, cudaStream_t stream);
-void launch_recurrent(const Params& p, cudaStream_t stream);
+void launch_bwd_chunk(const BwdParams& p, BwdChunkKernel kernel, bool overlap_scans, cudaStream_t stream);
+void launch_bwd_recurrent(const BwdParams& p, cudaStream_t stream);
 
-}  // namespace flashgla::cuda::gla_bwd
+}  // namespace flashgla::cuda::gla

@@ -31,16 +31,16 @@
 #include "cuda/gla/gla_bwd_device.cuh"
 #include "cuda/gla/stages/chunk_bwd.cuh"
 
-namespace flashgla::cuda::gla_bwd {
+namespace flashgla::cuda::gla {
 namespace {
 
 // kPlain (bf16 only): every tile of q, k, v, dO and of the outputs is whole
-// aligned 16-byte rows of bf16 (see plain_layout), so the kernel holds only the
+// aligned 16-byte rows of bf16 (BwdChunkKernel::plain, plan.cpp), so the kernel holds only the
 // asynchronous copies and vector stores, none of the converting or
 // element-wise fallbacks: half the code, fewer instruction-cache misses (a
 // large share of the general kernel's stalls in a profile: bench/notes_gla_bwd.md).
 template <class T, class GT, bool kPlain>
-__global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p) {
+__global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdParams p) {
   using Smem = ChunkSmem<T, GT>;
   constexpr int LD = kLd<T>;
   constexpr int LDF = kLdF;
@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   T* R = reinterpret_cast<T*>(smem + Smem::r);
   float* sRowSums = reinterpret_cast<float*>(smem + Smem::row_sums);
 
-  Seq seq;
+  BwdSeq seq;
   int64_t chunk;
   if (!locate_chunk(p, blockIdx.x, seq, chunk)) return;
   const int h = blockIdx.y;
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   // ---- phase B: dv ----------------------------------------------------------------
   {
     float acc[Smem::kValueGroup][4][4];
-    GateTile<GT, kChunkThreads> gate;
+    GateTile<GT, kBwdChunkThreads> gate;
     chunk_bwd_dv<T, GT, kPlain>(p, gamma, b, t0, slot, rows, h, s, hc, K, V, acc, gate);
   }
 
@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
   for (int kt = 0; kt < p.key_tiles; ++kt) {
     const int col = 32 * hc + lane;  // this lane's column in the element-wise steps
     auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
-    load_tile_async<T, kChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
-    load_tile_async<T, kChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+    load_tile_async<T, kBwdChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+    load_tile_async<T, kBwdChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
     cp_async_commit_and_wait_all();
     finish_gate_tile<GT, kPlain>(p, sG, gate);
 
@@ -109,13 +109,14 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     {
       T* sKStage = R;
       T* sQStage = R + kBetweenRows * LD;
-      map_rows<T, kChunkThreads, kBetweenRows, kPlain>(sKStage, sK, between_key_key, [&](int row, int c, float x) {
+      map_rows<T, kBwdChunkThreads, kBetweenRows, kPlain>(sKStage, sK, between_key_key, [&](int row, int c, float x) {
         return x * exp2_of(sG[kSub * between_key_sub(row) * LDF + c] - sG[between_key_key(row) * LDF + c]);
       });
-      map_rows<T, kChunkThreads, kBetweenRows, kPlain>(sQStage, sQ, between_query_query, [&](int row, int c, float x) {
-        const int i = between_query_query(row), ref = kSub * between_query_sub(row) + kSub - 1;
-        return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
-      });
+      map_rows<T, kBwdChunkThreads, kBetweenRows, kPlain>(
+          sQStage, sQ, between_query_query, [&](int row, int c, float x) {
+            const int i = between_query_query(row), ref = kSub * between_query_sub(row) + kSub - 1;
+            return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
+          });
       __syncthreads();
       const int keys = kSub * s;         // dq: keys j < keys
       const int first = kSub * (s + 1);  // dk: queries i >= first
@@ -147,9 +148,9 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     // ---- dg: this sub-chunk's part, the carry from the others and the state term ----
     chunk_bwd_dg<T, GT>(p, gamma, kt, col, lane, K, within_sub);
     __syncthreads();
-    store_tile<kChunkThreads, kPlain>(p.dq, b, t0, rows, h, kt * kTile, K, sDQ);
-    store_tile<kChunkThreads, kPlain>(p.dk, b, t0, rows, h, kt * kTile, K, sDKA);
-    if (p.gate == GateKind::vector) store_tile<kChunkThreads, kPlain>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
+    store_tile<kBwdChunkThreads, kPlain>(p.dq, b, t0, rows, h, kt * kTile, K, sDQ);
+    store_tile<kBwdChunkThreads, kPlain>(p.dk, b, t0, rows, h, kt * kTile, K, sDKA);
+    if (p.gate == GateKind::vector) store_tile<kBwdChunkThreads, kPlain>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
     __syncthreads();  // R is read by the stores above
   }
 
@@ -157,25 +158,15 @@ __global__ void __launch_bounds__(kChunkThreads, 2) chunk_kernel(const Params p)
     store_as(p.dg.data, offset4(p.dg, b, t0 + threadIdx.x, h, 0), p.dg.dtype, sRowSums[threadIdx.x]);
 }
 
-// The layout of chunk_kernel<bf16, float, true>: q, k, v, dO, dq, dk, dv and a
-// vector gate and its dg all in bf16 rows (dg in bf16 implies g in bf16); a
-// scalar gate in bf16 (its loader is the only one compiled there).
-bool plain_layout(const Params& p) {
-  const int K = p.key_dim, V = p.value_dim;
-  return bf16_rows(p.q, K) && bf16_rows(p.k, K) && bf16_rows(p.v, V) && bf16_rows(p.d_o, V) && bf16_rows(p.dq, K) &&
-         bf16_rows(p.dk, K) && bf16_rows(p.dv, V) && (p.gate == GateKind::none || p.g.dtype == DType::bf16) &&
-         (p.gate != GateKind::vector || (bf16_rows(p.g, K) && bf16_rows(p.dg, K)));
-}
-
 template <class T, class GT, bool kPlain>
-void launch(const Params& p, bool overlap_scans, cudaStream_t stream) {
+void launch(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
   const size_t smem = ChunkSmem<T, GT>::bytes;
   auto kernel = chunk_kernel<T, GT, kPlain>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
              "cudaFuncSetAttribute (GLA backward chunk kernel)");
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(p.num_slots), unsigned(p.heads));
-  config.blockDim = dim3(kChunkThreads);
+  config.blockDim = dim3(kBwdChunkThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute overlap;
@@ -188,21 +179,23 @@ void launch(const Params& p, bool overlap_scans, cudaStream_t stream) {
 
 }  // namespace
 
-bool bf16_rows(const Tensor& t, int D) {
+bool bf16_rows(const View& t, int D) {
   constexpr int kVec = 8;
-  return t.dtype == DType::bf16 && t.stride[3] == 1 && D % kTile == 0 && t.stride[0] % kVec == 0 &&
+  return t.dtype == Elem::bf16 && t.stride[3] == 1 && D % kTile == 0 && t.stride[0] % kVec == 0 &&
          t.stride[1] % kVec == 0 && t.stride[2] % kVec == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 &&
          t.stride[1] < (int64_t(1) << 31) / kChunk;
 }
 
-size_t chunk_smem_bytes(Compute c) {
+size_t bwd_chunk_smem_bytes(Compute c) {
   return c == Compute::f32 ? ChunkSmem<float, double>::bytes : ChunkSmem<bf16, float>::bytes;
 }
 
-void launch_chunk(const Params& p, Compute c, bool overlap_scans, cudaStream_t stream) {
-  if (c == Compute::f32) launch<float, double, false>(p, overlap_scans, stream);
-  else if (p.general_layout || !plain_layout(p)) launch<bf16, float, false>(p, overlap_scans, stream);
-  else launch<bf16, float, true>(p, overlap_scans, stream);
+void launch_bwd_chunk(const BwdParams& p, BwdChunkKernel kernel, bool overlap_scans, cudaStream_t stream) {
+  switch (kernel) {
+    case BwdChunkKernel::f32: launch<float, double, false>(p, overlap_scans, stream); break;
+    case BwdChunkKernel::general: launch<bf16, float, false>(p, overlap_scans, stream); break;
+    case BwdChunkKernel::plain: launch<bf16, float, true>(p, overlap_scans, stream); break;
+  }
 }
 
-}  // namespace flashgla::cuda::gla_bwd
+}  // namespace flashgla::cuda::gla

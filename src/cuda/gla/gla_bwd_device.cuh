@@ -15,39 +15,33 @@
 #include "cuda/common/mma.cuh"
 #include "cuda/gla/gla_bwd.cuh"
 
-namespace flashgla::cuda::gla_bwd {
+namespace flashgla::cuda::gla {
 
 using bf16 = __nv_bfloat16;
 
 // ---- elements ------------------------------------------------------------------
 template <class R>
-__device__ __forceinline__ R load_as(const void* base, int64_t i, DType dtype) {
+__device__ __forceinline__ R load_as(const void* base, int64_t i, Elem dtype) {
   switch (dtype) {
-    case DType::f64: return R(static_cast<const double*>(base)[i]);
-    case DType::f32: return R(static_cast<const float*>(base)[i]);
-    case DType::bf16: return R(__bfloat162float(static_cast<const bf16*>(base)[i]));
-    case DType::f16: return R(__half2float(static_cast<const __half*>(base)[i]));
+    case Elem::f64: return R(static_cast<const double*>(base)[i]);
+    case Elem::f32: return R(static_cast<const float*>(base)[i]);
+    case Elem::bf16: return R(__bfloat162float(static_cast<const bf16*>(base)[i]));
+    case Elem::f16: return R(__half2float(static_cast<const __half*>(base)[i]));
     default: return R(0);
   }
 }
 
-__device__ __forceinline__ void store_as(void* base, int64_t i, DType dtype, float x) {
+__device__ __forceinline__ void store_as(void* base, int64_t i, Elem dtype, float x) {
   switch (dtype) {
-    case DType::f64: static_cast<double*>(base)[i] = x; break;
-    case DType::f32: static_cast<float*>(base)[i] = x; break;
-    case DType::bf16: static_cast<bf16*>(base)[i] = __float2bfloat16_rn(x); break;
-    case DType::f16: static_cast<__half*>(base)[i] = __float2half_rn(x); break;
+    case Elem::f64: static_cast<double*>(base)[i] = x; break;
+    case Elem::f32: static_cast<float*>(base)[i] = x; break;
+    case Elem::bf16: static_cast<bf16*>(base)[i] = __float2bfloat16_rn(x); break;
+    case Elem::f16: static_cast<__half*>(base)[i] = __float2half_rn(x); break;
     default: break;
   }
 }
 
-// to_float: cuda/common/dtype.cuh. from_float here rounds every 16-bit type to bf16 (the only one the
-// backward computes in).
-template <class T>
-__device__ __forceinline__ T from_float(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else return __float2bfloat16_rn(x);
-}
+// to_float, from_float: cuda/common/dtype.cuh (the tiles hold the compute type, float or bf16).
 
 // exp2 of a difference of gate cumsums (log2 units); fp64 cumsums keep the
 // difference exact before it is rounded to fp32. One hardware instruction
@@ -60,7 +54,7 @@ __device__ __forceinline__ float exp2_of(float x) {
 }
 __device__ __forceinline__ float exp2_of(double x) { return exp2_of(float(x)); }
 
-__device__ __forceinline__ int64_t offset4(const Tensor& t, int64_t b, int64_t s, int64_t h, int64_t d) {
+__device__ __forceinline__ int64_t offset4(const View& t, int64_t b, int64_t s, int64_t h, int64_t d) {
   return b * t.stride[0] + s * t.stride[1] + h * t.stride[2] + d * t.stride[3];
 }
 
@@ -80,37 +74,27 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 }
 
 // ---- sequences -----------------------------------------------------------------
-struct Seq {
-  int64_t batch;  // row of the batch dimension
-  int64_t begin;  // first token in that row
-  int64_t len;
-  int64_t slot0;  // chunk slot of the sequence's first chunk
+// A sequence (cuda::sequence_span: boundaries clamped to [0, T], so that a bad
+// cu_seqlens never sends an access out of bounds) and the chunk slot of its
+// first chunk.
+struct BwdSeq : SeqSpan {
+  int64_t slot0;
 };
 
-__device__ __forceinline__ int64_t cu_value(const Params& p, int64_t i) {
-  const int64_t off = i * p.cu_seqlens_stride;
-  int64_t x = p.cu_seqlens_i64 ? static_cast<const int64_t*>(p.cu_seqlens)[off]
-                               : int64_t(static_cast<const int32_t*>(p.cu_seqlens)[off]);
-  return x < 0 ? 0 : (x > p.seq_len ? p.seq_len : x);
-}
-
-// Sequence n, clamped to [0, T] so that a bad cu_seqlens never sends an access
-// out of bounds. Chunk slots: with cu_seqlens, sequence n's chunks start at
-// floor(begin / C) + n, which keeps the sequences' slots disjoint and below
-// floor(T / C) + N + 1 without a prefix sum over the lengths.
-__device__ __forceinline__ Seq sequence(const Params& p, int64_t n) {
-  if (!p.cu_seqlens) return {n, 0, p.seq_len, n * p.chunks_per_seq};
-  const int64_t begin = cu_value(p, n);
-  int64_t end = cu_value(p, n + 1);
-  if (end < begin) end = begin;
-  return {0, begin, end - begin, begin / kChunk + n};
+// Chunk slots: with cu_seqlens, sequence n's chunks start at floor(begin / C) + n,
+// which keeps the sequences' slots disjoint and below floor(T / C) + N + 1
+// without a prefix sum over the lengths.
+__device__ __forceinline__ BwdSeq sequence(const BwdParams& p, int64_t n) {
+  if (!p.seqs.cu_seqlens) return {sequence_span(p.seqs, n), n * p.chunks_per_seq};
+  const SeqSpan s = sequence_span(p.seqs, n);
+  return {s, s.begin / kChunk + n};
 }
 
 __device__ __forceinline__ int64_t num_chunks(int64_t len) { return (len + kChunk - 1) / kChunk; }
 
 // The sequence and chunk of a chunk slot; false for an unused slot.
-__device__ __forceinline__ bool locate_chunk(const Params& p, int64_t slot, Seq& seq, int64_t& chunk) {
-  if (!p.cu_seqlens) {
+__device__ __forceinline__ bool locate_chunk(const BwdParams& p, int64_t slot, BwdSeq& seq, int64_t& chunk) {
+  if (!p.seqs.cu_seqlens) {
     seq = sequence(p, slot / p.chunks_per_seq);
     chunk = slot % p.chunks_per_seq;
     return true;
@@ -118,7 +102,7 @@ __device__ __forceinline__ bool locate_chunk(const Params& p, int64_t slot, Seq&
   int64_t lo = 0, hi = p.num_seqs - 1;  // the last sequence whose first slot is <= slot
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (cu_value(p, mid) / kChunk + mid <= slot) lo = mid;
+    if (boundary(p.seqs, mid) / kChunk + mid <= slot) lo = mid;
     else hi = mid - 1;
   }
   seq = sequence(p, lo);
@@ -212,14 +196,14 @@ __device__ __forceinline__ void load_tile_typed(T* s, const In* src, int64_t row
 // A 64x64 tile of a [B,T,H,D] tensor: tokens t0.. (rows valid), columns c0..
 // fp32 tiles read f32 inputs; bf16 tiles read bf16 or fp16 inputs.
 template <class T, int kThreads, class F = Identity>
-__device__ __forceinline__ void load_tile(T* s, const Tensor& x, int64_t b, int64_t t0, int rows, int64_t h, int c0,
+__device__ __forceinline__ void load_tile(T* s, const View& x, int64_t b, int64_t t0, int rows, int64_t h, int c0,
                                           int D, F f = F()) {
   const int cols = D - c0 < kTile ? D - c0 : kTile;
   const int64_t base = offset4(x, b, t0, h, c0);
   if constexpr (std::is_same_v<T, float>) {
     load_tile_typed<T, float, kThreads>(s, static_cast<const float*>(x.data) + base, x.stride[1], x.stride[3], rows,
                                         cols, f);
-  } else if (x.dtype == DType::bf16) {
+  } else if (x.dtype == Elem::bf16) {
     load_tile_typed<T, bf16, kThreads>(s, static_cast<const bf16*>(x.data) + base, x.stride[1], x.stride[3], rows,
                                        cols, f);
   } else {
@@ -278,9 +262,9 @@ __device__ __forceinline__ void store_pair(bf16* at, float a, float b) { *reinte
 // whole 16-byte rows of the compute type, else the converting load.
 // Whether the tile at (b, t0, h, c0) is whole 16-byte rows of the compute type.
 template <class T>
-__device__ __forceinline__ bool plain_tile(const Tensor& x, int64_t b, int64_t t0, int64_t h, int c0, int D) {
+__device__ __forceinline__ bool plain_tile(const View& x, int64_t b, int64_t t0, int64_t h, int c0, int D) {
   constexpr int kVec = 16 / sizeof(T);
-  const bool same_type = std::is_same_v<T, float> ? x.dtype == DType::f32 : x.dtype == DType::bf16;
+  const bool same_type = std::is_same_v<T, float> ? x.dtype == Elem::f32 : x.dtype == Elem::bf16;
   const T* src = static_cast<const T*>(x.data) + offset4(x, b, t0, h, c0);
   return same_type && x.stride[3] == 1 && D - c0 >= kTile && x.stride[1] % kVec == 0 &&
          (reinterpret_cast<uintptr_t>(src) & 15) == 0;
@@ -288,7 +272,7 @@ __device__ __forceinline__ bool plain_tile(const Tensor& x, int64_t b, int64_t t
 
 // kKnownPlain: the caller knows the tile is plain (no check, no fallback code).
 template <class T, int kThreads, bool kKnownPlain = false>
-__device__ __forceinline__ void load_tile_async(T* s, const Tensor& x, int64_t b, int64_t t0, int rows, int64_t h,
+__device__ __forceinline__ void load_tile_async(T* s, const View& x, int64_t b, int64_t t0, int rows, int64_t h,
                                                 int c0, int D) {
   constexpr int kVec = 16 / sizeof(T), kPerRow = kTile / kVec;
   const T* src = static_cast<const T*>(x.data) + offset4(x, b, t0, h, c0);
@@ -311,7 +295,7 @@ __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
 
 // store_tile one element at a time (any dtype and strides).
 template <int kThreads>
-__device__ __forceinline__ void store_tile_elements(const Tensor& x, int64_t base, int rows, int cols, const float* s) {
+__device__ __forceinline__ void store_tile_elements(const View& x, int64_t base, int rows, int cols, const float* s) {
 #pragma unroll 1
   for (int idx = threadIdx.x; idx < kTileElems; idx += kThreads) {
     const int r = idx / kTile, c = idx % kTile;
@@ -323,7 +307,7 @@ __device__ __forceinline__ void store_tile_elements(const Tensor& x, int64_t bas
 // fp16 output in whole aligned 16-byte rows, rows r < rows.
 // kOffsets32: a chunk's rows span < 2^31 elements (checked by the caller's host).
 template <int kThreads, bool kOffsets32 = false>
-__device__ __forceinline__ void store_rows_16bit(const Tensor& x, int64_t base, int64_t row_stride, int rows, bool bf,
+__device__ __forceinline__ void store_rows_16bit(const View& x, int64_t base, int64_t row_stride, int rows, bool bf,
                                                  const float* s) {
   for_each_item<kThreads, kTile * 8>([&](int idx) {
     const int r = idx / 8, c = (idx % 8) * 8;
@@ -345,20 +329,20 @@ __device__ __forceinline__ void store_rows_16bit(const Tensor& x, int64_t base, 
 // kKnownBf16Rows: the caller knows the output is bf16 in whole aligned 16-byte
 // rows (only that path is compiled).
 template <int kThreads, bool kKnownBf16Rows = false>
-__device__ __forceinline__ void store_tile(const Tensor& x, int64_t b, int64_t t0, int rows, int64_t h, int c0, int D,
+__device__ __forceinline__ void store_tile(const View& x, int64_t b, int64_t t0, int rows, int64_t h, int c0, int D,
                                            const float* s) {
   const int64_t base = offset4(x, b, t0, h, c0), row_stride = x.stride[1];
   if constexpr (kKnownBf16Rows) {
     store_rows_16bit<kThreads, true>(x, base, row_stride, rows, true, s);
   } else {
     const int cols = D - c0 < kTile ? D - c0 : kTile;
-    const bool half = x.dtype == DType::bf16 || x.dtype == DType::f16;
+    const bool half = x.dtype == Elem::bf16 || x.dtype == Elem::f16;
     const int vec = half ? 8 : 4;  // elements per 16 bytes
     const char* first = static_cast<const char*>(x.data) + base * (half ? 2 : 4);
-    const bool vector = (half || x.dtype == DType::f32) && x.stride[3] == 1 && cols == kTile &&
+    const bool vector = (half || x.dtype == Elem::f32) && x.stride[3] == 1 && cols == kTile &&
                         row_stride % vec == 0 && (reinterpret_cast<uintptr_t>(first) & 15) == 0;
     if (vector && half) {
-      store_rows_16bit<kThreads>(x, base, row_stride, rows, x.dtype == DType::bf16, s);
+      store_rows_16bit<kThreads>(x, base, row_stride, rows, x.dtype == Elem::bf16, s);
     } else if (vector) {
       for (int idx = threadIdx.x; idx < kTile * 16; idx += kThreads) {
         const int r = idx / 16, c = (idx % 16) * 4;
@@ -374,8 +358,8 @@ __device__ __forceinline__ void store_tile(const Tensor& x, int64_t b, int64_t t
 
 // Row t of a tile (64 columns from c0, clipped to D) into L2, for a load that
 // comes later; each 128-byte line the row touches.
-__device__ __forceinline__ void prefetch_row_l2(const Tensor& x, int64_t b, int64_t t, int64_t h, int c0, int D) {
-  const int esize = x.dtype == DType::f64 ? 8 : (x.dtype == DType::f32 ? 4 : 2);
+__device__ __forceinline__ void prefetch_row_l2(const View& x, int64_t b, int64_t t, int64_t h, int c0, int D) {
+  const int esize = elem_size(x.dtype);
   const int cols = D - c0 < kTile ? D - c0 : kTile;
   const char* first = static_cast<const char*>(x.data) + offset4(x, b, t, h, c0) * esize;
   const int64_t span = (cols - 1) * x.stride[3] * esize + esize;  // bytes from the first to past the last element
@@ -401,7 +385,7 @@ __device__ __forceinline__ void copy_tile_out(T* g, const T* s) {
   });
 }
 
-__device__ __forceinline__ int64_t state_tile_index(const Params& p, int64_t slot, int64_t h, int kt, int vt) {
+__device__ __forceinline__ int64_t state_tile_index(const BwdParams& p, int64_t slot, int64_t h, int kt, int vt) {
   return (((slot * p.heads + h) * p.key_tiles + kt) * p.value_tiles + vt) * int64_t(kTileElems);
 }
 
@@ -438,7 +422,7 @@ __device__ __forceinline__ void load_gate_rows(GT (&x)[R], const In* src, int64_
 
 // kBf16Only: the caller knows the gate is bf16 (only that loader is compiled).
 template <class GT, int kThreads, bool kBf16Only = false>
-__device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const Params& p, int64_t b, int64_t t0, int rows,
+__device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const BwdParams& p, int64_t b, int64_t t0, int rows,
                                                                  int64_t h, int c0) {
   using Tile = GateTile<GT, kThreads>;
   Tile g;
@@ -456,9 +440,9 @@ __device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const Params& p
     return g;
   }
   switch (p.g.dtype) {
-    case DType::f64: load_gate_rows(g.x, static_cast<const double*>(p.g.data) + off, rs, valid); break;
-    case DType::f32: load_gate_rows(g.x, static_cast<const float*>(p.g.data) + off, rs, valid); break;
-    case DType::bf16: load_gate_rows(g.x, static_cast<const bf16*>(p.g.data) + off, rs, valid); break;
+    case Elem::f64: load_gate_rows(g.x, static_cast<const double*>(p.g.data) + off, rs, valid); break;
+    case Elem::f32: load_gate_rows(g.x, static_cast<const float*>(p.g.data) + off, rs, valid); break;
+    case Elem::bf16: load_gate_rows(g.x, static_cast<const bf16*>(p.g.data) + off, rs, valid); break;
     default: load_gate_rows(g.x, static_cast<const __half*>(p.g.data) + off, rs, valid); break;
   }
   return g;
@@ -584,4 +568,4 @@ __device__ __forceinline__ int transpose_reduce_index() {
   return N == 32 ? lane : lane >> 1;
 }
 
-}  // namespace flashgla::cuda::gla_bwd
+}  // namespace flashgla::cuda::gla

@@ -26,23 +26,23 @@
 #include "cuda/common/host.cuh"
 #include "cuda/gla/gla_bwd_device.cuh"
 
-namespace flashgla::cuda::gla_bwd {
+namespace flashgla::cuda::gla {
 namespace {
 
 constexpr int kCols = kRecurrentCols;
 constexpr int kBatch = kRecurrentBatch;
 constexpr int kMaxWarps = kRecurrentMaxThreads / 32;
 
-__device__ __forceinline__ int64_t token_at(const Params& p, const Seq& seq, int64_t pos) {
+__device__ __forceinline__ int64_t token_at(const BwdParams& p, const BwdSeq& seq, int64_t pos) {
   return seq.begin + (p.reverse ? seq.len - 1 - pos : pos);
 }
 
 // Index of (token, head, key) in the fp32 accumulators.
-__device__ __forceinline__ int64_t acc_index(const Params& p, const Seq& seq, int64_t token, int h, int key) {
-  return ((seq.batch * p.seq_len + token) * p.heads + h) * int64_t(p.key_dim) + key;
+__device__ __forceinline__ int64_t acc_index(const BwdParams& p, const BwdSeq& seq, int64_t token, int h, int key) {
+  return ((seq.batch * p.seqs.total_len + token) * p.heads + h) * int64_t(p.key_dim) + key;
 }
 
-__global__ void __launch_bounds__(kRecurrentMaxThreads) recurrent_kernel(const Params p) {
+__global__ void __launch_bounds__(kRecurrentMaxThreads) recurrent_kernel(const BwdParams p) {
   __shared__ float sV[kBatch][kCols], sDO[kBatch][kCols];
   __shared__ float sDV[kBatch][kMaxWarps][kCols];
   extern __shared__ float dht_rows[];  // [blockDim.x][kCols + 1]
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kRecurrentMaxThreads) recurrent_kernel(const P
   const int v0 = blockIdx.y * kCols;
   const int key = threadIdx.x, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const bool has_key = key < p.key_dim;
-  const Seq seq = sequence(p, n);
+  const BwdSeq seq = sequence(p, n);
   const float scale = p.scale;
   const int V = p.value_dim;
 
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(kRecurrentMaxThreads) recurrent_kernel(const P
 // One warp per (sequence, head, 32 keys): dq and dk to their dtype, and with
 // a vector gate dg = suffix sums + prefix sums + final term. Walks the
 // sequence forward (prefix sums, in place) and then backward.
-__global__ void finalize_kernel(const Params p) {
+__global__ void finalize_kernel(const BwdParams p) {
   const int groups = (p.key_dim + 31) / 32;
   const int64_t w = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (w >= p.num_seqs * p.heads * groups) return;
@@ -195,7 +195,7 @@ __global__ void finalize_kernel(const Params p) {
   if (key >= p.key_dim) return;
   const int64_t nh = w / groups, n = nh / p.heads;
   const int h = int(nh % p.heads);
-  const Seq seq = sequence(p, n);
+  const BwdSeq seq = sequence(p, n);
   const bool vector_gate = p.gate == GateKind::vector;
   if (vector_gate) {
     float prefix = 0.f;
@@ -220,13 +220,13 @@ __global__ void finalize_kernel(const Params p) {
 }
 
 // Scalar gate: dg_t = Σ_k of the vector-gate gradient, one warp per (sequence, head).
-__global__ void scalar_gate_kernel(const Params p) {
+__global__ void scalar_gate_kernel(const BwdParams p) {
   const int64_t nh = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (nh >= p.num_seqs * p.heads) return;
   const int lane = threadIdx.x % 32;
   const int64_t n = nh / p.heads;
   const int h = int(nh % p.heads);
-  const Seq seq = sequence(p, n);
+  const BwdSeq seq = sequence(p, n);
   // Σ_k of row i of a [*, K] accumulator, in every lane.
   auto row_sum = [&](const float* row) {
     float x = 0.f;
@@ -257,7 +257,7 @@ __global__ void scalar_gate_kernel(const Params p) {
 
 }  // namespace
 
-void launch_recurrent(const Params& p, cudaStream_t stream) {
+void launch_bwd_recurrent(const BwdParams& p, cudaStream_t stream) {
   const int threads = (p.key_dim + 31) / 32 * 32;
   const dim3 grid(unsigned(p.num_seqs * p.heads), unsigned((p.value_dim + kCols - 1) / kCols));
   const size_t smem = size_t(threads) * (kCols + 1) * sizeof(float);  // dht rows
@@ -277,4 +277,4 @@ void launch_recurrent(const Params& p, cudaStream_t stream) {
   }
 }
 
-}  // namespace flashgla::cuda::gla_bwd
+}  // namespace flashgla::cuda::gla

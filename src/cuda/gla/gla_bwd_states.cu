@@ -3,8 +3,8 @@
 // One block per (sequence, head, 64x64 tile of the K x V state) walks the
 // sequence's chunks in order and keeps its tile in registers (warp w owns key
 // rows 16 (w % 4).. and value columns 32 (w / 4)..; 8 warps, so that the
-// element-wise work of each step is spread thin; with scan_pairs and an even
-// V / 64, 16 warps and two value tiles per block). blockIdx.z picks the scan:
+// element-wise work of each step is spread thin; paired scans, for an even
+// V / 64: 16 warps and two value tiles per block). blockIdx.z picks the scan:
 //   z = 0, forward:  stores S before chunk c, then
 //                    S <- diag(exp γ) S + (K ⊙ exp(γ − Γ))^T V
 //   z = 1, backward: from dS = dht, stores dS after chunk c (last chunk first), then
@@ -24,7 +24,7 @@
 #include "cuda/common/host.cuh"
 #include "cuda/gla/gla_bwd_device.cuh"
 
-namespace flashgla::cuda::gla_bwd {
+namespace flashgla::cuda::gla {
 namespace {
 
 // The shared-memory layout (cuda/gla/layouts.h, StateScanSmemBytes: the planner reads the same bytes).
@@ -60,7 +60,7 @@ __device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
 // value tiles of a key tile, warps 8.. the second, so that x, the gate and its
 // cumsum are loaded and transformed once for both; same registers per thread
 // and threads per SM as two blocks of one tile.
-// kPipeline = 2 (bf16, kPair = 2, whole bf16 rows: see Params::scan_pipeline):
+// kPipeline = 2 (bf16, kPair = 2, whole bf16 rows: BwdScanKernel::pipelined):
 // two buffers of x, y and the gate's raw bf16 rows; chunk i + 1's copies are
 // issued at the top of step i and waited on at its end, so that they fly while
 // step i computes (else each step waits on its loads right after issuing them),
@@ -68,14 +68,14 @@ __device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
 // first pipelined variant with more instructions per step, was never faster
 // and is retired: bench/notes_gla_bwd.md.)
 template <class T, class GT, int kPair, int kPipeline>
-__global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / kPair)
-    state_scan_kernel(const Params p) {
+__global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> / kPair)
+    state_scan_kernel(const BwdParams p) {
   static_assert(kPipeline == 0 || kPipeline == 2, "no pipeline, or the lean one");
   constexpr bool kPipelined = kPipeline > 0, kLean = kPipeline == 2;
   constexpr int kStages = kPipelined ? 2 : 1;
   using Smem = StateScanSmem<T, GT, kPair, kStages>;
   constexpr int LD = kLd<T>;
-  constexpr int kThreads = kStateThreads * kPair;
+  constexpr int kThreads = kBwdStateThreads * kPair;
   constexpr int kTileLd = kTile * LD;  // elements from one value tile's y or stage to the next
   extern __shared__ __align__(16) unsigned char smem[];
   T* const sX0 = reinterpret_cast<T*>(smem + Smem::x);
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
   const int pair = warp / 8;  // this warp's value tile: vt0 + pair
   const int vt = vt0 + pair, tile = kt * p.value_tiles + vt;
   const int row0 = 16 * (warp % 4), col0 = 32 * (warp / 4 % 2);  // this warp's piece of its tile
-  const Seq seq = sequence(p, n);
+  const BwdSeq seq = sequence(p, n);
   // This block's chunks: [first, first + chunks), all of them without a split.
   const bool splitting = p.scan_splits > 1;
   const int64_t first = splitting ? split * p.chunks_per_split : 0;
@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
 
   // The state tile: accumulator rows are key rows row0.., columns value columns col0..
   float acc[4][4];
-  const Tensor init = true_start ? (backward ? p.dht : p.h0) : Tensor{};
+  const View init = true_start ? (backward ? p.dht : p.h0) : View{};
   // Split: decay (log2) of this thread's two key rows since the piece's start.
   float decay_since_start[2] = {0.f, 0.f};
   const bool writes_decays = splitting && vt == 0 && col0 == 0 && threadIdx.x % 4 == 0;
@@ -122,8 +122,8 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
                        : 0.f;
     }
 
-  const Tensor& xs = backward ? p.q : p.k;
-  const Tensor& ys = backward ? p.d_o : p.v;
+  const View& xs = backward ? p.q : p.k;
+  const View& ys = backward ? p.d_o : p.v;
   T* scratch = static_cast<T*>(backward ? p.dstates : p.states);
   auto chunk_at = [&](int64_t i) { return first + (backward ? chunks - 1 - i : i); };  // step i's chunk
   auto rows_of = [&](int64_t c) { return int(seq.len - c * kChunk < kChunk ? seq.len - c * kChunk : kChunk); };
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
     if (p.gate == GateKind::vector)
       g_at = static_cast<const bf16*>(p.g.data) + offset4(p.g, seq.batch, seq.begin, h, kt * kTile + piece_col);
     const int which = threadIdx.x / kTile;
-    const Tensor& pf = which == 2 ? p.g : (which == 0 ? xs : ys);
+    const View& pf = which == 2 ? p.g : (which == 0 ? xs : ys);
     const int pf_col = which == 0 || which == 2 ? kt * kTile : (vt0 + (which == 3)) * kTile;
     if (which < 4 && (which != 2 || p.gate == GateKind::vector)) {
       prefetch_at = static_cast<const char*>(pf.data) +
@@ -332,9 +332,9 @@ __global__ void __launch_bounds__(kStateThreads * kPair, kScanBlocksPerSm<T> / k
 // the first in scan order); blockIdx.z picks the scan as above. Thread t owns
 // 8 columns of rows t / 8 and t / 8 + 32 of the tile.
 template <class T>
-__global__ void __launch_bounds__(kStateThreads) fold_kernel(const Params p) {
+__global__ void __launch_bounds__(kBwdStateThreads) fold_kernel(const BwdParams p) {
   allow_dependent_launch();
-  constexpr int kRowStep = kStateThreads / 8;
+  constexpr int kRowStep = kBwdStateThreads / 8;
   const bool backward = blockIdx.z == 1;
   const int64_t n = blockIdx.x / p.heads;
   const int h = int(blockIdx.x % p.heads);
@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(kStateThreads) fold_kernel(const Params p) {
 
   // Its stored states: += diag(exp2 D) x, D the decay from the piece's start.
   const int split = piece(order);
-  const Seq seq = sequence(p, n);
+  const BwdSeq seq = sequence(p, n);
   const int64_t first = split * p.chunks_per_split;
   int64_t chunks = num_chunks(seq.len) - first;
   if (chunks > p.chunks_per_split) chunks = p.chunks_per_split;
@@ -408,41 +408,35 @@ __global__ void __launch_bounds__(kStateThreads) fold_kernel(const Params p) {
 }
 
 template <class T, class GT, int kPair, int kPipeline = 0>
-void launch_scan(const Params& p, cudaStream_t stream) {
+void launch_scan(const BwdParams& p, cudaStream_t stream) {
   const size_t smem = StateScanSmem<T, GT, kPair, (kPipeline > 0 ? 2 : 1)>::bytes;
   auto kernel = state_scan_kernel<T, GT, kPair, kPipeline>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
              "cudaFuncSetAttribute (GLA backward state scan)");
   const unsigned groups = unsigned(p.key_tiles * p.value_tiles / kPair);
   const dim3 grid(unsigned(p.num_seqs * p.heads), groups * unsigned(p.scan_splits), 2);
-  kernel<<<grid, kStateThreads * kPair, smem, stream>>>(p);
+  kernel<<<grid, kBwdStateThreads * kPair, smem, stream>>>(p);
   check_cuda(cudaGetLastError(), "GLA backward state scan launch");
 }
 
 template <class T, class GT>
-void launch(const Params& p, cudaStream_t stream) {
-  const bool pairs = p.scan_pairs && p.value_tiles % 2 == 0;
-  if constexpr (std::is_same_v<T, bf16>) {
-    if (pairs && p.scan_pipeline == 2) launch_scan<T, GT, 2, 2>(p, stream);
-    else if (pairs) launch_scan<T, GT, 2>(p, stream);
-    else launch_scan<T, GT, 1>(p, stream);
-  } else {
-    if (pairs) launch_scan<T, GT, 2>(p, stream);
-    else launch_scan<T, GT, 1>(p, stream);
-  }
+void launch(const BwdParams& p, BwdScanKernel scans, cudaStream_t stream) {
+  if (scans == BwdScanKernel::one_tile) launch_scan<T, GT, 1>(p, stream);
+  else if (std::is_same_v<T, bf16> && scans == BwdScanKernel::pipelined) launch_scan<bf16, float, 2, 2>(p, stream);
+  else launch_scan<T, GT, 2>(p, stream);  // paired (fp32: the planner pipelines bf16 rows only)
   const unsigned tiles = unsigned(p.key_tiles * p.value_tiles);
   if (p.scan_splits > 1) {
     const dim3 fold_grid(unsigned(p.num_seqs * p.heads), tiles * unsigned(p.scan_splits - 1), 2);
-    fold_kernel<T><<<fold_grid, kStateThreads, 0, stream>>>(p);
+    fold_kernel<T><<<fold_grid, kBwdStateThreads, 0, stream>>>(p);
     check_cuda(cudaGetLastError(), "GLA backward state scan fold launch");
   }
 }
 
 }  // namespace
 
-void launch_state_scan(const Params& p, Compute c, cudaStream_t stream) {
-  if (c == Compute::f32) launch<float, double>(p, stream);
-  else launch<bf16, float>(p, stream);
+void launch_bwd_state_scan(const BwdParams& p, Compute c, BwdScanKernel scans, cudaStream_t stream) {
+  if (c == Compute::f32) launch<float, double>(p, scans, stream);
+  else launch<bf16, float>(p, scans, stream);
 }
 
-}  // namespace flashgla::cuda::gla_bwd
+}  // namespace flashgla::cuda::gla

@@ -195,11 +195,7 @@ inline constexpr int kSegmentRows = 32;            // tokens per chunk
 inline constexpr int kSegmentTile = 64;            // keys and values per CTA
 inline constexpr int kSegmentMinPieceChunks = 16;  // a piece covers at least 512 tokens, so the fold stays cheap
 
-}  // namespace flashgla::cuda::gla
-
 // ---- the chunked backward's state scans (gla_bwd_states.cu) ----------------------
-namespace flashgla::cuda::gla_bwd {
-
 inline constexpr int kTile = 64;   // key / value columns per tile
 inline constexpr int kTileElems = kTile * kTile;
 inline constexpr int kSummaryFloats = kTileElems + kTile;  // one scan piece's summary: state tile and decay
@@ -229,4 +225,4 @@ struct StateScanSmemBytes {
 template <int TS>
 inline constexpr int kScanBlocksPerSmOf = TS == 2 ? 4 : 2;
 
-}  // namespace flashgla::cuda::gla_bwd
+}  // namespace flashgla::cuda::gla

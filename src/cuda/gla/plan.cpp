@@ -31,7 +31,6 @@ GlaTuning gla_tuning_from_env() {
   t.bwd_scan_split = env_count("FLASHGLA_GLA_BWD_SCAN_SPLIT", -1, 0);
   t.bwd_diag_elementwise = env_choice("FLASHGLA_GLA_BWD_DIAG", {"factored", "elementwise"}) == "elementwise";
   t.bwd_general_layout = env_choice("FLASHGLA_GLA_BWD_LAYOUT", {"general"}) == "general";
-  t.bwd_gate_in_registers = env_choice("FLASHGLA_GLA_BWD_GATE", {"async", "registers"}) == "registers";
   t.bwd_overlap = force(env_choice("FLASHGLA_GLA_BWD_OVERLAP", {"0", "1"}), "0", "1");
   t.segment_pieces = env_count("FLASHGLA_GLA_SEGMENT_PIECES", 0, 1);
   t.segment_split_kernel = force(env_choice("FLASHGLA_GLA_SEGMENT_KERNEL", {"split", "generic"}), "generic", "split");
@@ -185,8 +184,6 @@ FwdPlan plan_forward(const FwdProblem& p, const DeviceProps& device, const GlaTu
 
 namespace {
 
-using gla_bwd::kTile;
-
 int64_t num_slots(const BwdProblem& pr) {
   const int64_t C = kChunk;
   return pr.varlen ? pr.seq_len / C + pr.num_seqs + 1 : pr.batch * ((pr.seq_len + C - 1) / C);
@@ -196,7 +193,7 @@ int64_t num_slots(const BwdProblem& pr) {
 // Hopper (228 KB per SM) yes, an A100 (164 KB) no.
 bool two_pipelined_scans_per_sm(const DeviceProps& device) {
   constexpr size_t kReservedPerBlock = 1024;  // shared memory the system keeps per block (sm_80 and later)
-  return size_t(device.smem_per_sm) >= 2 * (gla_bwd::StateScanSmemBytes<2, 4, 2, 2>::bytes + kReservedPerBlock);
+  return size_t(device.smem_per_sm) >= 2 * (StateScanSmemBytes<2, 4, 2, 2>::bytes + kReservedPerBlock);
 }
 
 // Whether the state scans run paired (two value tiles per block: V / 64 even)
@@ -209,8 +206,20 @@ bool paired_scans(const BwdProblem& pr, const GlaTuning& tuning) {
 
 bool pipelined_scans(const BwdProblem& pr, const DeviceProps& device, const GlaTuning& tuning) {
   return pr.chunked && paired_scans(pr, tuning) && tuning.bwd_scan_pipeline && pr.q_bf16_rows && pr.k_bf16_rows &&
-         pr.v_bf16_rows && pr.do_bf16_rows && (!pr.vector_gate || pr.g_bf16_rows) &&
+         pr.v_bf16_rows && pr.do_bf16_rows && (pr.gate != Gate::vector || pr.g_bf16_rows) &&
          two_pipelined_scans_per_sm(device);
+}
+
+// The plain chunk kernel: bf16, every tile of q, k, v, dO, dq, dk and dv whole aligned bf16 rows, a vector gate
+// and its dg too (dg in bf16 implies g in bf16), a scalar gate in bf16 (its loader is the only one compiled
+// there). tuning.bwd_general_layout: the general kernel wherever bf16.
+BwdChunkKernel chunk_kernel(const BwdProblem& pr, const GlaTuning& tuning) {
+  if (pr.f32) return BwdChunkKernel::f32;
+  const bool rows = pr.q_bf16_rows && pr.k_bf16_rows && pr.v_bf16_rows && pr.do_bf16_rows && pr.dq_bf16_rows &&
+                    pr.dk_bf16_rows && pr.dv_bf16_rows;
+  const bool gate = pr.gate == Gate::none ||
+                    (pr.g_bf16 && (pr.gate != Gate::vector || (pr.g_bf16_rows && pr.dg_bf16_rows)));
+  return rows && gate && !tuning.bwd_general_layout ? BwdChunkKernel::plain : BwdChunkKernel::general;
 }
 
 // Sequence split of the state scans (gla_bwd_states.cu): chunks per piece, 0
@@ -230,7 +239,7 @@ int64_t scan_chunks_per_split(const BwdProblem& pr, const DeviceProps& device, c
   if (tuning.bwd_scan_split >= 0) {
     per_split = tuning.bwd_scan_split;
   } else {
-    const int blocks_per_sm = pr.f32 ? gla_bwd::kScanBlocksPerSmOf<4> : gla_bwd::kScanBlocksPerSmOf<2>;
+    const int blocks_per_sm = pr.f32 ? kScanBlocksPerSmOf<4> : kScanBlocksPerSmOf<2>;
     const int64_t resident = int64_t(device.multiprocessors) * blocks_per_sm;
     const int64_t blocks = 2 * pr.num_seqs * pr.heads * tiles;
     const int64_t min_slots_per_block = pipelined_scans(pr, device, tuning) ? 4 : 2;
@@ -250,14 +259,14 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
   if (pr.chunked) {
     const int64_t tiles = ((pr.key_dim + kTile - 1) / kTile) * ((pr.value_dim + kTile - 1) / kTile);
     const size_t elem = pr.f32 ? 4 : 2;
-    plan.states = plan.dstates = size_t(num_slots(pr) * pr.heads * tiles) * gla_bwd::kTileElems * elem;
+    plan.states = plan.dstates = size_t(num_slots(pr) * pr.heads * tiles) * kTileElems * elem;
     plan.chunks_per_split = scan_chunks_per_split(pr, device, tuning);
     if (plan.chunks_per_split > 0) {
       const int64_t chunks = (pr.seq_len + kChunk - 1) / kChunk;
       const int64_t key_tiles = (pr.key_dim + kTile - 1) / kTile;
       plan.scan_splits = (chunks + plan.chunks_per_split - 1) / plan.chunks_per_split;
       plan.split_summaries =
-          size_t(2 * pr.num_seqs * pr.heads * plan.scan_splits * tiles) * gla_bwd::kSummaryFloats * sizeof(float);
+          size_t(2 * pr.num_seqs * pr.heads * plan.scan_splits * tiles) * kSummaryFloats * sizeof(float);
       plan.chunk_decays = size_t(2 * num_slots(pr) * pr.heads * key_tiles * kTile) * sizeof(float);
     }
   } else {
@@ -267,13 +276,13 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
   }
   // A's pairs inside a sub-chunk go through the products where the gates allow (see mark_wide_subchunks in
   // gla_bwd_chunk.cu); bwd_diag_elementwise sums them element by element everywhere.
-  plan.diag_factor_limit = tuning.bwd_diag_elementwise ? -1.f : gla_bwd::kDiagFactorLimit;
-  plan.general_layout = tuning.bwd_general_layout;
-  plan.gate_in_registers = tuning.bwd_gate_in_registers;
-  plan.scan_pairs = paired_scans(pr, tuning);
-  // The pipelined scans' variant with fewer instructions per step ("lean", 2); the first pipelined variant
-  // (1) was never faster and is retired (bench/notes_gla_bwd.md).
-  plan.scan_pipeline = pipelined_scans(pr, device, tuning) ? 2 : 0;
+  plan.diag_factor_limit = tuning.bwd_diag_elementwise ? -1.f : kDiagFactorLimit;
+  plan.chunk_kernel = chunk_kernel(pr, tuning);
+  // The pipelined scans are the variant with fewer instructions per step ("lean"); the first pipelined variant
+  // was never faster and is retired (bench/notes_gla_bwd.md).
+  plan.scans = pipelined_scans(pr, device, tuning) ? BwdScanKernel::pipelined
+               : paired_scans(pr, tuning)          ? BwdScanKernel::paired
+                                                   : BwdScanKernel::one_tile;
   plan.num_slots = num_slots(pr);
   // On sm_90+ the chunk kernel starts as the scans' blocks retire, when it follows the scans themselves (not
   // a fold; faster: bench/notes_gla_bwd.md). Only where the loaded code has griddepcontrol (compiled for sm_90

@@ -31,7 +31,6 @@ struct GlaTuning {
   int64_t bwd_scan_split = -1;        // FLASHGLA_GLA_BWD_SCAN_SPLIT=<chunks per piece, 0: none> (-1: library)
   bool bwd_diag_elementwise = false;  // FLASHGLA_GLA_BWD_DIAG=elementwise (=factored: the default)
   bool bwd_general_layout = false;    // FLASHGLA_GLA_BWD_LAYOUT=general
-  bool bwd_gate_in_registers = false; // FLASHGLA_GLA_BWD_GATE=registers (=async: the default)
   Force bwd_overlap = Force::library; // FLASHGLA_GLA_BWD_OVERLAP=0|1
   // Segment summaries.
   int64_t segment_pieces = 0;         // FLASHGLA_GLA_SEGMENT_PIECES=<n ≥ 1>
@@ -119,17 +118,26 @@ struct BwdProblem {
   bool varlen = false;
   int64_t batch = 0, seq_len = 0, num_seqs = 0;
   int heads = 0, key_dim = 0, value_dim = 0;
-  bool vector_gate = false;
-  // Every tile of the tensor is whole aligned bf16 rows (gla_bwd::bf16_rows): q, k, v, d_o, g.
+  Gate gate = Gate::vector;
+  bool g_bf16 = false;        // the gate (any kind) is bf16
+  // Every tile of the tensor is whole aligned bf16 rows (bf16_rows in gla_bwd_chunk.cu): the inputs q, k, v,
+  // d_o, a vector gate g, and the outputs dq, dk, dv and a vector gate's dg.
   bool q_bf16_rows = false, k_bf16_rows = false, v_bf16_rows = false, do_bf16_rows = false, g_bf16_rows = false;
+  bool dq_bf16_rows = false, dk_bf16_rows = false, dv_bf16_rows = false, dg_bf16_rows = false;
 };
 
+// The state scans' instantiation (gla_bwd_states.cu): one 64x64 state tile per block, two value tiles per
+// block (V / 64 even), or paired and pipelined (bf16 rows, two such blocks per SM).
+enum class BwdScanKernel : int8_t { one_tile, paired, pipelined };
+// The chunk kernel's instantiation (gla_bwd_chunk.cu): fp32, the general bf16 one, or the plain one (bf16,
+// every tile of the inputs and outputs whole aligned rows: no converting or element-wise fallbacks).
+enum class BwdChunkKernel : int8_t { f32, general, plain };
+
 struct BwdPlan {
-  bool scan_pairs = true;
-  int scan_pipeline = 0;             // 0 none, 2 the pipelined scans (gla_bwd::Params::scan_pipeline)
+  BwdScanKernel scans = BwdScanKernel::one_tile;
+  BwdChunkKernel chunk_kernel = BwdChunkKernel::general;
   int64_t chunks_per_split = 0, scan_splits = 1;
   float diag_factor_limit = -1.f;
-  bool general_layout = false, gate_in_registers = false;
   bool overlap = false;              // the chunk kernel as a programmatic dependent of the scans
   int64_t num_slots = 0;
   // Scratch sizes, laid out in this order, each aligned to kAlign bytes.

@@ -20,7 +20,7 @@
 
 #include "cuda/gla/gla_bwd_device.cuh"
 
-namespace flashgla::cuda::gla_bwd {
+namespace flashgla::cuda::gla {
 namespace {
 
 constexpr int kSubs = kChunk / kSub;  // 4 sub-chunks per chunk
@@ -69,7 +69,7 @@ __device__ __forceinline__ int between_query_query(int row) {
 // flags[warp] (read after a barrier).
 template <class GT>
 __device__ __forceinline__ void mark_wide_subchunks(const GT* sG, int* flags, float limit) {
-  static_assert(kChunkThreads == kSubs * kTile, "one thread per (sub-chunk, column)");
+  static_assert(kBwdChunkThreads == kSubs * kTile, "one thread per (sub-chunk, column)");
   const int s = threadIdx.x / kTile, c = threadIdx.x % kTile;
   GT lo = sG[kSub * s * kLdF + c], hi = lo;
 #pragma unroll
@@ -129,45 +129,45 @@ __device__ __forceinline__ int diagonal_row(int hc, int m) {
 // The gate tile of key columns c0.. as Γ in sG, in two steps around the
 // caller's cp_async_commit_and_wait_all(): with kPlain and a vector gate (bf16 rows, as
 // its dg), its rows are copied asynchronously into sG itself, with the other
-// tiles, then read back and summed; else (or with p.gate_in_registers) loaded
-// into registers (load_gate_tile). Waiting on the register loads of the gate
-// was the largest single stall of the general kernel in a profile
-// (bench/notes_gla_bwd.md); the copies cost one more barrier.
+// tiles, then read back and summed; else loaded into registers (load_gate_tile).
+// Waiting on the register loads of the gate was the largest single stall of the
+// general kernel in a profile, and in the plain kernel the copies are faster at
+// every shape measured (bench/notes_gla_bwd.md); they cost one more barrier.
 // sG must be free (no reader left) when start_gate_tile is called.
 template <class GT, bool kPlain>
-__device__ __forceinline__ GateTile<GT, kChunkThreads> start_gate_tile(const Params& p, GT* sG, int64_t b, int64_t t0,
-                                                                       int rows, int64_t h, int c0) {
-  if (kPlain && p.gate == GateKind::vector && !p.gate_in_registers) {
+__device__ __forceinline__ GateTile<GT, kBwdChunkThreads> start_gate_tile(const BwdParams& p, GT* sG, int64_t b,
+                                                                          int64_t t0, int rows, int64_t h, int c0) {
+  if (kPlain && p.gate == GateKind::vector) {
     constexpr int kPieces = kTile * sizeof(bf16) / 16;  // 16-byte pieces per row
     const bf16* src = static_cast<const bf16*>(p.g.data) + offset4(p.g, b, t0, h, c0);
     bf16* raw = reinterpret_cast<bf16*>(sG);
-    for_each_item<kChunkThreads, kTile * kPieces>([&](int idx) {
+    for_each_item<kBwdChunkThreads, kTile * kPieces>([&](int idx) {
       const int r = idx / kPieces, c = idx % kPieces * 8;  // rows past `rows`: zero, a flat Γ
       cp_async16_ordered(raw + r * kTile + c, r < rows ? src + (r * int(p.g.stride[1]) + c) : src, r < rows ? 16 : 0);
     });
     return {};
   }
-  return load_gate_tile<GT, kChunkThreads, kPlain>(p, b, t0, rows, h, c0);
+  return load_gate_tile<GT, kBwdChunkThreads, kPlain>(p, b, t0, rows, h, c0);
 }
 
 template <class GT, bool kPlain>
-__device__ __forceinline__ void finish_gate_tile(const Params& p, GT* sG, GateTile<GT, kChunkThreads>& gate) {
-  if (kPlain && p.gate == GateKind::vector && !p.gate_in_registers) {
+__device__ __forceinline__ void finish_gate_tile(const BwdParams& p, GT* sG, GateTile<GT, kBwdChunkThreads>& gate) {
+  if (kPlain && p.gate == GateKind::vector) {
     __syncthreads();  // every thread's copies have landed
-    using Tile = GateTile<GT, kChunkThreads>;
+    using Tile = GateTile<GT, kBwdChunkThreads>;
     const int c = threadIdx.x % kTile, first = (threadIdx.x / kTile) * Tile::kRows;
     const bf16* raw = reinterpret_cast<const bf16*>(sG);
 #pragma unroll
     for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
   }
-  store_gate_cumsum<GT, kChunkThreads>(sG, gate);  // its first barrier ends the reads above
+  store_gate_cumsum<GT, kBwdChunkThreads>(sG, gate);  // its first barrier ends the reads above
 }
 
 // Phase A, dA = scale (dO V^T) ⊙ M over the value tiles, into sdA (compute type, zero on and above the diagonal:
 // the products take pairs j < i only) and the diagonal blocks into sdAd (fp32, with the diagonal).
 // Warp (s, hc) computes the 16x16 blocks (s, J) for J = hc, hc + 2 with J <= s.
 template <class T, class GT, bool kPlain>
-__device__ __forceinline__ void chunk_bwd_dA(const Params& p, int64_t b, int64_t t0, int rows, int h, int s, int hc,
+__device__ __forceinline__ void chunk_bwd_dA(const BwdParams& p, int64_t b, int64_t t0, int rows, int h, int s, int hc,
                                              int V, float scale, float (&acc)[2][2][4]) {
   using Smem = ChunkSmem<T, GT>;
   constexpr int LD = kLd<T>;
@@ -181,8 +181,8 @@ __device__ __forceinline__ void chunk_bwd_dA(const Params& p, int64_t b, int64_t
   T* sDO = R;
   T* sV = R + kTile * LD;
   for (int vt = 0; vt < p.value_tiles; ++vt) {
-    load_tile_async<T, kChunkThreads, kPlain>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
-    load_tile_async<T, kChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+    load_tile_async<T, kBwdChunkThreads, kPlain>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+    load_tile_async<T, kBwdChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
     cp_async_commit_and_wait_all();
     __syncthreads();
 #pragma unroll
@@ -212,8 +212,8 @@ __device__ __forceinline__ void chunk_bwd_dA(const Params& p, int64_t b, int64_t
 // Off-diagonal blocks (s, J), J = hc, hc + 2 < s, on the products; the diagonal block (s, s) too for key tiles
 // where sub-chunk s is factored, else element by element, rows diagonal_row(hc, 0..7).
 template <class T, class GT, bool kPlain>
-__device__ __forceinline__ void chunk_fwd_intra(const Params& p, int64_t b, int64_t t0, int rows, int h, int s, int hc,
-                                                int lane, int K, float scale, float (&acc)[2][2][4],
+__device__ __forceinline__ void chunk_fwd_intra(const BwdParams& p, int64_t b, int64_t t0, int rows, int h, int s,
+                                                int hc, int lane, int K, float scale, float (&acc)[2][2][4],
                                                 float (&k_reg)[kSub], GT (&g_reg)[kSub], float (&part)[kSub]) {
   using Smem = ChunkSmem<T, GT>;
   constexpr int LD = kLd<T>;
@@ -242,15 +242,15 @@ __device__ __forceinline__ void chunk_fwd_intra(const Params& p, int64_t b, int6
   }
   for (int kt = 0; kt < p.key_tiles; ++kt) {
     auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
-    load_tile_async<T, kChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
-    load_tile_async<T, kChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+    load_tile_async<T, kBwdChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+    load_tile_async<T, kBwdChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
     cp_async_commit_and_wait_all();
     finish_gate_tile<GT, kPlain>(p, sG, gate);
     mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
-    map_rows<T, kChunkThreads, kStageRows, kPlain>(sKStage, sK, key_stage_key, [&](int row, int col, float x) {
+    map_rows<T, kBwdChunkThreads, kStageRows, kPlain>(sKStage, sK, key_stage_key, [&](int row, int col, float x) {
       return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + col] - sG[key_stage_key(row) * LDF + col]);
     });
-    map_rows<T, kChunkThreads, kChunk, kPlain>(sQHat, sQ, [](int r) { return r; }, [&](int i, int col, float x) {
+    map_rows<T, kBwdChunkThreads, kChunk, kPlain>(sQHat, sQ, [](int r) { return r; }, [&](int i, int col, float x) {
       return x * exp2_of(sG[i * LDF + col] - sG[(i / kSub) * kSub * LDF + col]);
     });
     __syncthreads();
@@ -316,10 +316,10 @@ __device__ __forceinline__ void chunk_fwd_intra(const Params& p, int64_t b, int6
 // Phase B, dv = A^T dO + k̂ dS with k̂ = k ⊙ exp(γ − Γ), stored. Warp (s, hc): rows of sub-chunk s, value columns
 // 32 hc.. of each value tile; kGroup value tiles at a time, so that k̂ is built once per group.
 template <class T, class GT, bool kPlain>
-__device__ __forceinline__ void chunk_bwd_dv(const Params& p, const GT* gamma, int64_t b, int64_t t0, int64_t slot,
+__device__ __forceinline__ void chunk_bwd_dv(const BwdParams& p, const GT* gamma, int64_t b, int64_t t0, int64_t slot,
                                              int rows, int h, int s, int hc, int K, int V,
                                              float (&acc)[ChunkSmem<T, GT>::kValueGroup][4][4],
-                                             GateTile<GT, kChunkThreads>& gate) {
+                                             GateTile<GT, kBwdChunkThreads>& gate) {
   using Smem = ChunkSmem<T, GT>;
   constexpr int LD = kLd<T>;
   constexpr int LDF = kLdF;
@@ -334,7 +334,7 @@ __device__ __forceinline__ void chunk_bwd_dv(const Params& p, const GT* gamma, i
   for (int vt0 = 0; vt0 < p.value_tiles; vt0 += kGroup) {
     const int group = p.value_tiles - vt0 < kGroup ? p.value_tiles - vt0 : kGroup;
     for (int j = 0; j < group; ++j)
-      load_tile_async<T, kChunkThreads, kPlain>(sDO + j * kTile * LD, p.d_o, b, t0, rows, h, (vt0 + j) * kTile, V);
+      load_tile_async<T, kBwdChunkThreads, kPlain>(sDO + j * kTile * LD, p.d_o, b, t0, rows, h, (vt0 + j) * kTile, V);
     cp_async_commit_and_wait_all();
     __syncthreads();
 #pragma unroll
@@ -348,15 +348,15 @@ __device__ __forceinline__ void chunk_bwd_dv(const Params& p, const GT* gamma, i
     for (int kt = 0; kt < p.key_tiles; ++kt) {
       gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
       const bool k_plain = kPlain || plain_tile<T>(p.k, b, t0, h, kt * kTile, K);  // else loaded scaled, below
-      if (k_plain) load_tile_async<T, kChunkThreads, kPlain>(sKHat, p.k, b, t0, rows, h, kt * kTile, K);
+      if (k_plain) load_tile_async<T, kBwdChunkThreads, kPlain>(sKHat, p.k, b, t0, rows, h, kt * kTile, K);
       for (int j = 0; j < group; ++j)
-        copy_tile_in<T, kChunkThreads>(sDS + j * kTile * LD,
+        copy_tile_in<T, kBwdChunkThreads>(sDS + j * kTile * LD,
                                        static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
       cp_async_commit_and_wait_all();
       finish_gate_tile<GT, kPlain>(p, sG, gate);
       auto k_hat = [=](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
-      if (k_plain) transform_tile<T, kChunkThreads, kPlain>(sKHat, k_hat);
-      else load_tile<T, kChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, k_hat);
+      if (k_plain) transform_tile<T, kBwdChunkThreads, kPlain>(sKHat, k_hat);
+      else load_tile<T, kBwdChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, k_hat);
       __syncthreads();
 #pragma unroll
       for (int j = 0; j < kGroup; ++j)
@@ -376,7 +376,7 @@ __device__ __forceinline__ void chunk_bwd_dv(const Params& p, const GT* gamma, i
                      acc[j][nt][e + 1]);
     __syncthreads();
     for (int j = 0; j < group; ++j)
-      store_tile<kChunkThreads, kPlain>(p.dv, b, t0, rows, h, (vt0 + j) * kTile, V, sDV + j * kTile * LDF);
+      store_tile<kBwdChunkThreads, kPlain>(p.dv, b, t0, rows, h, (vt0 + j) * kTile, V, sDV + j * kTile * LDF);
     __syncthreads();  // R is read by the stores above
   }
 }
@@ -386,7 +386,7 @@ __device__ __forceinline__ void chunk_bwd_dv(const Params& p, const GT* gamma, i
 // Through the states (the inter-chunk shares): dq ∝ dO S^T, dk^{(S)} ∝ V dS^T, over the value tiles, and
 // rowsum(S ⊙ dS) to sStateTerm (dg's state term).
 template <class T, class GT, bool kPlain>
-__device__ __forceinline__ void chunk_bwd_dqk_inter(const Params& p, int64_t b, int64_t t0, int64_t slot, int rows,
+__device__ __forceinline__ void chunk_bwd_dqk_inter(const BwdParams& p, int64_t b, int64_t t0, int64_t slot, int rows,
                                                     int h, int s, int hc, int kt, int V, float (&acc_q)[4][4],
                                                     float (&acc_k)[4][4]) {
   using Smem = ChunkSmem<T, GT>;
@@ -404,10 +404,10 @@ __device__ __forceinline__ void chunk_bwd_dqk_inter(const Params& p, int64_t b, 
     float state_term = 0.f;
     for (int vt = 0; vt < p.value_tiles; ++vt) {
       __syncthreads();  // the stages (first tile) or the previous tiles are no longer read
-      load_tile_async<T, kChunkThreads, kPlain>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
-      load_tile_async<T, kChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
-      copy_tile_in<T, kChunkThreads>(sS, static_cast<const T*>(p.states) + state_tile_index(p, slot, h, kt, vt));
-      copy_tile_in<T, kChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
+      load_tile_async<T, kBwdChunkThreads, kPlain>(sDO, p.d_o, b, t0, rows, h, vt * kTile, V);
+      load_tile_async<T, kBwdChunkThreads, kPlain>(sV, p.v, b, t0, rows, h, vt * kTile, V);
+      copy_tile_in<T, kBwdChunkThreads>(sS, static_cast<const T*>(p.states) + state_tile_index(p, slot, h, kt, vt));
+      copy_tile_in<T, kBwdChunkThreads>(sDS, static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt));
       cp_async_commit_and_wait_all();
       __syncthreads();
       warp_gemm<4, false, true>(acc_q, sDO + kSub * s * LD, LD, sS + 32 * hc * LD, LD, kTile);
@@ -513,7 +513,7 @@ __device__ __forceinline__ void chunk_bwd_dqk(const GT* gamma, int s, int hc, in
 // dg of the key tile: within_sub plus the carry from the other sub-chunks and the state term, to sDKS (a vector
 // gate; stored by the kernel) or summed over the keys into sRowSums (a scalar gate).
 template <class T, class GT>
-__device__ __forceinline__ void chunk_bwd_dg(const Params& p, const GT* gamma, int kt, int col, int lane, int K,
+__device__ __forceinline__ void chunk_bwd_dg(const BwdParams& p, const GT* gamma, int kt, int col, int lane, int K,
                                              const float (&within_sub)[kSub]) {
   // The sub-chunk from the thread index here, as in the kernel, not passed: the compiler then bounds it (the
   // loops over the other sub-chunks).
@@ -550,4 +550,4 @@ __device__ __forceinline__ void chunk_bwd_dg(const Params& p, const GT* gamma, i
 }
 
 }  // namespace
-}  // namespace flashgla::cuda::gla_bwd
+}  // namespace flashgla::cuda::gla
