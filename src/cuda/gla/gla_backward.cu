@@ -55,7 +55,7 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
 }
 
 gla::BwdPlan plan(const GlaBackwardArgs& a, const GlaProblem& pr) {
-  return gla::plan_backward(bwd_problem(a, pr), device_props(a.q.device.index), gla::current_gla_tuning());
+  return gla::plan_backward(bwd_problem(a, pr), device_props(a.q.device.index), a.tuning);
 }
 
 void check_supported(const GlaBackwardArgs& a, const GlaProblem& pr) {
@@ -107,7 +107,7 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.scan_pipeline = sizes.scan_pipeline;
   p.num_slots = sizes.num_slots;
 
-  Scratch scratch(a.workspace, a.workspace_bytes, sizes.total(), stream, "gla_backward_workspace_bytes", "workspace",
+  Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, sizes.total(), stream, "gla_backward_workspace_bytes", "workspace",
                   gla::BwdPlan::kAlign);
   char* cursor = scratch.bytes();
   auto take = [&](size_t bytes) {

@@ -1,5 +1,5 @@
-// Tuning switches read from the environment (FLASHGLA_*: benchmarks, tests, the CLI), with the
-// library's rule for them: unset or empty leaves the library's choice; any other value must be one the
+// Reading switches from the environment (for tools/tuning_env.cpp; the library reads none of these), with one
+// rule: unset or empty leaves the library's choice; any other value must be one the
 // switch knows, else an error names the variable (a typo must not silently measure or test the default path).
 #pragma once
 
