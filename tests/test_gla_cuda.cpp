@@ -552,6 +552,39 @@ TEST(CudaGlaForward, TooSmallWorkspaceAndFloat64AreErrors) {
   EXPECT_THROW(gla_forward(b), Error);
 }
 
+// Left without a workspace, the forward asks the caller's allocator once, after planning, for what
+// gla_forward_workspace_bytes reports; the split in the args' tuning is the one planned for.
+TEST(CudaGlaForward, WorkspaceAllocatorIsAskedOnce) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.B = 1, c.H = 1, c.T = 2000, c.dtype = DType::bf16, c.seed = 1120;
+  const Inputs host = make_inputs(c);
+  const Inputs in = to_device(c, host, gpu());
+  const Outputs ref = forward_reference(c, host);
+  for (int64_t splits : {0, 3}) {
+    SCOPED_TRACE("splits " + std::to_string(splits));
+    Buffer o = poisoned_on(gpu(), c.dtype, {c.B, c.T, c.H, c.V}, 0);
+    GlaForwardArgs a;
+    a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view(), a.o = o.view();
+    a.tuning.hopper = GlaTuning::Force::off;
+    a.tuning.splits = splits;
+    const size_t bytes = gla_forward_workspace_bytes(a);
+    ASSERT_GT(bytes, 0u);  // one head cannot fill the GPU: the sequence is split
+    std::vector<size_t> asked;
+    Buffer scratch;
+    a.allocate_workspace = [&](size_t n) {
+      asked.push_back(n);
+      scratch = Buffer(DType::f32, {int64_t((n + 3) / 4)}, gpu());
+      return scratch.view().data;
+    };
+    gla_forward(a);
+    synchronize(gpu());
+    ASSERT_EQ(asked.size(), 1u);
+    EXPECT_EQ(asked[0], bytes);
+    expect_close("o", o.values(), ref.o, tolerance(c.dtype));
+  }
+}
+
 // The forward's tuning switches name themselves when their value is unknown.
 TEST(CudaGlaForward, UnknownTuningSwitchValueIsAnError) {
   SKIP_WITHOUT_GPU();

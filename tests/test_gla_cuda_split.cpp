@@ -27,8 +27,8 @@ void check(const Case& c, const char* splits, const char* pieces, bool caller_wo
            bool host_lengths = false) {
   SCOPED_TRACE(describe_forward_case(c) + " splits=" + (splits ? splits : "auto") +
                " pieces=" + (pieces ? pieces : "auto") + (caller_workspace ? " caller-workspace" : ""));
-  ScopedEnv forced_splits("FLASHGLA_GLA_SPLITS", splits);
-  ScopedEnv forced_pieces("FLASHGLA_GLA_STATE_PIECES", pieces);
+  ScopedSetting forced_splits("FLASHGLA_GLA_SPLITS", splits);
+  ScopedSetting forced_pieces("FLASHGLA_GLA_STATE_PIECES", pieces);
   const Inputs in = make_inputs(c);
   const Outputs ref = forward_reference(c, in);
   const Buffer host = in.cu_seqlens;  // the boundaries on the CPU: lets the planner split a varlen batch
@@ -44,7 +44,7 @@ void check(const Case& c, const char* splits, const char* pieces, bool caller_wo
 // key parts (K > 128), every gate kind, range and dtype, h0 / final state, strides, split and piece counts.
 TEST(CudaGlaSplit, StatesKernelShapes) {
   SKIP_WITHOUT_GPU();
-  ScopedEnv no_hopper("FLASHGLA_GLA_HOPPER", "0");  // on sm_90 K > 128 would take the Hopper path
+  ScopedSetting no_hopper("FLASHGLA_GLA_HOPPER", "0");  // on sm_90 K > 128 would take the Hopper path
   struct Dims {
     int64_t K, V;
   };
@@ -105,7 +105,7 @@ TEST(CudaGlaSplit, StatesKernelLongSequence) {
 // an empty piece, a scalar gate, an fp32 gate with key parts.
 TEST(CudaGlaSplit, SanitizerStatesKernel) {
   SKIP_WITHOUT_GPU();
-  ScopedEnv no_hopper("FLASHGLA_GLA_HOPPER", "0");
+  ScopedSetting no_hopper("FLASHGLA_GLA_HOPPER", "0");
   struct Small {
     int64_t K, V;
     Gate gate;

@@ -62,9 +62,9 @@ std::vector<Path> forward_paths() {
 // Every switch of the path set for the object's lifetime.
 struct PathEnv {
   explicit PathEnv(const Path& p) {
-    for (const auto& [name, value] : p.env) settings.push_back(std::make_unique<ScopedEnv>(name, value));
+    for (const auto& [name, value] : p.env) settings.push_back(std::make_unique<ScopedSetting>(name, value));
   }
-  std::vector<std::unique_ptr<ScopedEnv>> settings;
+  std::vector<std::unique_ptr<ScopedSetting>> settings;
 };
 
 Case path_case(const Path& p, Gate gate) {

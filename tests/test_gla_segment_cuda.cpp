@@ -46,7 +46,7 @@ TEST(GlaSegmentCuda, MatchesDefinitionDtypesDimsGates) {
   SKIP_WITHOUT_GPU();
   const int64_t dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {128, 64}, {64, 256}, {100, 72}};
   for (const char* kernel : {"", "generic"}) {
-    const ScopedEnv setting("FLASHGLA_GLA_SEGMENT_KERNEL", kernel);
+    const ScopedSetting setting("FLASHGLA_GLA_SEGMENT_KERNEL", kernel);
     for (DType dtype : {DType::bf16, DType::f32, DType::f16})
       for (const auto& kv : dims)
         for (Gate gate : {Gate::vector, Gate::scalar, Gate::none}) {
@@ -74,7 +74,7 @@ TEST(GlaSegmentCuda, LongSegmentsFewHeadsVarlen) {
   for (const char* kernel : {"", "generic"})
   for (Gate gate : {Gate::vector, Gate::scalar})
     for (bool host_copy : {false, true}) {
-      const ScopedEnv setting("FLASHGLA_GLA_SEGMENT_KERNEL", kernel);
+      const ScopedSetting setting("FLASHGLA_GLA_SEGMENT_KERNEL", kernel);
       Case c = gpu_case("long" + std::to_string(int(gate)) + (host_copy ? " host " : " ") + kernel, 1, 8131, 1, 128,
                         128, gate, DType::bf16);
       c.cu_seqlens = {0, 0, 1, 5001, 5131, 5131, 8131};
@@ -94,7 +94,7 @@ TEST(GlaSegmentCuda, ForcedPiecesAndCallerWorkspace) {
   SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::f32, DType::bf16})
   for (const char* pieces : {"1", "3", "7"}) {
-    const ScopedEnv setting("FLASHGLA_GLA_SEGMENT_PIECES", pieces);
+    const ScopedSetting setting("FLASHGLA_GLA_SEGMENT_PIECES", pieces);
     Case c = gpu_case(std::string("pieces") + pieces + " " + dtype_name(dtype), 1, 700, 2, 64, 128, Gate::vector,
                       dtype);
     c.cu_seqlens = {0, 33, 33, 34, 700};
@@ -121,7 +121,7 @@ TEST(GlaSegmentCuda, StridedVeryNegativeAndMinusInfinityGates) {
   c.gate_values = GateValues::very_negative;
   check_on_gpu(c, make_inputs(c));
 
-  const ScopedEnv setting("FLASHGLA_GLA_SEGMENT_PIECES", "2");
+  const ScopedSetting setting("FLASHGLA_GLA_SEGMENT_PIECES", "2");
   c = gpu_case("minusinf", 1, 900, 2, 64, 64, Gate::vector, DType::bf16);
   c.cu_seqlens = {0, 300, 900};
   Inputs in = make_inputs(c);
@@ -153,7 +153,7 @@ TEST(GlaSegmentCuda, SanitizerSmallCases) {
   SKIP_WITHOUT_GPU();
   for (const char* kernel : {"", "generic"})
     for (const char* pieces : {"", "3"}) {
-      const ScopedEnv choose("FLASHGLA_GLA_SEGMENT_KERNEL", kernel), split("FLASHGLA_GLA_SEGMENT_PIECES", pieces);
+      const ScopedSetting choose("FLASHGLA_GLA_SEGMENT_KERNEL", kernel), split("FLASHGLA_GLA_SEGMENT_PIECES", pieces);
       Case c = gpu_case(std::string("sanitizer ") + kernel + " " + pieces, 1, 200, 1, 72, 40, Gate::vector,
                         DType::bf16);
       c.cu_seqlens = {0, 0, 1, 200};
@@ -170,7 +170,7 @@ TEST(GlaSegmentCuda, BadArguments) {
   expect_error([&] { run_segment_states(c, in); }, ErrorKind::unsupported, "k", "float64");
   expect_error([&] { run_segment_state_grads(c, in); }, ErrorKind::unsupported, "q", "float64");
   // A workspace smaller than the query asks for.
-  const ScopedEnv setting("FLASHGLA_GLA_SEGMENT_PIECES", "4");
+  const ScopedSetting setting("FLASHGLA_GLA_SEGMENT_PIECES", "4");
   Case b = gpu_case("workspace", 1, 1000, 1, 64, 64, Gate::vector, DType::bf16);
   const Inputs bin = to_device(b, make_inputs(b), gpu());
   Buffer states(DType::f32, {1, 1, 64, 64}, gpu()), log_decay(DType::f32, {1, 1, 64}, gpu());

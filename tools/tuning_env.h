@@ -4,12 +4,18 @@
 // flashgla::Error (ErrorKind::value) names the variable (a typo must not silently measure or test the default).
 #pragma once
 
+#include <functional>
+
 #include "flashgla/tuning.h"
 
 namespace flashgla {
 
+// A switch's value by name, nullptr when unset (std::getenv, or a test's own settings).
+using SwitchLookup = std::function<const char*(const char* name)>;
+
 // FLASHGLA_GLA_*: the variables named next to GlaTuning's fields.
 GlaTuning gla_tuning_from_env();
+GlaTuning gla_tuning_from(const SwitchLookup& lookup);
 // FLASHGLA_ATTENTION_KERNEL (auto | portable | hopper): the forward's kernel.
 AttentionTuning attention_tuning_from_env();
 // FLASHGLA_ATTENTION_BACKWARD (auto | portable | hopper): the backward's kernel.
