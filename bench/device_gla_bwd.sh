@@ -1,8 +1,7 @@
 #!/bin/bash
 # One device-machine run for the CUDA GLA backward: build for sm_90a (tests and
 # the Python module); every CudaGlaBackward test (chunked and recurrent: the
-# default path and each opt-in path forced by its own tests), then the suite
-# once more with FLASHGLA_GLA_BWD_GATE=registers forced, with compute-sanitizer
+# default path and each opt-in path forced by its own tests), with compute-sanitizer
 # memcheck and racecheck on the small backward tests beside them; the benchmark
 # (bench/bench_gla_bwd.py: ANCHORS and the model's shapes, per-kernel times, the
 # default against each setting in COMPARE, same process). Each step is cut at a
@@ -12,7 +11,7 @@
 #   MODE=quick bash bench/device_gla_bwd.sh        # <= 150 s: BUILD reused if it is
 #     there (BUILD=<an existing sm_90a build dir with -DFLASHGLA_PYTHON=ON>), the
 #     plain-layout, sub-chunk, state-scan (pairs, pipeline, splits) and
-#     sanitizer tests, two shapes; no registers-gate suite
+#     sanitizer tests, two shapes
 #   PROFILE="B,T,H,K,V[;...]": also Nsight Compute (--set full) of one state
 #     scan launch per shape, after the benchmark (details page in the logs)
 set -u
@@ -21,7 +20,7 @@ L=/tmp/gla_bwd_logs
 mkdir -p "$OUT" "$L"
 BUILD=${BUILD:-build-devbwd}
 MODE=${MODE:-full}
-COMPARE=${COMPARE:-"FLASHGLA_GLA_BWD_SCAN_PIPELINE=0 FLASHGLA_GLA_BWD_GATE=registers FLASHGLA_GLA_BWD_LAYOUT=general"}
+COMPARE=${COMPARE:-"FLASHGLA_GLA_BWD_SCAN_PIPELINE=0 FLASHGLA_GLA_BWD_LAYOUT=general"}
 if [ "$MODE" = quick ]; then
   TESTS="CudaGlaBackward.ChunkedPlainLayout*:CudaGlaBackward.ChunkedMatchesReference:CudaGlaBackward.Chunked*SubChunk*:CudaGlaBackward.ChunkedScanPairs*:CudaGlaBackward.ChunkedScanPipeline*:CudaGlaBackward.ChunkedSplitScans*:CudaGlaBackward.ChunkedLargeHeadDims:CudaGlaBackward.Sanitizer*"
   SHAPES=${SHAPES:-"8,4096,16,128,128;8,2048,4,128,256"}
@@ -70,20 +69,12 @@ timeout $(left 120) $BUILD/flashgla_tests --gtest_filter="$TESTS" >"$L/tests.log
 note "tests: rc=$? in $(($(date +%s) - start)) s: $(counts "$L/tests.log")"
 grep -E '^\[       OK \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$L/tests.log" | sort -u | head -30
 grep -E "Failure|Which is|Expected|actual|flashgla:|error" "$L/tests.log" | grep -v "^\[ errors" | head -30
-# The suite again with the vector gate loaded into registers in the plain kernel.
-if [ "$MODE" != quick ]; then
-start=$(date +%s)
-FLASHGLA_GLA_BWD_GATE=registers timeout $(left 50) $BUILD/flashgla_tests \
-  --gtest_filter="$TESTS:-CudaGlaBackward.Sanitizer*" >"$L/tests_gate_registers.log" 2>&1
-note "tests, FLASHGLA_GLA_BWD_GATE=registers: rc=$? in $(($(date +%s) - start)) s: $(counts "$L/tests_gate_registers.log")"
-grep -E '^\[  FAILED  \]|Failure|flashgla:' "$L/tests_gate_registers.log" | head -20
-fi
 wait $memcheck
 note "memcheck: rc=$? $(counts "$L/memcheck.log"); $(grep -m1 'ERROR SUMMARY' "$L/memcheck.log")"
 wait $racecheck
 note "racecheck: rc=$? $(counts "$L/racecheck.log"); $(grep -m1 -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$L/racecheck.log")"
 # Largest error of each gradient (bf16 / fp16 cases), per forced path, from the error lines.
-for log in tests tests_gate_registers; do
+for log in tests; do
 [ -f "$L/$log.log" ] || continue
 echo "-- $log"
 python3 - "$L/$log.log" <<'EOF'

@@ -49,11 +49,8 @@ step configure 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -D
 step build 400 cmake --build "$BUILD" -j"$(nproc)"
 step cpp_tests "${CPP_TESTS_S:-300}" "$BUILD/flashgla_tests" --gtest_brief=1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$LOGS/cpp_tests.log" | head -8
-# The FLA 0.6 options and the planner on their own (also in cpp_tests: a line of their own in the table), and
-# the backward with the vector gate loaded through registers (the planner's non-default gate path).
+# The FLA 0.6 options and the planner on their own (also in cpp_tests: a line of their own in the table).
 step cpp_fla_plan 120 "$BUILD/flashgla_tests" --gtest_brief=1 --gtest_filter='GlaApiOptions.*:GlaPlan.*'
-step cpp_bwd_gate_registers 180 env FLASHGLA_GLA_BWD_GATE=registers "$BUILD/flashgla_tests" --gtest_brief=1 \
-  --gtest_filter='CudaGlaBackward.*'
 step cli_check 60 "$BUILD/flashgla" check
 step memcheck "${SAN_S:-90}" compute-sanitizer --tool memcheck --error-exitcode 1 "$BUILD/flashgla_tests" --gtest_filter="$SANITIZE_FILTER"
 step racecheck "${SAN_S:-90}" compute-sanitizer --tool racecheck --error-exitcode 1 "$BUILD/flashgla_tests" --gtest_filter="$SANITIZE_FILTER"

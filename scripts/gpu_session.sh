@@ -3,7 +3,7 @@
 # or -x4, carry [".deps", ".base"]; .base is `git archive` of the commit to compare with, for the A/B):
 #   PART=A bash scripts/gpu_session.sh   # builds; then in parallel, one GPU each: C++ tests and
 #                                        # compute-sanitizer (with the FLA-option and planner tests on their
-#                                        # own, and the backward with FLASHGLA_GLA_BWD_GATE=registers); the
+#                                        # own); the
 #                                        # Python tests. Then the distributed tests over NCCL (2 GPUs; 4 where
 #                                        # present).
 #   PART=C bash scripts/gpu_session.sh   # one call instead of B where device time is short: builds, the
@@ -52,12 +52,9 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .deps/wheels/*
 
 # The sanitizers run gpu_check.sh's list of small GPU tests unless SAN_FILTER / SANITIZE_FILTER name others.
 SAN=${SAN_FILTER:-${SANITIZE_FILTER:-$(grep -oE 'SANITIZE_FILTER:-[^}]*' scripts/gpu_check.sh | cut -d- -f2-)}}
-# Today's GPU checks of the FLA 0.6 options and the planner: the C++ tests on their own, the backward with the
-# vector gate loaded through registers (the planner's non-default gate path), the FLA API's CUDA tests.
+# Today's GPU checks of the FLA 0.6 options and the planner: the C++ tests on their own.
 new_checks() {
   step cpp_fla_plan 120 build-gpu/flashgla_tests --gtest_brief=1 --gtest_filter='GlaApiOptions.*:GlaPlan.*'
-  step cpp_bwd_gate_registers 180 env FLASHGLA_GLA_BWD_GATE=registers build-gpu/flashgla_tests --gtest_brief=1 \
-    --gtest_filter='CudaGlaBackward.*'
 }
 
 if [ "$PART" = C ]; then
@@ -125,7 +122,7 @@ elif [ "$PART" = A ]; then
   step dist_tests 240 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp \
     "$PWD/tests/python/test_distributed_gpu.py" "$PWD/tests/python/test_distributed_model_gpu.py"
   pack
-  for f in cpp_tests cpp_fla_plan cpp_bwd_gate_registers; do grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$LOGS/$f.log" | head -5; done
+  for f in cpp_tests cpp_fla_plan; do grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$LOGS/$f.log" | head -5; done
   for f in py_tests dist_tests; do echo "== $f"; tail -3 "$LOGS/$f.log"; done
 else
   # A's builds are still there when B follows on the warm machine; otherwise build what B needs.

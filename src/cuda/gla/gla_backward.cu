@@ -107,8 +107,8 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.scan_pipeline = sizes.scan_pipeline;
   p.num_slots = sizes.num_slots;
 
-  Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, sizes.total(), stream, "gla_backward_workspace_bytes", "workspace",
-                  gla::BwdPlan::kAlign);
+  Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, sizes.total(), stream,
+                  "gla_backward_workspace_bytes", "workspace", gla::BwdPlan::kAlign);
   char* cursor = scratch.bytes();
   auto take = [&](size_t bytes) {
     char* at = cursor;

@@ -143,7 +143,8 @@ void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
   require_compute_dtype(args.q, "q");
   DeviceGuard guard(args.q.device.index);
   const auto stream = static_cast<cudaStream_t>(args.stream);
-  Scratch dense(args.workspace, args.workspace_bytes, args.allocate_workspace, pooled, stream, "gla_forward_workspace_bytes");
+  Scratch dense(args.workspace, args.workspace_bytes, args.allocate_workspace, pooled, stream,
+                "gla_forward_workspace_bytes");
   const GlaForwardArgs d = with_dense_states(args, problem, dense.bytes());
   if (args.initial_state_indices.defined())
     gla::launch_copy_state_rows(rows_copy(args.initial_state, args.initial_state_indices, d.initial_state, {}, problem),
@@ -182,7 +183,8 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
     if (c.fast) return gla::launch_fast_chunk_forward(params, planned.num_seqs, stream);
     return gla::launch_chunk_forward(params, planned.num_seqs, stream);
   };
-  Scratch workspace(args.workspace, args.workspace_bytes, args.allocate_workspace, plan.workspace_bytes, stream, "gla_forward_workspace_bytes");
+  Scratch workspace(args.workspace, args.workspace_bytes, args.allocate_workspace, plan.workspace_bytes, stream,
+                    "gla_forward_workspace_bytes");
   if (c.hopper) {
     const auto start = reinterpret_cast<uintptr_t>(workspace.bytes() + plan.prep_offset);
     c.prep = reinterpret_cast<unsigned char*>((start + 1023) & ~uintptr_t(1023));

@@ -1,7 +1,8 @@
 // The GLA CUDA planner: what the host code of the chunked forward (gla_forward.cu, the Hopper path's
 // launches), the backward (gla_backward.cu) and the segment summaries (gla_segment.cu) decide before a launch —
 // which kernel, the sequence split, pieces, launch options and the workspace layout — as pure functions of the
-// problem, the device's properties and the call's tuning (flashgla/tuning.h). Plain C++ (built without CUDA too), so that the
+// problem, the device's properties and the call's tuning
+// (flashgla/tuning.h). Plain C++ (built without CUDA too), so that the
 // decisions are unit-tested on the CPU (tests/test_gla_plan.cpp); the CUDA files fill the inputs (the device
 // queried once per device, see device_props in cuda/gla/gla_host.cuh) and follow the plan.
 #pragma once
