@@ -1,13 +1,17 @@
 // The tuning the tests pass with every call (the args' `tuning` field). A whole run is steered from outside by
 // the FLASHGLA_* environment variables (e.g. FLASHGLA_ATTENTION_KERNEL=hopper in scripts/gpu_arch_check.sh),
-// read through tools/tuning_env.h like the command and the benchmarks do; a test forces a path for a scope with
-// a ScopedSetting in the same words (FLASHGLA_GLA_SPLITS=3), which overrides the environment's value.
+// read through tools/tuning_env.h like the command and the benchmarks do. A test forces a path for a scope with
+// a ScopedTuning (t.splits = 3), or a ScopedSetting in the variables' words (FLASHGLA_GLA_SPLITS=3); either
+// overrides the environment's value.
 #pragma once
 
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "flashgla/tuning.h"
 #include "tools/tuning_env.h"
@@ -20,16 +24,42 @@ inline std::map<std::string, std::optional<std::string>>& scoped_settings() {
   return settings;
 }
 
-// The GLA tuning of the next call: the environment's FLASHGLA_GLA_* with the scoped settings over it. A bad
-// value throws flashgla::Error naming the switch (from the call that builds the args).
+// Changes in force (ScopedTuning), applied in order over the environment's tuning.
+inline std::vector<std::function<void(GlaTuning&)>>& scoped_tuning_changes() {
+  static std::vector<std::function<void(GlaTuning&)>> changes;
+  return changes;
+}
+
+// The GLA tuning of the next call: the environment's FLASHGLA_GLA_* with the scoped settings and changes over
+// it. A bad value throws flashgla::Error naming the switch (from the call that builds the args).
 inline GlaTuning test_gla_tuning() {
-  return gla_tuning_from([](const char* name) -> const char* {
+  GlaTuning tuning = gla_tuning_from([](const char* name) -> const char* {
     const auto& settings = scoped_settings();
     const auto it = settings.find(name);
     if (it == settings.end()) return std::getenv(name);
     return it->second ? it->second->c_str() : nullptr;
   });
+  for (const auto& change : scoped_tuning_changes()) change(tuning);
+  return tuning;
 }
+
+// Changes the tuning of the calls made during the guard's lifetime:
+//   const ScopedTuning split([](GlaTuning& t) { t.splits = 3; });
+class ScopedTuning {
+ public:
+  explicit ScopedTuning(std::function<void(GlaTuning&)> change) {
+    scoped_tuning_changes().push_back(std::move(change));
+  }
+  ~ScopedTuning() { scoped_tuning_changes().pop_back(); }
+  ScopedTuning(const ScopedTuning&) = delete;
+  ScopedTuning& operator=(const ScopedTuning&) = delete;
+};
+
+// Common changes: the Hopper path forced on, or off (on sm_90a it takes K > 128 by default), or left to the
+// library whatever the environment says.
+inline void hopper_on(GlaTuning& t) { t.hopper = GlaTuning::Force::on; }
+inline void hopper_off(GlaTuning& t) { t.hopper = GlaTuning::Force::off; }
+inline void hopper_library(GlaTuning& t) { t.hopper = GlaTuning::Force::library; }
 
 inline AttentionTuning test_attention_tuning() {
   static const AttentionTuning tuning = attention_tuning_from_env();
