@@ -161,7 +161,7 @@ TEST_F(AttentionCudaApi, ForwardIsDeterministic) {
   }
 }
 
-TEST_F(AttentionCudaApi, CallerWorkspaceGivesTheSameGradients) {
+TEST_F(AttentionCudaApi, CallerWorkspaceAndAllocatorGiveTheSameGradients) {
   const Case c = Case().dim(64).lens(300, 300).heads(4, 2);
   const Tensors in = to_device(make_inputs(c, 3), 0);
   const Results own = run(c, in, kCuda, AttentionAlgorithm::tiled, 0);
@@ -184,32 +184,10 @@ TEST_F(AttentionCudaApi, CallerWorkspaceGivesTheSameGradients) {
   EXPECT_EQ(dk.values(), own.dk.values());  // dk, dv have no atomics
   EXPECT_EQ(dv.values(), own.dv.values());
 
-  b.workspace_bytes = bytes - 4;
-  try {
-    attention_backward(b);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "workspace");
-  }
-}
-
-// Left without a workspace, the backward asks the caller's allocator once, for what
-// attention_backward_workspace_bytes reports, and gives the same gradients.
-TEST_F(AttentionCudaApi, WorkspaceAllocatorIsAskedOnce) {
-  const Case c = Case().dim(64).lens(300, 300).heads(4, 2);
-  const Tensors in = to_device(make_inputs(c, 3), 0);
-  const Results own = run(c, in, kCuda, AttentionAlgorithm::tiled, 0);
-
-  AttentionBackwardArgs b;
-  b.q = in.q.view(), b.k = in.k.view(), b.v = in.v.view(), b.causal = c.causal;
-  b.o = own.o.view(), b.lse = own.lse.view(), b.d_o = in.d_o.view();
-  Buffer dq = poisoned(c.dtype, in.q.shape(), kCuda, 0), dk = poisoned(c.dtype, in.k.shape(), kCuda, 0),
-         dv = poisoned(c.dtype, in.v.shape(), kCuda, 0);
-  b.dq = dq.view(), b.dk = dk.view(), b.dv = dv.view();
-  b.tuning = flashgla::testing::test_attention_backward_tuning();
-  const size_t bytes = attention_backward_workspace_bytes(b);
+  // Left without a workspace, the backward asks the caller's allocator once, for that many bytes.
+  for (Buffer* out : {&dq, &dk, &dv}) out->poison();
+  b.workspace = nullptr, b.workspace_bytes = 0;
   std::vector<size_t> asked;
-  Buffer scratch;
   b.allocate_workspace = [&](size_t n) {
     asked.push_back(n);
     scratch = Buffer(DType::f32, {int64_t((n + 3) / 4)}, kCuda);
@@ -223,6 +201,15 @@ TEST_F(AttentionCudaApi, WorkspaceAllocatorIsAskedOnce) {
   EXPECT_LE(rel_rms_error(dq.values(), own.dq.values()), 1e-2);
   EXPECT_EQ(dk.values(), own.dk.values());
   EXPECT_EQ(dv.values(), own.dv.values());
+
+  b.allocate_workspace = nullptr;
+  b.workspace = scratch.view().data, b.workspace_bytes = bytes - 4;
+  try {
+    attention_backward(b);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "workspace");
+  }
 }
 
 // Boundaries on the device are not validated by the API: nonsense values must
