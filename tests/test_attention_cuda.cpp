@@ -92,7 +92,7 @@ std::vector<Case> unequal_lengths() {
 INSTANTIATE_TEST_SUITE_P(UnequalLengths, AttentionCuda, ::testing::ValuesIn(unequal_lengths()));
 
 // Tk >= 8K at d = 128: the default forward there is the 176-key-tile variant
-// (attention.cu, default_hopper_variant); a few queries keep the fp64
+// (attention.cu, hopper_variant); a few queries keep the fp64
 // reference cheap.
 std::vector<Case> long_keys() {
   std::vector<Case> cases;

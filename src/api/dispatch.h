@@ -22,9 +22,11 @@ namespace flashgla {
 // The scratch a call needs: the CUDA backend's plan for `problem` (the checked call's sizes, evaluated on every
 // device, so the query checks its arguments everywhere), 0 on the CPU.
 #ifdef FLASHGLA_WITH_CUDA
+inline constexpr bool kCudaBackend = true;
 #define FLASHGLA_WORKSPACE_BYTES(device, fn, args, problem) \
   ((device).type == DeviceType::cuda ? cuda::fn(args, problem) : ((void)(problem), size_t(0)))
 #else
+inline constexpr bool kCudaBackend = false;
 #define FLASHGLA_WORKSPACE_BYTES(device, fn, args, problem) ((void)(problem), size_t(0))
 #endif
 

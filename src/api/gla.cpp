@@ -328,7 +328,7 @@ size_t gla_forward_workspace_bytes(const GlaForwardArgs& args) {
   const Device dev = a.q.device;
   if (!a.g_gamma.defined()) return FLASHGLA_WORKSPACE_BYTES(dev, gla_forward_workspace_bytes, a, p);
   const size_t op = FLASHGLA_WORKSPACE_BYTES(dev, gla_forward_workspace_bytes, with_gate(a, kStandIn, p), p);
-  return dev.type == DeviceType::cpu ? 0 : gate_bytes(p) + op;
+  return kCudaBackend && dev.type == DeviceType::cuda ? gate_bytes(p) + op : 0;
 }
 
 size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args) {
@@ -337,7 +337,7 @@ size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args) {
   const Device dev = a.q.device;
   if (!a.g_gamma.defined()) return FLASHGLA_WORKSPACE_BYTES(dev, gla_backward_workspace_bytes, a, p);
   const size_t op = FLASHGLA_WORKSPACE_BYTES(dev, gla_backward_workspace_bytes, with_gate(a, kStandIn, p), p);
-  return dev.type == DeviceType::cpu ? 0 : 2 * gate_bytes(p) + op;
+  return kCudaBackend && dev.type == DeviceType::cuda ? 2 * gate_bytes(p) + op : 0;
 }
 
 namespace {
