@@ -10,9 +10,8 @@
 # $OUT/attention_logs.tgz (repacked after every step); a summary prints last.
 #   bash bench/device_attention.sh      # BENCH_ARGS="..." to change the benchmark, PROFILE=1 for ncu
 # BWD=hopper (or portable) forces the backward (FLASHGLA_ATTENTION_BACKWARD) in the
-# strict test run and the sanitizers; SKIP_DEFAULT=1 skips the default-choice tests and sanitizers;
-# FWD_VARIANT=hopper-overlap (or several, space-separated) adds a strict test run and sanitizers with
-# each of those forwards (before the benchmark; the default choice's tests and sanitizers come after it).
+# strict test run and the sanitizers; SKIP_DEFAULT=1 skips the default-choice tests and sanitizers.
+# The flashgla command and the tests read these variables through tools/tuning_env (the args' AttentionTuning).
 set -u
 OUT=${OUT:-/tmp/attention_out}
 mkdir -p "$OUT"
@@ -57,14 +56,6 @@ grep -E "error|FAILED" "$LOGS/build.log" | head -20
 
 export FLASHGLA_ATTENTION_BACKWARD=${BWD:-auto}
 step tests_hopper 90 env FLASHGLA_ATTENTION_KERNEL=hopper $BUILD/flashgla_tests --gtest_filter="$FAST"
-for variant in ${FWD_VARIANT:-}; do  # e.g. hopper-overlap: the tests and the sanitizers with that forward
-  step "tests_$variant" 90 env FLASHGLA_ATTENTION_KERNEL=$variant $BUILD/flashgla_tests --gtest_filter="$FAST"
-  # Lengths 39: d=128 T=1000 full, 8 key tiles per query tile (the stages' barriers wrap around).
-  step "memcheck_$variant" 60 env FLASHGLA_ATTENTION_KERNEL=$variant compute-sanitizer --tool memcheck \
-    --error-exitcode 9 $BUILD/flashgla_tests --gtest_filter="$SMALL:Lengths/AttentionCuda.*/39"
-  step "racecheck_$variant" 60 env FLASHGLA_ATTENTION_KERNEL=$variant compute-sanitizer --tool racecheck \
-    --error-exitcode 9 $BUILD/flashgla_tests --gtest_filter="Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33:Lengths/AttentionCuda.*/39"
-done
 # shellcheck disable=SC2086
 step bench ${BENCH_S:-150} env PYTHONPATH=$BUILD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1 \
   python3 bench/bench_attention.py $BENCH_ARGS --json "$LOGS/bench.json"
@@ -87,10 +78,9 @@ fi
 
 if [ -n "${PROFILE:-}" ]; then
   # One launch each through the flashgla command (bf16, B=2, T=8K, H=16, d=128, causal): the Hopper
-  # forward (the first FWD_VARIANT if set, else the default) and the Hopper backward's main kernel.
-  profiled=${FWD_VARIANT:-auto}
+  # forward (the library's variant) and the Hopper backward's main kernel.
   for kernel in forward_hopper backward_hopper; do
-    step "ncu_$kernel" 90 env FLASHGLA_ATTENTION_KERNEL=${profiled%% *} ncu --kernel-name "regex:attention_$kernel" \
+    step "ncu_$kernel" 90 env FLASHGLA_ATTENTION_KERNEL=hopper ncu --kernel-name "regex:attention_$kernel" \
       --launch-count 1 --set full --import-source yes -f -o /tmp/$kernel $BUILD/flashgla bench --ops attention -B 2 \
       -T 8192 -H 16 -K 128 -V 128 --causal --warmup 0 --repeat 1 --pass fwd,bwd
     ncu -i /tmp/$kernel.ncu-rep --page details >"$LOGS/ncu_$kernel.txt" 2>&1

@@ -157,8 +157,8 @@ void bench_gla(Bench& bench, const Options& o, const GlaInputs& in, GlaAlgorithm
   const std::string name = algorithm == GlaAlgorithm::chunked ? "gla chunked" : "gla recurrent";
   const GlaOutputs out = make_gla_outputs(in);
   const GlaGrads grads = make_gla_grads(in);
-  GlaForwardArgs fwd = gla_forward_args(in, out, algorithm);
-  GlaBackwardArgs bwd = gla_backward_args(in, grads, algorithm);
+  GlaForwardArgs fwd = gla_forward_args(in, out, algorithm, o.tuning);
+  GlaBackwardArgs bwd = gla_backward_args(in, grads, algorithm, o.tuning);
   Buffer fwd_workspace, bwd_workspace;
   try {
     fwd_workspace = attach_workspace(fwd);
@@ -194,8 +194,8 @@ void bench_attention(Bench& bench, const Options& o) {
   const AttentionInputs in = make_attention_inputs(o.shape, o.dtype, rng).to(o.device, o.dtype);
   const AttentionOutputs out = make_attention_outputs(in);
   const AttentionGrads grads = make_attention_grads(in);
-  AttentionForwardArgs fwd = attention_forward_args(in, out, o.causal, AttentionAlgorithm::tiled);
-  AttentionBackwardArgs bwd = attention_backward_args(in, out, grads, o.causal, AttentionAlgorithm::tiled);
+  AttentionForwardArgs fwd = attention_forward_args(in, out, o.causal, AttentionAlgorithm::tiled, o.tuning);
+  AttentionBackwardArgs bwd = attention_backward_args(in, out, grads, o.causal, AttentionAlgorithm::tiled, o.tuning);
   Buffer fwd_workspace, bwd_workspace;
   try {
     fwd_workspace = attach_workspace(fwd);

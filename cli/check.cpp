@@ -103,18 +103,18 @@ class Table {
   int failures_ = 0;
 };
 
-GlaOutputs run_gla_forward(const GlaInputs& in, GlaAlgorithm algorithm) {
+GlaOutputs run_gla_forward(const GlaInputs& in, GlaAlgorithm algorithm, const Tuning& tuning) {
   GlaOutputs out = make_gla_outputs(in);
-  GlaForwardArgs args = gla_forward_args(in, out, algorithm);
+  GlaForwardArgs args = gla_forward_args(in, out, algorithm, tuning);
   const Buffer workspace = attach_workspace(args);
   gla_forward(args);
   testing::synchronize(in.q.device());
   return out;
 }
 
-GlaGrads run_gla_backward(const GlaInputs& in, GlaAlgorithm algorithm) {
+GlaGrads run_gla_backward(const GlaInputs& in, GlaAlgorithm algorithm, const Tuning& tuning) {
   GlaGrads out = make_gla_grads(in);
-  GlaBackwardArgs args = gla_backward_args(in, out, algorithm);
+  GlaBackwardArgs args = gla_backward_args(in, out, algorithm, tuning);
   const Buffer workspace = attach_workspace(args);
   gla_backward(args);
   testing::synchronize(in.q.device());
@@ -138,9 +138,10 @@ Outputs run_gla_decode(const GlaInputs& in) {
   return {{"o", out.o}, {"state", out.ht}};
 }
 
-AttentionOutputs run_attention_forward(const AttentionInputs& in, bool causal, AttentionAlgorithm algorithm) {
+AttentionOutputs run_attention_forward(const AttentionInputs& in, bool causal, AttentionAlgorithm algorithm,
+                                       const Tuning& tuning) {
   AttentionOutputs out = make_attention_outputs(in);
-  AttentionForwardArgs args = attention_forward_args(in, out, causal, algorithm);
+  AttentionForwardArgs args = attention_forward_args(in, out, causal, algorithm, tuning);
   const Buffer workspace = attach_workspace(args);
   attention_forward(args);
   testing::synchronize(in.q.device());
@@ -148,9 +149,9 @@ AttentionOutputs run_attention_forward(const AttentionInputs& in, bool causal, A
 }
 
 AttentionGrads run_attention_backward(const AttentionInputs& in, const AttentionOutputs& fwd, bool causal,
-                                      AttentionAlgorithm algorithm) {
+                                      AttentionAlgorithm algorithm, const Tuning& tuning) {
   AttentionGrads out = make_attention_grads(in);
-  AttentionBackwardArgs args = attention_backward_args(in, fwd, out, causal, algorithm);
+  AttentionBackwardArgs args = attention_backward_args(in, fwd, out, causal, algorithm, tuning);
   const Buffer workspace = attach_workspace(args);
   attention_backward(args);
   testing::synchronize(in.q.device());
@@ -164,10 +165,10 @@ void check_gla(Table& table, const Options& o, GlaAlgorithm algorithm) {
   const GlaInputs host = make_gla_inputs(o.shape, o.gate, o.initial_state, o.dtype, rng);
   const GlaInputs ref = host.to(kCpu, DType::f64), in = host.to(o.device, o.dtype);
   const std::string op = chunked ? "gla chunked " : "gla recurrent ";
-  table.compare(op + "fwd", o.dtype, [&] { return named(run_gla_forward(ref, GlaAlgorithm::recurrent)); },
-                [&] { return named(run_gla_forward(in, algorithm)); });
-  table.compare(op + "bwd", o.dtype, [&] { return named(run_gla_backward(ref, GlaAlgorithm::recurrent)); },
-                [&] { return named(run_gla_backward(in, algorithm)); });
+  table.compare(op + "fwd", o.dtype, [&] { return named(run_gla_forward(ref, GlaAlgorithm::recurrent, o.tuning)); },
+                [&] { return named(run_gla_forward(in, algorithm, o.tuning)); });
+  table.compare(op + "bwd", o.dtype, [&] { return named(run_gla_backward(ref, GlaAlgorithm::recurrent, o.tuning)); },
+                [&] { return named(run_gla_backward(in, algorithm, o.tuning)); });
 }
 
 // A few tokens of each sequence, one decode call per token, against the
@@ -183,7 +184,7 @@ void check_decode(Table& table, const Options& o) {
   table.compare(
       "gla decode x" + std::to_string(steps.seq_len), coarser(o.dtype, DType::f32),
       [&] {
-        const GlaOutputs out = run_gla_forward(ref, GlaAlgorithm::recurrent);
+        const GlaOutputs out = run_gla_forward(ref, GlaAlgorithm::recurrent, o.tuning);
         return Outputs{{"o", out.o}, {"state", out.ht}};
       },
       [&] { return run_gla_decode(in); });
@@ -200,21 +201,21 @@ void check_attention(Table& table, const Options& o) {
   table.compare(
       "attention fwd", o.dtype,
       [&] {
-        ref_fwd = run_attention_forward(ref, o.causal, AttentionAlgorithm::naive);
+        ref_fwd = run_attention_forward(ref, o.causal, AttentionAlgorithm::naive, o.tuning);
         return named(ref_fwd);
       },
-      [&] { return named(run_attention_forward(in, o.causal, AttentionAlgorithm::tiled)); });
+      [&] { return named(run_attention_forward(in, o.causal, AttentionAlgorithm::tiled, o.tuning)); });
   table.compare(
       "attention bwd", coarser(o.dtype, DType::f32),
       [&] {
         if (!ref_fwd.o.defined()) throw std::runtime_error("needs the reference forward, which failed");
         bwd_inputs = {ref_fwd.o.cast(o.dtype), ref_fwd.lse};
         const AttentionOutputs fwd{bwd_inputs.o.cast(DType::f64), bwd_inputs.lse};
-        return named(run_attention_backward(ref, fwd, o.causal, AttentionAlgorithm::naive));
+        return named(run_attention_backward(ref, fwd, o.causal, AttentionAlgorithm::naive, o.tuning));
       },
       [&] {
         const AttentionOutputs fwd{bwd_inputs.o.to(o.device), bwd_inputs.lse.to(o.device)};
-        return named(run_attention_backward(in, fwd, o.causal, AttentionAlgorithm::tiled));
+        return named(run_attention_backward(in, fwd, o.causal, AttentionAlgorithm::tiled, o.tuning));
       });
 }
 

@@ -108,8 +108,10 @@ GlaGrads make_gla_grads(const GlaInputs& in) {
           poisoned(DType::f32, {num_seqs(in), q[2], q[3], in.v.shape()[3]}, in.q.device())};
 }
 
-GlaForwardArgs gla_forward_args(const GlaInputs& in, const GlaOutputs& out, GlaAlgorithm algorithm) {
+GlaForwardArgs gla_forward_args(const GlaInputs& in, const GlaOutputs& out, GlaAlgorithm algorithm,
+                                const Tuning& tuning) {
   GlaForwardArgs a;
+  a.tuning = tuning.gla;
   a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view();
   a.initial_state = in.h0.view();
   a.cu_seqlens = in.cu_seqlens.view();
@@ -120,8 +122,10 @@ GlaForwardArgs gla_forward_args(const GlaInputs& in, const GlaOutputs& out, GlaA
   return a;
 }
 
-GlaBackwardArgs gla_backward_args(const GlaInputs& in, const GlaGrads& out, GlaAlgorithm algorithm) {
+GlaBackwardArgs gla_backward_args(const GlaInputs& in, const GlaGrads& out, GlaAlgorithm algorithm,
+                                  const Tuning& tuning) {
   GlaBackwardArgs a;
+  a.tuning = tuning.gla;
   a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view();
   a.initial_state = in.h0.view();
   a.cu_seqlens = in.cu_seqlens.view();
@@ -174,8 +178,9 @@ AttentionGrads make_attention_grads(const AttentionInputs& in) {
 }
 
 AttentionForwardArgs attention_forward_args(const AttentionInputs& in, const AttentionOutputs& out, bool causal,
-                                            AttentionAlgorithm algorithm) {
+                                            AttentionAlgorithm algorithm, const Tuning& tuning) {
   AttentionForwardArgs a;
+  a.tuning = tuning.attention_forward;
   a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view();
   a.cu_seqlens_q = a.cu_seqlens_k = in.cu_seqlens.view();
   a.causal = causal;
@@ -186,8 +191,10 @@ AttentionForwardArgs attention_forward_args(const AttentionInputs& in, const Att
 }
 
 AttentionBackwardArgs attention_backward_args(const AttentionInputs& in, const AttentionOutputs& fwd,
-                                              const AttentionGrads& out, bool causal, AttentionAlgorithm algorithm) {
+                                              const AttentionGrads& out, bool causal, AttentionAlgorithm algorithm,
+                                              const Tuning& tuning) {
   AttentionBackwardArgs a;
+  a.tuning = tuning.attention_backward;
   a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view();
   a.cu_seqlens_q = a.cu_seqlens_k = in.cu_seqlens.view();
   a.causal = causal;

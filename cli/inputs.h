@@ -39,8 +39,10 @@ struct GlaGrads {
 
 GlaOutputs make_gla_outputs(const GlaInputs& in);  // poisoned with NaN
 GlaGrads make_gla_grads(const GlaInputs& in);      // poisoned with NaN
-GlaForwardArgs gla_forward_args(const GlaInputs& in, const GlaOutputs& out, GlaAlgorithm algorithm);
-GlaBackwardArgs gla_backward_args(const GlaInputs& in, const GlaGrads& out, GlaAlgorithm algorithm);
+GlaForwardArgs gla_forward_args(const GlaInputs& in, const GlaOutputs& out, GlaAlgorithm algorithm,
+                                const Tuning& tuning);
+GlaBackwardArgs gla_backward_args(const GlaInputs& in, const GlaGrads& out, GlaAlgorithm algorithm,
+                                  const Tuning& tuning);
 
 // Token t of a [N,T,...] tensor as a strided [N,...] view (absent stays absent).
 TensorView token_view(const Buffer& x, int64_t t);
@@ -66,10 +68,11 @@ struct AttentionGrads {
 AttentionOutputs make_attention_outputs(const AttentionInputs& in);  // poisoned
 AttentionGrads make_attention_grads(const AttentionInputs& in);      // poisoned
 AttentionForwardArgs attention_forward_args(const AttentionInputs& in, const AttentionOutputs& out, bool causal,
-                                            AttentionAlgorithm algorithm);
+                                            AttentionAlgorithm algorithm, const Tuning& tuning);
 // `fwd` is the forward's o and lse the backward reads.
 AttentionBackwardArgs attention_backward_args(const AttentionInputs& in, const AttentionOutputs& fwd,
-                                              const AttentionGrads& out, bool causal, AttentionAlgorithm algorithm);
+                                              const AttentionGrads& out, bool causal, AttentionAlgorithm algorithm,
+                                              const Tuning& tuning);
 
 // Device scratch of the size the library asks for (none on the CPU), attached
 // to `args`; keep the returned buffer alive while `args` is used.

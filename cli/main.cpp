@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "flashgla/flashgla.h"
+#include "tools/tuning_env.h"
 
 int main(int argc, char** argv) {
   using namespace flashgla::cli;
@@ -25,7 +26,10 @@ int main(int argc, char** argv) {
       std::fputs(help_text(line.command).c_str(), stdout);
       return 0;
     }
-    return line.command == Command::check ? run_check(line.options) : run_bench(line.options);
+    Options options = line.options;
+    options.tuning = {flashgla::gla_tuning_from_env(), flashgla::attention_tuning_from_env(),
+                      flashgla::attention_backward_tuning_from_env()};
+    return line.command == Command::check ? run_check(options) : run_bench(options);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "flashgla: %s\n", e.what());
     return 2;

@@ -329,6 +329,10 @@ const char* kTopHelp =
     "  -h, --help              show this help\n"
     "  --version               print the version and whether CUDA is built in\n"
     "\n"
+    "environment: the kernels' tuning switches (FLASHGLA_GLA_*, FLASHGLA_ATTENTION_KERNEL,\n"
+    "FLASHGLA_ATTENTION_BACKWARD; see include/flashgla/tuning.h) are read once per command\n"
+    "and passed with every call; an unknown value is an error naming the variable.\n"
+    "\n"
     "exit status: 0 success; 1 a check failed or the library reported an error;\n"
     "2 a bad command line.\n";
 

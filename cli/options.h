@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "flashgla/tensor.h"
+#include "flashgla/tuning.h"
 
 namespace flashgla::cli {
 
@@ -38,6 +39,13 @@ struct Shape {
   std::string str() const;  // "B=2 T=200 H=2 Hkv=2 K=32 V=48 varlen=0,5,200"
 };
 
+// The kernels' tuning: from the FLASHGLA_* environment variables, read once per command by main()
+// (tools/tuning_env.h), not from the command line.
+struct Tuning {
+  GlaTuning gla;
+  AttentionTuning attention_forward, attention_backward;
+};
+
 struct Options {
   Device device;
   DType dtype = DType::f32;
@@ -51,6 +59,7 @@ struct Options {
   int warmup = 0;
   int repeat = 0;
   std::vector<Pass> passes;
+  Tuning tuning;
 };
 
 struct CommandLine {

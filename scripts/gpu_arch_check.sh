@@ -6,7 +6,7 @@
 #           the library thinks it cannot run them) and the GLA tests;
 #   sm_90:  the same GLA and attention tests with the default choice (they must
 #           pass on the portable kernels), and a required Hopper kernel must
-#           give the error naming FLASHGLA_ATTENTION_KERNEL.
+#           give the error that it cannot run (no sm_90a machine code).
 # Prints a short table last.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -56,7 +56,7 @@ GPUS=$(nvidia-smi -L | wc -l)
 
 # The sanitizers run gpu_check.sh's list of small GPU tests unless SAN_FILTER / SANITIZE_FILTER name others.
 SAN=${SAN_FILTER:-${SANITIZE_FILTER:-$(grep -oE 'SANITIZE_FILTER:-[^}]*' scripts/gpu_check.sh | cut -d- -f2-)}}
-# Today's GPU checks of the FLA 0.6 options and the planner: the C++ tests on their own, the FLA API's CUDA tests.
+# Today's GPU checks of the FLA 0.6 options and the planner: the C++ tests on their own.
 new_checks() {
   step cpp_fla_plan 120 build-gpu/flashgla_tests --gtest_brief=1 --gtest_filter='GlaApiOptions.*:GlaPlan.*'
 }

@@ -13,6 +13,7 @@
 
 #include "flashgla/attention.h"
 #include "testing/buffer.h"
+#include "tuning_test_util.h"
 
 namespace flashgla::testing::attention_test {
 
@@ -123,6 +124,7 @@ inline Results run(const Case& c, const Tensors& in, Device device, AttentionAlg
   f.cu_seqlens_q = in.cu_q.view(), f.cu_seqlens_k = in.cu_k.view();
   f.causal = c.causal, f.scale = c.scale, f.algorithm = algorithm;
   f.o = r.o.view(), f.lse = r.lse.view();
+  f.tuning = test_attention_tuning();
   attention_forward(f);
 
   r.dq = poisoned(out_dtype, {c.batch, c.q_len, c.q_heads, c.head_dim}, device, padding);
@@ -133,6 +135,7 @@ inline Results run(const Case& c, const Tensors& in, Device device, AttentionAlg
   b.causal = c.causal, b.scale = c.scale, b.algorithm = algorithm;
   b.o = r.o.view(), b.lse = r.lse.view(), b.d_o = in.d_o.view();
   b.dq = r.dq.view(), b.dk = r.dk.view(), b.dv = r.dv.view();
+  b.tuning = test_attention_backward_tuning();
   attention_backward(b);
   synchronize(device);
   return r;

@@ -1,7 +1,7 @@
 // Shared by the CUDA GLA forward and backward tests (test_gla_cuda.cpp,
 // test_gla_cuda_split.cpp, test_gla_backward_cuda.cpp): the GPU, moving a
 // case's inputs onto it, poisoned outputs, a caller-owned workspace, a case's
-// description, a scoped environment setting, and one forward call and its
+// description, and one forward call and its
 // reference. The cases and the CPU reference are in gla_test_util.h.
 #pragma once
 
@@ -13,6 +13,7 @@
 
 #include "flashgla/flashgla.h"
 #include "gla_test_util.h"
+#include "tuning_test_util.h"
 
 namespace flashgla::testing::gla_test {
 
@@ -44,39 +45,11 @@ inline std::string describe_forward_case(const Case& c) {
   return s;
 }
 
-// Sets a tuning switch (FLASHGLA_GLA_*; value nullptr: unsets it) and has the
-// library read the switches again at its next call (it reads them once, see
-// flashgla::reload_tuning).
-inline void set_switch(const char* name, const char* value) {
-  if (value) setenv(name, value, 1);
-  else unsetenv(name);
-  reload_tuning();
-}
-
-// Sets a tuning switch (or unsets it: value nullptr) for the guard's
-// lifetime, then restores what it was (a value given to the whole test run
-// stays in force).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    set_switch(name, value);
-  }
-  ~ScopedEnv() { set_switch(name_, had_ ? old_.c_str() : nullptr); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
-
 // With the tuning switch `name` set to the unknown `value`, `call` must throw a flashgla::Error naming the
 // switch (a typo must not silently run the default path); the caller's setting is restored afterwards.
 template <class F>
 void expect_unknown_switch_error(const char* name, const char* value, F&& call) {
-  const ScopedEnv setting(name, value);
+  const ScopedSetting setting(name, value);
   try {
     call();
     ADD_FAILURE() << name << "=" << value << ": expected an error";
@@ -144,6 +117,7 @@ inline Outputs run_forward(const Case& c, const Inputs& in, const ForwardCall& c
   a.algorithm = call.algorithm, a.reverse = call.reverse;
   a.o = o.view(), a.final_state = ht.view();
   a.stream = call.stream;
+  a.tuning = test_gla_tuning();
   Buffer workspace;
   if (call.caller_workspace) workspace = give_workspace(a, gla_forward_workspace_bytes(a), device);
   gla_forward(a);

@@ -15,6 +15,7 @@
 
 #include "flashgla/flashgla.h"
 #include "gla_test_util.h"
+#include "tuning_test_util.h"
 
 namespace flashgla::testing::gla_test {
 
@@ -57,6 +58,7 @@ inline SegmentStates run_segment_states(const Case& c, const Inputs& in, const S
   if (call.cu_seqlens_host) a.cu_seqlens_host = call.cu_seqlens_host->view();
   a.states = states.view(), a.log_decay = log_decay.view();
   a.stream = call.stream;
+  a.tuning = test_gla_tuning();
   Buffer workspace;
   if (call.caller_workspace) workspace = segment_workspace(a, gla_segment_states_workspace_bytes(a), device);
   gla_segment_states(a);
@@ -73,6 +75,7 @@ inline std::vector<double> run_segment_state_grads(const Case& c, const Inputs& 
   a.scale = call.scale;
   a.d_states = d_states.view();
   a.stream = call.stream;
+  a.tuning = test_gla_tuning();
   Buffer workspace;
   if (call.caller_workspace) workspace = segment_workspace(a, gla_segment_state_grads_workspace_bytes(a), device);
   gla_segment_state_grads(a);

@@ -8,7 +8,8 @@
 // FLASHGLA_ATTENTION_KERNEL=portable and once with =hopper to check both
 // forwards (with =hopper, a call whose tensors TMA can address fails instead
 // of falling back, so the sm_90a kernel really ran); FLASHGLA_ATTENTION_BACKWARD
-// does the same for the backward. Lengths straddle the kernels' tiles (64 and
+// does the same for the backward (tests/tuning_test_util.h puts them into the
+// calls' AttentionTuning). Lengths straddle the kernels' tiles (64 and
 // 128 rows).
 // Cases the fast kernels do not take (fp32, other head dims, D != Dv) are in
 // test_attention_generic_cuda.cpp.
@@ -91,7 +92,7 @@ std::vector<Case> unequal_lengths() {
 INSTANTIATE_TEST_SUITE_P(UnequalLengths, AttentionCuda, ::testing::ValuesIn(unequal_lengths()));
 
 // Tk >= 8K at d = 128: the default forward there is the 176-key-tile variant
-// (attention.cu, default_hopper_variant); a few queries keep the fp64
+// (attention.cu, hopper_variant); a few queries keep the fp64
 // reference cheap.
 std::vector<Case> long_keys() {
   std::vector<Case> cases;
@@ -160,7 +161,7 @@ TEST_F(AttentionCudaApi, ForwardIsDeterministic) {
   }
 }
 
-TEST_F(AttentionCudaApi, CallerWorkspaceGivesTheSameGradients) {
+TEST_F(AttentionCudaApi, CallerWorkspaceAndAllocatorGiveTheSameGradients) {
   const Case c = Case().dim(64).lens(300, 300).heads(4, 2);
   const Tensors in = to_device(make_inputs(c, 3), 0);
   const Results own = run(c, in, kCuda, AttentionAlgorithm::tiled, 0);
@@ -171,6 +172,7 @@ TEST_F(AttentionCudaApi, CallerWorkspaceGivesTheSameGradients) {
   Buffer dq = poisoned(c.dtype, in.q.shape(), kCuda, 0), dk = poisoned(c.dtype, in.k.shape(), kCuda, 0),
          dv = poisoned(c.dtype, in.v.shape(), kCuda, 0);
   b.dq = dq.view(), b.dk = dk.view(), b.dv = dv.view();
+  b.tuning = flashgla::testing::test_attention_backward_tuning();
   const size_t bytes = attention_backward_workspace_bytes(b);
   ASSERT_GT(bytes, 0u);
   Buffer scratch(DType::f32, {int64_t((bytes + 3) / 4)}, kCuda);
@@ -182,7 +184,26 @@ TEST_F(AttentionCudaApi, CallerWorkspaceGivesTheSameGradients) {
   EXPECT_EQ(dk.values(), own.dk.values());  // dk, dv have no atomics
   EXPECT_EQ(dv.values(), own.dv.values());
 
-  b.workspace_bytes = bytes - 4;
+  // Left without a workspace, the backward asks the caller's allocator once, for that many bytes.
+  for (Buffer* out : {&dq, &dk, &dv}) out->poison();
+  b.workspace = nullptr, b.workspace_bytes = 0;
+  std::vector<size_t> asked;
+  b.allocate_workspace = [&](size_t n) {
+    asked.push_back(n);
+    scratch = Buffer(DType::f32, {int64_t((n + 3) / 4)}, kCuda);
+    scratch.poison();
+    return scratch.view().data;
+  };
+  attention_backward(b);
+  flashgla::testing::synchronize(kCuda);
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0], bytes);
+  EXPECT_LE(rel_rms_error(dq.values(), own.dq.values()), 1e-2);
+  EXPECT_EQ(dk.values(), own.dk.values());
+  EXPECT_EQ(dv.values(), own.dv.values());
+
+  b.allocate_workspace = nullptr;
+  b.workspace = scratch.view().data, b.workspace_bytes = bytes - 4;
   try {
     attention_backward(b);
     FAIL() << "expected an error";
@@ -190,27 +211,6 @@ TEST_F(AttentionCudaApi, CallerWorkspaceGivesTheSameGradients) {
     EXPECT_EQ(e.argument(), "workspace");
   }
 }
-
-// The kernel overrides name themselves when their value is unknown; the
-// caller's setting is restored afterwards.
-void expect_unknown_choice_error(const char* variable) {
-  const char* previous = std::getenv(variable);
-  const std::string saved = previous != nullptr ? previous : "";
-  setenv(variable, "fastest", 1);
-  const Case c = Case().dim(64).lens(64, 64);
-  const Tensors in = to_device(make_inputs(c, 9), 0);
-  try {
-    run(c, in, kCuda, AttentionAlgorithm::tiled, 0);
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), variable);
-  }
-  if (previous != nullptr) setenv(variable, saved.c_str(), 1);
-  else unsetenv(variable);
-}
-
-TEST_F(AttentionCudaApi, UnknownKernelChoiceIsAnError) { expect_unknown_choice_error("FLASHGLA_ATTENTION_KERNEL"); }
-TEST_F(AttentionCudaApi, UnknownBackwardChoiceIsAnError) { expect_unknown_choice_error("FLASHGLA_ATTENTION_BACKWARD"); }
 
 // Boundaries on the device are not validated by the API: nonsense values must
 // still stay inside the tensors (compute-sanitizer memcheck watches this).

@@ -58,6 +58,7 @@ Grads backward(const Case& c, const Inputs& in, const Call& call) {
   a.d_o = in.d_o.view(), a.d_final_state = in.dht.view();
   a.dq = dq.view(), a.dk = dk.view(), a.dv = dv.view(), a.dg = dg.view(), a.d_initial_state = dh0.view();
   a.stream = call.stream;
+  a.tuning = test_gla_tuning();
   Buffer workspace;
   if (call.caller_workspace) workspace = give_workspace(a, gla_backward_workspace_bytes(a), device);
   gla_backward(a);
@@ -83,12 +84,18 @@ void expect_grads_close(const Grads& out, const Grads& ref, double tol) {
   expect_close("dh0", out.dh0, ref.dh0, tol);
 }
 
-// The backend paths forced by the environment, for the error lines.
+// The backend paths forced by the environment or a scoped setting, for the error lines.
 std::string forced_paths() {
   std::string out;
   for (const char* name : {"FLASHGLA_GLA_BWD_DIAG", "FLASHGLA_GLA_BWD_SCAN_SPLIT", "FLASHGLA_GLA_BWD_OVERLAP",
-                           "FLASHGLA_GLA_BWD_LAYOUT", "FLASHGLA_GLA_BWD_SCAN_PAIR", "FLASHGLA_GLA_BWD_SCAN_PIPELINE"})
-    if (const char* value = std::getenv(name)) out += std::string(" ") + (name + 17) + "=" + value;
+                           "FLASHGLA_GLA_BWD_LAYOUT", "FLASHGLA_GLA_BWD_SCAN_PAIR",
+                           "FLASHGLA_GLA_BWD_SCAN_PIPELINE"}) {
+    const auto scoped = scoped_settings().find(name);
+    const char* value = scoped == scoped_settings().end() ? std::getenv(name)
+                        : scoped->second                  ? scoped->second->c_str()
+                                                          : nullptr;
+    if (value) out += std::string(" ") + (name + 17) + "=" + value;
+  }
   return out;
 }
 
@@ -152,13 +159,13 @@ TEST(CudaGlaBackward, ChunkedMatchesReference) {
 // =elementwise: never through the products).
 TEST(CudaGlaBackward, ChunkedFactoredSubChunksMatchReference) {
   SKIP_WITHOUT_GPU();
-  const ScopedEnv factored("FLASHGLA_GLA_BWD_DIAG", "factored");
+  const ScopedSetting factored("FLASHGLA_GLA_BWD_DIAG", "factored");
   for (const Case& c : grid(false)) check_against_reference(c, Call{});
 }
 
 TEST(CudaGlaBackward, ChunkedElementwiseSubChunksMatchReference) {
   SKIP_WITHOUT_GPU();
-  const ScopedEnv elementwise("FLASHGLA_GLA_BWD_DIAG", "elementwise");
+  const ScopedSetting elementwise("FLASHGLA_GLA_BWD_DIAG", "elementwise");
   for (const Case& c : grid(false)) check_against_reference(c, Call{});
 }
 
@@ -168,7 +175,7 @@ TEST(CudaGlaBackward, ChunkedElementwiseSubChunksMatchReference) {
 // typical gates.
 TEST(CudaGlaBackward, ChunkedMixedSubChunkPaths) {
   SKIP_WITHOUT_GPU();
-  const ScopedEnv factored("FLASHGLA_GLA_BWD_DIAG", "factored");
+  const ScopedSetting factored("FLASHGLA_GLA_BWD_DIAG", "factored");
   int i = 0;
   for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
     Case c;
@@ -190,9 +197,9 @@ TEST(CudaGlaBackward, ChunkedMixedSubChunkPaths) {
 // unsplit and split in pieces of 3 chunks.
 void check_grid_with_scan_splits(const char* name, std::initializer_list<const char*> values) {
   for (const char* value : values) {
-    const ScopedEnv setting(name, value);
+    const ScopedSetting setting(name, value);
     for (const char* chunks_per_split : {"0", "3"}) {
-      const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
+      const ScopedSetting split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
       for (const Case& c : grid(false)) check_against_reference(c, Call{});
     }
   }
@@ -203,7 +210,7 @@ void check_grid_with_scan_splits(const char* name, std::initializer_list<const c
 // FLASHGLA_GLA_BWD_LAYOUT=general forces the general one everywhere.
 TEST(CudaGlaBackward, ChunkedGeneralLayoutMatchesReference) {
   SKIP_WITHOUT_GPU();
-  const ScopedEnv general("FLASHGLA_GLA_BWD_LAYOUT", "general");
+  const ScopedSetting general("FLASHGLA_GLA_BWD_LAYOUT", "general");
   for (const Case& c : grid(false)) check_against_reference(c, Call{});
 }
 
@@ -221,7 +228,7 @@ TEST(CudaGlaBackward, ChunkedOverlapOnAndOffMatchReference) {
 TEST(CudaGlaBackward, ChunkedSplitScansMatchReference) {
   SKIP_WITHOUT_GPU();
   for (const char* chunks_per_split : {"1", "3"}) {
-    const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
+    const ScopedSetting split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
     SCOPED_TRACE(std::string("chunks per split ") + chunks_per_split);
     for (const Case& c : grid(false)) check_against_reference(c, Call{});
   }
@@ -332,10 +339,10 @@ TEST(CudaGlaBackward, ChunkedScanPipelineOnAndOffMatchReference) {
     int64_t K, V;
   };
   for (const char* pipeline : {"0", "lean"}) {
-    const ScopedEnv pipeline_mode("FLASHGLA_GLA_BWD_SCAN_PIPELINE", pipeline);
+    const ScopedSetting pipeline_mode("FLASHGLA_GLA_BWD_SCAN_PIPELINE", pipeline);
     int i = 0;
     for (const char* chunks_per_split : {"0", "3"}) {
-      const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
+      const ScopedSetting split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
       for (int64_t T : {1, 64, 65, 200, 1000})
         for (const Dims& d : {Dims{128, 128}, Dims{64, 256}, Dims{256, 128}}) {
           Case c;
@@ -564,24 +571,24 @@ TEST(CudaGlaBackward, SanitizerSmallCases) {
       check_against_reference(c, call);
       check_against_reference(varlen_case(dtype, Gate::scalar, 8100 + i), call);
       if (algorithm == kChunked) {  // the state scans split into pieces of one chunk
-        const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "1");
+        const ScopedSetting split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "1");
         check_against_reference(c, call);
       }
       if (algorithm == kChunked) {  // the chunk kernel overlapping the split scans' fold, and bf16 rows of K, V = 64
-        const ScopedEnv overlap("FLASHGLA_GLA_BWD_OVERLAP", "1");
-        const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "1");
+        const ScopedSetting overlap("FLASHGLA_GLA_BWD_OVERLAP", "1");
+        const ScopedSetting split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "1");
         Case plain = c;
         plain.K = plain.V = 64, plain.gate_dtype = plain.dg_dtype = dtype;
         check_against_reference(plain, call);
       }
       if (algorithm == kChunked && dtype == DType::bf16)  // the pipelined paired scans, unsplit and in pieces of 3
         for (const char* pipeline : {"lean"}) {
-          const ScopedEnv pipeline_mode("FLASHGLA_GLA_BWD_SCAN_PIPELINE", pipeline);
+          const ScopedSetting pipeline_mode("FLASHGLA_GLA_BWD_SCAN_PIPELINE", pipeline);
           Case pipelined = c;
           pipelined.T = 200, pipelined.K = pipelined.V = 128, pipelined.gate = Gate::vector;
           pipelined.gate_dtype = pipelined.dg_dtype = dtype;
           check_against_reference(pipelined, call);
-          const ScopedEnv split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "3");
+          const ScopedSetting split("FLASHGLA_GLA_BWD_SCAN_SPLIT", "3");
           check_against_reference(pipelined, call);
         }
     }
@@ -643,7 +650,7 @@ TEST(CudaGlaBackward, EdgeGatesEveryPath) {
                               {"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "lean"}, {"FLASHGLA_GLA_BWD_SCAN_PAIR", "0"}};
   for (const Setting& st : settings)
     for (DType dtype : {DType::bf16, DType::f32}) {
-      const ScopedEnv setting(st.name, st.value);
+      const ScopedSetting setting(st.name, st.value);
       check_edge_gates(edge_case(dtype, Gate::vector, 128, 128, 9200 + int(dtype)), Call{}, sets);
     }
 }

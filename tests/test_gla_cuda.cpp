@@ -200,15 +200,14 @@ TEST(CudaGlaForward, SequenceSplit) {
   SKIP_WITHOUT_GPU();
   int i = 0;
   for (DType dtype : {DType::f32, DType::bf16})
-    for (const char* forced : {"", "3", "7"}) {
-      if (*forced) set_switch("FLASHGLA_GLA_SPLITS", forced);
+    for (int64_t forced : {0, 3, 7}) {  // 0: the library's count
+      const ScopedTuning splits([=](GlaTuning& t) { t.splits = forced; });
       Case c;
       c.B = 1, c.T = 1000 + 37 * i, c.H = 1, c.K = 96, c.V = 80, c.dtype = dtype, c.seed = 800 + i;
       c.gate = Gate(i % 3);
       ForwardCall call;
       call.caller_workspace = i % 2;
       check_against_reference(c, call);
-      set_switch("FLASHGLA_GLA_SPLITS", nullptr);
       ++i;
     }
 }
@@ -235,8 +234,8 @@ TEST(CudaGlaForward, FastPathShapes) {
       c.seed = 1500 + i++;
       check_against_reference(c, ForwardCall{});
     }
-  for (const char* forced : {"2", "5"}) {
-    set_switch("FLASHGLA_GLA_SPLITS", forced);
+  for (int64_t forced : {2, 5}) {
+    const ScopedTuning splits([=](GlaTuning& t) { t.splits = forced; });
     for (Gate gate : {Gate::vector, Gate::scalar}) {
       Case c;
       c.B = 1, c.T = 700 + 29 * i, c.H = 2, c.K = 128, c.V = 128, c.dtype = DType::bf16, c.gate_dtype = c.dtype;
@@ -245,7 +244,6 @@ TEST(CudaGlaForward, FastPathShapes) {
       call.caller_workspace = i % 2;
       check_against_reference(c, call);
     }
-    set_switch("FLASHGLA_GLA_SPLITS", nullptr);
   }
   for (DType dtype : {DType::bf16, DType::f16}) {
     Case c = varlen_case(dtype, Gate::vector, 1560 + i++);
@@ -262,7 +260,7 @@ TEST(CudaGlaForward, FastPathShapes) {
 // strides, a forced split.
 TEST(CudaGlaForward, FastPathFloatGate) {
   SKIP_WITHOUT_GPU();
-  set_switch("FLASHGLA_GLA_HOPPER", "0");  // K = 256 takes the Hopper path by default on sm_90
+  const ScopedTuning no_hopper(hopper_off);  // K = 256 takes the Hopper path by default on sm_90
   struct Dims {
     int64_t K, V;
   };
@@ -277,13 +275,11 @@ TEST(CudaGlaForward, FastPathFloatGate) {
       c.seed = 1700 + i++;
       check_against_reference(c, ForwardCall{});
     }
-  set_switch("FLASHGLA_GLA_SPLITS", "3");
+  const ScopedTuning splits([](GlaTuning& t) { t.splits = 3; });
   Case c;
   c.B = 1, c.T = 900, c.H = 2, c.K = 128, c.V = 128, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
   c.gate = Gate::vector, c.gate_values = GateValues::very_negative, c.seed = 1750;
   check_against_reference(c, ForwardCall{});
-  set_switch("FLASHGLA_GLA_SPLITS", nullptr);
-  set_switch("FLASHGLA_GLA_HOPPER", nullptr);
 }
 
 // The fast path's key parts (128 < K ≤ 256: two CTAs per value tile, o accumulated;
@@ -292,7 +288,7 @@ TEST(CudaGlaForward, FastPathFloatGate) {
 // state, strides, the sequence split (states pass per key part) and varlen.
 TEST(CudaGlaForward, FastPathKeyParts) {
   SKIP_WITHOUT_GPU();
-  set_switch("FLASHGLA_GLA_HOPPER", "0");  // on sm_90 the Hopper path takes K > 128 by default
+  const ScopedTuning no_hopper(hopper_off);  // on sm_90 the Hopper path takes K > 128 by default
   struct Dims {
     int64_t K, V;
   };
@@ -309,8 +305,8 @@ TEST(CudaGlaForward, FastPathKeyParts) {
       c.seed = 1800 + i++;
       check_against_reference(c, ForwardCall{});
     }
-  set_switch("FLASHGLA_GLA_SPLITS", "4");
   for (Gate gate : {Gate::vector, Gate::scalar}) {
+    const ScopedTuning splits([](GlaTuning& t) { t.splits = 4; });
     Case c;
     c.B = 1, c.T = 700 + 29 * i, c.H = 2, c.K = 256, c.V = 136, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
     c.gate = gate, c.seed = 1850 + i++;
@@ -318,27 +314,22 @@ TEST(CudaGlaForward, FastPathKeyParts) {
     call.caller_workspace = i % 2;
     check_against_reference(c, call);
   }
-  set_switch("FLASHGLA_GLA_SPLITS", nullptr);
   Case c = varlen_case(DType::bf16, Gate::vector, 1860);
   c.K = 256, c.V = 64, c.gate_dtype = DType::f32;
   const Buffer host = make_inputs(c).cu_seqlens;
   ForwardCall call;
   call.cu_seqlens_host = &host;
   check_against_reference(c, call);
-  set_switch("FLASHGLA_GLA_HOPPER", nullptr);
 }
 
-// The Hopper path (FLASHGLA_GLA_HOPPER=1; on other GPUs the default path runs):
+// The Hopper path (tuning.hopper on; on other GPUs the default path runs):
 // every key pad (64, 128, 256) with K at and below it, V over one and several
 // 64-column tiles and partial ones, every gate kind, range and dtype, T below,
 // at and over a chunk, h0 / final state, strides, forced splits (states pass)
 // with the caller's workspace, varlen with and without host cu_seqlens.
-void opt_in_hopper() { set_switch("FLASHGLA_GLA_HOPPER", "1"); }
-void opt_out_hopper() { set_switch("FLASHGLA_GLA_HOPPER", nullptr); }
-
 TEST(CudaGlaForward, HopperPathShapes) {
   SKIP_WITHOUT_GPU();
-  opt_in_hopper();
+  const ScopedTuning hopper(hopper_on);
   struct Dims {
     int64_t K, V;
   };
@@ -357,16 +348,15 @@ TEST(CudaGlaForward, HopperPathShapes) {
       c.seed = 2100 + i++;
       check_against_reference(c, ForwardCall{});
     }
-  opt_out_hopper();
 }
 
 TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
   SKIP_WITHOUT_GPU();
-  opt_in_hopper();
+  const ScopedTuning hopper(hopper_on);
   int i = 0;
-  for (const char* forced : {"2", "5"})
+  for (int64_t forced : {2, 5})
     for (int64_t K : {256, 128, 64}) {
-      set_switch("FLASHGLA_GLA_SPLITS", forced);
+      const ScopedTuning splits([=](GlaTuning& t) { t.splits = forced; });
       Case c;
       c.B = 1, c.T = 700 + 29 * i, c.H = 2, c.K = K, c.V = K == 256 ? 136 : 128, c.dtype = DType::bf16;
       c.gate_dtype = i % 2 ? DType::f32 : c.dtype;
@@ -376,7 +366,6 @@ TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
       ForwardCall call;
       call.caller_workspace = i % 2;
       check_against_reference(c, call);
-      set_switch("FLASHGLA_GLA_SPLITS", nullptr);
     }
   for (DType dtype : {DType::bf16, DType::f16})
     for (int64_t K : {256, 128}) {
@@ -387,15 +376,14 @@ TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
       if (K == 256) call.cu_seqlens_host = &host;  // lets the host plan a split
       check_against_reference(c, call);
     }
-  opt_out_hopper();
 }
 
 // The default route of K = 128 with V >= 256 (the 340M model's heads): on sm_90a the Hopper path when the value
 // tiles (sequences x heads x V / 64) fill at least half the SMs, else the fast path with its sequence split. Both
-// sides of that threshold, without FLASHGLA_GLA_HOPPER set, bf16 and fp32 gates.
+// sides of that threshold, tuning.hopper left to the library, bf16 and fp32 gates.
 TEST(CudaGlaForward, WideValueHeadsOnTheDefaultRoute) {
   SKIP_WITHOUT_GPU();
-  opt_out_hopper();
+  const ScopedTuning library_route(hopper_library);
   int i = 0;
   for (int64_t H : {20, 1})  // 2 x 20 x 4 = 160 value tiles (Hopper on an H100), 2 x 1 x 4 = 8 (fast path, split)
     for (DType gate_dtype : {DType::bf16, DType::f32}) {
@@ -407,19 +395,16 @@ TEST(CudaGlaForward, WideValueHeadsOnTheDefaultRoute) {
     }
 }
 
-// The state kernel's switch FLASHGLA_GLA_HOPPER_PDL=0 (no programmatic dependent launch): every key pad, value
+// The state kernel without programmatic dependent launch (tuning.hopper_pdl off): every key pad, value
 // tiles partial and whole, a forced split (the states pass), varlen.
 TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
   SKIP_WITHOUT_GPU();
-  opt_in_hopper();
-  struct Switch {
-    const char *name, *value;
-  };
+  const ScopedTuning hopper(hopper_on);
   int i = 0;
-  for (const Switch& sw : {Switch{"FLASHGLA_GLA_HOPPER_PDL", "0"}}) {
-    set_switch(sw.name, sw.value);
+  {
+    const ScopedTuning no_pdl([](GlaTuning& t) { t.hopper_pdl = false; });
     for (int64_t K : {256, 128, 64}) {
-      set_switch("FLASHGLA_GLA_SPLITS", "3");
+      const ScopedTuning splits([](GlaTuning& t) { t.splits = 3; });
       Case c;
       c.B = 2, c.T = 400 + 37 * i, c.H = 2, c.K = K, c.V = K == 256 ? 256 : K == 128 ? 200 : 72;
       c.dtype = i % 4 == 3 ? DType::f16 : DType::bf16;
@@ -428,26 +413,22 @@ TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
       c.gate_values = i % 3 == 2 ? GateValues::very_negative : GateValues::typical;
       c.seed = 2400 + i++;
       check_against_reference(c, ForwardCall{});
-      set_switch("FLASHGLA_GLA_SPLITS", nullptr);
     }
     Case c = varlen_case(DType::f16, Gate::vector, 2450 + i++);
     c.K = 256, c.V = 128;
     check_against_reference(c, ForwardCall{});
-    set_switch(sw.name, nullptr);
   }
-  opt_out_hopper();
 }
 
 // The general kernel on bf16/fp16 inputs, which the fast path takes otherwise.
 TEST(CudaGlaForward, GeneralKernelOnHalfInputs) {
   SKIP_WITHOUT_GPU();
-  set_switch("FLASHGLA_GLA_FAST", "0");
+  const ScopedTuning general([](GlaTuning& t) { t.fast = false; });
   int i = 0;
   for (const Case& base : grid()) {
     if (base.dtype == DType::f32 || i++ % 2) continue;
     check_against_reference(base, ForwardCall{});
   }
-  set_switch("FLASHGLA_GLA_FAST", nullptr);
 }
 
 TEST(CudaGlaForward, LongSequence) {
@@ -552,19 +533,37 @@ TEST(CudaGlaForward, TooSmallWorkspaceAndFloat64AreErrors) {
   EXPECT_THROW(gla_forward(b), Error);
 }
 
-// The forward's tuning switches name themselves when their value is unknown.
-TEST(CudaGlaForward, UnknownTuningSwitchValueIsAnError) {
+// Left without a workspace, the forward asks the caller's allocator once, after planning, for what
+// gla_forward_workspace_bytes reports; the split in the args' tuning is the one planned for.
+TEST(CudaGlaForward, WorkspaceAllocatorIsAskedOnce) {
   SKIP_WITHOUT_GPU();
   Case c;
-  c.B = 1, c.H = 1, c.T = 2000, c.dtype = DType::bf16, c.seed = 1150;
-  const Inputs in = to_device(c, make_inputs(c), gpu());
-  struct Setting {
-    const char *name, *value;
-  };
-  for (const Setting& bad : {Setting{"FLASHGLA_GLA_FAST", "off"}, Setting{"FLASHGLA_GLA_HOPPER", "yes"},
-                             Setting{"FLASHGLA_GLA_SPLITS", "0"}, Setting{"FLASHGLA_GLA_SPLITS", "2x"},
-                             Setting{"FLASHGLA_GLA_STATE_PIECES", "0"}, Setting{"FLASHGLA_GLA_HOPPER_PDL", "no"}})
-    expect_unknown_switch_error(bad.name, bad.value, [&] { run_forward(c, in, ForwardCall{}); });
+  c.B = 1, c.H = 1, c.T = 2000, c.dtype = DType::bf16, c.seed = 1120;
+  const Inputs host = make_inputs(c);
+  const Inputs in = to_device(c, host, gpu());
+  const Outputs ref = forward_reference(c, host);
+  for (int64_t splits : {0, 3}) {
+    SCOPED_TRACE("splits " + std::to_string(splits));
+    Buffer o = poisoned_on(gpu(), c.dtype, {c.B, c.T, c.H, c.V}, 0);
+    GlaForwardArgs a;
+    a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view(), a.o = o.view();
+    a.tuning.hopper = GlaTuning::Force::off;
+    a.tuning.splits = splits;
+    const size_t bytes = gla_forward_workspace_bytes(a);
+    ASSERT_GT(bytes, 0u);  // one head cannot fill the GPU: the sequence is split
+    std::vector<size_t> asked;
+    Buffer scratch;
+    a.allocate_workspace = [&](size_t n) {
+      asked.push_back(n);
+      scratch = Buffer(DType::f32, {int64_t((n + 3) / 4)}, gpu());
+      return scratch.view().data;
+    };
+    gla_forward(a);
+    synchronize(gpu());
+    ASSERT_EQ(asked.size(), 1u);
+    EXPECT_EQ(asked[0], bytes);
+    expect_close("o", o.values(), ref.o, tolerance(c.dtype));
+  }
 }
 
 // ---- decode -----------------------------------------------------------------------
@@ -685,44 +684,38 @@ TEST(CudaGlaForward, SanitizerSmallCases) {
 // a partial last chunk, a split, a scalar gate.
 TEST(CudaGlaForward, SanitizerFastPath) {
   SKIP_WITHOUT_GPU();
-  set_switch("FLASHGLA_GLA_HOPPER", "0");  // K = 256 takes the Hopper path by default on sm_90
+  const ScopedTuning no_hopper(hopper_off);  // K = 256 takes the Hopper path by default on sm_90
+  const ScopedTuning splits([](GlaTuning& t) { t.splits = 2; });
   int i = 0;
   for (int64_t K : {64, 128}) {
     Case c;
     c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = K == 64 ? 136 : 48, c.dtype = DType::bf16, c.gate_dtype = c.dtype;
     c.gate = i % 2 ? Gate::scalar : Gate::vector, c.seed = 1600 + i++;
-    set_switch("FLASHGLA_GLA_SPLITS", "2");
     check_against_reference(c, ForwardCall{});
-    set_switch("FLASHGLA_GLA_SPLITS", nullptr);
   }
   // An fp32 gate (in the operand area) and key parts (o accumulated), with a split.
   for (int64_t K : {128, 256}) {
     Case c;
     c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = 72, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
     c.gate = Gate::vector, c.h0 = true, c.final_state = true, c.seed = 1600 + i++;
-    set_switch("FLASHGLA_GLA_SPLITS", "2");
     check_against_reference(c, ForwardCall{});
-    set_switch("FLASHGLA_GLA_SPLITS", nullptr);
   }
-  set_switch("FLASHGLA_GLA_HOPPER", nullptr);
 }
 
 // The Hopper path's small cases (memcheck and racecheck): both warpgroup
 // counts, a partial last chunk, a split, varlen.
 TEST(CudaGlaForward, SanitizerHopperPath) {
   SKIP_WITHOUT_GPU();
-  opt_in_hopper();
+  const ScopedTuning hopper(hopper_on);
   int i = 0;
   for (int64_t K : {64, 256}) {
     Case c;
     c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = 72, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
     c.gate = i % 2 ? Gate::scalar : Gate::vector, c.h0 = true, c.final_state = true, c.seed = 2300 + i++;
-    set_switch("FLASHGLA_GLA_SPLITS", "2");
+    const ScopedTuning splits([](GlaTuning& t) { t.splits = 2; });
     check_against_reference(c, ForwardCall{});
-    set_switch("FLASHGLA_GLA_SPLITS", nullptr);
   }
   check_against_reference(varlen_case(DType::bf16, Gate::vector, 2310), ForwardCall{});
-  opt_out_hopper();
 }
 
 }  // namespace

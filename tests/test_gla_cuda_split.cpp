@@ -21,14 +21,13 @@ namespace {
 
 constexpr double kTolerance = 5e-3;  // bf16/fp16 inputs
 
-// The chunked forward on the GPU with the states kernel, `splits` and `pieces` forced (nullptr: the
-// planner's choice), against the fp64 recurrent reference.
-void check(const Case& c, const char* splits, const char* pieces, bool caller_workspace = false,
-           bool host_lengths = false) {
-  SCOPED_TRACE(describe_forward_case(c) + " splits=" + (splits ? splits : "auto") +
-               " pieces=" + (pieces ? pieces : "auto") + (caller_workspace ? " caller-workspace" : ""));
-  ScopedEnv forced_splits("FLASHGLA_GLA_SPLITS", splits);
-  ScopedEnv forced_pieces("FLASHGLA_GLA_STATE_PIECES", pieces);
+// The chunked forward on the GPU with the states kernel, `splits` and `pieces` forced (0: the planner's
+// choice), against the fp64 recurrent reference.
+void check(const Case& c, int64_t splits, int64_t pieces, bool caller_workspace = false, bool host_lengths = false) {
+  auto count = [](int64_t n) { return n > 0 ? std::to_string(n) : std::string("auto"); };
+  SCOPED_TRACE(describe_forward_case(c) + " splits=" + count(splits) + " pieces=" + count(pieces) +
+               (caller_workspace ? " caller-workspace" : ""));
+  const ScopedTuning forced([=](GlaTuning& t) { t.splits = splits, t.state_pieces = pieces; });
   const Inputs in = make_inputs(c);
   const Outputs ref = forward_reference(c, in);
   const Buffer host = in.cu_seqlens;  // the boundaries on the CPU: lets the planner split a varlen batch
@@ -44,12 +43,12 @@ void check(const Case& c, const char* splits, const char* pieces, bool caller_wo
 // key parts (K > 128), every gate kind, range and dtype, h0 / final state, strides, split and piece counts.
 TEST(CudaGlaSplit, StatesKernelShapes) {
   SKIP_WITHOUT_GPU();
-  ScopedEnv no_hopper("FLASHGLA_GLA_HOPPER", "0");  // on sm_90 K > 128 would take the Hopper path
+  const ScopedTuning no_hopper(hopper_off);  // on sm_90 K > 128 would take the Hopper path
   struct Dims {
     int64_t K, V;
   };
-  const char* splits[] = {"2", "3", "5"};
-  const char* pieces[] = {nullptr, "1", "2", "3", "7"};
+  const int64_t splits[] = {2, 3, 5};
+  const int64_t pieces[] = {0, 1, 2, 3, 7};
   int i = 0;
   for (const Dims& d : {Dims{128, 128}, Dims{64, 64}, Dims{128, 64}, Dims{64, 128}, Dims{16, 8}, Dims{96, 200},
                         Dims{120, 264}, Dims{256, 136}, Dims{200, 72}})
@@ -79,14 +78,14 @@ TEST(CudaGlaSplit, StatesKernelVarlen) {
       c.B = 1, c.T = 2300, c.H = 2, c.K = 128, c.V = i % 2 ? 64 : 128, c.dtype = dtype, c.gate = gate;
       c.gate_dtype = gate == Gate::vector && i % 2 ? DType::f32 : dtype;
       c.seed = 4100 + i;
-      check(c, nullptr, i % 3 == 0 ? nullptr : i % 3 == 1 ? "1" : "4", i % 2 == 0, true);
+      check(c, 0, i % 3 == 0 ? 0 : i % 3 == 1 ? 1 : 4, i % 2 == 0, true);
       ++i;
     }
   Case c;
   c.cu_seqlens = {0, 0, 1, 64, 700, 2000};
   c.B = 1, c.T = 2000, c.H = 2, c.K = 64, c.V = 64, c.dtype = DType::bf16, c.gate_dtype = DType::bf16;
   c.seed = 4150;
-  check(c, nullptr, nullptr, false, false);
+  check(c, 0, 0, false, false);
 }
 
 // A long sequence with the planner's choice of splits and pieces (B1 H2: 2 tiles, so the split is deep).
@@ -97,7 +96,7 @@ TEST(CudaGlaSplit, StatesKernelLongSequence) {
     Case c;
     c.B = 1, c.T = 16384 + 17, c.H = 2, c.K = 128, c.V = 128, c.dtype = DType::bf16, c.gate_dtype = DType::bf16;
     c.gate_values = values, c.seed = 4200 + i++;
-    check(c, nullptr, nullptr, false, false);
+    check(c, 0, 0, false, false);
   }
 }
 
@@ -105,20 +104,20 @@ TEST(CudaGlaSplit, StatesKernelLongSequence) {
 // an empty piece, a scalar gate, an fp32 gate with key parts.
 TEST(CudaGlaSplit, SanitizerStatesKernel) {
   SKIP_WITHOUT_GPU();
-  ScopedEnv no_hopper("FLASHGLA_GLA_HOPPER", "0");
+  const ScopedTuning no_hopper(hopper_off);
   struct Small {
     int64_t K, V;
     Gate gate;
     DType gate_dtype;
-    const char* pieces;
+    int64_t pieces;
   };
   int i = 0;
-  for (const Small& s : {Small{128, 72, Gate::vector, DType::bf16, "1"}, Small{128, 128, Gate::vector, DType::bf16, "2"},
-                         Small{64, 136, Gate::scalar, DType::bf16, "3"}, Small{256, 72, Gate::vector, DType::f32, "2"}}) {
+  for (const Small& s : {Small{128, 72, Gate::vector, DType::bf16, 1}, Small{128, 128, Gate::vector, DType::bf16, 2},
+                         Small{64, 136, Gate::scalar, DType::bf16, 3}, Small{256, 72, Gate::vector, DType::f32, 2}}) {
     Case c;
     c.B = 1, c.T = 400, c.H = 1, c.K = s.K, c.V = s.V, c.dtype = DType::bf16, c.gate = s.gate;
     c.gate_dtype = s.gate_dtype, c.seed = 4300 + i++;
-    check(c, "2", s.pieces, false, false);
+    check(c, 2, s.pieces, false, false);
   }
 }
 

@@ -21,51 +21,43 @@ namespace {
 
 double tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : 5e-3; }
 
-// A forward path: the dtype and shape that select it, and the switches that force it.
+// A forward path: the dtype and shape that select it, and the tuning that forces it.
 struct Path {
   std::string name;
   DType dtype = DType::bf16;
   int64_t K = 64, V = 64, B = 2, T = 200;
-  std::vector<std::pair<const char*, const char*>> env;
+  std::function<void(GlaTuning&)> tuning = [](GlaTuning&) {};
   GlaAlgorithm algorithm = kChunked;
 };
 
 std::vector<Path> forward_paths() {
-  using Env = std::vector<std::pair<const char*, const char*>>;
-  const Env no_hopper = {{"FLASHGLA_GLA_HOPPER", "0"}};
-  const Env hopper = {{"FLASHGLA_GLA_HOPPER", "1"}};
+  const auto no_hopper = hopper_off;
+  const auto hopper = hopper_on;
+  const auto library = [](GlaTuning&) {};
   std::vector<Path> paths = {
       {"fast_bf16_K64", DType::bf16, 64, 64, 2, 200, no_hopper},
       {"fast_bf16_K128_V128", DType::bf16, 128, 128, 2, 200, no_hopper},
       {"fast_f16_K64_V100", DType::f16, 64, 100, 2, 200, no_hopper},
       {"fast_bf16_K256_key_parts", DType::bf16, 256, 64, 2, 200, no_hopper},
-      {"general_f32_K64", DType::f32, 64, 64, 2, 200, {}},
-      {"general_f32_K128_V100", DType::f32, 128, 100, 2, 200, {}},
-      {"general_bf16_K64", DType::bf16, 64, 64, 2, 200, {{"FLASHGLA_GLA_FAST", "0"}}},
+      {"general_f32_K64", DType::f32, 64, 64, 2, 200, library},
+      {"general_f32_K128_V100", DType::f32, 128, 100, 2, 200, library},
+      {"general_bf16_K64", DType::bf16, 64, 64, 2, 200, [](GlaTuning& t) { t.fast = false; }},
       {"hopper_bf16_K256", DType::bf16, 256, 64, 2, 200, hopper},
       {"hopper_bf16_K128_V256", DType::bf16, 128, 256, 2, 200, hopper},
       // One consumer warpgroup (key pad 64), fp16, a partial value tile.
       {"hopper_f16_K64_V72", DType::f16, 64, 72, 2, 200, hopper},
       // Long sequences, few heads: the sequence split, with the split states kernel (the fast path's), the
       // general kernel's own states pass and the Hopper path's.
-      {"split_states_kernel_bf16", DType::bf16, 64, 64, 1, 1000, {{"FLASHGLA_GLA_SPLITS", "4"}}},
-      {"split_states_kernel_bf16_K128", DType::bf16, 128, 64, 1, 1000, {{"FLASHGLA_GLA_SPLITS", "4"}}},
-      {"split_general_f32", DType::f32, 64, 64, 1, 1000, {{"FLASHGLA_GLA_SPLITS", "4"}}},
+      {"split_states_kernel_bf16", DType::bf16, 64, 64, 1, 1000, [](GlaTuning& t) { t.splits = 4; }},
+      {"split_states_kernel_bf16_K128", DType::bf16, 128, 64, 1, 1000, [](GlaTuning& t) { t.splits = 4; }},
+      {"split_general_f32", DType::f32, 64, 64, 1, 1000, [](GlaTuning& t) { t.splits = 4; }},
       {"split_hopper_bf16_K256", DType::bf16, 256, 64, 1, 1000,
-       {{"FLASHGLA_GLA_HOPPER", "1"}, {"FLASHGLA_GLA_SPLITS", "3"}}},
-      {"recurrent_f32", DType::f32, 64, 64, 2, 200, {}, kRecurrent},
-      {"recurrent_bf16_K128", DType::bf16, 128, 128, 2, 200, {}, kRecurrent},
+       [](GlaTuning& t) { t.hopper = GlaTuning::Force::on, t.splits = 3; }},
+      {"recurrent_f32", DType::f32, 64, 64, 2, 200, library, kRecurrent},
+      {"recurrent_bf16_K128", DType::bf16, 128, 128, 2, 200, library, kRecurrent},
   };
   return paths;
 }
-
-// Every switch of the path set for the object's lifetime.
-struct PathEnv {
-  explicit PathEnv(const Path& p) {
-    for (const auto& [name, value] : p.env) settings.push_back(std::make_unique<ScopedEnv>(name, value));
-  }
-  std::vector<std::unique_ptr<ScopedEnv>> settings;
-};
 
 Case path_case(const Path& p, Gate gate) {
   Case c;
@@ -76,7 +68,7 @@ Case path_case(const Path& p, Gate gate) {
 }
 
 void check_edge_gates(const Path& path, Gate gate, const std::vector<EdgeGates>& sets) {
-  const PathEnv env(path);
+  const ScopedTuning forced(path.tuning);
   const Case c = path_case(path, gate);
   ForwardCall call;
   call.algorithm = path.algorithm;
@@ -105,7 +97,7 @@ TEST(CudaGlaEdges, GatesAnywhereInMinusInfToZeroVarlen) {
   SKIP_WITHOUT_GPU();
   const double inf = std::numeric_limits<double>::infinity();
   for (const Path& path : forward_paths()) {
-    const PathEnv env(path);
+    const ScopedTuning forced(path.tuning);
     Case c = path_case(path, Gate::vector);
     c.B = 1, c.T = 200, c.cu_seqlens = {0, 50, 130, 130, 200};
     ForwardCall call;
@@ -126,7 +118,7 @@ TEST(CudaGlaEdges, GatesAnywhereInMinusInfToZeroVarlen) {
 // (within the dtype's rounding: a chunk with a non-finite v takes another
 // summation order) to that of the clean inputs.
 void check_causality(const Path& path, Gate gate, const std::vector<int64_t>& tokens) {
-  const PathEnv env(path);
+  const ScopedTuning forced(path.tuning);
   const Case c = path_case(path, gate);
   ForwardCall call;
   call.algorithm = path.algorithm;
@@ -210,7 +202,7 @@ TEST(CudaGlaEdges, SanitizerEdgeValues) {
     path.B = 1, path.T = std::min<int64_t>(path.T, 200);
     check_edge_gates(path, Gate::vector, sets);
     {
-      const PathEnv env(path);
+      const ScopedTuning forced(path.tuning);
       const Case c = path_case(path, Gate::vector);
       Inputs in = make_inputs(c);
       set_token(in.v, 40, std::nan(""));

@@ -16,6 +16,8 @@
 namespace flashgla::testing::gla_test {
 namespace {
 
+using Force = GlaTuning::Force;
+
 Case gpu_case(const std::string& name, int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, Gate gate, DType dtype) {
   Case c;
   c.name = name, c.B = B, c.T = T, c.H = H, c.K = K, c.V = V, c.gate = gate;
@@ -41,42 +43,37 @@ void check_on_gpu(const Case& c, const Inputs& cpu_in, const SegmentCall& call =
 }
 
 // bf16/fp16 inputs run the forward's split states kernel by default (states: walking backwards; gradients:
-// forwards) and the generic tile kernel with FLASHGLA_GLA_SEGMENT_KERNEL=generic; fp32 always the generic one.
+// forwards) and the generic tile kernel with tuning.segment_split_kernel off; fp32 always the generic one.
 TEST(GlaSegmentCuda, MatchesDefinitionDtypesDimsGates) {
   SKIP_WITHOUT_GPU();
   const int64_t dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {128, 64}, {64, 256}, {100, 72}};
-  for (const char* kernel : {"", "generic"}) {
-    const ScopedEnv setting("FLASHGLA_GLA_SEGMENT_KERNEL", kernel);
+  for (bool generic : {false, true}) {
+    const ScopedTuning kernel([=](GlaTuning& t) { t.segment_split_kernel = generic ? Force::off : Force::library; });
     for (DType dtype : {DType::bf16, DType::f32, DType::f16})
       for (const auto& kv : dims)
         for (Gate gate : {Gate::vector, Gate::scalar, Gate::none}) {
           if (dtype == DType::f16 && kv[0] != kv[1]) continue;  // f16 on the square shapes only: same code path
-          if (dtype == DType::f32 && *kernel) continue;          // fp32 runs the generic kernel anyway
+          if (dtype == DType::f32 && generic) continue;          // fp32 runs the generic kernel anyway
           Case c = gpu_case(std::string(dtype_name(dtype)) + " K" + std::to_string(kv[0]) + " V" +
-                                std::to_string(kv[1]) + " gate" + std::to_string(int(gate)) + " " + kernel,
+                                std::to_string(kv[1]) + " gate" + std::to_string(int(gate)) + (generic ? " generic" : ""),
                             2, 333, 2, kv[0], kv[1], gate, dtype);
           if (dtype == DType::bf16 && gate == Gate::vector && kv[0] == 128) c.gate_dtype = DType::bf16;
           SCOPED_TRACE(c.name);
           check_on_gpu(c, make_inputs(c));
         }
   }
-  expect_unknown_switch_error("FLASHGLA_GLA_SEGMENT_KERNEL", "mma", [] {
-    Case c = gpu_case("switch", 1, 64, 1, 64, 64, Gate::none, DType::bf16);
-    const Inputs in = to_device(c, make_inputs(c), gpu());
-    run_segment_states(c, in);
-  });
 }
 
 // One or two heads over long segments: several pieces per segment and their fold, chosen by the library
 // (with and without the host copy of cu_seqlens) or forced.
 TEST(GlaSegmentCuda, LongSegmentsFewHeadsVarlen) {
   SKIP_WITHOUT_GPU();
-  for (const char* kernel : {"", "generic"})
+  for (bool generic : {false, true})
   for (Gate gate : {Gate::vector, Gate::scalar})
     for (bool host_copy : {false, true}) {
-      const ScopedEnv setting("FLASHGLA_GLA_SEGMENT_KERNEL", kernel);
-      Case c = gpu_case("long" + std::to_string(int(gate)) + (host_copy ? " host " : " ") + kernel, 1, 8131, 1, 128,
-                        128, gate, DType::bf16);
+      const ScopedTuning kernel([=](GlaTuning& t) { t.segment_split_kernel = generic ? Force::off : Force::library; });
+      Case c = gpu_case("long" + std::to_string(int(gate)) + (host_copy ? " host " : " ") + (generic ? "generic" : ""),
+                        1, 8131, 1, 128, 128, gate, DType::bf16);
       c.cu_seqlens = {0, 0, 1, 5001, 5131, 5131, 8131};
       c.gate_values = GateValues::near_zero;  // long memory: every piece matters
       SCOPED_TRACE(c.name);
@@ -93,9 +90,9 @@ TEST(GlaSegmentCuda, LongSegmentsFewHeadsVarlen) {
 TEST(GlaSegmentCuda, ForcedPiecesAndCallerWorkspace) {
   SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::f32, DType::bf16})
-  for (const char* pieces : {"1", "3", "7"}) {
-    const ScopedEnv setting("FLASHGLA_GLA_SEGMENT_PIECES", pieces);
-    Case c = gpu_case(std::string("pieces") + pieces + " " + dtype_name(dtype), 1, 700, 2, 64, 128, Gate::vector,
+  for (int64_t pieces : {1, 3, 7}) {
+    const ScopedTuning forced([=](GlaTuning& t) { t.segment_pieces = pieces; });
+    Case c = gpu_case("pieces" + std::to_string(pieces) + " " + dtype_name(dtype), 1, 700, 2, 64, 128, Gate::vector,
                       dtype);
     c.cu_seqlens = {0, 33, 33, 34, 700};
     c.gate_values = GateValues::near_zero;
@@ -105,11 +102,6 @@ TEST(GlaSegmentCuda, ForcedPiecesAndCallerWorkspace) {
     call.scale = 0.4;
     check_on_gpu(c, make_inputs(c), call);
   }
-  expect_unknown_switch_error("FLASHGLA_GLA_SEGMENT_PIECES", "many", [] {
-    Case c = gpu_case("switch", 1, 64, 1, 64, 64, Gate::none, DType::bf16);
-    const Inputs in = to_device(c, make_inputs(c), gpu());
-    run_segment_states(c, in);
-  });
 }
 
 TEST(GlaSegmentCuda, StridedVeryNegativeAndMinusInfinityGates) {
@@ -121,7 +113,7 @@ TEST(GlaSegmentCuda, StridedVeryNegativeAndMinusInfinityGates) {
   c.gate_values = GateValues::very_negative;
   check_on_gpu(c, make_inputs(c));
 
-  const ScopedEnv setting("FLASHGLA_GLA_SEGMENT_PIECES", "2");
+  const ScopedTuning pieces([](GlaTuning& t) { t.segment_pieces = 2; });
   c = gpu_case("minusinf", 1, 900, 2, 64, 64, Gate::vector, DType::bf16);
   c.cu_seqlens = {0, 300, 900};
   Inputs in = make_inputs(c);
@@ -151,11 +143,14 @@ TEST(GlaSegmentCuda, EqualsForwardFinalState) {
 // partial tiles, an empty and a one-token segment.
 TEST(GlaSegmentCuda, SanitizerSmallCases) {
   SKIP_WITHOUT_GPU();
-  for (const char* kernel : {"", "generic"})
-    for (const char* pieces : {"", "3"}) {
-      const ScopedEnv choose("FLASHGLA_GLA_SEGMENT_KERNEL", kernel), split("FLASHGLA_GLA_SEGMENT_PIECES", pieces);
-      Case c = gpu_case(std::string("sanitizer ") + kernel + " " + pieces, 1, 200, 1, 72, 40, Gate::vector,
-                        DType::bf16);
+  for (bool generic : {false, true})
+    for (int64_t pieces : {0, 3}) {  // 0: the library's count
+      const ScopedTuning forced([=](GlaTuning& t) {
+        t.segment_split_kernel = generic ? Force::off : Force::library;
+        t.segment_pieces = pieces;
+      });
+      Case c = gpu_case(std::string("sanitizer ") + (generic ? "generic " : "") + std::to_string(pieces), 1, 200, 1,
+                        72, 40, Gate::vector, DType::bf16);
       c.cu_seqlens = {0, 0, 1, 200};
       SCOPED_TRACE(c.name);
       check_on_gpu(c, make_inputs(c));
@@ -170,13 +165,13 @@ TEST(GlaSegmentCuda, BadArguments) {
   expect_error([&] { run_segment_states(c, in); }, ErrorKind::unsupported, "k", "float64");
   expect_error([&] { run_segment_state_grads(c, in); }, ErrorKind::unsupported, "q", "float64");
   // A workspace smaller than the query asks for.
-  const ScopedEnv setting("FLASHGLA_GLA_SEGMENT_PIECES", "4");
   Case b = gpu_case("workspace", 1, 1000, 1, 64, 64, Gate::vector, DType::bf16);
   const Inputs bin = to_device(b, make_inputs(b), gpu());
   Buffer states(DType::f32, {1, 1, 64, 64}, gpu()), log_decay(DType::f32, {1, 1, 64}, gpu());
   Buffer small(DType::f32, {4}, gpu());
   GlaSegmentStatesArgs a;
   a.k = bin.k.view(), a.v = bin.v.view(), a.g = bin.g.view(), a.states = states.view(), a.log_decay = log_decay.view();
+  a.tuning.segment_pieces = 4;
   ASSERT_GT(gla_segment_states_workspace_bytes(a), size_t(16));
   a.workspace = small.view().data, a.workspace_bytes = 16;
   expect_error([&] { gla_segment_states(a); }, ErrorKind::value, "workspace", "gla_segment_states_workspace_bytes");

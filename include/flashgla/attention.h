@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "flashgla/tensor.h"
+#include "flashgla/tuning.h"
 
 namespace flashgla {
 
@@ -31,6 +32,8 @@ struct AttentionForwardArgs {
   void* stream = nullptr;
   void* workspace = nullptr;  // as in GlaForwardArgs (flashgla/gla.h)
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // used when workspace is null (flashgla/tensor.h)
+  AttentionTuning tuning;     // the library's kernel unless set (flashgla/tuning.h)
 };
 
 struct AttentionBackwardArgs {
@@ -46,6 +49,8 @@ struct AttentionBackwardArgs {
   void* stream = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // used when workspace is null (flashgla/tensor.h)
+  AttentionTuning tuning;
 };
 
 void attention_forward(const AttentionForwardArgs& args);
@@ -94,6 +99,7 @@ struct AttentionKvCacheArgs {
   void* stream = nullptr;
   void* workspace = nullptr;  // CUDA: attention_with_kvcache_workspace_bytes() of scratch
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // used when workspace is null (flashgla/tensor.h)
 };
 
 void attention_with_kvcache(const AttentionKvCacheArgs& args);

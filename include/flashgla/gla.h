@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "flashgla/tensor.h"
+#include "flashgla/tuning.h"
 
 namespace flashgla {
 
@@ -60,10 +61,12 @@ struct GlaForwardArgs {
 
   void* stream = nullptr;    // cudaStream_t for CUDA tensors (nullptr: the default stream)
   // Device scratch of at least gla_*_workspace_bytes(args) bytes. Left null, a
-  // CUDA backend that needs scratch takes it stream-ordered (cudaMallocAsync),
-  // which CUDA graphs can capture.
+  // CUDA backend that needs scratch asks allocate_workspace for it, else takes it
+  // stream-ordered (cudaMallocAsync), which CUDA graphs can capture.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // used when workspace is null (flashgla/tensor.h)
+  GlaTuning tuning;          // the library's choices unless a field is set (flashgla/tuning.h)
 };
 
 struct GlaBackwardArgs {
@@ -85,6 +88,8 @@ struct GlaBackwardArgs {
   void* stream = nullptr;
   void* workspace = nullptr;  // as in GlaForwardArgs
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // used when workspace is null (flashgla/tensor.h)
+  GlaTuning tuning;
 };
 
 // Most tokens one gla_decode call takes per sequence (speculative decoding).
@@ -139,6 +144,8 @@ struct GlaSegmentStatesArgs {
   void* stream = nullptr;      // as in GlaForwardArgs
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // used when workspace is null (flashgla/tensor.h)
+  GlaTuning tuning;
 };
 
 // The mirror for the backward: the gradient of each segment's entering state
@@ -158,6 +165,8 @@ struct GlaSegmentStateGradsArgs {
   void* stream = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // used when workspace is null (flashgla/tensor.h)
+  GlaTuning tuning;
 };
 
 void gla_forward(const GlaForwardArgs& args);

@@ -46,12 +46,14 @@ struct TensorView {
   static TensorView contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape, Device device = {});
 };
 
-// Device scratch for one call, asked for at most once, after the call has checked its arguments
-// and planned: returns at least `bytes` of device memory that stays usable on the call's stream
-// until the work the call queued there has finished (stream-ordered, as a caching allocator such
-// as torch's gives it). The ops' `allocate_workspace` field: when `workspace` is null and the
-// call needs scratch, the call asks this instead of taking it with cudaMallocAsync, so a front
-// end checks and plans once per call rather than asking *_workspace_bytes first.
+// Device scratch for one call, asked for after the call has checked its arguments and planned:
+// returns at least `bytes` of device memory that stays usable on the call's stream until the work
+// the call queued there has finished (stream-ordered, as a caching allocator such as torch's gives
+// it); the caller owns it. The ops' `allocate_workspace` field: when `workspace` is null and the
+// call needs scratch, the call asks this instead of taking it with cudaMallocAsync, so a front end
+// checks and plans once per call rather than asking *_workspace_bytes first. A call asks once;
+// gla_forward with state pools and the GLA calls with g_gamma ask once more, first, for the dense
+// states or the materialised gate.
 using WorkspaceAllocator = std::function<void*(size_t bytes)>;
 
 }  // namespace flashgla

@@ -93,19 +93,11 @@ void attention_backward(const AttentionBackwardArgs& a) {
 }
 
 size_t attention_forward_workspace_bytes(const AttentionForwardArgs& a) {
-  [[maybe_unused]] const AttentionProblem p = check_forward(a);
-#ifdef FLASHGLA_WITH_CUDA
-  if (a.q.device.type == DeviceType::cuda) return cuda::attention_forward_workspace_bytes(a, p);
-#endif
-  return 0;
+  return FLASHGLA_WORKSPACE_BYTES(a.q.device, attention_forward_workspace_bytes, a, check_forward(a));
 }
 
 size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& a) {
-  [[maybe_unused]] const AttentionProblem p = check_backward(a);
-#ifdef FLASHGLA_WITH_CUDA
-  if (a.q.device.type == DeviceType::cuda) return cuda::attention_backward_workspace_bytes(a, p);
-#endif
-  return 0;
+  return FLASHGLA_WORKSPACE_BYTES(a.q.device, attention_backward_workspace_bytes, a, check_backward(a));
 }
 
 }  // namespace flashgla

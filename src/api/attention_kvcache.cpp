@@ -125,11 +125,7 @@ void attention_with_kvcache(const AttentionKvCacheArgs& a) {
 }
 
 size_t attention_with_kvcache_workspace_bytes(const AttentionKvCacheArgs& a) {
-  [[maybe_unused]] const KvCacheProblem p = check_kvcache(a);
-#ifdef FLASHGLA_WITH_CUDA
-  if (a.q.device.type == DeviceType::cuda) return cuda::attention_with_kvcache_workspace_bytes(a, p);
-#endif
-  return 0;
+  return FLASHGLA_WORKSPACE_BYTES(a.q.device, attention_with_kvcache_workspace_bytes, a, check_kvcache(a));
 }
 
 }  // namespace flashgla

@@ -233,8 +233,10 @@ TensorView gate_view(void* data, const GlaProblem& p, const Device& dev) {
 
 class GateScratch {
  public:
-  // Takes `bytes` off the front of (workspace, workspace_bytes) when a CUDA workspace is given.
-  GateScratch(const Device& dev, size_t bytes, void* stream, void*& workspace, size_t& workspace_bytes)
+  // Takes `bytes` off the front of (workspace, workspace_bytes) when a CUDA workspace is given, else asks
+  // `allocate` (the op then asks it a second time for its own scratch), else allocates stream-ordered.
+  GateScratch(const Device& dev, size_t bytes, void* stream, void*& workspace, size_t& workspace_bytes,
+              const WorkspaceAllocator& allocate)
       : dev_(dev), stream_(stream) {
     if (dev.type == DeviceType::cpu) {
       host_.resize(bytes / sizeof(float) + 1);
@@ -248,12 +250,16 @@ class GateScratch {
                            std::to_string(workspace_bytes));
       data_ = workspace;
       workspace = static_cast<char*>(workspace) + bytes, workspace_bytes -= bytes;
+    } else if (allocate) {
+      data_ = allocate(bytes);
+      FLASHGLA_REQUIRE(data_ != nullptr, ErrorKind::runtime, "allocate_workspace",
+                       "returned null for " + std::to_string(bytes) + " bytes");
     } else {
       data_ = cuda::scratch_allocate(dev.index, bytes, stream);
       owned_ = true;
     }
 #else
-    (void)workspace, (void)workspace_bytes;
+    (void)workspace, (void)workspace_bytes, (void)allocate;
 #endif
   }
   ~GateScratch() {
@@ -294,7 +300,7 @@ void gla_forward(const GlaForwardArgs& args) {
   GlaForwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
   if (!a.g_gamma.defined()) return FLASHGLA_DISPATCH(dev, gla_forward, a, p);
-  GateScratch scratch(dev, gate_bytes(p), a.stream, a.workspace, a.workspace_bytes);
+  GateScratch scratch(dev, gate_bytes(p), a.stream, a.workspace, a.workspace_bytes, a.allocate_workspace);
   const GlaForwardArgs b = with_gate(a, scratch.bytes(), p);
   const GammaGateArgs gamma{a.g, a.g_gamma, b.g, a.stream};
   FLASHGLA_DISPATCH(dev, gla_gamma_gate, gamma);
@@ -306,7 +312,7 @@ void gla_backward(const GlaBackwardArgs& args) {
   GlaBackwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
   if (!a.g_gamma.defined()) return FLASHGLA_DISPATCH(dev, gla_backward, a, p);
-  GateScratch scratch(dev, 2 * gate_bytes(p), a.stream, a.workspace, a.workspace_bytes);
+  GateScratch scratch(dev, 2 * gate_bytes(p), a.stream, a.workspace, a.workspace_bytes, a.allocate_workspace);
   const GlaBackwardArgs b = with_gate(a, scratch.bytes(), p);
   const GammaGateArgs gamma{a.g, a.g_gamma, b.g, a.stream};
   FLASHGLA_DISPATCH(dev, gla_gamma_gate, gamma);
@@ -315,28 +321,23 @@ void gla_backward(const GlaBackwardArgs& args) {
   FLASHGLA_DISPATCH(dev, gla_gamma_grad, grad);
 }
 
+// With g_gamma the op's scratch follows the materialised gate's (see GateScratch).
 size_t gla_forward_workspace_bytes(const GlaForwardArgs& args) {
-  [[maybe_unused]] const GlaProblem p = check_forward(args);
-#ifdef FLASHGLA_WITH_CUDA
-  if (args.q.device.type == DeviceType::cuda) {
-    const GlaForwardArgs a = with_kv_states(args);
-    if (!a.g_gamma.defined()) return cuda::gla_forward_workspace_bytes(a, p);
-    return gate_bytes(p) + cuda::gla_forward_workspace_bytes(with_gate(a, kStandIn, p), p);
-  }
-#endif
-  return 0;
+  const GlaProblem p = check_forward(args);
+  const GlaForwardArgs a = with_kv_states(args);
+  const Device dev = a.q.device;
+  if (!a.g_gamma.defined()) return FLASHGLA_WORKSPACE_BYTES(dev, gla_forward_workspace_bytes, a, p);
+  const size_t op = FLASHGLA_WORKSPACE_BYTES(dev, gla_forward_workspace_bytes, with_gate(a, kStandIn, p), p);
+  return kCudaBackend && dev.type == DeviceType::cuda ? gate_bytes(p) + op : 0;
 }
 
 size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args) {
-  [[maybe_unused]] const GlaProblem p = check_backward(args);
-#ifdef FLASHGLA_WITH_CUDA
-  if (args.q.device.type == DeviceType::cuda) {
-    const GlaBackwardArgs a = with_kv_states(args);
-    if (!a.g_gamma.defined()) return cuda::gla_backward_workspace_bytes(a, p);
-    return 2 * gate_bytes(p) + cuda::gla_backward_workspace_bytes(with_gate(a, kStandIn, p), p);
-  }
-#endif
-  return 0;
+  const GlaProblem p = check_backward(args);
+  const GlaBackwardArgs a = with_kv_states(args);
+  const Device dev = a.q.device;
+  if (!a.g_gamma.defined()) return FLASHGLA_WORKSPACE_BYTES(dev, gla_backward_workspace_bytes, a, p);
+  const size_t op = FLASHGLA_WORKSPACE_BYTES(dev, gla_backward_workspace_bytes, with_gate(a, kStandIn, p), p);
+  return kCudaBackend && dev.type == DeviceType::cuda ? 2 * gate_bytes(p) + op : 0;
 }
 
 namespace {

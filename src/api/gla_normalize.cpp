@@ -82,11 +82,7 @@ void gla_normalize_backward(const GlaNormalizeBackwardArgs& a) {
 }
 
 size_t gla_normalize_backward_workspace_bytes(const GlaNormalizeBackwardArgs& a) {
-  [[maybe_unused]] const GlaProblem p = check_backward(a);
-#ifdef FLASHGLA_WITH_CUDA
-  if (a.q.device.type == DeviceType::cuda) return cuda::gla_normalize_backward_workspace_bytes(a, p);
-#endif
-  return 0;
+  return FLASHGLA_WORKSPACE_BYTES(a.q.device, gla_normalize_backward_workspace_bytes, a, check_backward(a));
 }
 
 }  // namespace flashgla

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "api/gla_checks.h"
-#include "core/backend.h"
+#include "api/dispatch.h"
 #include "flashgla/gla.h"
 
 namespace flashgla {
@@ -66,49 +66,22 @@ GlaProblem check_state_grads(const GlaSegmentStateGradsArgs& a) {
   return p;
 }
 
-#ifndef FLASHGLA_WITH_CUDA
-[[noreturn]] void no_cuda(const Device& dev, const char* lead) {
-  check::fail(ErrorKind::unsupported, lead,
-              "tensors are on " + dev.str() + " but this flashgla was built without CUDA");
-}
-#endif
-
 }  // namespace
 
 void gla_segment_states(const GlaSegmentStatesArgs& a) {
-  const GlaProblem p = check_states(a);
-  if (a.k.device.type == DeviceType::cpu) return cpu::gla_segment_states(a, p);
-#ifdef FLASHGLA_WITH_CUDA
-  return cuda::gla_segment_states(a, p);
-#else
-  no_cuda(a.k.device, "k");
-#endif
+  FLASHGLA_DISPATCH_AS(a.k.device, "k", gla_segment_states, a, check_states(a));
 }
 
 size_t gla_segment_states_workspace_bytes(const GlaSegmentStatesArgs& a) {
-  [[maybe_unused]] const GlaProblem p = check_states(a);
-#ifdef FLASHGLA_WITH_CUDA
-  if (a.k.device.type == DeviceType::cuda) return cuda::gla_segment_states_workspace_bytes(a, p);
-#endif
-  return 0;
+  return FLASHGLA_WORKSPACE_BYTES(a.k.device, gla_segment_states_workspace_bytes, a, check_states(a));
 }
 
 void gla_segment_state_grads(const GlaSegmentStateGradsArgs& a) {
-  const GlaProblem p = check_state_grads(a);
-  if (a.q.device.type == DeviceType::cpu) return cpu::gla_segment_state_grads(a, p);
-#ifdef FLASHGLA_WITH_CUDA
-  return cuda::gla_segment_state_grads(a, p);
-#else
-  no_cuda(a.q.device, "q");
-#endif
+  FLASHGLA_DISPATCH(a.q.device, gla_segment_state_grads, a, check_state_grads(a));
 }
 
 size_t gla_segment_state_grads_workspace_bytes(const GlaSegmentStateGradsArgs& a) {
-  [[maybe_unused]] const GlaProblem p = check_state_grads(a);
-#ifdef FLASHGLA_WITH_CUDA
-  if (a.q.device.type == DeviceType::cuda) return cuda::gla_segment_state_grads_workspace_bytes(a, p);
-#endif
-  return 0;
+  return FLASHGLA_WORKSPACE_BYTES(a.q.device, gla_segment_state_grads_workspace_bytes, a, check_state_grads(a));
 }
 
 }  // namespace flashgla

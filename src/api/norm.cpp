@@ -125,11 +125,7 @@ void rms_norm_backward(const RmsNormBackwardArgs& a) {
 }
 
 size_t rms_norm_backward_workspace_bytes(const RmsNormBackwardArgs& a) {
-  [[maybe_unused]] const RowsProblem p = check_norm_backward(a);
-#ifdef FLASHGLA_WITH_CUDA
-  if (a.x.device.type == DeviceType::cuda) return cuda::rms_norm_backward_workspace_bytes(a, p);
-#endif
-  return 0;
+  return FLASHGLA_WORKSPACE_BYTES(a.x.device, rms_norm_backward_workspace_bytes, a, check_norm_backward(a));
 }
 
 void logsigmoid_gate_forward(const LogSigmoidGateForwardArgs& a) {

@@ -3,11 +3,9 @@
 // portable (sm_80+) kernels are in attention_kernels.cuh, instantiated in
 // attention_d*.cu, for bf16/fp16 with D == Dv in {64, 128, 256}; every other
 // case (fp32, any D and Dv up to 512) runs the generic kernels of
-// attention_generic.cu. The Hopper forward (attention_hopper.cu) takes bf16/fp16
-// at D in {64, 128} where it can run; FLASHGLA_ATTENTION_KERNEL in the
-// environment overrides that choice (see forward_kernel_choice). The Hopper
-// backward (attention_hopper_bwd.cu) is chosen the same way through
-// FLASHGLA_ATTENTION_BACKWARD (see backward_kernel_choice).
+// attention_generic.cu. The Hopper forward (attention_hopper.cu) and backward
+// (attention_hopper_bwd.cu) take bf16/fp16 at D in {64, 128} where they can run;
+// the call's AttentionTuning overrides that choice.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -90,48 +88,24 @@ AttentionParams make_params(const TensorView& q, const TensorView& k, const Tens
   return p;
 }
 
-// Which forward takes bf16/fp16 at D in {64, 128}. FLASHGLA_ATTENTION_KERNEL:
-// "portable" runs the mma.sync kernel; "hopper" requires the sm_90a kernel
-// wherever the tensors allow it (an error where the device or build cannot,
-// so a test run with it cannot pass on the portable kernel by accident), in
-// its ping-pong variant; "hopper-overlap" the same with the variant that
-// overlaps the softmax with P V, "hopper-overlap-wide" that variant with
-// 176-key tiles at D = 128; unset or "auto": the defaults below.
-enum class KernelChoice { automatic, portable, hopper, hopper_overlap, hopper_overlap_wide };
+// The Hopper kernels are the library's choice where they can run: they beat the
+// portable ones at every shape measured (bench/notes_attention.md, "Moved from
+// source comments"). AttentionTuning::Kernel::portable keeps the portable
+// kernels; hopper requires the Hopper ones wherever the tensors allow them (an
+// error where the device or build cannot, so a test run with it cannot pass on
+// the portable kernel by accident).
+using Kernel = AttentionTuning::Kernel;
 
-// The Hopper forward is the default where it applies: it beat the portable one
-// at every shape measured (bench/notes_attention.md, "Moved from source comments").
-constexpr bool kHopperForwardByDefault = true;
-// Which Hopper forward variant "auto" runs: the ping-pong kernel, except
-// hopper-overlap-wide at D = 128 and Tk >= 8K, the one region where a variant
-// was faster (hopper-overlap never was; bench/notes_attention.md). Fixed-length
-// batches only: with cu_seqlens the host does not know the sequences' lengths
-// (varlen was not timed).
+// The Hopper forward's variant: the ping-pong kernel, except 176-key tiles at
+// D = 128 and Tk >= 8K, the one region where they were faster
+// (bench/notes_attention.md). Fixed-length batches only: with cu_seqlens the
+// host does not know the sequences' lengths (varlen was not timed).
 constexpr int64_t kWideKeyTilesFromKeys = 8192;
-attn::HopperForwardVariant default_hopper_variant(const AttentionProblem& problem) {
+attn::HopperForwardVariant hopper_variant(const AttentionProblem& problem) {
   const bool long_keys = !problem.varlen && problem.k_len >= kWideKeyTilesFromKeys;
   return problem.head_dim == 128 && long_keys ? attn::HopperForwardVariant::overlap_wide
                                               : attn::HopperForwardVariant::ping_pong;
 }
-
-KernelChoice kernel_choice(const char* variable, bool has_overlap) {
-  const std::string value =
-      has_overlap ? env_choice(variable, {"auto", "portable", "hopper", "hopper-overlap", "hopper-overlap-wide"})
-                  : env_choice(variable, {"auto", "portable", "hopper"});
-  if (value == "portable") return KernelChoice::portable;
-  if (value == "hopper") return KernelChoice::hopper;
-  if (value == "hopper-overlap") return KernelChoice::hopper_overlap;
-  if (value == "hopper-overlap-wide") return KernelChoice::hopper_overlap_wide;
-  return KernelChoice::automatic;  // unset, empty or "auto"
-}
-KernelChoice forward_kernel_choice() { return kernel_choice("FLASHGLA_ATTENTION_KERNEL", true); }
-
-// Which backward takes bf16/fp16 at D in {64, 128}: FLASHGLA_ATTENTION_BACKWARD,
-// with the same values and meaning as FLASHGLA_ATTENTION_KERNEL.
-// The Hopper backward is the default where it applies, for the same reason
-// (bench/notes_attention.md).
-constexpr bool kHopperBackwardByDefault = true;
-KernelChoice backward_kernel_choice() { return kernel_choice("FLASHGLA_ATTENTION_BACKWARD", false); }
 
 // Calls fn(T{}, std::integral_constant<int, D>{}) for the dtype and head dim.
 template <class Fn>
@@ -170,14 +144,9 @@ void attention_forward(const AttentionForwardArgs& args, const AttentionProblem&
     attn::run_attention_generic_forward(p, args.q.dtype, int(problem.head_dim), int(problem.value_dim), stream);
     return;
   }
-  const KernelChoice choice = forward_kernel_choice();
-  const bool hopper_required = choice == KernelChoice::hopper || choice == KernelChoice::hopper_overlap ||
-                               choice == KernelChoice::hopper_overlap_wide;
-  const bool try_hopper = hopper_required || (choice == KernelChoice::automatic && kHopperForwardByDefault);
-  using Variant = attn::HopperForwardVariant;
-  Variant variant = choice == KernelChoice::automatic ? default_hopper_variant(problem) : Variant::ping_pong;
-  if (choice == KernelChoice::hopper_overlap) variant = Variant::overlap;
-  if (choice == KernelChoice::hopper_overlap_wide) variant = Variant::overlap_wide;
+  const bool hopper_required = args.tuning.kernel == Kernel::hopper;
+  const bool try_hopper = args.tuning.kernel != Kernel::portable;
+  const attn::HopperForwardVariant variant = hopper_variant(problem);
   dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
     using T = decltype(type);
     constexpr int D = decltype(dim)::value;
@@ -189,7 +158,7 @@ void attention_forward(const AttentionForwardArgs& args, const AttentionProblem&
         if (refused == nullptr) return;
         const bool tensors_fit = p.q.vec16 && p.k.vec16 && p.v.vec16;
         if (hopper_required && tensors_fit)
-          check::fail(ErrorKind::unsupported, "FLASHGLA_ATTENTION_KERNEL",
+          check::fail(ErrorKind::unsupported, "tuning",
                       std::string("asks for the Hopper forward, which cannot run here: ") + refused);
       }
     }
@@ -207,52 +176,35 @@ void attention_backward(const AttentionBackwardArgs& args, const AttentionProble
 
   const bool fast = fast_kernels_apply(args.q.dtype, problem);
   const BackwardScratch scratch(problem, fast);
-  void* workspace = args.workspace;
-  bool owned = false;
-  if (workspace == nullptr) {
-    if (scratch.total() > 0) {
-      check_cuda(cudaMallocAsync(&workspace, scratch.total(), stream), "cudaMallocAsync (attention backward workspace)");
-      owned = true;
-    }
-  } else if (args.workspace_bytes < scratch.total()) {
-    check::fail(ErrorKind::value, "workspace",
-                "needs " + std::to_string(scratch.total()) + " bytes (attention_backward_workspace_bytes), got " +
-                    std::to_string(args.workspace_bytes));
-  }
-  char* base = static_cast<char*>(workspace);
+  const Scratch workspace(args.workspace, args.workspace_bytes, args.allocate_workspace, scratch.total(), stream,
+                          "attention_backward_workspace_bytes");
+  char* base = workspace.bytes();
   p.dq_accum = reinterpret_cast<float*>(base);
   p.lse_log2 = reinterpret_cast<float*>(base + scratch.dq_bytes);
   p.dsum = reinterpret_cast<float*>(base + scratch.dq_bytes + scratch.row_bytes);
-  try {
-    if (!fast) {
-      attn::run_attention_generic_backward(p, args.q.dtype, int(problem.head_dim), int(problem.value_dim), stream);
-    } else {
-      if (scratch.dq_bytes > 0)
-        check_cuda(cudaMemsetAsync(p.dq_accum, 0, scratch.dq_bytes, stream), "cudaMemsetAsync (dq accumulator)");
-      const KernelChoice choice = backward_kernel_choice();
-      const bool hopper_required = choice == KernelChoice::hopper;
-      const bool try_hopper = hopper_required || (choice == KernelChoice::automatic && kHopperBackwardByDefault);
-      dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
-        using T = decltype(type);
-        constexpr int D = decltype(dim)::value;
-        if constexpr (D <= 128) {
-          if (try_hopper && p.q_len > 0 && p.k_len > 0) {
-            const char* refused = attn::run_attention_backward_hopper<T, D>(p, stream);
-            if (refused == nullptr) return;
-            const bool tensors_fit = p.q.vec16 && p.k.vec16 && p.v.vec16 && p.d_o.vec16;
-            if (hopper_required && tensors_fit)
-              check::fail(ErrorKind::unsupported, "FLASHGLA_ATTENTION_BACKWARD",
-                          std::string("is hopper, but the Hopper backward cannot run here: ") + refused);
-          }
+  if (!fast) {
+    attn::run_attention_generic_backward(p, args.q.dtype, int(problem.head_dim), int(problem.value_dim), stream);
+  } else {
+    if (scratch.dq_bytes > 0)
+      check_cuda(cudaMemsetAsync(p.dq_accum, 0, scratch.dq_bytes, stream), "cudaMemsetAsync (dq accumulator)");
+    const bool hopper_required = args.tuning.kernel == Kernel::hopper;
+    const bool try_hopper = args.tuning.kernel != Kernel::portable;
+    dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
+      using T = decltype(type);
+      constexpr int D = decltype(dim)::value;
+      if constexpr (D <= 128) {
+        if (try_hopper && p.q_len > 0 && p.k_len > 0) {
+          const char* refused = attn::run_attention_backward_hopper<T, D>(p, stream);
+          if (refused == nullptr) return;
+          const bool tensors_fit = p.q.vec16 && p.k.vec16 && p.v.vec16 && p.d_o.vec16;
+          if (hopper_required && tensors_fit)
+            check::fail(ErrorKind::unsupported, "tuning",
+                        std::string("asks for the Hopper backward, which cannot run here: ") + refused);
         }
-        attn::run_attention_backward<T, D>(p, stream);
-      });
-    }
-  } catch (...) {
-    if (owned) cudaFreeAsync(workspace, stream);
-    throw;
+      }
+      attn::run_attention_backward<T, D>(p, stream);
+    });
   }
-  if (owned) check_cuda(cudaFreeAsync(workspace, stream), "cudaFreeAsync (attention backward workspace)");
 }
 
 size_t attention_forward_workspace_bytes(const AttentionForwardArgs& args, const AttentionProblem& problem) {

@@ -20,8 +20,8 @@
 // everything else.
 //
 // A second variant (kOverlap, below) drops the producer warp to get the
-// registers for overlapping each warpgroup's softmax with its own P V; with
-// 176-key tiles at D = 128 it is the default for Tk >= 8K (attention.cu).
+// registers for overlapping each warpgroup's softmax with its own P V, with
+// 176-key tiles at D = 128: the default for Tk >= 8K (attention.cu).
 #include "cuda/attention/attention_kernels.cuh"
 #include "cuda/attention/attention_tma.cuh"
 #include "cuda/common/barriers.cuh"
@@ -33,14 +33,15 @@ namespace flashgla::cuda::attn {
 // kOverlap: the variant without a producer warp (256 threads may use 255
 // registers, where ptxas caps the 288-thread kernel at 168): thread 128
 // issues the loads, and each warpgroup overlaps its softmax of tile j with
-// its own P V of tile j − 1. K and V take three stages of 128 keys, or two of
-// wider key tiles (kBlockN = 176 at D = 128: fewer tiles, so fewer barrier
-// handshakes per key; three would not fit in shared memory).
+// its own P V of tile j − 1, over key tiles of kBlockN = 176 at D = 128 (fewer
+// tiles, so fewer barrier handshakes per key). K and V take two stages (three
+// would not fit in shared memory).
 template <int D, bool kOverlap = false, int BlockN = 128>
 struct HopperForwardConfig {
+  static_assert(!kOverlap || (D == 128 && BlockN == 176), "the overlap variant runs 176-key tiles at D = 128");
   static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
   static constexpr int kBlockN = BlockN;
-  static constexpr int kStages = kOverlap && BlockN == 128 ? 3 : 2;
+  static constexpr int kStages = 2;
   static constexpr int kConsumerThreads = 256;
   static constexpr int kThreads = kOverlap ? kConsumerThreads : kConsumerThreads + 32;
   static constexpr int kQBytes = kBlockM * D * 2;
@@ -415,12 +416,10 @@ template <class T, int D>
 const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream, HopperForwardVariant variant) {
   switch (variant) {
     case HopperForwardVariant::ping_pong: return launch_forward_hopper<T, D, false>(p, stream);
-    case HopperForwardVariant::overlap: return launch_forward_hopper<T, D, true>(p, stream);
     case HopperForwardVariant::overlap_wide:
-      // D = 64 keeps 128 keys: its tiles are cheap already, and the wide
-      // variant was written for D = 128.
+      // Written for D = 128; D = 64 runs the ping-pong kernel (its tiles are cheap already).
       if constexpr (D == 128) return launch_forward_hopper<T, D, true, 176>(p, stream);
-      else return launch_forward_hopper<T, D, true>(p, stream);
+      else return launch_forward_hopper<T, D, false>(p, stream);
   }
   return "unknown Hopper forward variant";
 }

@@ -414,8 +414,8 @@ void attention_with_kvcache(const AttentionKvCacheArgs& a, const KvCacheProblem&
   prm.causal = p.causal, prm.append = p.append;
   prm.vec_k = vector_loads(a.k_cache), prm.vec_v = vector_loads(a.v_cache);
   const size_t needed = workspace_for(p, prm.splits);
-  Scratch scratch(a.workspace, a.workspace_bytes, needed, stream, "attention_with_kvcache_workspace_bytes", "workspace",
-                  16);
+  Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, needed, stream,
+                  "attention_with_kvcache_workspace_bytes", "workspace", 16);
   if (needed > 0) {
     const int64_t total = p.batch * p.q_heads * p.q_len;
     prm.part_lse = scratch.floats();

@@ -77,10 +77,10 @@ void run_attention_backward(AttentionParams p, cudaStream_t stream);
 // The sm_90a forward (attention_hopper.cu, D in {64, 128}): nullptr once
 // launched, else why this device, build or tensors do not allow it (and
 // nothing was launched). Variants: ping_pong (a producer warp, the two
-// warpgroups' MMAs take turns), overlap (no producer warp; each warpgroup
-// also overlaps its softmax with its own P V), overlap_wide (overlap with
-// 176-key tiles at D = 128).
-enum class HopperForwardVariant { ping_pong, overlap, overlap_wide };
+// warpgroups' MMAs take turns), overlap_wide (no producer warp; each
+// warpgroup also overlaps its softmax with its own P V, over 176-key tiles at
+// D = 128).
+enum class HopperForwardVariant { ping_pong, overlap_wide };
 template <class T, int D>
 const char* run_attention_forward_hopper(AttentionParams p, cudaStream_t stream, HopperForwardVariant variant);
 // The sm_90a backward (attention_hopper_bwd.cu, D in {64, 128}; all three

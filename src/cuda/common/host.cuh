@@ -1,4 +1,4 @@
-// Shared by the CUDA backend: error checks, tuning switches, device guard, launch helpers.
+// Shared by the CUDA backend: error checks, device guard, scratch, launch helpers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,7 +9,6 @@
 #include <initializer_list>
 #include <string>
 
-#include "core/env.h"
 #include "core/errors.h"
 #include "flashgla/tensor.h"
 
@@ -51,28 +50,34 @@ class DeviceGuard {
 };
 
 // Device scratch for one call: the caller's workspace when one is given (checked
-// for size and alignment), otherwise a stream-ordered allocation given back on
-// the same stream, so that the call stays capturable by CUDA graphs.
+// for size and alignment), else one block from the caller's allocator (asked once,
+// for exactly `needed`), else a stream-ordered allocation given back on the same
+// stream, so that the call stays capturable by CUDA graphs.
 class Scratch {
  public:
   // `size_query` names the function that reports `needed`; `size_argument` is the
   // argument an error names when the caller's workspace is too small.
-  Scratch(void* given, size_t given_bytes, size_t needed, cudaStream_t stream, const char* size_query,
-          const char* size_argument = "workspace", size_t alignment = 1)
+  Scratch(void* given, size_t given_bytes, const WorkspaceAllocator& allocate, size_t needed, cudaStream_t stream,
+          const char* size_query, const char* size_argument = "workspace", size_t alignment = 1)
       : stream_(stream) {
     if (needed == 0) return;
     if (given) {
       FLASHGLA_REQUIRE(given_bytes >= needed, ErrorKind::value, size_argument,
                        "needs " + std::to_string(needed) + " bytes (" + size_query + "), got " +
                            std::to_string(given_bytes));
-      FLASHGLA_REQUIRE(reinterpret_cast<uintptr_t>(given) % alignment == 0, ErrorKind::value, "workspace",
-                       "must be " + std::to_string(alignment) + "-byte aligned");
       data_ = given;
+    } else if (allocate) {
+      data_ = allocate(needed);
+      FLASHGLA_REQUIRE(data_ != nullptr, ErrorKind::runtime, "allocate_workspace",
+                       "returned null for " + std::to_string(needed) + " bytes");
     } else {
       const cudaError_t status = cudaMallocAsync(&data_, needed, stream);
       if (status != cudaSuccess) check_cuda(status, (std::string("cudaMallocAsync (") + size_query + ")").c_str());
       owned_ = true;
     }
+    FLASHGLA_REQUIRE(reinterpret_cast<uintptr_t>(data_) % alignment == 0, ErrorKind::value,
+                     given ? "workspace" : "allocate_workspace",
+                     "must be " + std::to_string(alignment) + "-byte aligned");
   }
   ~Scratch() {
     if (owned_) cudaFreeAsync(data_, stream_);

@@ -221,7 +221,7 @@ __device__ __forceinline__ void wgmma_ss_n64_tt_first<__half>(float (&d)[32], ui
       : "l"(desc_a), "l"(desc_b));
 }
 
-// ---- additions for the forward's wide key tiles (N = 176, hopper-overlap-wide) ------------
+// ---- additions for the attention forward's wide key tiles (N = 176, its overlap_wide variant) ----
 // The same as wgmma_ss / wgmma_ss_first above for D[64 x 176] (88 accumulator registers).
 template <>
 __device__ __forceinline__ void wgmma_ss<__nv_bfloat16, 176>(float (&d)[88], uint64_t desc_a, uint64_t desc_b, int accumulate) {

@@ -51,7 +51,7 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
 }
 
 gla::BwdPlan plan(const GlaBackwardArgs& a, const GlaProblem& pr) {
-  return gla::plan_backward(bwd_problem(a, pr), device_props(a.q.device.index), gla::current_gla_tuning());
+  return gla::plan_backward(bwd_problem(a, pr), device_props(a.q.device.index), a.tuning);
 }
 
 void check_supported(const GlaBackwardArgs& a, const GlaProblem& pr) {
@@ -100,8 +100,8 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.diag_factor_limit = sizes.diag_factor_limit;
   p.num_slots = sizes.num_slots;
 
-  Scratch scratch(a.workspace, a.workspace_bytes, sizes.total(), stream, "gla_backward_workspace_bytes", "workspace",
-                  gla::BwdPlan::kAlign);
+  Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, sizes.total(), stream,
+                  "gla_backward_workspace_bytes", "workspace", gla::BwdPlan::kAlign);
   char* cursor = scratch.bytes();
   auto take = [&](size_t bytes) {
     char* at = cursor;

@@ -53,7 +53,7 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   fp.longest = longest_sequence(p, a.cu_seqlens, a.cu_seqlens_host);  // -1: unknown, no split
   fp.q_rows16 = c.q.rows16, fp.k_rows16 = c.k.rows16, fp.v_rows16 = c.v.rows16, fp.g_rows16 = c.g.rows16;
   fp.o_rows16 = c.o.rows16;
-  out.plan = gla::plan_forward(fp, device_props(a.q.device.index), gla::current_gla_tuning());
+  out.plan = gla::plan_forward(fp, device_props(a.q.device.index), a.tuning);
   const gla::FwdPlan& plan = out.plan;
 
   c.num_slices = plan.num_slices;
@@ -143,7 +143,8 @@ void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
   require_compute_dtype(args.q, "q");
   DeviceGuard guard(args.q.device.index);
   const auto stream = static_cast<cudaStream_t>(args.stream);
-  Scratch dense(args.workspace, args.workspace_bytes, pooled, stream, "gla_forward_workspace_bytes");
+  Scratch dense(args.workspace, args.workspace_bytes, args.allocate_workspace, pooled, stream,
+                "gla_forward_workspace_bytes");
   const GlaForwardArgs d = with_dense_states(args, problem, dense.bytes());
   if (args.initial_state_indices.defined())
     gla::launch_copy_state_rows(rows_copy(args.initial_state, args.initial_state_indices, d.initial_state, {}, problem),
@@ -182,7 +183,8 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
     if (c.fast) return gla::launch_fast_chunk_forward(params, planned.num_seqs, stream);
     return gla::launch_chunk_forward(params, planned.num_seqs, stream);
   };
-  Scratch workspace(args.workspace, args.workspace_bytes, plan.workspace_bytes, stream, "gla_forward_workspace_bytes");
+  Scratch workspace(args.workspace, args.workspace_bytes, args.allocate_workspace, plan.workspace_bytes, stream,
+                    "gla_forward_workspace_bytes");
   if (c.hopper) {
     const auto start = reinterpret_cast<uintptr_t>(workspace.bytes() + plan.prep_offset);
     c.prep = reinterpret_cast<unsigned char*>((start + 1023) & ~uintptr_t(1023));

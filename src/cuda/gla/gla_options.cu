@@ -332,8 +332,8 @@ void gla_normalize_backward(const GlaNormalizeBackwardArgs& a, const GlaProblem&
   c.dq = any_of(a.dq), c.dk = any_of(a.dk), c.d_z_init = any_of(a.d_z_init);
   const int64_t blocks = p.num_seqs * p.heads;
   if (blocks == 0) return;
-  Scratch scratch(a.workspace, a.workspace_bytes, gla_normalize_backward_workspace_bytes(a, p), stream,
-                  "gla_normalize_backward_workspace_bytes", "workspace", alignof(float));
+  Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, gla_normalize_backward_workspace_bytes(a, p),
+                  stream, "gla_normalize_backward_workspace_bytes", "workspace", alignof(float));
   c.d_den = scratch.floats();
   set_shared(reinterpret_cast<const void*>(normalize_backward_kernel), z_bytes(p));
   normalize_backward_kernel<<<unsigned(blocks), kThreads, z_bytes(p), stream>>>(c);

@@ -234,7 +234,7 @@ struct SegmentPlan {
 // The parameters of a call and the planner's choices (plan.h: plan_segment): the generic tile kernel with
 // its pieces, or the forward's split states kernel (see the top of this file), then the fold.
 SegmentPlan plan(const TensorView& x, const TensorView& y, const TensorView& g, const TensorView& cu_seqlens,
-                 const TensorView& cu_seqlens_host, const GlaProblem& pr, bool grads) {
+                 const TensorView& cu_seqlens_host, const GlaProblem& pr, bool grads, const GlaTuning& tuning) {
   SegmentPlan plan;
   SegmentParams& p = plan.params;
   p.x = view_of(x), p.y = view_of(y), p.g = view_of(g);
@@ -257,7 +257,7 @@ SegmentPlan plan(const TensorView& x, const TensorView& y, const TensorView& g, 
   const int64_t longest = longest_sequence(pr, cu_seqlens, cu_seqlens_host);
   sp.longest = longest < 0 ? pr.seq_len : longest;  // unknown without reading device memory: at most T
   sp.x_rows16 = p.x.rows16, sp.y_rows16 = p.y.rows16, sp.g_rows16 = p.g.rows16;
-  const gla::SegmentPlan chosen = gla::plan_segment(sp, device_props(x.device.index), gla::current_gla_tuning());
+  const gla::SegmentPlan chosen = gla::plan_segment(sp, device_props(x.device.index), tuning);
   p.pieces = chosen.pieces;
   p.piece_chunks = chosen.piece_chunks;
   plan.workspace_bytes = chosen.workspace_bytes;
@@ -278,10 +278,11 @@ SegmentPlan plan(const TensorView& x, const TensorView& y, const TensorView& g, 
   return plan;
 }
 
-void launch(SegmentPlan& plan, void* workspace, size_t workspace_bytes, cudaStream_t stream, const char* query) {
+void launch(SegmentPlan& plan, void* workspace, size_t workspace_bytes, const WorkspaceAllocator& allocate,
+            cudaStream_t stream, const char* query) {
   SegmentParams& p = plan.params;
   if (plan.pairs == 0) return;
-  const Scratch scratch(workspace, workspace_bytes, plan.workspace_bytes, stream, query, "workspace", 16);
+  const Scratch scratch(workspace, workspace_bytes, allocate, plan.workspace_bytes, stream, query, "workspace", 16);
   const int blocks = ceil_div(int64_t(p.key_dim) * p.value_dim, kThreads);
   if (plan.use_split) {
     gla::ChunkParams& c = plan.split;
@@ -310,14 +311,14 @@ void launch(SegmentPlan& plan, void* workspace, size_t workspace_bytes, cudaStre
 
 SegmentPlan plan_states(const GlaSegmentStatesArgs& a, const GlaProblem& pr) {
   require_compute_dtype(a.k, "k");
-  SegmentPlan s = plan(a.k, a.v, a.g, a.cu_seqlens, a.cu_seqlens_host, pr, false);
+  SegmentPlan s = plan(a.k, a.v, a.g, a.cu_seqlens, a.cu_seqlens_host, pr, false, a.tuning);
   s.params.states = view_of(a.states), s.params.log_decay = view_of(a.log_decay);
   return s;
 }
 
 SegmentPlan plan_grads(const GlaSegmentStateGradsArgs& a, const GlaProblem& pr) {
   require_compute_dtype(a.q, "q");
-  SegmentPlan s = plan(a.q, a.d_o, a.g, a.cu_seqlens, a.cu_seqlens_host, pr, true);
+  SegmentPlan s = plan(a.q, a.d_o, a.g, a.cu_seqlens, a.cu_seqlens_host, pr, true, a.tuning);
   s.params.states = view_of(a.d_states);
   return s;
 }
@@ -337,13 +338,14 @@ size_t gla_segment_state_grads_workspace_bytes(const GlaSegmentStateGradsArgs& a
 void gla_segment_states(const GlaSegmentStatesArgs& a, const GlaProblem& pr) {
   const DeviceGuard guard(a.k.device.index);
   SegmentPlan s = plan_states(a, pr);
-  launch(s, a.workspace, a.workspace_bytes, static_cast<cudaStream_t>(a.stream), "gla_segment_states_workspace_bytes");
+  launch(s, a.workspace, a.workspace_bytes, a.allocate_workspace, static_cast<cudaStream_t>(a.stream),
+         "gla_segment_states_workspace_bytes");
 }
 
 void gla_segment_state_grads(const GlaSegmentStateGradsArgs& a, const GlaProblem& pr) {
   const DeviceGuard guard(a.q.device.index);
   SegmentPlan s = plan_grads(a, pr);
-  launch(s, a.workspace, a.workspace_bytes, static_cast<cudaStream_t>(a.stream),
+  launch(s, a.workspace, a.workspace_bytes, a.allocate_workspace, static_cast<cudaStream_t>(a.stream),
          "gla_segment_state_grads_workspace_bytes");
 }
 

@@ -4,76 +4,11 @@
 #include "cuda/gla/plan.h"
 
 #include <algorithm>
-#include <mutex>
 #include <string>
 
-#include "core/env.h"
 #include "core/errors.h"
-#include "flashgla/flashgla.h"
 
 namespace flashgla::cuda::gla {
-
-// ---- tuning -------------------------------------------------------------------------
-
-GlaTuning gla_tuning_from_env() {
-  using Force = GlaTuning::Force;
-  auto force = [](const std::string& choice, const char* off, const char* on) {
-    return choice == off ? Force::off : choice == on ? Force::on : Force::library;
-  };
-  GlaTuning t;
-  t.fast = env_choice("FLASHGLA_GLA_FAST", {"0", "1"}) != "0";
-  t.hopper = force(env_choice("FLASHGLA_GLA_HOPPER", {"0", "1"}), "0", "1");
-  t.splits = env_count("FLASHGLA_GLA_SPLITS", 0, 1);
-  t.state_pieces = env_count("FLASHGLA_GLA_STATE_PIECES", 0, 1);
-  t.hopper_pdl = env_choice("FLASHGLA_GLA_HOPPER_PDL", {"0", "1"}) != "0";
-  t.bwd_scan_pairs = env_choice("FLASHGLA_GLA_BWD_SCAN_PAIR", {"0", "1"}) != "0";
-  t.bwd_scan_pipeline = env_choice("FLASHGLA_GLA_BWD_SCAN_PIPELINE", {"0", "lean"}) != "0";
-  t.bwd_scan_split = env_count("FLASHGLA_GLA_BWD_SCAN_SPLIT", -1, 0);
-  t.bwd_diag_elementwise = env_choice("FLASHGLA_GLA_BWD_DIAG", {"factored", "elementwise"}) == "elementwise";
-  t.bwd_general_layout = env_choice("FLASHGLA_GLA_BWD_LAYOUT", {"general"}) == "general";
-  t.bwd_overlap = force(env_choice("FLASHGLA_GLA_BWD_OVERLAP", {"0", "1"}), "0", "1");
-  t.segment_pieces = env_count("FLASHGLA_GLA_SEGMENT_PIECES", 0, 1);
-  t.segment_split_kernel = force(env_choice("FLASHGLA_GLA_SEGMENT_KERNEL", {"split", "generic"}), "generic", "split");
-  return t;
-}
-
-namespace {
-
-struct TuningState {
-  std::mutex mutex;
-  bool stale = true;  // read the environment at the next use
-  GlaTuning tuning;
-};
-
-TuningState& tuning_state() {
-  static TuningState state;
-  return state;
-}
-
-}  // namespace
-
-GlaTuning current_gla_tuning() {
-  TuningState& s = tuning_state();
-  const std::lock_guard<std::mutex> lock(s.mutex);
-  if (s.stale) {
-    s.tuning = gla_tuning_from_env();  // throws on a bad value, and stays stale: the next call reports it again
-    s.stale = false;
-  }
-  return s.tuning;
-}
-
-void reload_gla_tuning() {
-  TuningState& s = tuning_state();
-  const std::lock_guard<std::mutex> lock(s.mutex);
-  s.stale = true;
-}
-
-void set_gla_tuning(const GlaTuning& tuning) {
-  TuningState& s = tuning_state();
-  const std::lock_guard<std::mutex> lock(s.mutex);
-  s.tuning = tuning;
-  s.stale = false;
-}
 
 // ---- forward ------------------------------------------------------------------------
 
@@ -342,9 +277,3 @@ SegmentPlan plan_segment(const SegmentProblem& p, const DeviceProps& device, con
 }
 
 }  // namespace flashgla::cuda::gla
-
-namespace flashgla {
-
-void reload_tuning() { cuda::gla::reload_gla_tuning(); }
-
-}  // namespace flashgla

@@ -1,7 +1,8 @@
 // The GLA CUDA planner: what the host code of the chunked forward (gla_forward.cu, the Hopper path's
 // launches), the backward (gla_backward.cu) and the segment summaries (gla_segment.cu) decide before a launch —
 // which kernel, the sequence split, pieces, launch options and the workspace layout — as pure functions of the
-// problem, the device's properties and a tuning struct. Plain C++ (built without CUDA too), so that the
+// problem, the device's properties and the call's tuning
+// (flashgla/tuning.h). Plain C++ (built without CUDA too), so that the
 // decisions are unit-tested on the CPU (tests/test_gla_plan.cpp); the CUDA files fill the inputs (the device
 // queried once per device, see device_props in cuda/gla/gla_host.cuh) and follow the plan.
 #pragma once
@@ -11,43 +12,9 @@
 #include <functional>
 
 #include "cuda/gla/layouts.h"
+#include "flashgla/tuning.h"
 
 namespace flashgla::cuda::gla {
-
-// ---- tuning -----------------------------------------------------------------------
-// The library's choices, overridable for benchmarks and tests. A default-constructed GlaTuning is the
-// library's choice everywhere; each field names the environment switch that sets it (gla_tuning_from_env).
-struct GlaTuning {
-  enum class Force : int8_t { library, off, on };
-  // Forward.
-  bool fast = true;                   // FLASHGLA_GLA_FAST=0: never the fast path (the general kernel instead)
-  Force hopper = Force::library;      // FLASHGLA_GLA_HOPPER=0|1: the Hopper path never / wherever it applies
-  int64_t splits = 0;                 // FLASHGLA_GLA_SPLITS=<n ≥ 1>: sequence splits (0: the library's count)
-  int64_t state_pieces = 0;           // FLASHGLA_GLA_STATE_PIECES=<n ≥ 1>: pieces per split of the states kernel
-  bool hopper_pdl = true;             // FLASHGLA_GLA_HOPPER_PDL=0: the Hopper state kernel without PDL
-  // Backward.
-  bool bwd_scan_pairs = true;         // FLASHGLA_GLA_BWD_SCAN_PAIR=0: one block per 64x64 tile
-  bool bwd_scan_pipeline = true;      // FLASHGLA_GLA_BWD_SCAN_PIPELINE=0: the scans without a pipeline
-  int64_t bwd_scan_split = -1;        // FLASHGLA_GLA_BWD_SCAN_SPLIT=<chunks per piece, 0: none> (-1: library)
-  bool bwd_diag_elementwise = false;  // FLASHGLA_GLA_BWD_DIAG=elementwise (=factored: the default)
-  bool bwd_general_layout = false;    // FLASHGLA_GLA_BWD_LAYOUT=general
-  Force bwd_overlap = Force::library; // FLASHGLA_GLA_BWD_OVERLAP=0|1
-  // Segment summaries.
-  int64_t segment_pieces = 0;         // FLASHGLA_GLA_SEGMENT_PIECES=<n ≥ 1>
-  Force segment_split_kernel = Force::library;  // FLASHGLA_GLA_SEGMENT_KERNEL=generic (off) | split (on)
-};
-
-// The tuning from the FLASHGLA_GLA_* environment variables: unset or empty leaves the library's choice; any
-// other value must be one the switch knows, else a flashgla::Error (ErrorKind::value) names the variable.
-GlaTuning gla_tuning_from_env();
-
-// The tuning every call uses: read from the environment on the first call and again after
-// reload_gla_tuning() (an explicit request: tests and benchmarks that change a switch mid-process), or the
-// one given to set_gla_tuning (until the next reload). A bad environment value throws from the call that reads
-// it. Thread-safe.
-GlaTuning current_gla_tuning();
-void reload_gla_tuning();
-void set_gla_tuning(const GlaTuning& tuning);
 
 // ---- device -------------------------------------------------------------------------
 struct DeviceProps {

@@ -513,8 +513,8 @@ void rms_norm_backward(const RmsNormBackwardArgs& a, const RowsProblem& p) {
   DeviceGuard guard(a.x.device.index);
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
   const BackwardPlan plan = plan_backward(a, p);
-  Scratch workspace(a.workspace, a.workspace_bytes, plan.workspace_bytes(), stream, "rms_norm_backward_workspace_bytes",
-                    "workspace_bytes");
+  Scratch workspace(a.workspace, a.workspace_bytes, a.allocate_workspace, plan.workspace_bytes(), stream,
+                    "rms_norm_backward_workspace_bytes", "workspace_bytes");
 
   NormParams params = norm_params(a.x, a.weight, a.gate, a.activation, a.eps, p);
   params.dy = a.dy.data, params.dy_rows = row_layout(a.dy);

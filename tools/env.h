@@ -1,5 +1,5 @@
-// Tuning switches read from the environment (FLASHGLA_*: benchmarks, tests, the CLI), with the
-// library's rule for them: unset or empty leaves the library's choice; any other value must be one the
+// Reading switches from the environment (for tools/tuning_env.cpp; the library reads none of these), with one
+// rule: unset or empty leaves the library's choice; any other value must be one the
 // switch knows, else an error names the variable (a typo must not silently measure or test the default path).
 #pragma once
 
@@ -13,9 +13,8 @@
 
 namespace flashgla {
 
-// A choice switch: "" when unset or empty, else one of `allowed`.
-inline std::string env_choice(const char* name, std::initializer_list<const char*> allowed) {
-  const char* value = std::getenv(name);
+// A choice switch `name` whose value is `value` (nullptr: unset): "" when unset or empty, else one of `allowed`.
+inline std::string env_choice(const char* name, const char* value, std::initializer_list<const char*> allowed) {
   if (value == nullptr || *value == '\0') return "";
   std::string known;
   for (const char* option : allowed) {
@@ -26,8 +25,7 @@ inline std::string env_choice(const char* name, std::initializer_list<const char
 }
 
 // A count switch (splits, pieces): `unset` when unset or empty, else a whole number of at least `minimum`.
-inline int64_t env_count(const char* name, int64_t unset, int64_t minimum) {
-  const char* value = std::getenv(name);
+inline int64_t env_count(const char* name, const char* value, int64_t unset, int64_t minimum) {
   if (value == nullptr || *value == '\0') return unset;
   char* end = nullptr;
   const long long n = std::strtoll(value, &end, 10);
