@@ -31,6 +31,7 @@ struct AttentionForwardArgs {
   void* stream = nullptr;
   void* workspace = nullptr;  // as in GlaForwardArgs (flashgla/gla.h)
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // see WorkspaceAllocator
 };
 
 struct AttentionBackwardArgs {
@@ -46,6 +47,7 @@ struct AttentionBackwardArgs {
   void* stream = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // see WorkspaceAllocator
 };
 
 void attention_forward(const AttentionForwardArgs& args);
@@ -94,6 +96,7 @@ struct AttentionKvCacheArgs {
   void* stream = nullptr;
   void* workspace = nullptr;  // CUDA: attention_with_kvcache_workspace_bytes() of scratch
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // see WorkspaceAllocator
 };
 
 void attention_with_kvcache(const AttentionKvCacheArgs& args);

@@ -64,6 +64,7 @@ struct GlaForwardArgs {
   // which CUDA graphs can capture.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // see WorkspaceAllocator
 };
 
 struct GlaBackwardArgs {
@@ -85,6 +86,7 @@ struct GlaBackwardArgs {
   void* stream = nullptr;
   void* workspace = nullptr;  // as in GlaForwardArgs
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // see WorkspaceAllocator
 };
 
 // Most tokens one gla_decode call takes per sequence (speculative decoding).
@@ -139,6 +141,7 @@ struct GlaSegmentStatesArgs {
   void* stream = nullptr;      // as in GlaForwardArgs
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // see WorkspaceAllocator
 };
 
 // The mirror for the backward: the gradient of each segment's entering state
@@ -158,6 +161,7 @@ struct GlaSegmentStateGradsArgs {
   void* stream = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // see WorkspaceAllocator
 };
 
 void gla_forward(const GlaForwardArgs& args);

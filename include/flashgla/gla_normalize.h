@@ -46,6 +46,7 @@ struct GlaNormalizeBackwardArgs {
   void* stream = nullptr;
   void* workspace = nullptr;   // at least gla_normalize_backward_workspace_bytes(args) (CUDA: B·T·H floats);
   size_t workspace_bytes = 0;  // left null, it is taken stream-ordered
+  WorkspaceAllocator allocate_workspace;  // see WorkspaceAllocator
 };
 
 void gla_normalize_forward(const GlaNormalizeArgs& args);

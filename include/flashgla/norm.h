@@ -55,6 +55,7 @@ struct RmsNormBackwardArgs {
   // backend takes it stream-ordered (cudaMallocAsync), which CUDA graphs can capture.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  WorkspaceAllocator allocate_workspace;  // see WorkspaceAllocator
 };
 
 void rms_norm_forward(const RmsNormForwardArgs& args);
