@@ -35,7 +35,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from . import _C
-from ._torch import run_op, stream_of, view
+from ._torch import make_args, run_op
+from .ops.gla import _run_backward, _run_forward, chunk_gla_segment_state_grads, chunk_gla_segment_states
 
 __all__ = ["CPContext", "build_cp_context"]
 
@@ -297,25 +298,18 @@ def _all_gather(out, tensor, group):
 def _fold(states, log_decay, begin, end, reverse, out, initial=None, accumulate=False):
     """out (=|+=) fold of h ← diag(exp a_j) h + S_j over ranks begin..end-1, in C++/CUDA.
     states [P, M, K, V], log_decay [P, M, K], out / initial [M, K, V]; any strides."""
-    device = out.device
-    args = (view(states, "states"), view(log_decay, "log_decay"), int(begin), int(end), bool(reverse),
-            view(initial, "initial"), bool(accumulate), view(out, "out"))
-    if device.type == "cpu":
-        _C.gla_fold_states(*args)
-    else:
-        with torch.cuda.device(device):
-            _C.gla_fold_states(*args, stream_of(device))
+    args = make_args(_C.GlaFoldStatesArgs, states=states, log_decay=log_decay, begin=int(begin), end=int(end),
+                     reverse=bool(reverse), initial=initial, accumulate=bool(accumulate), out=out)
+    run_op(_C.gla_fold_states, args, out.device, scratch=False)
 
 
 def _segment_states(k, v, g):
     """(S [B, H, K, V], a [B, H, K]) of each row from a zero state."""
-    from . import chunk_gla_segment_states
     return chunk_gla_segment_states(k, v, g)
 
 
 def _segment_state_grads(q, do, g, scale):
     """B [B, H, K, V] of each row: the entering-state gradient for a zero end-state gradient."""
-    from . import chunk_gla_segment_state_grads
     return chunk_gla_segment_state_grads(q, do, g, scale=scale)
 
 
@@ -335,8 +329,6 @@ class _ChunkGlaCP(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx, q, k, v, g, scale, cp, output_final_state):
-        from .gla import _run_forward
-
         B, T, H, K = q.shape
         V = v.shape[3]
         varlen = B == 1
@@ -389,8 +381,6 @@ class _ChunkGlaCP(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx, do, dht):
-        from .gla import _run_backward
-
         q, k, v, g, h0 = fctx.saved_tensors
         cp, varlen, state_dtype = fctx.cp, fctx.varlen, fctx.state_dtype
         B, T, H, K = q.shape
@@ -469,12 +459,3 @@ def cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_s
     o, ht = _ChunkGlaCP.apply(q, k, v, g, scale, cp, bool(output_final_state))
     return o, ht if output_final_state else None
 
-
-# ---- the model across GPUs (flashgla.parallel): FSDP2, DCP checkpoints, CP layer pieces ----------
-from .parallel import (apply_activation_checkpointing, conv_with_halo, cp_mean_loss, exchange_halo,  # noqa: E402
-                       fsdp_mesh, gather_keys_values, init_mesh, load_checkpoint, load_model, local_slice,
-                       parallelize, save_checkpoint, shift_labels)
-
-__all__ += ["parallelize", "init_mesh", "fsdp_mesh", "apply_activation_checkpointing", "save_checkpoint",
-            "load_checkpoint", "load_model", "exchange_halo", "conv_with_halo", "gather_keys_values", "cp_mean_loss",
-            "shift_labels", "local_slice"]

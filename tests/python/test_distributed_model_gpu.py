@@ -32,7 +32,8 @@ def _grads_of(model, loss):
 
 
 def _cp_bf16_worker(rank, world_size, attn_layers, bounds, device_type="cuda"):
-    from flashgla.distributed import build_cp_context, local_slice, shift_labels
+    from flashgla.distributed import build_cp_context
+    from flashgla.parallel import local_slice, shift_labels
 
     device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
     config = GLAConfig(attn_layers=attn_layers, **CONFIG)
@@ -77,7 +78,7 @@ def test_lm_under_cp_on_gpus_bf16_within_twice_the_single_gpu_error(world, attn_
 
 
 def _fsdp_fp32_worker(rank, world_size):
-    from flashgla.distributed import parallelize
+    from flashgla.parallel import parallelize
 
     device = torch.device("cuda", rank)
     config = GLAConfig(**CONFIG)

@@ -200,6 +200,8 @@ def test_empty_sequences_do_not_crash(gen):
 def test_cuda_tensors_without_cuda_build_raise_not_implemented():
     """ErrorKind::unsupported reaches Python as NotImplementedError (checked through flashgla._C:
     no CUDA tensor can be made here; the pointer is never read, the call stops at dispatch)."""
-    fake = (0x1000, _C.DTYPES["float32"], _C.DEVICE_CUDA, 0, (1, 2, 1, 4), (8, 4, 4, 1))
+    fake = _C.TensorView(0x1000, _C.DTYPES["float32"], _C.DEVICE_CUDA, 0, (1, 2, 1, 4), (8, 4, 4, 1))
+    args = _C.GlaForwardArgs()
+    args.q = args.k = args.v = args.o = fake
     with pytest.raises(NotImplementedError, match="built without CUDA"):
-        _C.gla_forward(fake, fake, fake, None, None, None, None, None, _C.GlaAlgorithm.chunked, False, fake, None)
+        _C.gla_forward(args)

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import flash_attention
-from ..kvcache import flash_attention_with_kvcache
+from ..ops.attention import flash_attention
+from ..ops.kvcache import flash_attention_with_kvcache
 from .padding import forward_packed, positions_in_sequence, sequence_ids
 
 __all__ = ["Attention", "KVCache", "RotaryEmbedding"]

@@ -17,8 +17,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..gla import chunk_gla, fused_recurrent_gla, gla_decode_step
-from ..ops_norm import logsigmoid_gate
+from ..ops.gla import chunk_gla, fused_recurrent_gla, gla_decode_step
+from ..ops.norm import logsigmoid_gate
 from .conv import ShortConvolution
 from .norm import GatedRMSNorm, RMSNorm
 from .padding import forward_packed
