@@ -49,8 +49,8 @@ def worker(args):
     import torch
     import torch.distributed as dist
 
-    from flashgla.distributed import build_cp_context
-    from flashgla.parallel import init_mesh, local_slice, parallelize, shift_labels
+    from flashgla.distributed import build_cp_context, local_slice, shift_labels
+    from flashgla.parallel import init_mesh, parallelize
     from flashgla.models import GLAConfig, GLAForCausalLM
 
     cuda = torch.cuda.is_available() and not args.cpu

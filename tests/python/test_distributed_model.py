@@ -178,8 +178,7 @@ def _all_reduce_sum(t):
 
 
 def _halo_worker(rank, world_size, layouts, width):
-    from flashgla.distributed import build_cp_context
-    from flashgla.parallel import conv_with_halo, exchange_halo, local_slice
+    from flashgla.distributed import build_cp_context, conv_with_halo, exchange_halo, local_slice
     from flashgla.nn.conv import ShortConvolution
 
     for batch, bounds in layouts:
@@ -214,8 +213,8 @@ def test_short_convolution_halo_equals_one_process():
 
 
 def _cp_model_worker(rank, world_size, config, batch, bounds, chunk, fsdp_steps):
-    from flashgla.distributed import build_cp_context
-    from flashgla.parallel import local_slice, parallelize, shift_labels
+    from flashgla.distributed import build_cp_context, local_slice, shift_labels
+    from flashgla.parallel import parallelize
 
     g = torch.Generator().manual_seed(5)
     total = bounds[-1]

@@ -32,8 +32,7 @@ def _grads_of(model, loss):
 
 
 def _cp_bf16_worker(rank, world_size, attn_layers, bounds, device_type="cuda"):
-    from flashgla.distributed import build_cp_context
-    from flashgla.parallel import local_slice, shift_labels
+    from flashgla.distributed import build_cp_context, local_slice, shift_labels
 
     device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
     config = GLAConfig(attn_layers=attn_layers, **CONFIG)

@@ -233,7 +233,7 @@ class Attention(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(batch, seq_len, self.hidden_size))
 
     def _forward_cp(self, x: Tensor, attention_mask, cu_seqlens, cache, use_cache, ctx) -> Tensor:
-        from ..parallel.layers import attention_layout, check_cp_context, gather_keys_values
+        from ..distributed import attention_layout, check_cp_context, gather_keys_values
 
         if x.dim() != 3 or x.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden_states: expected [B, T, {self.hidden_size}], got {list(x.shape)}")

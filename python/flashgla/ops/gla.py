@@ -247,10 +247,14 @@ forbid_double_backward(_linear_attn_normalize_backward, "chunk_linear_attn")
 
 
 def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context):
-    """The context-parallel path (flashgla.distributed), imported on first use."""
-    from ..distributed import cp_chunk
-    return cp_chunk(op_name, q, k, v, g, as_scale(scale, op_name), initial_state, output_final_state, cu_seqlens,
-                    cu_seqlens_host, cp_context)
+    """The context-parallel path: the context (a flashgla.distributed.CPContext, which builds on these ops) runs
+    the op across its group."""
+    run = getattr(cp_context, "run_chunked_op", None)
+    if run is None:
+        raise TypeError(f"flashgla: cp_context: expected a CPContext from build_cp_context, got "
+                        f"{type(cp_context).__name__}")
+    return run(op_name, q, k, v, g, as_scale(scale, op_name), initial_state, output_final_state, cu_seqlens,
+               cu_seqlens_host)
 
 
 def _cp_refuses(op_name, **options):
