@@ -13,12 +13,13 @@ using namespace flashgla;
 
 namespace {
 
-// TODO(lead): with helper "tune"'s AttentionTuning in the args, fill it here from the environment
-// helper (tools/tuning_env.h, attention_tuning_from_env()) for the benchmarks that set the switches
-// before starting.
+// TODO(lead): with helper "tune"'s AttentionTuning in the args, set
+// `call.tuning = flashgla::attention_tuning_from_env();` here (tools/tuning_env.h), read at every call
+// as for GLA (gla_bindings.cpp).
 template <class Args>
 Args with_attention_tuning(const Args& args) {
-  return args;
+  Args call = args;
+  return call;
 }
 
 // The inputs AttentionForwardArgs and AttentionBackwardArgs share.

@@ -13,11 +13,14 @@ using namespace flashgla;
 
 namespace {
 
-// TODO(lead): with helper "tune"'s GlaTuning in the args, fill it here from the environment helper
-// (tools/tuning_env.h, gla_tuning_from_env()) for the benchmarks that set FLASHGLA_GLA_* before starting.
+// TODO(lead): with helper "tune"'s GlaTuning in the args (those that have it), set
+// `call.tuning = flashgla::gla_tuning_from_env();` here (tools/tuning_env.h; link flashgla_tuning_env).
+// Read it at every call (a few getenv): the Python benchmarks (bench/bench_gla_*.py) change FLASHGLA_GLA_*
+// in os.environ between calls, and there is no reload_tuning any more.
 template <class Args>
 Args with_gla_tuning(const Args& args) {
-  return args;
+  Args call = args;
+  return call;
 }
 
 // The inputs GlaForwardArgs and GlaBackwardArgs share.
