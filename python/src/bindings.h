@@ -22,7 +22,7 @@ namespace flashgla_python {
 
 namespace nb = nanobind;
 
-// Registers TensorView, the enums and the module's constants; defined in module.cpp.
+// Registers TensorView and the dtype and device codes it takes; defined in module.cpp.
 void bind_common(nb::module_& m);
 // Each area's args structs and ops.
 void bind_gla(nb::module_& m);        // gla_bindings.cpp

@@ -3,6 +3,7 @@
 // the C++ struct's field names, built by name in Python. Nothing here computes
 // or allocates tensors.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
 #include <cstdint>
 #include <exception>
