@@ -15,7 +15,7 @@ tokens per GPU and step as batch x --seq-len):
 - probe: what the issue measured at 67%: fully_shard per block and on the root, bf16 params, fp32
   reduce, torch's defaults otherwise (every block resharded after forward, implicit prefetch), the
   embedding and head in the root; AdamW foreach;
-- tuned: flashgla.distributed.parallelize (embedding unit of its own, explicit one-ahead prefetch in
+- tuned: flashgla.parallel.parallelize (embedding unit of its own, explicit one-ahead prefetch in
   forward and backward, last block kept gathered), fused AdamW;
 - tuned-noreshard: tuned with reshard_after_forward=False (no all-gather in backward; more memory).
 Efficiency = tokens/s per GPU over the same variant's on 1 GPU (weak scaling), and over plain's on
@@ -49,7 +49,8 @@ def worker(args):
     import torch
     import torch.distributed as dist
 
-    from flashgla.distributed import build_cp_context, init_mesh, local_slice, parallelize, shift_labels
+    from flashgla.distributed import build_cp_context, local_slice, shift_labels
+    from flashgla.parallel import init_mesh, parallelize
     from flashgla.models import GLAConfig, GLAForCausalLM
 
     cuda = torch.cuda.is_available() and not args.cpu

@@ -42,12 +42,11 @@ import flashgla
 
 
 def set_switch(name, value=None):
-    """Sets (None: unsets) a FLASHGLA_GLA_* tuning switch; the library reads the switches again at its next call."""
+    """Sets (None: unsets) a FLASHGLA_GLA_* tuning switch; flashgla's ops read the switches at every call."""
     if value is None:
         os.environ.pop(name, None)
     else:
         os.environ[name] = value
-    flashgla._C.reload_tuning()
 
 F32 = torch.float32
 ANCHORS = [  # B, T, H, K, V, gate dtype (None: as q), target (ratio to SDPA, or absolute ms where SDPA does not apply)

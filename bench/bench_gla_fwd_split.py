@@ -37,7 +37,7 @@ SHAPES = [  # B, T, H, K, V, gate dtype (None: as q), target
 
 
 def with_env(settings, fn):
-    """fn() with the tuning switches {name: value or None}; the library reads them again (reload_tuning)."""
+    """fn() with the tuning switches {name: value or None} (flashgla's ops read them at every call)."""
     old = {name: os.environ.get(name) for name in settings}
 
     def apply(values):
@@ -46,7 +46,6 @@ def with_env(settings, fn):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        flashgla._C.reload_tuning()
 
     apply(settings)
     try:

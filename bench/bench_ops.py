@@ -156,14 +156,13 @@ def run_gpu(shapes):
 def run_overhead(repeats):
     """µs per call on a tiny CPU problem: the op as users call it, the custom op, and flashgla._C directly."""
     from flashgla import _C
-    from flashgla._torch import view
+    from flashgla._torch import make_args
 
     torch.set_num_threads(1)
     q, k, g = (torch.randn(1, 1, 1, 16) for _ in range(3))
     v = torch.randn(1, 1, 1, 16)
     o = torch.empty_like(v)
-    views = (view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), None, None, None, None,
-             _C.GlaAlgorithm.chunked, False, view(o, "o"), None)
+    prebuilt = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g, o=o)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
     op = torch.ops.flashgla.chunk_gla.default
     a, b = torch.randn(16), torch.randn(16)
@@ -172,10 +171,9 @@ def run_overhead(repeats):
         "flashgla.chunk_gla (no grad)": lambda: flashgla.chunk_gla(q, k, v, g),
         "torch.ops.flashgla.chunk_gla": lambda: op(q, k, v, g, None, None, None, None, False, False),
         "flashgla.chunk_gla (inputs require grad)": lambda: flashgla.chunk_gla(*leaves),
-        "_C.gla_forward, views built per call": lambda: _C.gla_forward(
-            view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), None, None, None, None,
-            _C.GlaAlgorithm.chunked, False, view(o, "o"), None),
-        "_C.gla_forward, views prebuilt": lambda: _C.gla_forward(*views),
+        "_C.gla_forward, args built per call": lambda: _C.gla_forward(
+            make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g, o=o)),
+        "_C.gla_forward, args prebuilt": lambda: _C.gla_forward(prebuilt),
     }
     print(f"B=1 T=1 H=1 K=V=16 fp32 CPU, 1 torch thread; µs per call (best of 30 x {repeats})")
     for name, function in cases.items():

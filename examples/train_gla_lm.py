@@ -13,7 +13,7 @@ saves the model to --out (config.json + model.pt, loadable with GLAForCausalLM.f
 model + optimizer as a torch.distributed.checkpoint in --out/checkpoint for --resume, writes losses.json and, when matplotlib is installed, loss.png, and
 finally prints a sampled continuation of --prompt.
 
-Under torchrun (WORLD_SIZE > 1) the model is sharded with FSDP2 (flashgla.distributed.parallelize:
+Under torchrun (WORLD_SIZE > 1) the model is sharded with FSDP2 (flashgla.parallel.parallelize:
 bf16 parameters and fp32 gradient reduction on GPUs, fp32 on the CPU with gloo), each data-parallel
 rank draws its own batches, and rank 0 prints the progress, evaluates (the evaluation batches split
 over the ranks) and plots. Each evaluation and the logged loss average over all ranks. --cp N splits every sequence over N ranks (context parallelism; the
@@ -168,7 +168,7 @@ class Ranks:
             self.device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                                        "cpu" if args.device == "auto" else args.device)
             return
-        from flashgla.distributed import init_mesh
+        from flashgla.parallel import init_mesh
 
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         cuda = args.device != "cpu" and torch.cuda.is_available()
@@ -271,14 +271,14 @@ def build_model(args, ranks):
                            use_short_conv=args.use_short_conv)
     model = GLAForCausalLM(config).to(ranks.device)
     if ranks.distributed:
-        from flashgla.distributed import parallelize
+        from flashgla.parallel import parallelize
 
         # bf16 parameters with fp32 gradient reduction on GPUs; fp32 throughout on the CPU (gloo).
         parallelize(model, ranks.mesh, param_dtype=torch.bfloat16 if ranks.device.type == "cuda" else None,
                     reduce_dtype=torch.float32, activation_checkpointing=args.activation_checkpointing,
                     loss_chunk_size=args.loss_chunk_size)
     else:
-        from flashgla.distributed import apply_activation_checkpointing
+        from flashgla.parallel import apply_activation_checkpointing
 
         if args.activation_checkpointing:
             for block in model.layers:
@@ -310,7 +310,7 @@ def main(argv=None):
     ranks = Ranks(args)
     device = ranks.device
     torch.manual_seed(args.seed)
-    from flashgla.distributed import load_checkpoint, save_checkpoint
+    from flashgla.parallel import load_checkpoint, save_checkpoint
 
     data = load_bytes(args.data)
     # Each data-parallel group draws its own windows; the ranks of a CP group share theirs.

@@ -60,11 +60,10 @@ def _torch_problem():
 
 _problem = _torch_problem()
 if _problem is None:
-    from .attention import flash_attention
-    from .kvcache import flash_attention_with_kvcache
-    from .gla import (chunk_gla, chunk_gla_segment_state_grads, chunk_gla_segment_states, chunk_linear_attn,
-                      chunk_simple_gla, fused_chunk_linear_attn, fused_recurrent_gla, fused_recurrent_linear_attn,
-                      fused_recurrent_simple_gla, gla_decode_step, gla_prefill)
+    from .ops import (chunk_gla, chunk_gla_segment_state_grads, chunk_gla_segment_states, chunk_linear_attn,
+                      chunk_simple_gla, flash_attention, flash_attention_with_kvcache, fused_chunk_linear_attn,
+                      fused_recurrent_gla, fused_recurrent_linear_attn, fused_recurrent_simple_gla, gla_decode_step,
+                      gla_prefill)
 
     # transformers' AutoModelForCausalLM learns the "flashgla_gla" model type when transformers is (or
     # gets) imported; flashgla itself never imports transformers (see _hf_hook).

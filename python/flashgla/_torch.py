@@ -1,12 +1,15 @@
 """From torch tensors to the arguments of flashgla._C.
 
 Mostly used inside the ops' implementations (never traced by torch.compile):
-tensors become (data_ptr, dtype, device_type, device_index, shape, strides)
-tuples, the CUDA stream is torch's current one, and scratch memory comes from
-torch's allocator, so the C++ side never allocates or synchronises.
+an op fills its args struct (flashgla._C.GlaForwardArgs, ...) by field name,
+tensors become flashgla._C.TensorView (data pointer, dtype, device, shape,
+strides), the CUDA stream is torch's current one, and scratch memory comes
+from torch's allocator when the op asks for it, so the C++ side never
+allocates or synchronises.
 """
 
 import contextlib
+import functools
 import numbers
 
 import torch
@@ -24,7 +27,7 @@ _DTYPE_CODES = {
 
 
 def view(t, name):
-    """The tuple flashgla._C reads a tensor from; None stays None."""
+    """The flashgla._C.TensorView of a tensor; None stays None. `name` names it in errors."""
     if t is None:
         return None
     code = _DTYPE_CODES.get(t.dtype)
@@ -35,10 +38,24 @@ def view(t, name):
         )
     # t.shape is a torch.Size, a tuple; data_ptr() includes the storage offset.
     if t.is_cpu:
-        return (t.data_ptr(), code, _C.DEVICE_CPU, 0, t.shape, t.stride())
+        return _C.TensorView(t.data_ptr(), code, _C.DEVICE_CPU, 0, t.shape, t.stride(), name)
     if t.is_cuda:
-        return (t.data_ptr(), code, _C.DEVICE_CUDA, t.get_device(), t.shape, t.stride())
+        return _C.TensorView(t.data_ptr(), code, _C.DEVICE_CUDA, t.get_device(), t.shape, t.stride(), name)
     raise ValueError(f"flashgla: {name}: expected a CPU or CUDA tensor, got device {t.device}")
+
+
+def make_args(struct, **fields):
+    """An args struct of flashgla._C (e.g. _C.GlaForwardArgs) with the given fields: a tensor becomes its
+    TensorView (named by its field), None leaves the field at its default (a tensor left out), anything
+    else is set as is. A misspelt field is an AttributeError."""
+    args = struct()
+    for name, value in fields.items():
+        if value is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            value = view(value, name)
+        setattr(args, name, value)
+    return args
 
 
 def require_tensors(**tensors):
@@ -78,17 +95,20 @@ def on_device(device):
     return contextlib.nullcontext()
 
 
-def run_op(function, workspace_bytes, device, args):
-    """Calls flashgla._C `function(*args)` for tensors on `device`. On a CUDA device: with that device
-    current, on torch's current stream, with scratch of `workspace_bytes(*args)` bytes from torch's
-    allocator (stream-ordered, so CUDA graphs capture it)."""
+def run_op(function, args, device, scratch=True):
+    """Calls the flashgla._C op `function(args)` for tensors on `device`. On a CUDA device: with that device
+    current, on torch's current stream, and (scratch: for an op that may need scratch) with the scratch the
+    op asks for, once, after checking and planning, from torch's allocator: stream-ordered, so CUDA graphs
+    capture it. On the CPU nothing is allocated."""
     if device.type == "cpu":
-        function(*args)
+        function(args)
         return
     with on_device(device):
-        num_bytes = workspace_bytes(*args)
-        scratch, pointer = workspace(device, num_bytes)  # kept alive until the call has been queued
-        function(*args, stream_of(device), pointer, num_bytes)
+        args.stream = stream_of(device)
+        if scratch:
+            function(args, functools.partial(workspace, device))
+        else:
+            function(args)
 
 
 def forbid_double_backward(backward_op, op_name):

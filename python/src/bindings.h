@@ -1,35 +1,92 @@
-// Shared by the binding files of flashgla._C (module.cpp, norm_bindings.cpp).
+// Shared by the binding files of flashgla._C: the C++ API's args structs as
+// Python classes with named fields, and how an op runs.
+//
+// A tensor crosses as a flashgla._C.TensorView (data pointer, dtype, device,
+// shape, strides) built from a torch tensor in Python; nothing here is
+// compiled against torch. An optional tensor left out is None.
 #pragma once
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include "flashgla/tensor.h"
 
-// (data_ptr, dtype, device_type, device_index, shape, strides) or None; defined in module.cpp.
-flashgla::TensorView tensor_view_from_python(nanobind::handle spec, const char* name);
+namespace flashgla_python {
 
-// Registers the norm and gate functions; defined in norm_bindings.cpp.
-void bind_norm(nanobind::module_& m);
+namespace nb = nanobind;
 
-// Registers the per-segment state summaries; defined in segment_bindings.cpp.
-void bind_segment(nanobind::module_& m);
+// Registers TensorView and the dtype and device codes it takes; defined in module.cpp.
+void bind_common(nb::module_& m);
+// Each area's args structs and ops.
+void bind_gla(nb::module_& m);        // gla_bindings.cpp
+void bind_attention(nb::module_& m);  // attention_bindings.cpp
+void bind_norm(nb::module_& m);       // norm_bindings.cpp
 
-// Registers gla_fold_states (context parallelism); defined in fold_bindings.cpp.
-void bind_fold(nanobind::module_& m);
+// None → a TensorView left out; a TensorView → itself; anything else a TypeError naming the field.
+flashgla::TensorView tensor_or_none(nb::handle value, const char* name);
 
-// Registers attention_with_kvcache; defined in kvcache_bindings.cpp.
-void bind_kvcache(nanobind::module_& m);
-
-inline void* as_pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
-
-// The execution fields every args struct with a workspace has: the CUDA stream
-// and the caller's scratch (both passed from Python as integers).
 template <class Args>
-void set_execution(Args& a, uintptr_t stream, uintptr_t workspace, size_t workspace_bytes) {
-  a.stream = as_pointer(stream);
-  a.workspace = as_pointer(workspace);
-  a.workspace_bytes = workspace_bytes;
+using TensorField = std::pair<const char*, flashgla::TensorView Args::*>;
+
+// Named TensorView fields of an args struct (None reads back for one left out).
+template <class Args>
+void tensor_fields(nb::class_<Args>& cls, std::initializer_list<TensorField<Args>> fields) {
+  for (const auto& [name, member] : fields) {
+    const char* field = name;
+    auto tensor = member;
+    cls.def_prop_rw(
+        field,
+        [tensor](const Args& a) -> std::optional<flashgla::TensorView> {
+          if (!(a.*tensor).defined()) return std::nullopt;
+          return a.*tensor;
+        },
+        [tensor, field](Args& a, nb::handle value) { a.*tensor = tensor_or_none(value, field); });
+  }
 }
+
+// The CUDA stream (a cudaStream_t, as torch.cuda.Stream.cuda_stream gives it; 0 is the default stream).
+template <class Args>
+void stream_field(nb::class_<Args>& cls) {
+  cls.def_prop_rw(
+      "stream", [](const Args& a) { return reinterpret_cast<uintptr_t>(a.stream); },
+      [](Args& a, uintptr_t stream) { a.stream = reinterpret_cast<void*>(stream); });
+}
+
+// Runs op(args) with the GIL released: the CPU backend can take a while, and
+// other Python threads (data loaders) should not wait on it.
+template <class Args>
+void run_without_gil(void (*op)(const Args&), const Args& args) {
+  nb::gil_scoped_release release;
+  op(args);
+}
+
+// Runs op(args) for an op that may need device scratch. `allocate`, a Python
+// callable bytes -> (buffer, data_ptr), or None where the op needs none (the
+// CPU), becomes the op's allocate_workspace: the op asks it at most once, after
+// checking and planning. The buffer is kept until the op returns; that is long
+// enough because the allocator is stream-ordered on the op's stream (torch's
+// caching allocator on the current stream). The Python args object is not
+// changed (a copy carries the allocator).
+template <class Args>
+void run_with_workspace(void (*op)(const Args&), const Args& args, nb::handle allocate) {
+  if (allocate.is_none()) return run_without_gil(op, args);
+  nb::object buffer;  // released with the GIL held, after the op (also when it throws)
+  Args call = args;
+  call.allocate_workspace = [&buffer, allocate](size_t bytes) -> void* {
+    nb::gil_scoped_acquire gil;
+    nb::tuple result = nb::cast<nb::tuple>(allocate(bytes));
+    if (result.size() != 2) throw nb::type_error("flashgla: allocate_workspace must return (buffer, data_ptr)");
+    buffer = nb::borrow(result[0]);
+    return reinterpret_cast<void*>(nb::cast<uintptr_t>(result[1]));
+  };
+  run_without_gil(op, call);
+}
+
+}  // namespace flashgla_python

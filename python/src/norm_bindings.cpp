@@ -1,112 +1,80 @@
 // flashgla._C: the fused norm and gate steps of the GLA layer (flashgla/norm.h),
-// for the PyTorch ops in python/flashgla/ops_norm.py. Tensors cross as the
-// tuples module.cpp reads (tensor_view_from_python); nothing here computes.
+// for the ops in python/flashgla/ops/norm.py.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
-
-#include <cstdint>
-#include <optional>
 
 #include "bindings.h"
 #include "flashgla/flashgla.h"
 
-namespace nb = nanobind;
+namespace flashgla_python {
+
 using namespace nb::literals;
-
-namespace {
-
-flashgla::RmsNormBackwardArgs rms_norm_backward_args(nb::handle x, nb::handle weight, nb::handle gate,
-                                                     flashgla::GateActivation activation, double eps, nb::handle dy,
-                                                     nb::handle dx, nb::handle dgate, nb::handle dweight) {
-  flashgla::RmsNormBackwardArgs a;
-  a.x = tensor_view_from_python(x, "x");
-  a.weight = tensor_view_from_python(weight, "weight");
-  a.gate = tensor_view_from_python(gate, "gate");
-  a.activation = activation;
-  a.eps = eps;
-  a.dy = tensor_view_from_python(dy, "dy");
-  a.dx = tensor_view_from_python(dx, "dx");
-  a.dgate = tensor_view_from_python(dgate, "dgate");
-  a.dweight = tensor_view_from_python(dweight, "dweight");
-  return a;
-}
-
-}  // namespace
+using namespace flashgla;
 
 void bind_norm(nb::module_& m) {
-  nb::enum_<flashgla::GateActivation>(m, "GateActivation")
-      .value("swish", flashgla::GateActivation::swish)
-      .value("sigmoid", flashgla::GateActivation::sigmoid);
+  nb::enum_<GateActivation>(m, "GateActivation")
+      .value("swish", GateActivation::swish)
+      .value("sigmoid", GateActivation::sigmoid);
 
+  nb::class_<RmsNormForwardArgs> forward(m, "RmsNormForwardArgs", "flashgla::RmsNormForwardArgs (flashgla/norm.h).");
+  forward.def(nb::init<>())
+      .def_rw("activation", &RmsNormForwardArgs::activation)
+      .def_rw("eps", &RmsNormForwardArgs::eps);
+  tensor_fields<RmsNormForwardArgs>(forward, {{"x", &RmsNormForwardArgs::x},
+                                              {"weight", &RmsNormForwardArgs::weight},
+                                              {"gate", &RmsNormForwardArgs::gate},
+                                              {"y", &RmsNormForwardArgs::y}});
+  stream_field(forward);
   m.def(
-      "rms_norm_forward",
-      [](nb::handle x, nb::handle weight, nb::handle gate, flashgla::GateActivation activation, double eps,
-         nb::handle y, uintptr_t stream) {
-        flashgla::RmsNormForwardArgs a;
-        a.x = tensor_view_from_python(x, "x");
-        a.weight = tensor_view_from_python(weight, "weight");
-        a.gate = tensor_view_from_python(gate, "gate");
-        a.activation = activation;
-        a.eps = eps;
-        a.y = tensor_view_from_python(y, "y");
-        a.stream = as_pointer(stream);
-        nb::gil_scoped_release release;
-        flashgla::rms_norm_forward(a);
-      },
-      "x"_a, "weight"_a.none(), "gate"_a.none(), "activation"_a, "eps"_a, "y"_a, "stream"_a = 0,
-      "y = x · rsqrt(mean(x²) + eps) · weight · act(gate) over the last dimension.");
+      "rms_norm_forward", [](const RmsNormForwardArgs& a) { run_without_gil(&flashgla::rms_norm_forward, a); },
+      "args"_a, "y = x · rsqrt(mean(x²) + eps) · weight · act(gate) over the last dimension.");
 
+  nb::class_<RmsNormBackwardArgs> backward(m, "RmsNormBackwardArgs",
+                                           "flashgla::RmsNormBackwardArgs (flashgla/norm.h).");
+  backward.def(nb::init<>())
+      .def_rw("activation", &RmsNormBackwardArgs::activation)
+      .def_rw("eps", &RmsNormBackwardArgs::eps);
+  tensor_fields<RmsNormBackwardArgs>(backward, {{"x", &RmsNormBackwardArgs::x},
+                                                {"weight", &RmsNormBackwardArgs::weight},
+                                                {"gate", &RmsNormBackwardArgs::gate},
+                                                {"dy", &RmsNormBackwardArgs::dy},
+                                                {"dx", &RmsNormBackwardArgs::dx},
+                                                {"dgate", &RmsNormBackwardArgs::dgate},
+                                                {"dweight", &RmsNormBackwardArgs::dweight}});
+  stream_field(backward);
   m.def(
       "rms_norm_backward",
-      [](nb::handle x, nb::handle weight, nb::handle gate, flashgla::GateActivation activation, double eps,
-         nb::handle dy, nb::handle dx, nb::handle dgate, nb::handle dweight, uintptr_t stream, uintptr_t workspace,
-         size_t workspace_bytes) {
-        auto a = rms_norm_backward_args(x, weight, gate, activation, eps, dy, dx, dgate, dweight);
-        set_execution(a, stream, workspace, workspace_bytes);
-        nb::gil_scoped_release release;
-        flashgla::rms_norm_backward(a);
+      [](const RmsNormBackwardArgs& a, nb::handle allocate_workspace) {
+        run_with_workspace(&flashgla::rms_norm_backward, a, allocate_workspace);
       },
-      "x"_a, "weight"_a.none(), "gate"_a.none(), "activation"_a, "eps"_a, "dy"_a, "dx"_a, "dgate"_a.none(),
-      "dweight"_a.none(), "stream"_a = 0, "workspace"_a = 0, "workspace_bytes"_a = 0);
+      "args"_a, "allocate_workspace"_a.none() = nb::none());
 
-  m.def(
-      "rms_norm_backward_workspace_bytes",
-      [](nb::handle x, nb::handle weight, nb::handle gate, flashgla::GateActivation activation, double eps,
-         nb::handle dy, nb::handle dx, nb::handle dgate, nb::handle dweight) {
-        return flashgla::rms_norm_backward_workspace_bytes(
-            rms_norm_backward_args(x, weight, gate, activation, eps, dy, dx, dgate, dweight));
-      },
-      "x"_a, "weight"_a.none(), "gate"_a.none(), "activation"_a, "eps"_a, "dy"_a, "dx"_a, "dgate"_a.none(),
-      "dweight"_a.none());
-
+  nb::class_<LogSigmoidGateForwardArgs> gate(m, "LogSigmoidGateForwardArgs",
+                                             "flashgla::LogSigmoidGateForwardArgs (flashgla/norm.h).");
+  gate.def(nb::init<>())
+      .def_rw("normalizer", &LogSigmoidGateForwardArgs::normalizer)
+      .def_rw("clamp_min", &LogSigmoidGateForwardArgs::clamp_min);
+  tensor_fields<LogSigmoidGateForwardArgs>(gate, {{"x", &LogSigmoidGateForwardArgs::x},
+                                                  {"g", &LogSigmoidGateForwardArgs::g}});
+  stream_field(gate);
   m.def(
       "logsigmoid_gate_forward",
-      [](nb::handle x, double normalizer, std::optional<double> clamp_min, nb::handle g, uintptr_t stream) {
-        flashgla::LogSigmoidGateForwardArgs a;
-        a.x = tensor_view_from_python(x, "x");
-        a.normalizer = normalizer;
-        a.clamp_min = clamp_min;
-        a.g = tensor_view_from_python(g, "g");
-        a.stream = as_pointer(stream);
-        nb::gil_scoped_release release;
-        flashgla::logsigmoid_gate_forward(a);
-      },
-      "x"_a, "normalizer"_a, "clamp_min"_a.none(), "g"_a, "stream"_a = 0,
+      [](const LogSigmoidGateForwardArgs& a) { run_without_gil(&flashgla::logsigmoid_gate_forward, a); }, "args"_a,
       "g = max(logsigmoid(x) / normalizer, clamp_min).");
 
+  nb::class_<LogSigmoidGateBackwardArgs> gate_backward(m, "LogSigmoidGateBackwardArgs",
+                                                       "flashgla::LogSigmoidGateBackwardArgs (flashgla/norm.h).");
+  gate_backward.def(nb::init<>())
+      .def_rw("normalizer", &LogSigmoidGateBackwardArgs::normalizer)
+      .def_rw("clamp_min", &LogSigmoidGateBackwardArgs::clamp_min);
+  tensor_fields<LogSigmoidGateBackwardArgs>(gate_backward, {{"x", &LogSigmoidGateBackwardArgs::x},
+                                                            {"dg", &LogSigmoidGateBackwardArgs::dg},
+                                                            {"dx", &LogSigmoidGateBackwardArgs::dx}});
+  stream_field(gate_backward);
   m.def(
       "logsigmoid_gate_backward",
-      [](nb::handle x, double normalizer, std::optional<double> clamp_min, nb::handle dg, nb::handle dx,
-         uintptr_t stream) {
-        flashgla::LogSigmoidGateBackwardArgs a;
-        a.x = tensor_view_from_python(x, "x");
-        a.normalizer = normalizer;
-        a.clamp_min = clamp_min;
-        a.dg = tensor_view_from_python(dg, "dg");
-        a.dx = tensor_view_from_python(dx, "dx");
-        a.stream = as_pointer(stream);
-        nb::gil_scoped_release release;
-        flashgla::logsigmoid_gate_backward(a);
-      },
-      "x"_a, "normalizer"_a, "clamp_min"_a.none(), "dg"_a, "dx"_a, "stream"_a = 0);
+      [](const LogSigmoidGateBackwardArgs& a) { run_without_gil(&flashgla::logsigmoid_gate_backward, a); },
+      "args"_a);
 }
+
+}  // namespace flashgla_python

@@ -101,7 +101,7 @@ def _reference_parameters(config, seed, world_size):
 
 
 def _fsdp_worker(rank, world_size, config, seed, options, checkpoint_dir):
-    from flashgla.distributed import parallelize, save_checkpoint
+    from flashgla.parallel import parallelize, save_checkpoint
 
     torch.manual_seed(seed)  # the same initial weights on every rank, as the reference's
     model = GLAForCausalLM(config).double()  # fp64: the comparison is tight, not a rounding-noise budget
@@ -125,7 +125,7 @@ def _fsdp_worker(rank, world_size, config, seed, options, checkpoint_dir):
 
 def _load_worker(rank, world_size, config, seed, checkpoint_dir):
     """A world of a different size loads the checkpoint into a freshly sharded model and optimizer."""
-    from flashgla.distributed import load_checkpoint, parallelize
+    from flashgla.parallel import load_checkpoint, parallelize
 
     torch.manual_seed(seed + 1)  # other weights: the load must overwrite them
     model = GLAForCausalLM(config).double()
@@ -158,7 +158,7 @@ def test_fsdp2_training_equals_one_process():
 
 @requires_dist
 def test_dcp_checkpoint_of_two_ranks_loads_on_one_rank_and_into_the_plain_model(tmp_path):
-    from flashgla.distributed import load_model
+    from flashgla.parallel import load_model
 
     config, seed, directory = _config(attn_layers=[1]), 7, str(tmp_path / "ckpt")
     run_distributed(_fsdp_worker, 2, config, seed, {}, directory, timeout=180)
@@ -213,7 +213,8 @@ def test_short_convolution_halo_equals_one_process():
 
 
 def _cp_model_worker(rank, world_size, config, batch, bounds, chunk, fsdp_steps):
-    from flashgla.distributed import build_cp_context, local_slice, parallelize, shift_labels
+    from flashgla.distributed import build_cp_context, local_slice, shift_labels
+    from flashgla.parallel import parallelize
 
     g = torch.Generator().manual_seed(5)
     total = bounds[-1]
@@ -240,7 +241,7 @@ def _cp_model_worker(rank, world_size, config, batch, bounds, chunk, fsdp_steps)
         return
     # FSDP2 over a ("dp_shard", "cp") = (1, world) mesh: the gradient reduction must sum over the CP
     # ranks (the loss is each rank's share of the group's mean), not average.
-    from flashgla.distributed import init_mesh
+    from flashgla.parallel import init_mesh
 
     parallelize(model, init_mesh("cpu", cp=world_size), param_dtype=None, reduce_dtype=None,
                 activation_checkpointing=True, loss_chunk_size=chunk)
@@ -331,7 +332,7 @@ def _run(command, timeout):
 def test_training_example_with_cp_under_torchrun_resumes_on_one_process(tmp_path):
     import os
 
-    from flashgla.distributed import load_model
+    from flashgla.parallel import load_model
 
     here = os.path.dirname(os.path.abspath(__file__))
     script = os.path.join(here, "..", "..", "examples", "train_gla_lm.py")

@@ -77,7 +77,7 @@ def test_lm_under_cp_on_gpus_bf16_within_twice_the_single_gpu_error(world, attn_
 
 
 def _fsdp_fp32_worker(rank, world_size):
-    from flashgla.distributed import parallelize
+    from flashgla.parallel import parallelize
 
     device = torch.device("cuda", rank)
     config = GLAConfig(**CONFIG)

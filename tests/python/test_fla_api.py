@@ -299,7 +299,7 @@ def test_errors_name_the_argument(gen):
     with raises(ValueError, "initial_state", "z_state [N, 1, H, K] = [2, 1, 3, 8]", "[1, 1, 3, 8]"):
         flashgla.chunk_linear_attn(q, k, v, initial_state=(h0, torch.zeros(1, 1, 3, 8)))
     with raises(ValueError, "z_init", "[N, 1, H, K]"):  # the normaliser op itself: the C++ API's name
-        flashgla.gla._linear_attn_normalize(v, q, k, torch.zeros(2, 3, 8), None, None, None, False)
+        flashgla.ops.gla._linear_attn_normalize(v, q, k, torch.zeros(2, 3, 8), None, None, None, False)
     with raises(TypeError, "reverse", "cu_seqlens"):  # FLA 0.6: reverse comes after output_final_state
         flashgla.fused_recurrent_linear_attn(q, k, v, None, None, False, cu([9]))
     with raises(TypeError, "reverse", "cu_seqlens"):
@@ -312,7 +312,7 @@ def test_g_gamma_through_the_c_api_rejects_a_per_key_gate(gen):
     """The C++ API says g_gamma goes with a scalar gate (FLA has it on simple GLA only)."""
     q, k, v, g, _ = gla_inputs(gen, 1, 5, 2, 4, 4, gate="vector", dtype=torch.float32)
     with raises(ValueError, "g_gamma", "scalar gate"):
-        flashgla.gla._chunk_gla(q, k, v, g, None, None, None, None, False, False, torch.zeros(2), False)
+        flashgla.ops.gla._chunk_gla(q, k, v, g, None, None, None, None, False, False, torch.zeros(2), False)
 
 
 def test_context_parallel_refuses_what_it_does_not_take_yet(gen):

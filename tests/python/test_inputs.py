@@ -200,6 +200,27 @@ def test_empty_sequences_do_not_crash(gen):
 def test_cuda_tensors_without_cuda_build_raise_not_implemented():
     """ErrorKind::unsupported reaches Python as NotImplementedError (checked through flashgla._C:
     no CUDA tensor can be made here; the pointer is never read, the call stops at dispatch)."""
-    fake = (0x1000, _C.DTYPES["float32"], _C.DEVICE_CUDA, 0, (1, 2, 1, 4), (8, 4, 4, 1))
+    fake = _C.TensorView(0x1000, _C.DTYPES["float32"], _C.DEVICE_CUDA, 0, (1, 2, 1, 4), (8, 4, 4, 1))
+    args = _C.GlaForwardArgs()
+    args.q = args.k = args.v = args.o = fake
     with pytest.raises(NotImplementedError, match="built without CUDA"):
-        _C.gla_forward(fake, fake, fake, None, None, None, None, None, _C.GlaAlgorithm.chunked, False, fake, None)
+        _C.gla_forward(args)
+
+
+def test_args_cross_into_the_extension_as_named_structs():
+    """flashgla._C takes the C++ API's args structs with their field names; a misspelt field or a value that
+    is not a TensorView where a tensor goes fails at once, naming it."""
+    from flashgla._torch import make_args, view
+
+    args = _C.GlaForwardArgs()
+    assert args.q is None and args.scale is None and args.algorithm == _C.GlaAlgorithm.chunked
+    with pytest.raises(AttributeError, match="initial_states"):
+        args.initial_states = None
+    with pytest.raises(TypeError, match="flashgla: q: expected a flashgla._C.TensorView or None, got tuple"):
+        args.q = (0, 1, 0, 0, (2, 3), (3, 1))
+    x = torch.zeros(2, 3, 4)[:, 1]
+    args = make_args(_C.GlaForwardArgs, q=x, scale=0.5, reverse=True)
+    assert (args.q.shape, args.q.strides, args.q.dtype, args.q.device) == ((2, 4), (12, 1), "float32", "cpu")
+    assert args.q.data == x.data_ptr() and args.scale == 0.5 and args.reverse and args.k is None
+    with pytest.raises(ValueError, match="flashgla: x5: expected at most 4 dimensions, got 5"):
+        view(torch.zeros(1, 1, 1, 1, 1), "x5")

@@ -1,4 +1,4 @@
-"""The fused norm/gate ops and the GLA layer (flashgla.ops_norm, flashgla.nn): against plain torch
+"""The fused norm/gate ops and the GLA layer (flashgla.ops.norm, flashgla.nn): against plain torch
 references of the paper's formulas, between the chunked and recurrent modes, padded vs packed
 batches, generation with the state cache, gradients, and bad configurations. Tiny sizes: CPU."""
 
@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
 from flashgla.nn import GatedLinearAttention, ShortConvolution  # noqa: E402
-from flashgla.ops_norm import logsigmoid_gate, rms_norm, rms_norm_gated  # noqa: E402
+from flashgla.ops.norm import logsigmoid_gate, rms_norm, rms_norm_gated  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")

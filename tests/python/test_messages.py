@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import flashgla
-from flashgla import ops_norm
+from flashgla.ops import norm as ops_norm
 from flashgla.models import GLAConfig, GLAForCausalLM
 from testing_utils import cu, gla_inputs, requires_gpu
 
@@ -146,7 +146,7 @@ def test_empty_prompt_to_the_examples(tmp_path):
 
 def test_import_prints_no_warning():
     """`import flashgla` (and its ops, and the model) warns about nothing: every warning is an error here."""
-    code = "import flashgla, flashgla.nn, flashgla.models, flashgla.ops_norm"
+    code = "import flashgla, flashgla.nn, flashgla.models, flashgla.ops.norm, flashgla.distributed, flashgla.parallel"
     result = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stderr == "", result.stderr
 

@@ -277,7 +277,7 @@ class GLAForCausalLM(nn.Module):
         return CausalLMOutput(logits, loss, cache if use_cache else None)
 
     def _forward_cp(self, input_ids, attention_mask, cu_seqlens, labels, cache, use_cache, cp_context):
-        from ..parallel.layers import cp_mean_loss
+        from ..distributed import cp_mean_loss
 
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids: expected [B, T], got shape {list(input_ids.shape)}")

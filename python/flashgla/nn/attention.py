@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import flash_attention
-from ..kvcache import flash_attention_with_kvcache
+from ..ops.attention import flash_attention
+from ..ops.kvcache import flash_attention_with_kvcache
 from .padding import forward_packed, positions_in_sequence, sequence_ids
 
 __all__ = ["Attention", "KVCache", "RotaryEmbedding"]
@@ -233,7 +233,7 @@ class Attention(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(batch, seq_len, self.hidden_size))
 
     def _forward_cp(self, x: Tensor, attention_mask, cu_seqlens, cache, use_cache, ctx) -> Tensor:
-        from ..parallel.layers import attention_layout, check_cp_context, gather_keys_values
+        from ..distributed import attention_layout, check_cp_context, gather_keys_values
 
         if x.dim() != 3 or x.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden_states: expected [B, T, {self.hidden_size}], got {list(x.shape)}")

@@ -17,8 +17,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..gla import chunk_gla, fused_recurrent_gla, gla_decode_step
-from ..ops_norm import logsigmoid_gate
+from ..ops.gla import chunk_gla, fused_recurrent_gla, gla_decode_step
+from ..ops.norm import logsigmoid_gate
 from .conv import ShortConvolution
 from .norm import GatedRMSNorm, RMSNorm
 from .padding import forward_packed
@@ -135,7 +135,7 @@ class GatedLinearAttention(nn.Module):
                               use_cache)
 
     def _forward_cp(self, x: Tensor, attention_mask, cu_seqlens, state, use_cache, cp_context):
-        from ..parallel.layers import check_cp_context
+        from ..distributed import check_cp_context
 
         if x.dim() != 3 or x.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden_states: expected [B, T, {self.hidden_size}], got {list(x.shape)}")
@@ -153,7 +153,7 @@ class GatedLinearAttention(nn.Module):
 
     def _short_conv_cp(self, q: Tensor, k: Tensor, v: Tensor, ctx) -> Tuple[Tensor, Tensor, Tensor]:
         """The three convolutions of a rank's slice, with one exchange of the W-1 preceding rows of q, k, v."""
-        from ..parallel.layers import conv_with_halo, exchange_halo
+        from ..distributed import conv_with_halo, exchange_halo
 
         width = self.q_conv.kernel_size
         if q.shape[1] < width - 1:

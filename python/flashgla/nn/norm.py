@@ -1,9 +1,9 @@
-"""RMSNorm modules over flashgla's fused kernel (flashgla.ops_norm)."""
+"""RMSNorm modules over flashgla's fused kernel (flashgla.ops.norm)."""
 
 import torch
 from torch import Tensor, nn
 
-from ..ops_norm import rms_norm, rms_norm_gated
+from ..ops.norm import rms_norm, rms_norm_gated
 
 
 class RMSNorm(nn.Module):

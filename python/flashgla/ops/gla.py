@@ -11,9 +11,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C
-from ._torch import (as_scale, forbid_double_backward, on_device, require_same_device, require_tensors, run_op,
-                     stream_of, view)
+from .. import _C
+from .._torch import as_scale, forbid_double_backward, make_args, require_same_device, require_tensors, run_op, view
 
 __all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "fused_recurrent_simple_gla", "chunk_linear_attn",
            "fused_chunk_linear_attn", "fused_recurrent_linear_attn", "gla_decode_step", "chunk_gla_segment_states",
@@ -65,13 +64,11 @@ def _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_ho
                  output_final_state, state_dtype=torch.float32, *, g_gamma=None, state_v_first=False):
     """state_dtype: of the final state (float64 is allowed with float64 inputs)."""
     o, final_state = _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype, state_v_first)
-    args = (
-        view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), view(initial_state, "initial_state"),
-        view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale, algorithm, reverse,
-        view(o, "o"), view(final_state, "final_state") if output_final_state else None, None, None,
-        view(g_gamma, "g_gamma"), bool(state_v_first),
-    )
-    run_op(_C.gla_forward, _C.gla_forward_workspace_bytes, q.device, args)
+    args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                     cu_seqlens_host=cu_seqlens_host, scale=scale, algorithm=algorithm, reverse=reverse, o=o,
+                     final_state=final_state if output_final_state else None, g_gamma=g_gamma,
+                     state_v_first=bool(state_v_first))
+    run_op(_C.gla_forward, args, q.device)
     return o, final_state
 
 
@@ -80,15 +77,12 @@ def _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqle
     """dq, dk, dv, dg, dh0 and d_g_gamma (empty stand-ins for what was not asked for)."""
     dq, dk, dv, dg, dh0, d_g_gamma = _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype, g_gamma,
                                                        state_v_first)
-    args = (
-        view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), view(initial_state, "initial_state"),
-        view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale, algorithm, reverse,
-        view(do, "d_o"), view(dht, "d_final_state"), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"),
-        view(dg, "dg") if g is not None else None, view(dh0, "d_initial_state") if need_dh0 else None,
-        view(g_gamma, "g_gamma"), view(d_g_gamma, "d_g_gamma") if g_gamma is not None else None,
-        bool(state_v_first),
-    )
-    run_op(_C.gla_backward, _C.gla_backward_workspace_bytes, q.device, args)
+    args = make_args(_C.GlaBackwardArgs, q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                     cu_seqlens_host=cu_seqlens_host, scale=scale, algorithm=algorithm, reverse=reverse, d_o=do,
+                     d_final_state=dht, dq=dq, dk=dk, dv=dv, dg=dg if g is not None else None,
+                     d_initial_state=dh0 if need_dh0 else None, g_gamma=g_gamma,
+                     d_g_gamma=d_g_gamma if g_gamma is not None else None, state_v_first=bool(state_v_first))
+    run_op(_C.gla_backward, args, q.device)
     return dq, dk, dv, dg, dh0, d_g_gamma
 
 
@@ -193,10 +187,10 @@ def _linear_attn_normalize(o_raw: Tensor, q: Tensor, k: Tensor, z_init: Optional
                            cu_seqlens_host: Optional[Tensor], scale: Optional[float],
                            reverse: bool) -> Tuple[Tensor, Tensor]:
     o, z = _normalize_outputs(o_raw, q, cu_seqlens)
-    with on_device(q.device):
-        _C.gla_normalize_forward(view(o_raw, "o_raw"), view(q, "q"), view(k, "k"), _z_view(z_init, "z_init"),
-                                 view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale,
-                                 reverse, view(o, "o"), _z_view(z, "z_final"), stream_of(q.device))
+    args = make_args(_C.GlaNormalizeArgs, o_raw=o_raw, q=q, k=k, z_init=_z_view(z_init, "z_init"),
+                     cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, scale=scale, reverse=reverse, o=o,
+                     z_final=_z_view(z, "z_final"))
+    run_op(_C.gla_normalize_forward, args, q.device, scratch=False)
     return o, z
 
 
@@ -220,11 +214,11 @@ def _linear_attn_normalize_backward(o_raw: Tensor, q: Tensor, k: Tensor, z_init:
                                     dz: Optional[Tensor], scale: Optional[float],
                                     reverse: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     d_o_raw, dq, dk, dz_init = _normalize_backward_outputs(o_raw, q, z_init)
-    args = (view(o_raw, "o_raw"), view(q, "q"), view(k, "k"), _z_view(z_init, "z_init"), view(cu_seqlens, "cu_seqlens"),
-            view(cu_seqlens_host, "cu_seqlens_host"), scale, reverse, view(do, "d_o"), _z_view(dz, "d_z_final"),
-            view(d_o_raw, "d_o_raw"), view(dq, "dq"), view(dk, "dk"),
-            _z_view(dz_init, "d_z_init") if z_init is not None else None)
-    run_op(_C.gla_normalize_backward, _C.gla_normalize_backward_workspace_bytes, q.device, args)
+    args = make_args(_C.GlaNormalizeBackwardArgs, o_raw=o_raw, q=q, k=k, z_init=_z_view(z_init, "z_init"),
+                     cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, scale=scale, reverse=reverse, d_o=do,
+                     d_z_final=_z_view(dz, "d_z_final"), d_o_raw=d_o_raw, dq=dq, dk=dk,
+                     d_z_init=_z_view(dz_init, "d_z_init") if z_init is not None else None)
+    run_op(_C.gla_normalize_backward, args, q.device)
     return d_o_raw, dq, dk, dz_init
 
 
@@ -253,10 +247,14 @@ forbid_double_backward(_linear_attn_normalize_backward, "chunk_linear_attn")
 
 
 def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context):
-    """The context-parallel path (flashgla.distributed), imported on first use."""
-    from .distributed import cp_chunk
-    return cp_chunk(op_name, q, k, v, g, as_scale(scale, op_name), initial_state, output_final_state, cu_seqlens,
-                    cu_seqlens_host, cp_context)
+    """The context-parallel path: the context (a flashgla.distributed.CPContext, which builds on these ops) runs
+    the op across its group."""
+    run = getattr(cp_context, "run_chunked_op", None)
+    if run is None:
+        raise TypeError(f"flashgla: cp_context: expected a CPContext from build_cp_context, got "
+                        f"{type(cp_context).__name__}")
+    return run(op_name, q, k, v, g, as_scale(scale, op_name), initial_state, output_final_state, cu_seqlens,
+               cu_seqlens_host)
 
 
 def _cp_refuses(op_name, **options):
@@ -561,11 +559,9 @@ def _gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state
     rows = None
     if output_token_states:  # the C++ API takes them as [N*T, H, K, V], row n*T + t
         rows = token_states.view(-1, *token_states.shape[-3:]) if token_states.dim() >= 4 else token_states
-    device = q.device
-    with on_device(device):
-        _C.gla_decode(view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"), view(state, "state"), scale,
-                      view(o, "o"), stream_of(device), view(state_indices, "state_indices"),
-                      view(rows, "token_states"))
+    args = make_args(_C.GlaDecodeArgs, q=q, k=k, v=v, g=g, state=state, state_indices=state_indices, scale=scale,
+                     o=o, token_states=rows)
+    run_op(_C.gla_decode, args, q.device, scratch=False)
     return o, token_states
 
 
@@ -602,14 +598,13 @@ def _gla_prefill(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state: Te
                  final_state_indices: Tensor, initial_state_indices: Optional[Tensor],
                  cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], scale: Optional[float]) -> Tensor:
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    args = (
-        view(q, "q"), view(k, "k"), view(v, "v"), view(g, "g"),
-        view(state, "state") if initial_state_indices is not None else None,
-        view(cu_seqlens, "cu_seqlens"), view(cu_seqlens_host, "cu_seqlens_host"), scale, _C.GlaAlgorithm.chunked,
-        False, view(o, "o"), view(state, "state"), view(initial_state_indices, "initial_state_indices"),
-        view(final_state_indices, "final_state_indices"), None, False,
-    )
-    run_op(_C.gla_forward, _C.gla_forward_workspace_bytes, q.device, args)
+    pool = view(state, "state")  # read (with initial_state_indices) and written
+    args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g,
+                     initial_state=pool if initial_state_indices is not None else None, cu_seqlens=cu_seqlens,
+                     cu_seqlens_host=cu_seqlens_host, scale=scale, algorithm=_C.GlaAlgorithm.chunked, o=o,
+                     final_state=pool, initial_state_indices=initial_state_indices,
+                     final_state_indices=final_state_indices)
+    run_op(_C.gla_forward, args, q.device)
     return o
 
 
@@ -661,9 +656,9 @@ def _segment_states_outputs(k, v, cu_seqlens):
 def _chunk_gla_segment_states(k: Tensor, v: Tensor, g: Optional[Tensor], cu_seqlens: Optional[Tensor],
                               cu_seqlens_host: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     states, log_decay = _segment_states_outputs(k, v, cu_seqlens)
-    args = (view(k, "k"), view(v, "v"), view(g, "g"), view(cu_seqlens, "cu_seqlens"),
-            view(cu_seqlens_host, "cu_seqlens_host"), view(states, "states"), view(log_decay, "log_decay"))
-    run_op(_C.gla_segment_states, _C.gla_segment_states_workspace_bytes, k.device, args)
+    args = make_args(_C.GlaSegmentStatesArgs, k=k, v=v, g=g, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host,
+                     states=states, log_decay=log_decay)
+    run_op(_C.gla_segment_states, args, k.device)
     return states, log_decay
 
 
@@ -677,9 +672,9 @@ def _(k, v, g, cu_seqlens, cu_seqlens_host):
 def _chunk_gla_segment_state_grads(q: Tensor, do: Tensor, g: Optional[Tensor], scale: Optional[float],
                                    cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor]) -> Tensor:
     d_states = torch.empty(_state_shape(q, do, cu_seqlens), dtype=_summary_dtype(q), device=q.device)
-    args = (view(q, "q"), view(do, "d_o"), view(g, "g"), scale, view(cu_seqlens, "cu_seqlens"),
-            view(cu_seqlens_host, "cu_seqlens_host"), view(d_states, "d_states"))
-    run_op(_C.gla_segment_state_grads, _C.gla_segment_state_grads_workspace_bytes, q.device, args)
+    args = make_args(_C.GlaSegmentStateGradsArgs, q=q, d_o=do, g=g, scale=scale, cu_seqlens=cu_seqlens,
+                     cu_seqlens_host=cu_seqlens_host, d_states=d_states)
+    run_op(_C.gla_segment_state_grads, args, q.device)
     return d_states
 
 

@@ -6,8 +6,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C
-from ._torch import forbid_double_backward, require_same_device, require_tensors, run_op, view
+from .. import _C
+from .._torch import forbid_double_backward, make_args, require_same_device, require_tensors, run_op
 
 __all__ = ["flash_attention"]
 
@@ -28,9 +28,9 @@ def _backward_outputs(q, k, v):
 def _flash_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
                      cu_seqlens_k: Optional[Tensor], causal: bool, scale: Optional[float]) -> Tuple[Tensor, Tensor]:
     o, lse = _forward_outputs(q, v)
-    args = (view(q, "q"), view(k, "k"), view(v, "v"), view(cu_seqlens_q, "cu_seqlens_q"),
-            view(cu_seqlens_k, "cu_seqlens_k"), causal, scale, _TILED, view(o, "o"), view(lse, "lse"))
-    run_op(_C.attention_forward, _C.attention_forward_workspace_bytes, q.device, args)
+    args = make_args(_C.AttentionForwardArgs, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                     causal=causal, scale=scale, algorithm=_TILED, o=o, lse=lse)
+    run_op(_C.attention_forward, args, q.device)
     return o, lse
 
 
@@ -45,10 +45,9 @@ def _flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Opt
                               cu_seqlens_k: Optional[Tensor], o: Tensor, lse: Tensor, do: Tensor, causal: bool,
                               scale: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
     dq, dk, dv = _backward_outputs(q, k, v)
-    args = (view(q, "q"), view(k, "k"), view(v, "v"), view(cu_seqlens_q, "cu_seqlens_q"),
-            view(cu_seqlens_k, "cu_seqlens_k"), causal, scale, _TILED, view(o, "o"), view(lse, "lse"),
-            view(do, "d_o"), view(dq, "dq"), view(dk, "dk"), view(dv, "dv"))
-    run_op(_C.attention_backward, _C.attention_backward_workspace_bytes, q.device, args)
+    args = make_args(_C.AttentionBackwardArgs, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                     causal=causal, scale=scale, algorithm=_TILED, o=o, lse=lse, d_o=do, dq=dq, dk=dk, dv=dv)
+    run_op(_C.attention_backward, args, q.device)
     return dq, dk, dv
 
 

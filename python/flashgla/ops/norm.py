@@ -16,8 +16,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C
-from ._torch import forbid_double_backward, on_device, stream_of, view, workspace
+from .. import _C
+from .._torch import forbid_double_backward, make_args, run_op
 
 __all__ = ["rms_norm", "rms_norm_gated", "logsigmoid_gate"]
 
@@ -43,10 +43,9 @@ def _empty_like(t: Tensor, dtype=None) -> Tensor:
 def _rms_norm_gated(x: Tensor, weight: Optional[Tensor], gate: Optional[Tensor], eps: float,
                     activation: str) -> Tensor:
     y = _empty_like(x)
-    device = x.device
-    with on_device(device):
-        _C.rms_norm_forward(view(x, "x"), view(weight, "weight"), view(gate, "gate"), _activation(activation), eps,
-                            view(y, "y"), stream_of(device))
+    args = make_args(_C.RmsNormForwardArgs, x=x, weight=weight, gate=gate, activation=_activation(activation), eps=eps,
+                     y=y)
+    run_op(_C.rms_norm_forward, args, x.device, scratch=False)
     return y
 
 
@@ -62,16 +61,10 @@ def _rms_norm_gated_backward(x: Tensor, weight: Optional[Tensor], gate: Optional
     dgate = _empty_like(gate) if gate is not None else x.new_empty(0)
     need_dweight = need_dweight and weight is not None
     dweight = _empty_like(weight) if need_dweight else x.new_empty(0)
-    args = (view(x, "x"), view(weight, "weight"), view(gate, "gate"), _activation(activation), eps, view(dy, "dy"),
-            view(dx, "dx"), view(dgate, "dgate") if gate is not None else None,
-            view(dweight, "dweight") if need_dweight else None)
-    device = x.device
-    if device.type == "cpu":
-        _C.rms_norm_backward(*args)
-    else:
-        with on_device(device):
-            buffer, pointer = workspace(device, _C.rms_norm_backward_workspace_bytes(*args))
-            _C.rms_norm_backward(*args, stream_of(device), pointer, 0 if buffer is None else buffer.numel())
+    args = make_args(_C.RmsNormBackwardArgs, x=x, weight=weight, gate=gate, activation=_activation(activation), eps=eps,
+                     dy=dy, dx=dx, dgate=dgate if gate is not None else None,
+                     dweight=dweight if need_dweight else None)
+    run_op(_C.rms_norm_backward, args, x.device)
     return dx, dgate, dweight
 
 
@@ -121,9 +114,8 @@ def rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6) -> T
 @torch.library.custom_op("flashgla::logsigmoid_gate", mutates_args=())
 def _logsigmoid_gate(x: Tensor, normalizer: float, clamp_min: Optional[float], float32_output: bool) -> Tensor:
     g = _empty_like(x, torch.float32 if float32_output else None)
-    device = x.device
-    with on_device(device):
-        _C.logsigmoid_gate_forward(view(x, "x"), normalizer, clamp_min, view(g, "g"), stream_of(device))
+    args = make_args(_C.LogSigmoidGateForwardArgs, x=x, normalizer=normalizer, clamp_min=clamp_min, g=g)
+    run_op(_C.logsigmoid_gate_forward, args, x.device, scratch=False)
     return g
 
 
@@ -135,10 +127,8 @@ def _(x, normalizer, clamp_min, float32_output):
 @torch.library.custom_op("flashgla::logsigmoid_gate_backward", mutates_args=())
 def _logsigmoid_gate_backward(x: Tensor, dg: Tensor, normalizer: float, clamp_min: Optional[float]) -> Tensor:
     dx = _empty_like(x)
-    device = x.device
-    with on_device(device):
-        _C.logsigmoid_gate_backward(view(x, "x"), normalizer, clamp_min, view(dg, "dg"), view(dx, "dx"),
-                                    stream_of(device))
+    args = make_args(_C.LogSigmoidGateBackwardArgs, x=x, normalizer=normalizer, clamp_min=clamp_min, dg=dg, dx=dx)
+    run_op(_C.logsigmoid_gate_backward, args, x.device, scratch=False)
     return dx
 
 

@@ -7,8 +7,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C
-from ._torch import as_scale, require_same_device, require_tensors, run_op, view
+from .. import _C
+from .._torch import as_scale, make_args, require_same_device, require_tensors, run_op
 
 __all__ = ["flash_attention_with_kvcache"]
 
@@ -24,10 +24,10 @@ def _flash_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, c
                                   causal: bool, scale: Optional[float], max_seqlen_k: Optional[int],
                                   num_splits: int) -> Tuple[Tensor, Tensor]:
     o, lse = _outputs(q, v_cache)
-    args = (view(q, "q"), view(k_cache, "k_cache"), view(v_cache, "v_cache"), view(cache_seqlens, "cache_seqlens"),
-            view(block_table, "block_table"), view(k, "k"), view(v, "v"), causal, scale, max_seqlen_k, num_splits,
-            view(o, "o"), view(lse, "lse"))
-    run_op(_C.attention_with_kvcache, _C.attention_with_kvcache_workspace_bytes, q.device, args)
+    args = make_args(_C.AttentionKvCacheArgs, q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
+                     block_table=block_table, k=k, v=v, causal=causal, scale=scale, max_seqlen_k=max_seqlen_k,
+                     num_splits=num_splits, o=o, lse=lse)
+    run_op(_C.attention_with_kvcache, args, q.device)
     return o, lse
 
 
