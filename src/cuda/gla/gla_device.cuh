@@ -1,5 +1,5 @@
-// Device-side helpers of the GLA forward kernels: element conversion, sequence
-// boundaries, tile copies into shared memory (cp.async or element by element),
+// Device-side helpers of the GLA forward kernels (sequences: cuda/common/sequences.cuh): element conversion,
+// tile copies into shared memory (cp.async or element by element),
 // and warp-level tensor-core products (mma.sync) with fp32 accumulation.
 #pragma once
 
@@ -58,10 +58,6 @@ __device__ __forceinline__ void store8(E* p, const float (&x)[8]) {
   }
   *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
 }
-
-// ---- sequences (cuda/common/sequences.cuh) ----------------------------------------
-using SeqRange = SeqSpan;
-__device__ __forceinline__ SeqRange sequence_range(const Sequences& s, int64_t n) { return sequence_span(s, n); }
 
 // ---- copies into shared memory ----------------------------------------------------
 // The forward kernels use the unordered cp.async flavour (cuda/common/copy.cuh):

@@ -16,16 +16,6 @@ namespace {
 using gla::Elem;
 using gla::View;
 
-gla::Sequences sequences_of(const TensorView& cu_seqlens, int64_t total_len) {
-  gla::Sequences s;
-  s.total_len = total_len;
-  if (!cu_seqlens.defined()) return s;
-  s.cu_seqlens = cu_seqlens.data;
-  s.stride = cu_seqlens.stride[0];
-  s.i64 = cu_seqlens.dtype == DType::i64;
-  return s;
-}
-
 // The chunked kernel's parameters and plan (plan.h: kernel, sequence split, states pass, workspace).
 struct ChunkPlan {
   gla::ChunkParams params;

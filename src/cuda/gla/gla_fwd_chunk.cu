@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
   const int sp = L.state_pitch;  // floats per key row of S
   const int gsize = elem_size(p.g.dtype);
 
-  const SeqRange seq = sequence_range(p.seqs, n);
+  const SeqSpan seq = sequence_span(p.seqs, n);
   const int64_t num_chunks = (seq.len + C - 1) / C;
   const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
   if (split > last_split || (p.states_only && split == last_split)) return;

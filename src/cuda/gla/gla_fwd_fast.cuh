@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   const int kn = PARTS ? min(KP, K - k0) : K;
   const int split = blockIdx.z;
 
-  const SeqRange seq = sequence_range(p.seqs, n);
+  const SeqSpan seq = sequence_span(p.seqs, n);
   const int64_t num_chunks = (seq.len + C - 1) / C;
   const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
   if (split > last_split || (p.states_only && split == last_split)) return;
@@ -519,7 +519,7 @@ __global__ void zero_output_kernel(const ChunkParams p) {
   const int64_t nh = blockIdx.x;
   const int64_t n = nh / p.heads;
   const int h = int(nh % p.heads);
-  const SeqRange seq = sequence_range(p.seqs, n);
+  const SeqSpan seq = sequence_span(p.seqs, n);
   const int pieces = (p.value_dim + 7) / 8;
   for (int64_t t0 = int64_t(blockIdx.y) * C; t0 < seq.len; t0 += int64_t(gridDim.y) * C) {
     const int rows = int(min(int64_t(C), seq.len - t0));

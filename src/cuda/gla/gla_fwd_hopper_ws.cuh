@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
   const int v0 = blockIdx.y * 64;
   const int split = blockIdx.z;
 
-  const SeqRange seq = sequence_range(p.seqs, n);
+  const SeqSpan seq = sequence_span(p.seqs, n);
   const int64_t num_chunks = (seq.len + C - 1) / C;
   const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
   if (split > last_split || (STATES && split == last_split)) return;

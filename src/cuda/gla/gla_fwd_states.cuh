@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
   const int pieces = p.state_pieces;
   const int split = blockIdx.z / pieces, piece = blockIdx.z % pieces;
 
-  const SeqRange seq = sequence_range(p.seqs, n);
+  const SeqSpan seq = sequence_span(p.seqs, n);
   const int64_t num_chunks = (seq.len + C - 1) / C;
   const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
   // No later split reads the last one's state; the segment summaries (p.whole_segments) want every split's,
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
 // Block (sequence × head, key), threads over the value columns.
 __global__ void fold_pieces_kernel(const ChunkParams p) {
   const int64_t nh = blockIdx.x;
-  const SeqRange seq = sequence_range(p.seqs, nh / p.heads);
+  const SeqSpan seq = sequence_span(p.seqs, nh / p.heads);
   const int64_t num_chunks = (seq.len + C - 1) / C;
   const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;  // slots written
   const int K = p.key_dim, V = p.value_dim, key = blockIdx.y, pieces = p.state_pieces;
