@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/copy.cuh"
 #include "cuda/common/dtype.cuh"
@@ -26,6 +27,18 @@ __device__ __forceinline__ float load_float(const void* base, int64_t index, Ele
     case Elem::f64: return float(static_cast<const double*>(base)[index]);
   }
   return 0.f;
+}
+
+// Whether any of the 8 bf16/fp16 elements of w is a NaN or an Inf (all exponent bits set).
+template <class E>
+__device__ __forceinline__ bool any_nonfinite8(uint4 w) {
+  constexpr uint32_t m = std::is_same_v<E, __half> ? 0x7C007C00u : 0x7F807F80u;
+  constexpr uint32_t lo = m & 0xFFFFu, hi = m & 0xFFFF0000u;
+  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) bad |= (x[i] & lo) == lo || (x[i] & hi) == hi;
+  return bad;
 }
 
 // Four consecutive elements (8- or 16-byte aligned) as a float4.
@@ -57,6 +70,29 @@ __device__ __forceinline__ void store8(E* p, const float (&x)[8]) {
     w[i] = *reinterpret_cast<const uint32_t*>(pair);
   }
   *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// ---- sequences and the sequence split ------------------------------------------------
+
+// The element offset of token `token` of sequence `seq`, head h, in a [B,T,H,*] view (its first column).
+__device__ __forceinline__ int64_t token_offset(const View& t, const SeqSpan& seq, int h, int64_t token) {
+  return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
+}
+
+// The chunks of split `split` of sequence n (the sequence split of ChunkParams): chunks [begin, end) of its
+// num_chunks; last_split is the sequence's last split (0 for an empty sequence), later ones have no chunks.
+struct SplitChunks {
+  SeqSpan seq;
+  int64_t num_chunks, last_split, begin, end;
+};
+__device__ __forceinline__ SplitChunks split_chunks(const ChunkParams& p, int64_t n, int split) {
+  SplitChunks s;
+  s.seq = sequence_span(p.seqs, n);
+  s.num_chunks = (s.seq.len + kChunk - 1) / kChunk;
+  s.last_split = s.num_chunks == 0 ? 0 : (s.num_chunks - 1) / p.chunks_per_split;
+  s.begin = split * p.chunks_per_split;
+  s.end = min(s.num_chunks, s.begin + p.chunks_per_split);
+  return s;
 }
 
 // ---- copies into shared memory ----------------------------------------------------
@@ -120,6 +156,28 @@ __device__ __forceinline__ void store_tile(void* data, bool rows16, int64_t col_
         for (int u = 0; u < esize / 2; ++u)
           reinterpret_cast<uint16_t*>(to + e * col_stride * esize)[u] = reinterpret_cast<const uint16_t*>(from + e * esize)[u];
     }
+  }
+}
+
+// One chunk's rows (tokens token .. token + C − 1 of sequence `seq`, head h) of COLS columns of t, from column
+// col0, into shared memory with a row pitch of `pitch` elements, as 16-byte cp.async pieces (rows16): rows from
+// rows_valid on and columns from `width` on read as zero. Thread tid of THREADS always takes piece
+// tid % pieces of rows tid / pieces + i · THREADS / pieces.
+template <int COLS, int THREADS, class T>
+__device__ __forceinline__ void load_rows(T* dst, int pitch, const View& t, const SeqSpan& seq, int h, int64_t token,
+                                          int rows_valid, int col0, int width, int tid) {
+  constexpr int per_piece = 16 / int(sizeof(T));
+  constexpr int pieces = COLS / per_piece, rows_per_pass = THREADS / pieces;
+  static_assert(rows_per_pass <= kChunk && kChunk % rows_per_pass == 0, "whole passes");
+  const int row = tid / pieces, col = col0 + (tid % pieces) * per_piece;
+  const int bytes = min(16, max(0, (width - col) * int(sizeof(T))));
+  const T* src = static_cast<const T*>(t.data) + token_offset(t, seq, h, token + row) + col;
+  T* to = dst + row * pitch + (tid % pieces) * per_piece;
+#pragma unroll
+  for (int i = 0; i < kChunk / rows_per_pass; ++i) {
+    const bool valid = row + i * rows_per_pass < rows_valid && bytes > 0;
+    cp_async16_unordered(to + i * rows_per_pass * pitch, valid ? src + i * rows_per_pass * t.stride[1] : t.data,
+                         valid ? bytes : 0);
   }
 }
 

@@ -59,15 +59,11 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
   const int sp = L.state_pitch;  // floats per key row of S
   const int gsize = elem_size(p.g.dtype);
 
-  const SeqSpan seq = sequence_span(p.seqs, n);
-  const int64_t num_chunks = (seq.len + C - 1) / C;
-  const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
+  const SplitChunks chunks = split_chunks(p, n, split);
+  const SeqSpan seq = chunks.seq;
+  const int64_t last_split = chunks.last_split, c_begin = chunks.begin, c_end = chunks.end;
   if (split > last_split || (p.states_only && split == last_split)) return;
-  const int64_t c_begin = split * p.chunks_per_split;
-  const int64_t c_end = min(num_chunks, c_begin + p.chunks_per_split);
-  auto row_offset = [&](const View& t, int64_t token) {
-    return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
-  };
+  auto row_offset = [&](const View& t, int64_t token) { return token_offset(t, seq, h, token); };
 
   float* S = reinterpret_cast<float*>(smem + L.state);  // S[k][v], pitch sp
   E* raw_v = reinterpret_cast<E*>(smem + L.raw_v);
