@@ -79,19 +79,23 @@ __device__ __forceinline__ int64_t token_offset(const View& t, const SeqSpan& se
   return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
 }
 
-// The chunks of split `split` of sequence n (the sequence split of ChunkParams): chunks [begin, end) of its
-// num_chunks; last_split is the sequence's last split (0 for an empty sequence), later ones have no chunks.
+// Sequence n cut into splits of p.chunks_per_split chunks (the sequence split of ChunkParams): split s covers
+// chunks [begin(p, s), end(p, s)); last_split is the last one with chunks (0 for an empty sequence).
 struct SplitChunks {
   SeqSpan seq;
-  int64_t num_chunks, last_split, begin, end;
+  int64_t num_chunks, last_split;
+  __device__ __forceinline__ int64_t begin(const ChunkParams& p, int64_t split) const {
+    return split * p.chunks_per_split;
+  }
+  __device__ __forceinline__ int64_t end(const ChunkParams& p, int64_t split) const {
+    return min(num_chunks, begin(p, split) + p.chunks_per_split);
+  }
 };
-__device__ __forceinline__ SplitChunks split_chunks(const ChunkParams& p, int64_t n, int split) {
+__device__ __forceinline__ SplitChunks split_chunks(const ChunkParams& p, int64_t n) {
   SplitChunks s;
   s.seq = sequence_span(p.seqs, n);
   s.num_chunks = (s.seq.len + kChunk - 1) / kChunk;
   s.last_split = s.num_chunks == 0 ? 0 : (s.num_chunks - 1) / p.chunks_per_split;
-  s.begin = split * p.chunks_per_split;
-  s.end = min(s.num_chunks, s.begin + p.chunks_per_split);
   return s;
 }
 

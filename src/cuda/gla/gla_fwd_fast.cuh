@@ -80,10 +80,11 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   const int kn = PARTS ? min(KP, K - k0) : K;
   const int split = blockIdx.z;
 
-  const SplitChunks chunks = split_chunks(p, n, split);
+  const SplitChunks chunks = split_chunks(p, n);
   const SeqSpan seq = chunks.seq;
-  const int64_t last_split = chunks.last_split, c_begin = chunks.begin, c_end = chunks.end;
+  const int64_t last_split = chunks.last_split;
   if (split > last_split || (p.states_only && split == last_split)) return;
+  const int64_t c_begin = chunks.begin(p, split), c_end = chunks.end(p, split);
   auto row_offset = [&](const View& t, int64_t token) { return token_offset(t, seq, h, token); };
 
   E* q_buf = reinterpret_cast<E*>(smem + L::q);

@@ -79,12 +79,12 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
   const int pieces = p.state_pieces;
   const int split = blockIdx.z / pieces, piece = blockIdx.z % pieces;
 
-  const SplitChunks chunks = split_chunks(p, n, split);
+  const SplitChunks chunks = split_chunks(p, n);
   const SeqSpan seq = chunks.seq;
   // No later split reads the last one's state; the segment summaries (p.whole_segments) want every split's,
   // an empty segment's included (zero).
   if (split >= chunks.last_split && !p.whole_segments) return;
-  const int64_t split_begin = chunks.begin, split_end = chunks.end;
+  const int64_t split_begin = chunks.begin(p, split), split_end = chunks.end(p, split);
   const int64_t piece_len = (p.chunks_per_split + pieces - 1) / pieces;
   const int64_t c_begin = min(split_end, split_begin + piece * piece_len);
   const int64_t c_end = min(split_end, c_begin + piece_len);
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
 // Block (sequence × head, key), threads over the value columns.
 __global__ void fold_pieces_kernel(const ChunkParams p) {
   const int64_t nh = blockIdx.x;
-  const int64_t last_split = split_chunks(p, nh / p.heads, 0).last_split;  // slots written
+  const int64_t last_split = split_chunks(p, nh / p.heads).last_split;  // slots written
   const int K = p.key_dim, V = p.value_dim, key = blockIdx.y, pieces = p.state_pieces;
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
     float state = 0.f;
