@@ -84,6 +84,10 @@ __device__ __forceinline__ int64_t token_offset(const View& t, const SeqSpan& se
 struct SplitChunks {
   SeqSpan seq;
   int64_t num_chunks, last_split;
+  // Whether split s has nothing to do: no chunks, or the last split in a states pass (no later split reads it).
+  __device__ __forceinline__ bool idle(int64_t split, bool states_pass) const {
+    return split > last_split || (states_pass && split == last_split);
+  }
   __device__ __forceinline__ int64_t begin(const ChunkParams& p, int64_t split) const {
     return split * p.chunks_per_split;
   }

@@ -60,10 +60,9 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
   const int gsize = elem_size(p.g.dtype);
 
   const SplitChunks chunks = split_chunks(p, n);
+  if (chunks.idle(split, p.states_only)) return;
   const SeqSpan seq = chunks.seq;
-  const int64_t last_split = chunks.last_split;
-  if (split > last_split || (p.states_only && split == last_split)) return;
-  const int64_t c_begin = chunks.begin(p, split), c_end = chunks.end(p, split);
+  const int64_t last_split = chunks.last_split, c_begin = chunks.begin(p, split), c_end = chunks.end(p, split);
   auto row_offset = [&](const View& t, int64_t token) { return token_offset(t, seq, h, token); };
 
   float* S = reinterpret_cast<float*>(smem + L.state);  // S[k][v], pitch sp

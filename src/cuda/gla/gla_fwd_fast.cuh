@@ -81,10 +81,9 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   const int split = blockIdx.z;
 
   const SplitChunks chunks = split_chunks(p, n);
+  if (chunks.idle(split, p.states_only)) return;
   const SeqSpan seq = chunks.seq;
-  const int64_t last_split = chunks.last_split;
-  if (split > last_split || (p.states_only && split == last_split)) return;
-  const int64_t c_begin = chunks.begin(p, split), c_end = chunks.end(p, split);
+  const int64_t last_split = chunks.last_split, c_begin = chunks.begin(p, split), c_end = chunks.end(p, split);
   auto row_offset = [&](const View& t, int64_t token) { return token_offset(t, seq, h, token); };
 
   E* q_buf = reinterpret_cast<E*>(smem + L::q);

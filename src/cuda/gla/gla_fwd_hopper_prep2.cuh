@@ -132,7 +132,9 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
   const int K = p.key_dim, KP = p.prep_key_pad;
   const Slot L{KP};
   unsigned char* slot = p.prep + (slot_index(p, seq, n, c) * p.heads + h) * int64_t(L.bytes());
-  auto row_offset = [&](const View& t, int64_t token) { return token_offset(t, seq, h, token); };
+  auto row_offset = [&](const View& t, int64_t token) {
+    return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
+  };
 
   // Column role (warp-uniform rows): keys 2·pair, 2·pair + 1 of each slice, rows 8·eighth .. 8·eighth + 7,
   // i.e. half `hb` of the diagonal block qt (its 4-row groups 2·hb and 2·hb + 1).

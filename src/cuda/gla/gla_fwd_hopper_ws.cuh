@@ -169,10 +169,9 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
   const int split = blockIdx.z;
 
   const SplitChunks chunks = split_chunks(p, n);
+  if (chunks.idle(split, STATES)) return;
   const SeqSpan seq = chunks.seq;
-  const int64_t last_split = chunks.last_split;
-  if (split > last_split || (STATES && split == last_split)) return;
-  const int64_t c_begin = chunks.begin(p, split), c_end = chunks.end(p, split);
+  const int64_t last_split = chunks.last_split, c_begin = chunks.begin(p, split), c_end = chunks.end(p, split);
   auto row_offset = [&](const View& t, int64_t token) { return token_offset(t, seq, h, token); };
   // full: the slot image (expect_tx by this CTA's producer) and V (32 cp.async lanes); empty: every consumer
   // thread of this CTA.
