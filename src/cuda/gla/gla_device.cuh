@@ -103,6 +103,22 @@ __device__ __forceinline__ SplitChunks split_chunks(const ChunkParams& p, int64_
   return s;
 }
 
+// The state at the start of split `split` of sequence n, head h (nh = n · heads + h), at key `key` and value
+// column vg: h0's element (0 without h0) folded through the earlier splits' states and decays, the slots of an
+// in-kernel states pass (ChunkParams::states_only).
+__device__ __forceinline__ float split_start_state(const ChunkParams& p, int64_t n, int h, int64_t nh, int split,
+                                                   int key, int vg, int K, int V) {
+  float s = 0.f;
+  if (p.h0.data)
+    s = static_cast<const float*>(p.h0.data)[n * p.h0.stride[0] + h * p.h0.stride[1] + key * p.h0.stride[2] +
+                                              vg * p.h0.stride[3]];
+  for (int prev = 0; prev < split; ++prev) {
+    const int64_t slot = nh * (p.num_splits - 1) + prev;
+    s = p.split_decay[slot * K + key] * s + p.split_states[(slot * K + key) * V + vg];
+  }
+  return s;
+}
+
 // ---- copies into shared memory ----------------------------------------------------
 // The forward kernels use the unordered cp.async flavour (cuda/common/copy.cuh):
 // cp_async16_unordered, cp_async_commit_unordered, cp_async_wait_committed.

@@ -85,17 +85,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
   // ---- initial state: h0 folded through the earlier splits (zero in the states pass) ----
   for (int i = tid; i < Kp * BV; i += NT) {
     const int kk = i / BV, vv = i - kk * BV, vg = v0 + vv;
-    float s = 0.f;
-    if (!p.states_only && kk < K && vg < V) {
-      if (p.h0.data)
-        s = static_cast<const float*>(p.h0.data)[n * p.h0.stride[0] + h * p.h0.stride[1] + kk * p.h0.stride[2] +
-                                                  vg * p.h0.stride[3]];
-      for (int prev = 0; prev < split; ++prev) {
-        const int64_t slot = nh * (p.num_splits - 1) + prev;
-        s = p.split_decay[slot * K + kk] * s + p.split_states[(slot * K + kk) * V + vg];
-      }
-    }
-    S[kk * sp + vv] = s;
+    S[kk * sp + vv] = !p.states_only && kk < K && vg < V ? split_start_state(p, n, h, nh, split, kk, vg, K, V) : 0.f;
   }
   if (p.states_only)
     for (int i = tid; i < Kp; i += NT) split_decay_s[i] = 1.f;

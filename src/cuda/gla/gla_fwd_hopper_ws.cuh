@@ -235,17 +235,7 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
 #pragma unroll
     for (int e = 0; e < 32; ++e) {
       const int key = key_of(mt, e), vg = v0 + acc_col(e);
-      float s = 0.f;
-      if (!STATES && key < K && vg < V) {
-        if (p.h0.data)
-          s = static_cast<const float*>(p.h0.data)[n * p.h0.stride[0] + h * p.h0.stride[1] + key * p.h0.stride[2] +
-                                                    vg * p.h0.stride[3]];
-        for (int prev = 0; prev < split; ++prev) {
-          const int64_t slot = nh * (p.num_splits - 1) + prev;
-          s = p.split_decay[slot * K + key] * s + p.split_states[(slot * K + key) * V + vg];
-        }
-      }
-      H[mt][e] = s;
+      H[mt][e] = !STATES && key < K && vg < V ? split_start_state(p, n, h, nh, split, key, vg, K, V) : 0.f;
     }
   float split_decay_acc = 1.f;  // states pass: thread tid < KP, key tid
 
