@@ -73,8 +73,8 @@ void launch_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t strea
 void launch_fast_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // The states pass of the split as its own kernel (gla_fwd_states.cu), for what the fast path takes:
-// p.state_pieces > 0, piece_states/piece_decay set (see ChunkParams); the planner checks that its shared
-// memory (layouts.h: split_states_smem_bytes) fits the device.
+// p.state_pieces > 0, piece_states/piece_decay set (see ChunkParams); its shared memory (layouts.h:
+// split_states_smem_bytes) is less than the fast kernel's, so it fits wherever the fast path does.
 void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 // The states kernel alone for the segment summaries (p.whole_segments, num_splits = 2): pieces of each
 // sequence to piece_states, piece_decay and piece_log_decay; the caller folds them.

@@ -41,7 +41,7 @@ void by_dims(const ChunkParams& p, F&& f) {
 }
 
 // Calls f(layout tag, launcher) for the kernel that p's dtype, dims and gate select (the same choice as
-// split_states_smem_bytes in layouts.h, which the planner checks against the device).
+// split_states_smem_bytes in layouts.h, which the planner reads).
 template <class F>
 void by_kernel(const ChunkParams& p, F&& f) {
   if (p.q.dtype == Elem::bf16) return by_dims<__nv_bfloat16>(p, f);
