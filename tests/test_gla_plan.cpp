@@ -116,7 +116,6 @@ TEST(GlaPlan, ForwardAnchorLongSequenceSplits) {
   EXPECT_EQ(on_h100.chunks_per_split, 64);
   EXPECT_EQ(on_h100.states, StatesPass::states_kernel);
   EXPECT_EQ(on_h100.state_pieces, 1);
-  EXPECT_TRUE(on_h100.split_prefix);
   EXPECT_EQ(on_h100.workspace_bytes, 2 * split_slot_bytes(p, 4));
   EXPECT_EQ(on_h100.split_states_floats, size_t(2 * 16 * 3) * 128 * 128);
   EXPECT_EQ(on_h100.split_floats, size_t(2 * 16 * 3) * 128 * 129);
@@ -231,6 +230,22 @@ TEST(GlaPlan, ForwardFastPathConditions) {
   EXPECT_EQ(plan_forward(p, h100(), GlaTuning{}).kernel, FwdKernel::fast);
   p = forward(8, 2048, 16, 512, 64);
   EXPECT_EQ(plan_forward(p, h100(), GlaTuning{}).kernel, FwdKernel::general);
+}
+
+// The fast path's split always takes the states kernel (the planner does not check that it fits): its shared
+// memory is less than the fast kernel's for every input the fast path takes, K ≤ 256 and any V, gate and gate
+// dtype.
+TEST(GlaPlan, ForwardStatesKernelFitsWhereTheFastPathDoes) {
+  for (const Elem input : {Elem::bf16, Elem::f16})
+    for (const Gate gate : {Gate::none, Gate::scalar, Gate::vector})
+      for (const Elem gate_dtype : {input, Elem::f32})
+        for (const int key_dim : {1, 64, 65, 128, 129, 256})
+          for (const int value_dim : {1, 64, 65, 128, 512, 4096}) {
+            const int states = split_states_smem_bytes(input, gate_dtype, gate, key_dim, value_dim);
+            EXPECT_GT(states, 0);
+            EXPECT_LT(states, fast_chunk_smem_bytes(key_dim, value_dim))
+                << "K " << key_dim << " V " << value_dim << " gate " << int(gate);
+          }
 }
 
 // A device without room for the general kernel's shared memory: an error naming q, not a failed launch.

@@ -1,5 +1,5 @@
-// Device-side helpers of the GLA forward kernels: element conversion, sequence
-// boundaries, tile copies into shared memory (cp.async or element by element),
+// Device-side helpers of the GLA forward kernels (sequences: cuda/common/sequences.cuh): element conversion,
+// tile copies into shared memory (cp.async or element by element),
 // and warp-level tensor-core products (mma.sync) with fp32 accumulation.
 #pragma once
 
@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/copy.cuh"
 #include "cuda/common/dtype.cuh"
@@ -26,6 +27,18 @@ __device__ __forceinline__ float load_float(const void* base, int64_t index, Ele
     case Elem::f64: return float(static_cast<const double*>(base)[index]);
   }
   return 0.f;
+}
+
+// Whether any of the 8 bf16/fp16 elements of w is a NaN or an Inf (all exponent bits set).
+template <class E>
+__device__ __forceinline__ bool any_nonfinite8(uint4 w) {
+  constexpr uint32_t m = std::is_same_v<E, __half> ? 0x7C007C00u : 0x7F807F80u;
+  constexpr uint32_t lo = m & 0xFFFFu, hi = m & 0xFFFF0000u;
+  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) bad |= (x[i] & lo) == lo || (x[i] & hi) == hi;
+  return bad;
 }
 
 // Four consecutive elements (8- or 16-byte aligned) as a float4.
@@ -59,9 +72,52 @@ __device__ __forceinline__ void store8(E* p, const float (&x)[8]) {
   *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// ---- sequences (cuda/common/sequences.cuh) ----------------------------------------
-using SeqRange = SeqSpan;
-__device__ __forceinline__ SeqRange sequence_range(const Sequences& s, int64_t n) { return sequence_span(s, n); }
+// ---- sequences and the sequence split ------------------------------------------------
+
+// The element offset of token `token` of sequence `seq`, head h, in a [B,T,H,*] view (its first column).
+__device__ __forceinline__ int64_t token_offset(const View& t, const SeqSpan& seq, int h, int64_t token) {
+  return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
+}
+
+// Sequence n cut into splits of p.chunks_per_split chunks (the sequence split of ChunkParams): split s covers
+// chunks [begin(p, s), end(p, s)); last_split is the last one with chunks (0 for an empty sequence).
+struct SplitChunks {
+  SeqSpan seq;
+  int64_t num_chunks, last_split;
+  // Whether split s has nothing to do: no chunks, or the last split in a states pass (no later split reads it).
+  __device__ __forceinline__ bool idle(int64_t split, bool states_pass) const {
+    return split > last_split || (states_pass && split == last_split);
+  }
+  __device__ __forceinline__ int64_t begin(const ChunkParams& p, int64_t split) const {
+    return split * p.chunks_per_split;
+  }
+  __device__ __forceinline__ int64_t end(const ChunkParams& p, int64_t split) const {
+    return min(num_chunks, begin(p, split) + p.chunks_per_split);
+  }
+};
+__device__ __forceinline__ SplitChunks split_chunks(const ChunkParams& p, int64_t n) {
+  SplitChunks s;
+  s.seq = sequence_span(p.seqs, n);
+  s.num_chunks = (s.seq.len + kChunk - 1) / kChunk;
+  s.last_split = s.num_chunks == 0 ? 0 : (s.num_chunks - 1) / p.chunks_per_split;
+  return s;
+}
+
+// The state at the start of split `split` of sequence n, head h (nh = n · heads + h), at key `key` and value
+// column vg: h0's element (0 without h0) folded through the earlier splits' states and decays, the slots of an
+// in-kernel states pass (ChunkParams::states_only).
+__device__ __forceinline__ float split_start_state(const ChunkParams& p, int64_t n, int h, int64_t nh, int split,
+                                                   int key, int vg, int K, int V) {
+  float s = 0.f;
+  if (p.h0.data)
+    s = static_cast<const float*>(p.h0.data)[n * p.h0.stride[0] + h * p.h0.stride[1] + key * p.h0.stride[2] +
+                                              vg * p.h0.stride[3]];
+  for (int prev = 0; prev < split; ++prev) {
+    const int64_t slot = nh * (p.num_splits - 1) + prev;
+    s = p.split_decay[slot * K + key] * s + p.split_states[(slot * K + key) * V + vg];
+  }
+  return s;
+}
 
 // ---- copies into shared memory ----------------------------------------------------
 // The forward kernels use the unordered cp.async flavour (cuda/common/copy.cuh):
@@ -124,6 +180,28 @@ __device__ __forceinline__ void store_tile(void* data, bool rows16, int64_t col_
         for (int u = 0; u < esize / 2; ++u)
           reinterpret_cast<uint16_t*>(to + e * col_stride * esize)[u] = reinterpret_cast<const uint16_t*>(from + e * esize)[u];
     }
+  }
+}
+
+// One chunk's rows (tokens token .. token + C − 1 of sequence `seq`, head h) of COLS columns of t, from column
+// col0, into shared memory with a row pitch of `pitch` elements, as 16-byte cp.async pieces (rows16): rows from
+// rows_valid on and columns from `width` on read as zero. Thread tid of THREADS always takes piece
+// tid % pieces of rows tid / pieces + i · THREADS / pieces.
+template <int COLS, int THREADS, class T>
+__device__ __forceinline__ void load_rows(T* dst, int pitch, const View& t, const SeqSpan& seq, int h, int64_t token,
+                                          int rows_valid, int col0, int width, int tid) {
+  constexpr int per_piece = 16 / int(sizeof(T));
+  constexpr int pieces = COLS / per_piece, rows_per_pass = THREADS / pieces;
+  static_assert(rows_per_pass <= kChunk && kChunk % rows_per_pass == 0, "whole passes");
+  const int row = tid / pieces, col = col0 + (tid % pieces) * per_piece;
+  const int bytes = min(16, max(0, (width - col) * int(sizeof(T))));
+  const T* src = static_cast<const T*>(t.data) + token_offset(t, seq, h, token + row) + col;
+  T* to = dst + row * pitch + (tid % pieces) * per_piece;
+#pragma unroll
+  for (int i = 0; i < kChunk / rows_per_pass; ++i) {
+    const bool valid = row + i * rows_per_pass < rows_valid && bytes > 0;
+    cp_async16_unordered(to + i * rows_per_pass * pitch, valid ? src + i * rows_per_pass * t.stride[1] : t.data,
+                         valid ? bytes : 0);
   }
 }
 

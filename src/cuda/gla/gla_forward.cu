@@ -16,16 +16,6 @@ namespace {
 using gla::Elem;
 using gla::View;
 
-gla::Sequences sequences_of(const TensorView& cu_seqlens, int64_t total_len) {
-  gla::Sequences s;
-  s.total_len = total_len;
-  if (!cu_seqlens.defined()) return s;
-  s.cu_seqlens = cu_seqlens.data;
-  s.stride = cu_seqlens.stride[0];
-  s.i64 = cu_seqlens.dtype == DType::i64;
-  return s;
-}
-
 // The chunked kernel's parameters and plan (plan.h: kernel, sequence split, states pass, workspace).
 struct ChunkPlan {
   gla::ChunkParams params;
@@ -58,14 +48,12 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
 
   c.num_slices = plan.num_slices;
   c.smem = plan.smem;
-  c.fast = plan.kernel == gla::FwdKernel::fast;
-  c.hopper = plan.kernel == gla::FwdKernel::hopper;
   c.prep_key_pad = plan.prep_key_pad;
   c.prep_chunks = plan.prep_chunks;
   c.num_splits = plan.num_splits;
   c.chunks_per_split = plan.chunks_per_split;
   c.state_pieces = plan.state_pieces;
-  c.split_prefix = plan.split_prefix;
+  c.split_prefix = plan.states == gla::StatesPass::states_kernel;
   return out;
 }
 
@@ -178,33 +166,42 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
   ChunkPlan planned = plan_chunked(args, problem);
   gla::ChunkParams& c = planned.params;
   const gla::FwdPlan& plan = planned.plan;
-  auto launch = [&](const gla::ChunkParams& params) {
-    if (c.hopper) return gla::launch_hopper_chunk_forward(params, planned.num_seqs, plan.hopper_pdl, stream);
-    if (c.fast) return gla::launch_fast_chunk_forward(params, planned.num_seqs, stream);
-    return gla::launch_chunk_forward(params, planned.num_seqs, stream);
-  };
+  const int num_seqs = planned.num_seqs;
   Scratch workspace(args.workspace, args.workspace_bytes, args.allocate_workspace, plan.workspace_bytes, stream,
                     "gla_forward_workspace_bytes");
-  if (c.hopper) {
-    const auto start = reinterpret_cast<uintptr_t>(workspace.bytes() + plan.prep_offset);
-    c.prep = reinterpret_cast<unsigned char*>((start + 1023) & ~uintptr_t(1023));
-    gla::launch_hopper_prep(c, planned.num_seqs, plan.prep_grid_chunks, stream);
-  }
   if (plan.states != gla::StatesPass::none) {  // num_splits > 1: the states of the earlier splits first
     c.split_states = workspace.floats();
     c.split_decay = c.split_states + plan.split_states_floats;
-    if (plan.states == gla::StatesPass::states_kernel) {
-      const bool direct = c.state_pieces == 1 && !c.split_prefix;  // the states kernel writes the split slots
-      c.piece_states = direct ? c.split_states : c.split_states + plan.split_floats;
-      c.piece_decay = direct ? c.split_decay : c.piece_states + plan.piece_states_floats;
-      gla::launch_split_states(c, planned.num_seqs, stream);
-    } else {
-      c.states_only = true;
-      launch(c);
-      c.states_only = false;
+  }
+  if (plan.states == gla::StatesPass::states_kernel) {
+    c.piece_states = c.split_states + plan.split_floats;
+    c.piece_decay = c.piece_states + plan.piece_states_floats;
+  }
+  // Each kernel's launches in order: the Hopper chunk pass, the states pass (the states kernel, or the output
+  // kernel's own with states_only), the output pass.
+  switch (plan.kernel) {
+    case gla::FwdKernel::general:
+      if (plan.states == gla::StatesPass::in_kernel) {
+        c.states_only = true;
+        gla::launch_chunk_forward(c, num_seqs, stream);
+        c.states_only = false;
+      }
+      return gla::launch_chunk_forward(c, num_seqs, stream);
+    case gla::FwdKernel::fast:
+      if (plan.states == gla::StatesPass::states_kernel) gla::launch_split_states(c, num_seqs, stream);
+      return gla::launch_fast_chunk_forward(c, num_seqs, stream);
+    case gla::FwdKernel::hopper: {
+      const auto start = reinterpret_cast<uintptr_t>(workspace.bytes() + plan.prep_offset);
+      c.prep = reinterpret_cast<unsigned char*>((start + 1023) & ~uintptr_t(1023));
+      gla::launch_hopper_prep(c, num_seqs, plan.prep_grid_chunks, stream);
+      if (plan.states == gla::StatesPass::in_kernel) {
+        c.states_only = true;
+        gla::launch_hopper_chunk_forward(c, num_seqs, plan.hopper_pdl, stream);
+        c.states_only = false;
+      }
+      return gla::launch_hopper_chunk_forward(c, num_seqs, plan.hopper_pdl, stream);
     }
   }
-  launch(c);
 }
 
 }  // namespace

@@ -29,13 +29,17 @@ struct ChunkParams {
   int64_t chunks_per_split = 1;
   float* split_states = nullptr;  // [N][H][num_splits-1][K][V]: each split's state from a zero start
   float* split_decay = nullptr;   // [N][H][num_splits-1][K]: each split's total decay exp(sum g)
-  bool states_only = false;       // the first pass: write split_states/split_decay, no output
-  // The states pass as its own kernel (gla_fwd_states.cu) when > 0: each split cut into this many pieces,
-  // written to piece_states/piece_decay and folded into the split slots (or, with one piece and no
-  // split_prefix, written to the split slots directly).
+  // The general and Hopper kernels' own states pass (the first launch): each split's state from a zero start
+  // and its decay to split_states/split_decay, no output; the output pass folds slots 0 .. s − 1.
+  bool states_only = false;
+  // The fast path's states pass, its own kernel (gla_fwd_states.cu), when > 0: each split cut into this many
+  // pieces, written to piece_states/piece_decay and folded into prefix slots: slot s − 1 holds the state at
+  // the start of split s from a zero state at the sequence start and the decay since then (the fast kernel
+  // reads one slot).
   int state_pieces = 0;
-  // Split slot s − 1 holds the state at the start of split s from a zero state at the sequence start and the
-  // decay since then (the states kernel's fold; the fast kernel reads one slot): instead of each split's own.
+  // Set with state_pieces > 0. The fast kernel still has a branch for per-split slots and its own states pass
+  // (states_only) that the planner never takes: removing them made ptxas spill in its 128-key kernels
+  // (bench/notes_gla_fwd.md, issue 22).
   bool split_prefix = false;
   float* piece_states = nullptr;  // [N][H][num_splits-1][state_pieces][K][V]
   float* piece_decay = nullptr;   // [N][H][num_splits-1][state_pieces][K]
@@ -48,10 +52,8 @@ struct ChunkParams {
   // exp Σ_{u ≤ t} g_u, and the pieces' summaries are multiplied by summary_scale (the attention scale).
   bool walk_forward = false;
   float summary_scale = 1.f;
-  bool fast = false;              // run the fast path (gla_fwd_fast.cu) instead of the general kernel
   // The Hopper path (gla_fwd_hopper.cu): a chunk pass writes one slot per (chunk, head) to `prep`, the state
   // kernel reads them.
-  bool hopper = false;
   unsigned char* prep = nullptr;  // 1024-byte aligned
   int prep_key_pad = 0;           // K padded to 64, 128 or 256
   int64_t prep_chunks = 0;        // ceil(T / 64): slots per sequence of a fixed-length batch
@@ -71,8 +73,8 @@ void launch_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t strea
 void launch_fast_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // The states pass of the split as its own kernel (gla_fwd_states.cu), for what the fast path takes:
-// p.state_pieces > 0, piece_states/piece_decay set (see ChunkParams); the planner checks that its shared
-// memory (layouts.h: split_states_smem_bytes) fits the device.
+// p.state_pieces > 0, piece_states/piece_decay set (see ChunkParams); its shared memory (layouts.h:
+// split_states_smem_bytes) is less than the fast kernel's, so it fits wherever the fast path does.
 void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 // The states kernel alone for the segment summaries (p.whole_segments, num_splits = 2): pieces of each
 // sequence to piece_states, piece_decay and piece_log_decay; the caller folds them.

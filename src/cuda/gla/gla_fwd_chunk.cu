@@ -59,15 +59,11 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
   const int sp = L.state_pitch;  // floats per key row of S
   const int gsize = elem_size(p.g.dtype);
 
-  const SeqRange seq = sequence_range(p.seqs, n);
-  const int64_t num_chunks = (seq.len + C - 1) / C;
-  const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
-  if (split > last_split || (p.states_only && split == last_split)) return;
-  const int64_t c_begin = split * p.chunks_per_split;
-  const int64_t c_end = min(num_chunks, c_begin + p.chunks_per_split);
-  auto row_offset = [&](const View& t, int64_t token) {
-    return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
-  };
+  const SplitChunks chunks = split_chunks(p, n);
+  if (chunks.idle(split, p.states_only)) return;
+  const SeqSpan seq = chunks.seq;
+  const int64_t last_split = chunks.last_split, c_begin = chunks.begin(p, split), c_end = chunks.end(p, split);
+  auto row_offset = [&](const View& t, int64_t token) { return token_offset(t, seq, h, token); };
 
   float* S = reinterpret_cast<float*>(smem + L.state);  // S[k][v], pitch sp
   E* raw_v = reinterpret_cast<E*>(smem + L.raw_v);
@@ -89,17 +85,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
   // ---- initial state: h0 folded through the earlier splits (zero in the states pass) ----
   for (int i = tid; i < Kp * BV; i += NT) {
     const int kk = i / BV, vv = i - kk * BV, vg = v0 + vv;
-    float s = 0.f;
-    if (!p.states_only && kk < K && vg < V) {
-      if (p.h0.data)
-        s = static_cast<const float*>(p.h0.data)[n * p.h0.stride[0] + h * p.h0.stride[1] + kk * p.h0.stride[2] +
-                                                  vg * p.h0.stride[3]];
-      for (int prev = 0; prev < split; ++prev) {
-        const int64_t slot = nh * (p.num_splits - 1) + prev;
-        s = p.split_decay[slot * K + kk] * s + p.split_states[(slot * K + kk) * V + vg];
-      }
-    }
-    S[kk * sp + vv] = s;
+    S[kk * sp + vv] = !p.states_only && kk < K && vg < V ? split_start_state(p, n, h, nh, split, kk, vg, K, V) : 0.f;
   }
   if (p.states_only)
     for (int i = tid; i < Kp; i += NT) split_decay_s[i] = 1.f;

@@ -80,15 +80,11 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   const int kn = PARTS ? min(KP, K - k0) : K;
   const int split = blockIdx.z;
 
-  const SeqRange seq = sequence_range(p.seqs, n);
-  const int64_t num_chunks = (seq.len + C - 1) / C;
-  const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
-  if (split > last_split || (p.states_only && split == last_split)) return;
-  const int64_t c_begin = split * p.chunks_per_split;
-  const int64_t c_end = min(num_chunks, c_begin + p.chunks_per_split);
-  auto row_offset = [&](const View& t, int64_t token) {
-    return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
-  };
+  const SplitChunks chunks = split_chunks(p, n);
+  if (chunks.idle(split, p.states_only)) return;
+  const SeqSpan seq = chunks.seq;
+  const int64_t last_split = chunks.last_split, c_begin = chunks.begin(p, split), c_end = chunks.end(p, split);
+  auto row_offset = [&](const View& t, int64_t token) { return token_offset(t, seq, h, token); };
 
   E* q_buf = reinterpret_cast<E*>(smem + L::q);
   E* k_buf = reinterpret_cast<E*>(smem + L::k);
@@ -103,38 +99,17 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   float* decay_s = reinterpret_cast<float*>(smem + L::decay);
   float* salpha_s = reinterpret_cast<float*>(smem + L::salpha);
 
-  // ---- loads of one chunk: 16-byte cp.async pieces, zero outside the sequence / the dims ----
-  // A tile of COLS columns of T has COLS / (16 / sizeof(T)) pieces per row; thread tid always takes piece
-  // tid % pieces of rows tid / pieces + i · NT / pieces.
-  auto load_rows = [&](auto cols_tag, auto* dst, int pitch, const View& t, int64_t c, int rows_valid, int col0,
-                       int width) {
-    using T = std::remove_pointer_t<decltype(dst)>;
-    constexpr int per_piece = 16 / int(sizeof(T));
-    constexpr int pieces = decltype(cols_tag)::value / per_piece, rows_per_pass = NT / pieces;
-    static_assert(rows_per_pass <= C && C % rows_per_pass == 0, "whole passes");
-    const int row = tid / pieces, col = col0 + (tid % pieces) * per_piece;
-    const int bytes = min(16, max(0, (width - col) * int(sizeof(T))));
-    const T* src = static_cast<const T*>(t.data) + row_offset(t, c * C + row) + col;
-    T* to = dst + row * pitch + (tid % pieces) * per_piece;
-#pragma unroll
-    for (int i = 0; i < C / rows_per_pass; ++i) {
-      const bool valid = row + i * rows_per_pass < rows_valid && bytes > 0;
-      cp_async16_unordered(to + i * rows_per_pass * pitch, valid ? src + i * rows_per_pass * t.stride[1] : t.data,
-                 valid ? bytes : 0);
-    }
-  };
-  using KCols = std::integral_constant<int, KP>;
-  using VCols = std::integral_constant<int, BV>;
+  // ---- loads of one chunk: 16-byte cp.async pieces, zero outside the sequence / the dims (load_rows) ----
   // q, k, v go to the buffers of chunk c's parity (issued a chunk ahead); g has one buffer (issued after P2).
   auto issue_qkv = [&](int64_t c) {
     const int rows_valid = int(min(int64_t(C), seq.len - c * C));
-    if (!p.states_only) load_rows(KCols{}, q_buf + (c & 1) * C * P, P, p.q, c, rows_valid, k0, K);
-    load_rows(KCols{}, k_buf + (c & 1) * C * P, P, p.k, c, rows_valid, k0, K);
-    load_rows(VCols{}, v_buf + (c & 1) * C * PV, PV, p.v, c, rows_valid, v0, V);
+    if (!p.states_only) load_rows<KP, NT>(q_buf + (c & 1) * C * P, P, p.q, seq, h, c * C, rows_valid, k0, K, tid);
+    load_rows<KP, NT>(k_buf + (c & 1) * C * P, P, p.k, seq, h, c * C, rows_valid, k0, K, tid);
+    load_rows<BV, NT>(v_buf + (c & 1) * C * PV, PV, p.v, seq, h, c * C, rows_valid, v0, V, tid);
   };
   auto issue_g = [&](int64_t c) {
     if constexpr (GK == Gate::vector)
-      load_rows(KCols{}, g_s, KP, p.g, c, int(min(int64_t(C), seq.len - c * C)), k0, K);
+      load_rows<KP, NT>(g_s, KP, p.g, seq, h, c * C, int(min(int64_t(C), seq.len - c * C)), k0, K, tid);
   };
   float scalar_g_next = 0.f;  // the scalar gate travels in registers of the first 64 threads, one chunk ahead
   auto fetch_scalar_gate = [&](int64_t c) {
@@ -519,7 +494,7 @@ __global__ void zero_output_kernel(const ChunkParams p) {
   const int64_t nh = blockIdx.x;
   const int64_t n = nh / p.heads;
   const int h = int(nh % p.heads);
-  const SeqRange seq = sequence_range(p.seqs, n);
+  const SeqSpan seq = sequence_span(p.seqs, n);
   const int pieces = (p.value_dim + 7) / 8;
   for (int64_t t0 = int64_t(blockIdx.y) * C; t0 < seq.len; t0 += int64_t(gridDim.y) * C) {
     const int rows = int(min(int64_t(C), seq.len - t0));

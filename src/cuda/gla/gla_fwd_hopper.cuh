@@ -75,7 +75,7 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
 // The slot of chunk c of sequence n: fixed-length batches n · chunks + c; varlen
 // n + begin / 64 + c, distinct for non-decreasing boundaries and below
 // num_seqs + ceil(T / 64) for any.
-__device__ __forceinline__ int64_t slot_index(const ChunkParams& p, const SeqRange& seq, int64_t n, int64_t c) {
+__device__ __forceinline__ int64_t slot_index(const ChunkParams& p, const SeqSpan& seq, int64_t n, int64_t c) {
   return p.seqs.cu_seqlens ? n + seq.begin / C + c : n * p.prep_chunks + c;
 }
 

@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
   const int64_t n = nh / p.heads;
   const int h = int(nh % p.heads);
   const int64_t c = blockIdx.y;
-  const SeqRange seq = sequence_range(p.seqs, n);
+  const SeqSpan seq = sequence_span(p.seqs, n);
   if (c * C >= seq.len) return;
   const int rows_valid = int(min(int64_t(C), seq.len - c * C));
   const int K = p.key_dim, KP = p.prep_key_pad;

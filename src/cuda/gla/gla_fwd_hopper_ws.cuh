@@ -12,9 +12,7 @@
 //   after the output of that chunk has been stored.
 // * No clusters: a variant in clusters of 2 or 4 value tiles multicasting the
 //   slot image measured slower at every shape and was retired (its history:
-//   bench/notes_gla_fwd.md). Each stage still has its third mbarrier
-//   (cluster_empty), initialised and unused, so that the kernel's code is the
-//   one that was measured.
+//   bench/notes_gla_fwd.md).
 // * The consumer warpgroups (1 for KP = 64, 2 otherwise) hold the state in
 //   wgmma accumulators as before; per chunk: wait "full", decay, wgmmas,
 //   release the stage, exchange the partial outputs, store o and the bf16
@@ -46,8 +44,8 @@ struct WsLayout {
   static constexpr int stage = v + C * 128;
   static constexpr int hs = kStages * stage;              // bf16 H [KP][64] (B operand of Q̃ H)
   static constexpr int xchg = hs + KP * 128;              // [2][16][128] fp32 partial outputs
-  static constexpr int barriers = xchg + (kWarpgroups == 2 ? 2 * 16 * 128 * 4 : 0);  // full, empty, cluster_empty [kStages]
-  static constexpr int bytes = barriers + 24 * kStages;
+  static constexpr int barriers = xchg + (kWarpgroups == 2 ? 2 * 16 * 128 * 4 : 0);  // full, empty [kStages]
+  static constexpr int bytes = barriers + 16 * kStages;
   static constexpr int alloc = bytes + 1024;              // slack to align the base to 1024 bytes
 };
 
@@ -71,18 +69,6 @@ __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddep
 // accumulators for non-finite values after the wgmmas (32 FFMAs and a vote per chunk); only a warp that finds
 // one and whose warpgroup's tokens of v hold a NaN or Inf recomputes its rows on CUDA cores, A V with j ≤ i
 // selected (never multiplied by a zero).
-
-// Whether any of the 8 bf16/fp16 elements of w is a NaN or an Inf (all exponent bits set).
-template <class E>
-__device__ __forceinline__ bool nonfinite8(uint4 w) {
-  constexpr uint32_t m = std::is_same_v<E, __half> ? 0x7C007C00u : 0x7F807F80u;
-  constexpr uint32_t lo = m & 0xFFFFu, hi = m & 0xFFFF0000u;
-  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
-  bool bad = false;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) bad |= (x[i] & lo) == lo || (x[i] & hi) == hi;
-  return bad;
-}
 
 // Whether x holds a NaN or an Inf: x · 0 is NaN exactly for those (the zero opaque, so that nothing folds it).
 __device__ __forceinline__ bool any_nonfinite32(const float (&x)[32]) {
@@ -114,7 +100,7 @@ __device__ __forceinline__ bool rows_nonfinite(const unsigned char* tile, int ro
   bool bad = false;
 #pragma unroll 1
   for (int piece = lane; piece < rows * 8; piece += 32)
-    bad |= nonfinite8<E>(*reinterpret_cast<const uint4*>(tile + row0 * 128 + piece * 16));
+    bad |= any_nonfinite8<E>(*reinterpret_cast<const uint4*>(tile + row0 * 128 + piece * 16));
   return __any_sync(0xffffffffu, bad);
 }
 
@@ -182,23 +168,18 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
   const int v0 = blockIdx.y * 64;
   const int split = blockIdx.z;
 
-  const SeqRange seq = sequence_range(p.seqs, n);
-  const int64_t num_chunks = (seq.len + C - 1) / C;
-  const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
-  if (split > last_split || (STATES && split == last_split)) return;
-  const int64_t c_begin = split * p.chunks_per_split;
-  const int64_t c_end = min(num_chunks, c_begin + p.chunks_per_split);
-  auto row_offset = [&](const View& t, int64_t token) {
-    return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
-  };
+  const SplitChunks chunks = split_chunks(p, n);
+  if (chunks.idle(split, STATES)) return;
+  const SeqSpan seq = chunks.seq;
+  const int64_t last_split = chunks.last_split, c_begin = chunks.begin(p, split), c_end = chunks.end(p, split);
+  auto row_offset = [&](const View& t, int64_t token) { return token_offset(t, seq, h, token); };
   // full: the slot image (expect_tx by this CTA's producer) and V (32 cp.async lanes); empty: every consumer
-  // thread of this CTA; cluster_empty: unused (see the top of this file).
-  const uint32_t full_bar = sbase + L::barriers, empty_bar = full_bar + 8 * S, cluster_empty_bar = empty_bar + 8 * S;
+  // thread of this CTA.
+  const uint32_t full_bar = sbase + L::barriers, empty_bar = full_bar + 8 * S;
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       sm90::mbar_init(full_bar + 8 * s, 33);
       sm90::mbar_init(empty_bar + 8 * s, L::kConsumers);
-      sm90::mbar_init(cluster_empty_bar + 8 * s, 1);
     }
     sm90::mbar_init_fence();
   }
@@ -254,17 +235,7 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
 #pragma unroll
     for (int e = 0; e < 32; ++e) {
       const int key = key_of(mt, e), vg = v0 + acc_col(e);
-      float s = 0.f;
-      if (!STATES && key < K && vg < V) {
-        if (p.h0.data)
-          s = static_cast<const float*>(p.h0.data)[n * p.h0.stride[0] + h * p.h0.stride[1] + key * p.h0.stride[2] +
-                                                    vg * p.h0.stride[3]];
-        for (int prev = 0; prev < split; ++prev) {
-          const int64_t slot = nh * (p.num_splits - 1) + prev;
-          s = p.split_decay[slot * K + key] * s + p.split_states[(slot * K + key) * V + vg];
-        }
-      }
-      H[mt][e] = s;
+      H[mt][e] = !STATES && key < K && vg < V ? split_start_state(p, n, h, nh, split, key, vg, K, V) : 0.f;
     }
   float split_decay_acc = 1.f;  // states pass: thread tid < KP, key tid
 

@@ -57,10 +57,8 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_forward_kernel(const Re
   const int v0 = blockIdx.y * p.columns, vcol = v0 + col;
   const int K = p.key_dim, V = p.value_dim, Kp = p.key_pad, TS = p.steps;
   const int k0 = kg * kKeysPerThread;
-  const SeqRange seq = sequence_range(p.seqs, n);
-  auto row_offset = [&](const View& t, int64_t token) {
-    return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
-  };
+  const SeqSpan seq = sequence_span(p.seqs, n);
+  auto row_offset = [&](const View& t, int64_t token) { return token_offset(t, seq, h, token); };
   float* alpha = reinterpret_cast<float*>(smem + L.alpha);
   float* scalar = reinterpret_cast<float*>(smem + L.scalar);
 

@@ -8,18 +8,17 @@
 // after each token. Walking the chunks backwards makes G_t a running sum (the
 // chunks already seen, plus the suffix sum inside the chunk), so the state
 // needs no decay step: S += K̂_cᵀ V_c on mma accumulators, two barriers per
-// chunk, k, v, g of the next chunks in flight (cp.async, STAGES buffers). The
+// chunk, k, v, g of the next chunk in flight (cp.async, kStateStages buffers). The
 // exponent is a sum of (log-decay) gates, never a difference: gates of −20 per
 // step underflow to 0 and never overflow, as in the output pass.
 //
 // Pieces: a split may be cut into `state_pieces` pieces run by separate CTAs
 // (more CTAs than (sequence, head, tile, split) alone give). Each writes its
 // state and total decay exp(Σ g) to a piece slot; fold_pieces_kernel combines
-// them in order (S ← decay_p ⊙ S + S_p) into the split slots the output pass
-// reads: by default (split_prefix) slot s − 1 = the state at the start of split
-// s from a zero state at the sequence start, so that the output pass reads one
-// slot instead of folding s of them; otherwise each split's own state (the
-// protocol of the other kernels), written directly when there is one piece.
+// them in order (S ← decay_p ⊙ S + S_p) into the prefix slots the output pass
+// reads: slot s − 1 = the state at the start of split s from a zero state at the
+// sequence start, so that the output pass reads one slot instead of folding s
+// of them.
 //
 // The segment summaries (gla_segment.cu) run this kernel alone with one split
 // per sequence (whole_segments: every split, each piece's log decay too); for
@@ -48,13 +47,14 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 
 // Shared memory of the kernel: StatesLayoutBytes in cuda/gla/layouts.h (sizes of E and G), so that the
 // planner computes the same bytes.
-template <class E, class G, int KP, int BV, Gate GK, int STAGES>
-using StatesLayout = StatesLayoutBytes<int(sizeof(E)), int(sizeof(G)), KP, BV, GK, STAGES>;
+template <class E, class G, int KP, int BV, Gate GK>
+using StatesLayout = StatesLayoutBytes<int(sizeof(E)), int(sizeof(G)), KP, BV, GK>;
 
-template <class E, class G, int KP, int BV, Gate GK, int STAGES>
+template <class E, class G, int KP, int BV, Gate GK>
 __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  using L = StatesLayout<E, G, KP, BV, GK, STAGES>;
+  using L = StatesLayout<E, G, KP, BV, GK>;
+  constexpr int STAGES = kStateStages;
   using M = Mma<E>;
   constexpr int P = L::P, PV = L::PV, PG = L::PG;
   // Warp w holds key tiles 2·(w % KWG) and 2·(w % KWG) + 1 of the state and NS of its 8-column tiles: a warp
@@ -79,47 +79,23 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
   const int pieces = p.state_pieces;
   const int split = blockIdx.z / pieces, piece = blockIdx.z % pieces;
 
-  const SeqRange seq = sequence_range(p.seqs, n);
-  const int64_t num_chunks = (seq.len + C - 1) / C;
-  const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;
+  const SplitChunks chunks = split_chunks(p, n);
+  const SeqSpan seq = chunks.seq;
   // No later split reads the last one's state; the segment summaries (p.whole_segments) want every split's,
   // an empty segment's included (zero).
-  if (split >= last_split && !p.whole_segments) return;
-  const int64_t split_begin = split * p.chunks_per_split;
-  const int64_t split_end = min(num_chunks, split_begin + p.chunks_per_split);
+  if (split >= chunks.last_split && !p.whole_segments) return;
+  const int64_t split_begin = chunks.begin(p, split), split_end = chunks.end(p, split);
   const int64_t piece_len = (p.chunks_per_split + pieces - 1) / pieces;
   const int64_t c_begin = min(split_end, split_begin + piece * piece_len);
   const int64_t c_end = min(split_end, c_begin + piece_len);
   const int count = int(c_end - c_begin);  // chunks of this piece, walked from c_end − 1 down
-  auto row_offset = [&](const View& t, int64_t token) {
-    return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
-  };
+  auto row_offset = [&](const View& t, int64_t token) { return token_offset(t, seq, h, token); };
 
   auto stage_k = [&](int s) { return reinterpret_cast<E*>(smem + s * L::stage + L::k); };
   auto stage_v = [&](int s) { return reinterpret_cast<E*>(smem + s * L::stage + L::v); };
   auto stage_g = [&](int s) { return reinterpret_cast<G*>(smem + s * L::stage + L::g); };
   float* scalar_gate_s = reinterpret_cast<float*>(smem + L::scalar_gate);
 
-  // 16-byte cp.async pieces; rows past the sequence and columns past the dims read as zero.
-  auto load_rows = [&](auto cols_tag, auto* dst, int pitch, const View& t, int64_t c, int rows_valid, int col0,
-                       int width) {
-    using T = std::remove_pointer_t<decltype(dst)>;
-    constexpr int per_piece = 16 / int(sizeof(T));
-    constexpr int row_pieces = decltype(cols_tag)::value / per_piece, rows_per_pass = kThreads / row_pieces;
-    static_assert(rows_per_pass <= C && C % rows_per_pass == 0, "whole passes");
-    const int row = tid / row_pieces, col = col0 + (tid % row_pieces) * per_piece;
-    const int bytes = min(16, max(0, (width - col) * int(sizeof(T))));
-    const T* src = static_cast<const T*>(t.data) + row_offset(t, c * C + row) + col;
-    T* to = dst + row * pitch + (tid % row_pieces) * per_piece;
-#pragma unroll
-    for (int i = 0; i < C / rows_per_pass; ++i) {
-      const bool valid = row + i * rows_per_pass < rows_valid && bytes > 0;
-      cp_async16_unordered(to + i * rows_per_pass * pitch, valid ? src + i * rows_per_pass * t.stride[1] : t.data,
-                 valid ? bytes : 0);
-    }
-  };
-  using KCols = std::integral_constant<int, KP>;
-  using VCols = std::integral_constant<int, BV>;
   // Chunk number i of the walk (chunk c_end − 1 − i) into stage i % STAGES.
   // p.walk_forward (the segment gradients): chunks first to last, each row's weight the inclusive
   // prefix sum exp Σ_{u ≤ t} g_u instead of the suffix sum exp Σ_{u > t} g_u.
@@ -129,9 +105,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
     const int64_t c = chunk_of(i);
     const int s = i % STAGES;
     const int rows_valid = int(min(int64_t(C), seq.len - c * C));
-    load_rows(KCols{}, stage_k(s), P, p.k, c, rows_valid, k0, K);
-    load_rows(VCols{}, stage_v(s), PV, p.v, c, rows_valid, v0, V);
-    if constexpr (GK == Gate::vector) load_rows(KCols{}, stage_g(s), PG, p.g, c, rows_valid, k0, K);
+    // 16-byte cp.async pieces; rows past the sequence and columns past the dims read as zero.
+    load_rows<KP, kThreads>(stage_k(s), P, p.k, seq, h, c * C, rows_valid, k0, K, tid);
+    load_rows<BV, kThreads>(stage_v(s), PV, p.v, seq, h, c * C, rows_valid, v0, V, tid);
+    if constexpr (GK == Gate::vector) load_rows<KP, kThreads>(stage_g(s), PG, p.g, seq, h, c * C, rows_valid, k0, K, tid);
   };
   float scalar_g_next = 0.f;  // the scalar gate of the next chunk, in registers of the first 64 threads
   auto fetch_scalar_gate = [&](int i) {
@@ -271,21 +248,18 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
       }
 }
 
-// The split slots from the piece slots, per (sequence, head) over its splits in order: split j's state
-// S_j = Σ_p (Π_{p' > p} decay_p') ⊙ S_p over its pieces and decay D_j = Π_p decay_p; with p.split_prefix the
-// running state and decay from the sequence start instead (slot j: S ← D_j ⊙ S + S_j, D ← D_j ⊙ D).
+// The prefix slots from the piece slots, per (sequence, head) over its splits in order: slot j holds the state
+// and decay at the end of split j from the sequence start, folded piece by piece (S ← decay_p ⊙ S + S_p,
+// D ← decay_p ⊙ D).
 // Block (sequence × head, key), threads over the value columns.
 __global__ void fold_pieces_kernel(const ChunkParams p) {
   const int64_t nh = blockIdx.x;
-  const SeqRange seq = sequence_range(p.seqs, nh / p.heads);
-  const int64_t num_chunks = (seq.len + C - 1) / C;
-  const int64_t last_split = num_chunks == 0 ? 0 : (num_chunks - 1) / p.chunks_per_split;  // slots written
+  const int64_t last_split = split_chunks(p, nh / p.heads).last_split;  // slots written
   const int K = p.key_dim, V = p.value_dim, key = blockIdx.y, pieces = p.state_pieces;
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
     float state = 0.f;
     for (int64_t j = 0; j < last_split; ++j) {
       const int64_t slot = nh * (p.num_splits - 1) + j;
-      if (!p.split_prefix) state = 0.f;
 #pragma unroll 4
       for (int piece = 0; piece < pieces; ++piece) {
         const int64_t from = slot * pieces + piece;
@@ -298,7 +272,6 @@ __global__ void fold_pieces_kernel(const ChunkParams p) {
     float decay = 1.f;
     for (int64_t j = 0; j < last_split; ++j) {
       const int64_t slot = nh * (p.num_splits - 1) + j;
-      if (!p.split_prefix) decay = 1.f;
       for (int piece = 0; piece < pieces; ++piece) decay *= p.piece_decay[(slot * pieces + piece) * K + key];
       p.split_decay[slot * K + key] = decay;
     }

@@ -1,4 +1,4 @@
-// Host-side translation of checked API tensors into the GLA kernels' views,
+// Host-side translation of checked API tensors into the GLA kernels' views and sequences,
 // shared by the forward (gla_forward.cu) and the segment summaries (gla_segment.cu),
 // and the device properties the planner (plan.h) reads.
 #pragma once
@@ -39,6 +39,18 @@ inline gla::View view_of(const TensorView& t) {
   v.rows16 = rows16;
   if (unit) v.stride[last] = 1;  // the kernels' fast paths assume it
   return v;
+}
+
+// The kernels' sequences: cu_seqlens on the device (undefined: a fixed-length batch), every boundary clamped
+// to [0, total_len] (cuda/common/sequences.cuh).
+inline Sequences sequences_of(const TensorView& cu_seqlens, int64_t total_len) {
+  Sequences s;
+  s.total_len = total_len;
+  if (!cu_seqlens.defined()) return s;
+  s.cu_seqlens = cu_seqlens.data;
+  s.stride = cu_seqlens.stride[0];
+  s.i64 = cu_seqlens.dtype == DType::i64;
+  return s;
 }
 
 inline void require_compute_dtype(const TensorView& x, const char* name) {

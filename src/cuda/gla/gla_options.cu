@@ -12,6 +12,7 @@
 
 #include "core/gla_options_backend.h"
 #include "cuda/common/host.cuh"
+#include "cuda/gla/gla_host.cuh"
 
 namespace flashgla::cuda {
 namespace {
@@ -98,28 +99,15 @@ constexpr float kNormalizeEps = 1e-10f;  // added to scale · q·z, as FLA does
 struct NormalizeParams {
   Any o_raw, q, k, z_init, o, z_final;         // forward
   Any d_o, d_z_final, d_o_raw, dq, dk, d_z_init;  // backward
-  const void* cu_seqlens = nullptr;
-  bool cu64 = false;
-  int64_t seq_len = 0, heads = 0, K = 0, V = 0;
+  Sequences seqs;  // seqs.total_len: T
+  int64_t heads = 0, K = 0, V = 0;
   float scale = 1.f;
   bool reverse = false;
   float* d_den = nullptr;  // backward scratch: [B*T*H], indexed by (packed row, head)
 };
 
-struct Seq {
-  int64_t batch, begin, len;
-};
-
-__device__ Seq sequence_of(const NormalizeParams& p, int64_t n) {
-  if (!p.cu_seqlens) return {n, 0, p.seq_len};
-  const int64_t b = p.cu64 ? static_cast<const int64_t*>(p.cu_seqlens)[n] : static_cast<const int32_t*>(p.cu_seqlens)[n];
-  const int64_t e =
-      p.cu64 ? static_cast<const int64_t*>(p.cu_seqlens)[n + 1] : static_cast<const int32_t*>(p.cu_seqlens)[n + 1];
-  return {0, b, e - b};
-}
-
 // Step i of the sequence in processing order -> its row.
-__device__ __forceinline__ int64_t row_of(const Seq& s, int64_t i, bool reverse) {
+__device__ __forceinline__ int64_t row_of(const SeqSpan& s, int64_t i, bool reverse) {
   return s.begin + (reverse ? s.len - 1 - i : i);
 }
 
@@ -142,7 +130,7 @@ __device__ __forceinline__ void load_z_init(const NormalizeParams& p, int64_t n,
 // This thread's share (its columns of z) of q_t · z_t for the tile's tokens, z_t including k_t, into acc;
 // kAdvance: z moves on to the end of the tile (the backward advances it later, with dq).
 template <bool kAdvance>
-__device__ __forceinline__ void tile_qz_partials(const NormalizeParams& p, const Seq& s, int64_t b, int64_t h,
+__device__ __forceinline__ void tile_qz_partials(const NormalizeParams& p, const SeqSpan& s, int64_t b, int64_t h,
                                                  int64_t i0, int tokens, float* z, float (&acc)[kTile]) {
 #pragma unroll
   for (int j = 0; j < kTile; ++j) acc[j] = 0.f;
@@ -165,7 +153,7 @@ __global__ void normalize_forward_kernel(NormalizeParams p) {
   __shared__ float part[kTile][kThreads];
   __shared__ float den[kTile];
   const int64_t n = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
-  const Seq s = sequence_of(p, n);
+  const SeqSpan s = sequence_span(p.seqs, n);
   const int64_t b = s.batch;
   load_z_init(p, n, h, z);
   for (int64_t i0 = 0; i0 < s.len; i0 += kTile) {
@@ -198,9 +186,9 @@ __global__ void normalize_backward_kernel(NormalizeParams p) {
   __shared__ float part_do[kTile][kThreads];
   __shared__ float qz[kTile], dot[kTile];
   const int64_t n = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
-  const Seq s = sequence_of(p, n);
+  const SeqSpan s = sequence_span(p.seqs, n);
   const int64_t b = s.batch;
-  auto scratch = [&](int64_t t) { return (b * p.seq_len + t) * p.heads + h; };
+  auto scratch = [&](int64_t t) { return (b * p.seqs.total_len + t) * p.heads + h; };
   load_z_init(p, n, h, z);
   for (int64_t i0 = 0; i0 < s.len; i0 += kTile) {
     const int tokens = int(s.len - i0 < kTile ? s.len - i0 : kTile);
@@ -260,11 +248,8 @@ NormalizeParams params_of(const TensorView& o_raw, const TensorView& q, const Te
                           const TensorView& cu_seqlens, bool reverse, const GlaProblem& p) {
   NormalizeParams c;
   c.o_raw = any_of(o_raw), c.q = any_of(q), c.k = any_of(k), c.z_init = any_of(z_init);
-  c.cu_seqlens = cu_seqlens.defined() ? cu_seqlens.data : nullptr;
-  c.cu64 = cu_seqlens.defined() && cu_seqlens.dtype == DType::i64;
-  FLASHGLA_REQUIRE(!cu_seqlens.defined() || cu_seqlens.stride[0] == 1, ErrorKind::unsupported, "cu_seqlens",
-                   "the CUDA normaliser takes a contiguous cu_seqlens");
-  c.seq_len = p.seq_len, c.heads = p.heads, c.K = p.key_dim, c.V = p.value_dim;
+  c.seqs = sequences_of(cu_seqlens, p.seq_len);
+  c.heads = p.heads, c.K = p.key_dim, c.V = p.value_dim;
   c.scale = float(p.scale), c.reverse = reverse;
   return c;
 }

@@ -39,7 +39,6 @@ namespace {
 using gla::Elem;
 using gla::Gate;
 using gla::GateByte;
-using gla::Sequences;
 using gla::View;
 
 constexpr int kRows = gla::kSegmentRows;  // tokens per chunk (32; layouts.h, where the planner reads it)
@@ -75,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) segment_summary_kernel(const Segment
   const int k0 = int(blockIdx.y / value_tiles) * kTile, v0 = int(blockIdx.y % value_tiles) * kTile;
   const int piece = blockIdx.z;
 
-  const gla::SeqRange seq = gla::sequence_range(p.seqs, n);
+  const SeqSpan seq = sequence_span(p.seqs, n);
   const int64_t num_chunks = (seq.len + kRows - 1) / kRows;
   const int64_t c_begin = min(num_chunks, piece * p.piece_chunks);
   const int64_t c_end = min(num_chunks, c_begin + p.piece_chunks);
@@ -238,12 +237,7 @@ SegmentPlan plan(const TensorView& x, const TensorView& y, const TensorView& g, 
   SegmentPlan plan;
   SegmentParams& p = plan.params;
   p.x = view_of(x), p.y = view_of(y), p.g = view_of(g);
-  p.seqs.total_len = pr.seq_len;
-  if (cu_seqlens.defined()) {
-    p.seqs.cu_seqlens = cu_seqlens.data;
-    p.seqs.stride = cu_seqlens.stride[0];
-    p.seqs.i64 = cu_seqlens.dtype == DType::i64;
-  }
+  p.seqs = sequences_of(cu_seqlens, pr.seq_len);
   p.heads = int(pr.heads), p.key_dim = int(pr.key_dim), p.value_dim = int(pr.value_dim);
   p.gate = pr.gate;
   p.grads = grads;

@@ -137,9 +137,9 @@ inline int fast_chunk_smem_bytes(int key_dim, int value_dim) {
 // ---- the split states kernel (gla_fwd_states.cuh) --------------------------------
 // Shared memory of one stage: k (then K̂ in place), v and the vector gate, each row padded by 16 bytes (rows
 // 8 apart share banks, no others: ldmatrix and the gate phase without bank conflicts); then the scalar gate of
-// the current chunk. STAGES: chunks in shared memory (STAGES − 1 of them in flight while one is computed).
-// ES, GS: bytes of an input and of a gate element.
-template <int ES, int GS, int KP, int BV, Gate GK, int STAGES>
+// the current chunk. ES, GS: bytes of an input and of a gate element.
+inline constexpr int kStateStages = 2;  // chunks of k, v, g in shared memory: one in flight while one is computed
+template <int ES, int GS, int KP, int BV, Gate GK>
 struct StatesLayoutBytes {
   static constexpr int C = kChunk;
   static constexpr int P = KP + 8, PV = BV + 8, PG = KP + 16 / GS;
@@ -147,10 +147,9 @@ struct StatesLayoutBytes {
   static constexpr int v = k + C * P * ES;
   static constexpr int g = v + C * PV * ES;
   static constexpr int stage = g + (GK == Gate::vector ? C * PG * GS : 0);
-  static constexpr int scalar_gate = STAGES * stage;  // [64] floats
+  static constexpr int scalar_gate = kStateStages * stage;  // [64] floats
   static constexpr int bytes = scalar_gate + C * 4;
 };
-inline constexpr int kStateStages = 2;  // chunks of k, v, g in the states kernel's shared memory
 
 // Shared memory of the states kernel that bf16/fp16 inputs with this gate (kind and dtype) and K, V select
 // (the same choice as its launcher, gla_fwd_states.cu); 0 where none applies.
@@ -158,10 +157,10 @@ template <int KP, int BV>
 int split_states_smem_bytes_of(Elem gate_dtype, Gate gate) {
   switch (gate) {
     case Gate::vector:
-      return gate_dtype == Elem::f32 ? StatesLayoutBytes<2, 4, KP, BV, Gate::vector, kStateStages>::bytes
-                                     : StatesLayoutBytes<2, 2, KP, BV, Gate::vector, kStateStages>::bytes;
-    case Gate::scalar: return StatesLayoutBytes<2, 2, KP, BV, Gate::scalar, kStateStages>::bytes;
-    case Gate::none: return StatesLayoutBytes<2, 2, KP, BV, Gate::none, kStateStages>::bytes;
+      return gate_dtype == Elem::f32 ? StatesLayoutBytes<2, 4, KP, BV, Gate::vector>::bytes
+                                     : StatesLayoutBytes<2, 2, KP, BV, Gate::vector>::bytes;
+    case Gate::scalar: return StatesLayoutBytes<2, 2, KP, BV, Gate::scalar>::bytes;
+    case Gate::none: return StatesLayoutBytes<2, 2, KP, BV, Gate::none>::bytes;
   }
   return 0;
 }

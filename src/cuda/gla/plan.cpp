@@ -89,20 +89,18 @@ FwdPlan plan_forward(const FwdProblem& p, const DeviceProps& device, const GlaTu
     plan.states = StatesPass::in_kernel;
   }
   // The split's states pass on the fast path: the states kernel (gla_fwd_states.cu; it measured faster at every
-  // split shape than the fast kernel's own states pass, which remains for the general and Hopper kernels and
-  // wherever the states kernel would not fit). Pieces per split: enough for one CTA per SM (one piece per
+  // split shape than the fast kernel's own states pass, since retired; the general and Hopper kernels keep
+  // theirs). Its shared memory is less than the fast kernel's for every tile shape (tests/test_gla_plan.cpp),
+  // so it fits wherever the fast path does. Pieces per split: enough for one CTA per SM (one piece per
   // split beat 2–4 pieces at 2 CTAs per SM, whose smaller states pass the larger fold outweighed);
   // tuning.state_pieces overrides. The fold writes prefix slots (one read per state element in the output pass).
-  const int states_bytes = split_states_smem_bytes(p.input, p.gate_dtype, p.gate, p.key_dim, p.value_dim);
-  const bool states_fit = states_bytes > 0 && states_bytes <= device.max_smem_per_block;
-  if (fast && plan.num_splits > 1 && states_fit) {
+  if (fast && plan.num_splits > 1) {
     plan.states = StatesPass::states_kernel;
     const int64_t tiles_per_piece = tiles * (plan.num_splits - 1);  // CTAs of one piece per split
     int64_t pieces = std::max<int64_t>(1, int64_t(sms) / std::max<int64_t>(1, tiles_per_piece));
     if (tuning.state_pieces > 0) pieces = tuning.state_pieces;
     pieces = std::min<int64_t>({pieces, plan.chunks_per_split, 65535 / (plan.num_splits - 1)});
     plan.state_pieces = int(std::max<int64_t>(1, pieces));
-    plan.split_prefix = true;
     plan.piece_states_floats = nh_splits * size_t(plan.state_pieces) * size_t(p.key_dim) * size_t(p.value_dim);
     plan.workspace_bytes += nh_splits * size_t(plan.state_pieces) * size_t(p.key_dim) * size_t(p.value_dim + 1) *
                             sizeof(float);

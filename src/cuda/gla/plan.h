@@ -44,7 +44,8 @@ struct FwdProblem {
 
 enum class FwdKernel : int8_t { general, fast, hopper };
 // How the states of the earlier splits are made: none (one split), the split states kernel
-// (gla_fwd_states.cu), or the output kernel's own states pass (states_only) first.
+// (gla_fwd_states.cu: the fast path, prefix slots), or the output kernel's own states pass (states_only) first
+// (the general and Hopper kernels).
 enum class StatesPass : int8_t { none, states_kernel, in_kernel };
 
 struct FwdPlan {
@@ -56,7 +57,6 @@ struct FwdPlan {
   int64_t chunks_per_split = 1;
   StatesPass states = StatesPass::none;
   int state_pieces = 0;               // states kernel: pieces per split (0: not that kernel)
-  bool split_prefix = false;          // states kernel: prefix slots (see ChunkParams)
   int prep_key_pad = 0;               // Hopper: K padded to 64, 128 or 256
   int64_t prep_chunks = 0;            // Hopper: ceil(T / 64)
   int64_t prep_grid_chunks = 0;       // Hopper: chunks of the longest sequence (or of T)

@@ -333,7 +333,7 @@ __device__ __forceinline__ void chunk_fwd_o_intra(const E* Amat, const E* VT, bo
 
 // o = scale · O of the chunk, staged in `otile` (pitch OP elements) for whole-row stores; resets O.
 template <class E>
-__device__ __forceinline__ void chunk_fwd_o_store(const ChunkParams& p, E* otile, const SeqRange& seq, int h,
+__device__ __forceinline__ void chunk_fwd_o_store(const ChunkParams& p, E* otile, const SeqSpan& seq, int h,
                                                   int64_t c, int rows_valid, int v0, int V, int tid, int cg, int part, int g4, int t4,
                                                   float (&o_acc)[ChunkTile<E>::MT_O][4]) {
   using T = ChunkTile<E>;

@@ -107,18 +107,6 @@ __device__ __forceinline__ void add1(__half* p, float x) {
   asm volatile("red.global.add.noftz.f16 [%0], %1;\n" ::"l"(p), "h"(__half_as_ushort(__float2half_rn(x))));
 }
 
-// Whether any of the 8 bf16/fp16 elements of w is a NaN or an Inf (all exponent bits set).
-template <class E>
-__device__ __forceinline__ bool any_nonfinite8(uint4 w) {
-  constexpr uint32_t m = std::is_same_v<E, __half> ? 0x7C007C00u : 0x7F807F80u;
-  constexpr uint32_t lo = m & 0xFFFFu, hi = m & 0xFFFF0000u;
-  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
-  bool bad = false;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) bad |= (x[i] & lo) == lo || (x[i] & hi) == hi;
-  return bad;
-}
-
 // O's diagonal block row by row up to the diagonal (the rare chunks whose v holds a NaN or Inf): the sums of
 // this lane's fragment elements. Out of line: inlined, it made ptxas spill in the 128×128 kernels.
 template <class E, int NO, int PA, int PV>
