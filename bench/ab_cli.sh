@@ -20,6 +20,19 @@ shapes=(
   "attention B8 T2048 H16 d64|--ops attention -B 8 -T 2048 -H 16 -K 64 -V 64 --pass fwd,fwdbwd"
   "attention B4 T8192 H16 d128|--ops attention -B 4 -T 8192 -H 16 -K 128 -V 128 --pass fwd,fwdbwd"
 )
+# The table over the rounds so far (printed after every round, so a run cut short keeps what it measured).
+print_table() {
+  echo "== $1"
+  printf '%-32s %-7s %10s %10s %7s\n' shape pass base_ms new_ms new/base
+  for i in "${!shapes[@]}"; do
+    label=${shapes[$i]%%|*}
+    for pass in $(awk -v s="$i" '$1 == s { print $2 }' "$tmp/new" | sort -u); do
+      med() { awk -v s="$i" -v p="$pass" '$1 == s && $2 == p { print $3 }' "$tmp/$1" | sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
+      b=$(med base) n=$(med new)
+      printf '%-32s %-7s %10s %10s %7s\n' "$label" "$pass" "$b" "$n" "$(awk -v b="$b" -v n="$n" 'BEGIN { if (b > 0) printf "%.3f", n / b }')"
+    done
+  done
+}
 tmp=$(mktemp -d)
 for ((r = 0; r < rounds; r++)); do
   for i in "${!shapes[@]}"; do
@@ -30,13 +43,5 @@ for ((r = 0; r < rounds; r++)); do
       $bin bench $args --seed 7 2>/dev/null | awk -v s="$i" 'NR > 2 && NF >= 3 { print s, $(NF-3), $(NF-2) }' >>"$tmp/$side"
     done
   done
-done
-printf '%-32s %-7s %10s %10s %7s\n' shape pass base_ms new_ms new/base
-for i in "${!shapes[@]}"; do
-  label=${shapes[$i]%%|*}
-  for pass in $(awk -v s="$i" '$1 == s { print $2 }' "$tmp/new" | sort -u); do
-    med() { awk -v s="$i" -v p="$pass" '$1 == s && $2 == p { print $3 }' "$tmp/$1" | sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)] }'; }
-    b=$(med base) n=$(med new)
-    printf '%-32s %-7s %10s %10s %7s\n' "$label" "$pass" "$b" "$n" "$(awk -v b="$b" -v n="$n" 'BEGIN { if (b > 0) printf "%.3f", n / b }')"
-  done
+  print_table "after round $((r + 1)) of $rounds"
 done
