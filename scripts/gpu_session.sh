@@ -66,11 +66,16 @@ if [ "$PART" = P ]; then
   # on its own GPU: the A/B of the flashgla command against the base build; the C++ tests in two shards,
   # then memcheck and racecheck; the Python tests; then the distributed tests on two GPUs. Needs 4 GPUs
   # to end in one call; with fewer, the lanes after the first two wait for a second call (PART=P2).
-  mkdir -p build-gpu build-base
-  for b in flashgla flashgla_tests; do xz -dc ".gpu/$b.xz" >"build-gpu/$b"; done
-  xz -dc .gpu/flashgla_base.xz >build-base/flashgla
+  unxz_to() {  # xz, or Python's lzma where the machine has no xz
+    if command -v xz >/dev/null; then xz -dc "$1" >"$2"
+    else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; fi
+  }
+  mkdir -p build-gpu build-base /tmp/site
+  for b in flashgla flashgla_tests; do unxz_to ".gpu/$b.xz" "build-gpu/$b"; done
+  unxz_to .gpu/flashgla_base.xz build-base/flashgla
   chmod +x build-gpu/* build-base/*
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl && export PYTHONPATH=/tmp/site
+  unxz_to .gpu/site.tar.xz /tmp/site.tar && tar -xf /tmp/site.tar -C /tmp/site && export PYTHONPATH=/tmp/site
+  export PATH=$PWD/build-gpu:$PATH  # the flashgla command the Python tests call
   build-gpu/flashgla --version | head -2
   cpp_lane() {  # GPU, shard index, shard count, sanitizer tool
     ( export CUDA_VISIBLE_DEVICES=$1 GTEST_SHARD_INDEX=$2 GTEST_TOTAL_SHARDS=$3

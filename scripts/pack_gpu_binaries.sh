@@ -2,7 +2,7 @@
 # Compile here, run there: builds what PART=P of scripts/gpu_session.sh runs, for sm_90a only, and packs it
 # into .gpu/ (git-ignored; carry [".gpu"], under the device tool's 64 MiB): the flashgla command and the C++
 # tests of this tree, the flashgla command of BASE (a commit, for the A/B; default: none), and the Python
-# wheel for the GPU machine's Python (3.12; PYTHON names an interpreter of that version).
+# package built for the GPU machine's Python (3.12; PYTHON names an interpreter of that version).
 #   bash scripts/pack_gpu_binaries.sh [BASE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,13 @@ if [ -n "$base" ]; then
   cmake --build build-base-sm90a -j"$JOBS" --target flashgla_cli
   strip -o .gpu/flashgla_base build-base-sm90a/flashgla && xz -T"$JOBS" -6 -f .gpu/flashgla_base
 fi
-rm -f .gpu/*.whl
+# The wheel's package, without the wheel's copy of the command, as an archive to unpack into a PYTHONPATH
+# folder there (a wheel of both would not fit the carry limit).
+wheels=$(mktemp -d)
 FLASHGLA_CUDA=ON CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90a" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
-  "$PYTHON" -m pip wheel -q --no-build-isolation --no-deps . -w .gpu
+  "$PYTHON" -m pip wheel -q --no-build-isolation --no-deps . -w "$wheels"
+site=$(mktemp -d)
+(cd "$site" && unzip -q "$wheels"/flashgla-*.whl && rm -rf flashgla-*.data && strip flashgla/_C*.so)
+tar -C "$site" -cf - . | xz -T"$JOBS" -6 >.gpu/site.tar.xz
+rm -rf "$wheels" "$site"
 ls -la .gpu
