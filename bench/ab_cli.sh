@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Same-process-style A/B of two builds of the `flashgla` command on one GPU:
-#   bash bench/ab_cli.sh BASE_BIN NEW_BIN [ROUNDS]
-# Times each shape with BASE and NEW alternately (ROUNDS rounds, default 3) through
+# Same-process-style A/B of two builds of the `flashgla` command:
+#   [AB_GPUS="0 1 2 3"] bash bench/ab_cli.sh BASE_BIN NEW_BIN [ROUNDS]
+# Times each shape with BASE and NEW alternately on one GPU (ROUNDS rounds, default 3) through
 # `flashgla bench` (CUDA events, median of 50 after 10 warm-ups; same seed, same inputs)
 # and prints one row per shape and pass: the median over rounds of each side and NEW/BASE.
+# With AB_GPUS the shapes are dealt out over those GPUs, one lane each (a shape's two sides
+# always share their GPU); most of a run is the CPU making the inputs, so lanes save time.
 set -euo pipefail
 base=$1 new=$2 rounds=${3:-3}
 # label|flashgla bench arguments
@@ -20,7 +22,7 @@ shapes=(
   "attention B8 T2048 H16 d64|--ops attention -B 8 -T 2048 -H 16 -K 64 -V 64 --pass fwd,fwdbwd"
   "attention B4 T8192 H16 d128|--ops attention -B 4 -T 8192 -H 16 -K 128 -V 128 --pass fwd,fwdbwd"
 )
-# The table over the rounds so far (printed after every round, so a run cut short keeps what it measured).
+# The table of what was measured (also when the run is cut short: TERM).
 print_table() {
   echo "== $1"
   printf '%-32s %-7s %10s %10s %7s\n' shape pass base_ms new_ms new/base
@@ -34,14 +36,27 @@ print_table() {
   done
 }
 tmp=$(mktemp -d)
-for ((r = 0; r < rounds; r++)); do
-  for i in "${!shapes[@]}"; do
-    args=${shapes[$i]#*|}
-    for side in base new; do
-      bin=$base; [ $side = new ] && bin=$new
-      # rows: "op pass ms ..." after the header line
-      $bin bench $args --seed 7 2>/dev/null | awk -v s="$i" 'NR > 2 && NF >= 3 { print s, $(NF-3), $(NF-2) }' >>"$tmp/$side"
+read -r -a gpus <<<"${AB_GPUS:-}"
+lanes=${#gpus[@]}
+[ "$lanes" -gt 0 ] || lanes=1
+lane() {  # lane index: its shapes, every round
+  for ((r = 0; r < rounds; r++)); do
+    for i in "${!shapes[@]}"; do
+      [ $((i % lanes)) = "$1" ] || continue
+      args=${shapes[$i]#*|}
+      for side in base new; do
+        bin=$base; [ $side = new ] && bin=$new
+        # rows: "op pass ms ..." after the header line
+        $bin bench $args --seed 7 2>/dev/null | awk -v s="$i" 'NR > 2 && NF >= 3 { print s, $(NF-3), $(NF-2) }' >>"$tmp/$side.$1"
+      done
     done
   done
-  print_table "after round $((r + 1)) of $rounds"
+}
+trap 'cat "$tmp"/base.* >"$tmp/base" 2>/dev/null; cat "$tmp"/new.* >"$tmp/new" 2>/dev/null; print_table "cut short"; exit 124' TERM
+for ((l = 0; l < lanes; l++)); do
+  if [ ${#gpus[@]} -gt 0 ]; then CUDA_VISIBLE_DEVICES=${gpus[$l]} lane "$l" & else lane "$l" & fi
 done
+wait
+cat "$tmp"/base.* >"$tmp/base"
+cat "$tmp"/new.* >"$tmp/new"
+print_table "$rounds rounds"

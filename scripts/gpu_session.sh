@@ -13,10 +13,10 @@
 #                                        # one GPU each: the A/B of the flashgla command against .base; the
 #                                        # single-GPU benchmarks. Then op-level CP scaling, FSDP2 weak
 #                                        # scaling of the 340M LM, and (4 GPUs) the LM with CP at long context.
-#   PART=P bash scripts/gpu_session.sh   # nothing built there: the binaries and wheel made here by
+#   PART=P bash scripts/gpu_session.sh   # nothing built there: the binaries and package made here by
 #                                        # scripts/pack_gpu_binaries.sh (carry [".gpu"]); the A/B, the C++
-#                                        # tests, both sanitizers, the Python and distributed tests in one call
-#                                        # on 4 GPUs (PART=P2 then finishes on a machine of fewer).
+#                                        # tests, both sanitizers, the Python and distributed tests, each
+#                                        # spread over every GPU (P_STEPS picks; about 10 minutes on 4 GPUs).
 # Lanes that share the machine run on different GPUs; the A/B and the single-GPU benchmarks run side by
 # side on two GPUs of the host (the A/B's ratios compare two builds on the same GPU in the same call).
 # Logs and appended results files come back in $OUT/session.tgz; a short table is printed last.
@@ -62,69 +62,64 @@ new_checks() {
 }
 
 if [ "$PART" = P ]; then
-  # Prebuilt on the development machine (scripts/pack_gpu_binaries.sh, sm_90a): carry [".gpu"]. Every lane
-  # on its own GPU: the A/B of the flashgla command against the base build; the C++ tests in two shards,
-  # then memcheck and racecheck; the Python tests; then the distributed tests on two GPUs. Needs 4 GPUs
-  # to end in one call; with fewer, the lanes after the first two wait for a second call (PART=P2).
+  # Prebuilt on the development machine (scripts/pack_gpu_binaries.sh, sm_90a): carry [".gpu"]. P_STEPS picks
+  # (default all, in this order): ab — the A/B of the flashgla command against the base build, its shapes dealt
+  # out over every GPU; cpp — the C++ tests in one shard a GPU, then memcheck and racecheck and `flashgla
+  # check` on three of them; py — the Python tests, their files dealt out over the GPUs; dist — the distributed
+  # tests on every GPU. Steps run one after another, so a timing never shares its GPU.
   unxz_to() {  # xz, or Python's lzma where the machine has no xz
     if command -v xz >/dev/null; then xz -dc "$1" >"$2"
     else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; fi
   }
   mkdir -p build-gpu build-base /tmp/site
   for b in flashgla flashgla_tests; do unxz_to ".gpu/$b.xz" "build-gpu/$b"; done
-  unxz_to .gpu/flashgla_base.xz build-base/flashgla
-  chmod +x build-gpu/* build-base/*
+  [ -f .gpu/flashgla_base.xz ] && unxz_to .gpu/flashgla_base.xz build-base/flashgla
+  chmod +x build-gpu/* build-base/* 2>/dev/null
   unxz_to .gpu/site.tar.xz /tmp/site.tar && tar -xf /tmp/site.tar -C /tmp/site && export PYTHONPATH=/tmp/site
   export PATH=$PWD/build-gpu:$PATH  # the flashgla command the Python tests call
   build-gpu/flashgla --version | head -2
-  cpp_lane() {  # GPU, shard index, shard count, sanitizer tool
-    ( export CUDA_VISIBLE_DEVICES=$1 GTEST_SHARD_INDEX=$2 GTEST_TOTAL_SHARDS=$3
-      step "cpp_tests_$2" 330 build-gpu/flashgla_tests --gtest_brief=1
-      unset GTEST_SHARD_INDEX GTEST_TOTAL_SHARDS
-      step "$4" 150 compute-sanitizer --tool "$4" --error-exitcode 1 build-gpu/flashgla_tests --gtest_filter="$SAN" )
-  }
-  py_lane() {
-    CUDA_VISIBLE_DEVICES=$1 step py_tests 420 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp \
-      "$PWD/tests/python" --ignore="$PWD/tests/python/test_distributed.py" \
-      --ignore="$PWD/tests/python/test_distributed_model.py" --ignore="$PWD/tests/python/test_distributed_gpu.py" \
-      --ignore="$PWD/tests/python/test_distributed_model_gpu.py"
-  }
-  dist_lane() {
-    CUDA_VISIBLE_DEVICES=$1 step dist_tests 200 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp \
-      "$PWD/tests/python/test_distributed_gpu.py" "$PWD/tests/python/test_distributed_model_gpu.py"
-  }
-  ( CUDA_VISIBLE_DEVICES=0 step ab 420 bash bench/ab_cli.sh build-base/flashgla build-gpu/flashgla "${AB_ROUNDS:-2}" ) &
-  if [ "$GPUS" -ge 4 ]; then
-    cpp_lane 1 0 2 memcheck & lane1=$!
-    cpp_lane 2 1 2 racecheck & lane2=$!
-    py_lane 3 &
-    wait $lane1 $lane2
-    ( CUDA_VISIBLE_DEVICES=1 step cli_check 60 build-gpu/flashgla check ) &
-    dist_lane 2,3 &
-  else
-    cpp_lane $((GPUS - 1)) 0 1 memcheck &
+  steps=${P_STEPS:-ab cpp py dist}
+  last=$((GPUS - 1))
+  all_gpus=$(seq -s ' ' 0 "$last")
+  if [[ " $steps " == *" ab "* ]] && [ -x build-base/flashgla ]; then
+    AB_GPUS=$all_gpus step ab 480 bash bench/ab_cli.sh build-base/flashgla build-gpu/flashgla "${AB_ROUNDS:-2}"
   fi
-  wait; pack
-  grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]" "$LOGS"/cpp_tests_*.log | head -20
-  for f in memcheck racecheck; do [ -f "$LOGS/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS/$f.log"; done
-  for f in py_tests dist_tests cli_check; do [ -f "$LOGS/$f.log" ] && { echo "== $f"; tail -4 "$LOGS/$f.log"; }; done
-  [ -f "$LOGS/ab.log" ] && { echo "== A/B against .base"; cat "$LOGS/ab.log"; }
-elif [ "$PART" = P2 ]; then
-  # The rest of PART=P on a machine of fewer than 4 GPUs (the warm machine keeps P's unpacked builds).
-  export PYTHONPATH=/tmp/site
-  ( CUDA_VISIBLE_DEVICES=0 step py_tests 420 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp \
-      "$PWD/tests/python" --ignore="$PWD/tests/python/test_distributed.py" \
-      --ignore="$PWD/tests/python/test_distributed_model.py" --ignore="$PWD/tests/python/test_distributed_gpu.py" \
-      --ignore="$PWD/tests/python/test_distributed_model_gpu.py" ) &
-  ( CUDA_VISIBLE_DEVICES=$((GPUS - 1)) step racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 1 \
-      build-gpu/flashgla_tests --gtest_filter="$SAN"
-    CUDA_VISIBLE_DEVICES=$((GPUS - 1)) step cli_check 60 build-gpu/flashgla check ) &
-  wait
-  [ "$GPUS" -ge 2 ] && step dist_tests 200 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp \
-    "$PWD/tests/python/test_distributed_gpu.py" "$PWD/tests/python/test_distributed_model_gpu.py"
+  if [[ " $steps " == *" cpp "* ]]; then
+    for g in $(seq 0 "$last"); do
+      ( export CUDA_VISIBLE_DEVICES=$g GTEST_SHARD_INDEX=$g GTEST_TOTAL_SHARDS=$GPUS
+        step "cpp_tests_$g" 330 build-gpu/flashgla_tests --gtest_brief=1
+        unset GTEST_SHARD_INDEX GTEST_TOTAL_SHARDS
+        case $g in
+          0) step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/flashgla_tests \
+               --gtest_filter="$SAN" ;;
+          1) step racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/flashgla_tests \
+               --gtest_filter="$SAN" ;;
+          2) step cli_check 60 build-gpu/flashgla check ;;
+        esac ) &
+    done
+    wait
+  fi
+  if [[ " $steps " == *" py "* ]]; then
+    mapfile -t files < <(ls tests/python/test_*.py | grep -v distributed)
+    for g in $(seq 0 "$last"); do
+      mine=()
+      for i in "${!files[@]}"; do [ $((i % GPUS)) = "$g" ] && mine+=("$PWD/${files[$i]}"); done
+      CUDA_VISIBLE_DEVICES=$g step "py_tests_$g" 420 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp \
+        "${mine[@]}" &
+    done
+    wait
+  fi
+  if [[ " $steps " == *" dist "* ]]; then
+    step dist_tests 200 python3 -m pytest -q -p no:cacheprovider -rfs --rootdir=/tmp \
+      "$PWD/tests/python/test_distributed_gpu.py" "$PWD/tests/python/test_distributed_model_gpu.py"
+  fi
   pack
-  grep -E "RACECHECK SUMMARY" "$LOGS/racecheck.log"
-  for f in py_tests dist_tests cli_check; do [ -f "$LOGS/$f.log" ] && { echo "== $f"; tail -4 "$LOGS/$f.log"; }; done
+  for f in "$LOGS"/cpp_tests_*.log; do [ -f "$f" ] && grep -hE "^\[  (PASSED|FAILED|SKIPPED) " "$f" | head -8; done
+  for f in memcheck racecheck; do [ -f "$LOGS/$f.log" ] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS/$f.log"; done
+  for f in "$LOGS"/py_tests_*.log "$LOGS"/dist_tests.log "$LOGS"/cli_check.log; do
+    [ -f "$f" ] && { echo "== $(basename "$f")"; grep -E "^(FAILED|ERROR) " "$f" | head -10; tail -2 "$f"; }
+  done
+  [ -f "$LOGS/ab.log" ] && { echo "== A/B against .base"; cat "$LOGS/ab.log"; }
 elif [ "$PART" = C ]; then
   step configure 120 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH"
