@@ -20,7 +20,9 @@
 #include <algorithm>
 
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
+#include "cuda/gla/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {

@@ -43,7 +43,10 @@
 #include <type_traits>
 
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/split_chunks.cuh"
+#include "cuda/gla/device/tiles.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
 
 #include "cuda/gla/gla_fwd.cuh"
 #include "cuda/gla/stages/chunk_fwd_fast.cuh"

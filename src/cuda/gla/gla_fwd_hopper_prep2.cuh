@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "cuda/gla/gla_fwd_hopper.cuh"
+#include "cuda/gla/device/elements.cuh"
 
 namespace flashgla::cuda::gla::hopper {
 

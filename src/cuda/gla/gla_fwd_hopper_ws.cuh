@@ -29,6 +29,9 @@
 #include <type_traits>
 
 #include "cuda/gla/gla_fwd_hopper.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/split_chunks.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
 
 namespace flashgla::cuda::gla::hopper {
 

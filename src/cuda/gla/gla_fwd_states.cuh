@@ -32,6 +32,10 @@
 #pragma once
 
 #include "cuda/gla/gla_fwd_fast.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/split_chunks.cuh"
+#include "cuda/gla/device/tiles.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
 
 namespace flashgla::cuda::gla {
 namespace states {

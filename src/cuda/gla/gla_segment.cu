@@ -29,7 +29,8 @@
 #include "core/backend.h"
 #include "core/sequences.h"
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/split_chunks.cuh"
 #include "cuda/gla/gla_fwd.cuh"
 #include "cuda/gla/gla_host.cuh"
 

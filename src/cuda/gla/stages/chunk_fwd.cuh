@@ -14,7 +14,10 @@
 // thread index in a form the compiler can bound (chunk_fwd_intra_diag takes warp and lane).
 #pragma once
 
-#include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/tiles.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
+#include "cuda/gla/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla::stages {
 
@@ -350,7 +353,7 @@ __device__ __forceinline__ void chunk_fwd_o_store(const ChunkParams& p, E* otile
     }
   }
   __syncthreads();
-  store_tile(p.o.data, p.o.rows16, p.o.stride[3], sizeof(E),
+  store_tile_unpadded(p.o.data, p.o.rows16, p.o.stride[3], sizeof(E),
              seq.batch * p.o.stride[0] + (seq.begin + c * C) * p.o.stride[1] + h * p.o.stride[2], p.o.stride[1], C,
              rows_valid, v0, V, BV, otile, OP * sizeof(E), tid, NT);
 }
