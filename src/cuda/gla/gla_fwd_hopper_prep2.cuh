@@ -94,8 +94,8 @@ __device__ __forceinline__ bool load_gate_pairs(const View& t, int64_t at, int r
                                 : make_float2(0.f, 0.f);
       x[2 * j] = __float_as_uint(w.x), x[2 * j + 1] = __float_as_uint(w.y);
     } else {
-      x[2 * j] = __float_as_uint(j < rows && key0 < K ? load_float(t.data, row, t.dtype) : 0.f);
-      x[2 * j + 1] = __float_as_uint(j < rows && key0 + 1 < K ? load_float(t.data, row + t.stride[3], t.dtype) : 0.f);
+      x[2 * j] = __float_as_uint(j < rows && key0 < K ? load_as<float>(t.data, row, t.dtype) : 0.f);
+      x[2 * j + 1] = __float_as_uint(j < rows && key0 + 1 < K ? load_as<float>(t.data, row + t.stride[3], t.dtype) : 0.f);
     }
   }
   return packed;
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
 #pragma unroll
       for (int j = 0; j < 8; ++j)  // a scalar gate applies to every key column
         gw[2 * j] = gw[2 * j + 1] = __float_as_uint(
-            p.gate == Gate::scalar && j < eighth_rows ? load_float(p.g.data, row_offset(p.g, token0 + j), p.g.dtype) : 0.f);
+            p.gate == Gate::scalar && j < eighth_rows ? load_as<float>(p.g.data, row_offset(p.g, token0 + j), p.g.dtype) : 0.f);
     }
   };
   load_gate(0);

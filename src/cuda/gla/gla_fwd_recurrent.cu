@@ -102,10 +102,10 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_forward_kernel(const Re
     if (i + 1 < blocks) issue(block_at(i + 1), stage ^ 1);
     cp_async_commit_unordered();
     if (p.gate == Gate::vector) {
-      for (int e = tid; e < TS * Kp; e += threads) alpha[e] = __expf(load_float(smem + L.g + stage * L.stage, e, p.g.dtype));
+      for (int e = tid; e < TS * Kp; e += threads) alpha[e] = __expf(load_as<float>(smem + L.g + stage * L.stage, e, p.g.dtype));
     } else if (p.gate == Gate::scalar) {
       for (int t = tid; t < TS; t += threads)
-        scalar[t] = t < rows ? __expf(load_float(p.g.data, row_offset(p.g, b * TS + t), p.g.dtype)) : 1.f;
+        scalar[t] = t < rows ? __expf(load_as<float>(p.g.data, row_offset(p.g, b * TS + t), p.g.dtype)) : 1.f;
       __syncthreads();
       for (int e = tid; e < TS * Kp; e += threads) alpha[e] = scalar[e / Kp];
     }

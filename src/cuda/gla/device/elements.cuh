@@ -17,6 +17,7 @@ namespace flashgla::cuda::gla {
 using bf16 = __nv_bfloat16;
 
 // ---- elements ------------------------------------------------------------------
+// The element at index i of an array of any readable dtype, as R (float or double).
 template <class R>
 __device__ __forceinline__ R load_as(const void* base, int64_t i, Elem dtype) {
   switch (dtype) {
@@ -36,18 +37,6 @@ __device__ __forceinline__ void store_as(void* base, int64_t i, Elem dtype, floa
     case Elem::f16: static_cast<__half*>(base)[i] = __float2half_rn(x); break;
     default: break;
   }
-}
-
-
-// The element at `index` of an array of any readable dtype, as a float.
-__device__ __forceinline__ float load_float(const void* base, int64_t index, Elem dtype) {
-  switch (dtype) {
-    case Elem::f32: return static_cast<const float*>(base)[index];
-    case Elem::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index]);
-    case Elem::f16: return __half2float(static_cast<const __half*>(base)[index]);
-    case Elem::f64: return float(static_cast<const double*>(base)[index]);
-  }
-  return 0.f;
 }
 
 // Whether any of the 8 bf16/fp16 elements of w is a NaN or an Inf (all exponent bits set).

@@ -63,7 +63,7 @@ __device__ __forceinline__ void chunk_local_cumsum(const ChunkParams& p, const u
   const int r0 = 8 * rg;
   if (p.gate == Gate::vector) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) f.a[j] = __expf(load_float(graw, (r0 + j) * KS + lane, p.g.dtype));
+    for (int j = 0; j < 8; ++j) f.a[j] = __expf(load_as<float>(graw, (r0 + j) * KS + lane, p.g.dtype));
   } else {
 #pragma unroll
     for (int j = 0; j < 8; ++j) f.a[j] = p.gate == Gate::scalar ? scalar_alpha[r0 + j] : 1.f;
