@@ -28,6 +28,7 @@
 
 #include "cuda/gla/gla_fwd_hopper.cuh"
 #include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/launch.cuh"
 
 namespace flashgla::cuda::gla::hopper {
 
@@ -110,11 +111,9 @@ __device__ __forceinline__ float2 unpack2(uint32_t w) {
 template <class E>
 __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const ChunkParams p) {
   using namespace prep2;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The state kernel (launched as a programmatic dependent) may start its set-up on SMs this grid leaves; it
   // waits for this grid to complete before it reads a slot.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  allow_dependent_launch();
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kGateFloor = -88.f;  // see the cumsum below
   extern __shared__ __align__(16) float fsm[];
