@@ -60,7 +60,7 @@ struct BwdParams {
   float diag_factor_limit = -1.f;
 
   // Chunked: chunk slot of chunk c of sequence n (see sequence() in
-  // gla_bwd_device.cuh); the scratch states hold one 64x64 tile per
+  // device/chunk_slots.cuh); the scratch states hold one 64x64 tile per
   // (slot, head, key tile, value tile), of the compute type.
   int64_t chunks_per_seq = 0;  // fixed length: ceil(T / 64)
   int64_t num_slots = 0;

@@ -28,7 +28,13 @@
 // dk^{(S)} the part through dS. Every term then carries the decay of the gates
 // it differentiates, so gates of −20 per step give tiny, accurate dg.
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_bwd_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/launch.cuh"
+#include "cuda/gla/device/chunk_slots.cuh"
+#include "cuda/gla/device/gate_tile.cuh"
+#include "cuda/gla/device/tiles.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
+#include "cuda/gla/gla_bwd.cuh"
 #include "cuda/gla/stages/chunk_bwd.cuh"
 
 namespace flashgla::cuda::gla {

@@ -24,7 +24,10 @@
 // Per value tile, the blocks add their parts of dq, dk and these terms into
 // fp32 accumulators; finalize kernels convert them and take the sums.
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_bwd_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/chunk_slots.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
+#include "cuda/gla/gla_bwd.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {

@@ -22,7 +22,13 @@
 // states; the backward scan's fold also yields dh0. Exact in real arithmetic:
 // the scan is linear in its start state.
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_bwd_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/launch.cuh"
+#include "cuda/gla/device/chunk_slots.cuh"
+#include "cuda/gla/device/gate_tile.cuh"
+#include "cuda/gla/device/tiles.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
+#include "cuda/gla/gla_bwd.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {

@@ -31,7 +31,11 @@
 // starts piece s from h0 folded through the states and decays of pieces
 // 0..s−1 (a short scan in its prologue) and computes its outputs.
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/split_chunks.cuh"
+#include "cuda/gla/device/tiles.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
+#include "cuda/gla/gla_fwd.cuh"
 #include "cuda/gla/stages/chunk_fwd.cuh"
 
 namespace flashgla::cuda::gla {
@@ -101,7 +105,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
       const int esize = t == 2 ? gsize : int(sizeof(E));
       void* dst = t == 0 ? static_cast<void*>(raw_q(stage)) : t == 1 ? static_cast<void*>(raw_k(stage))
                 : t == 2 ? const_cast<unsigned char*>(raw_g(stage)) : static_cast<void*>(raw_v);
-      copy_tile(view.data, view.rows16, view.stride[3], esize, row_offset(view, c * C), view.stride[1], C, rows_valid,
+      load_tile_unpadded(view.data, view.rows16, view.stride[3], esize, row_offset(view, c * C), view.stride[1], C, rows_valid,
                 t == 3 ? v0 : slice * KS, t == 3 ? V : K, t == 3 ? BV : KS, dst, tid, NT);
     }
   };
@@ -112,7 +116,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
   auto fetch_scalar_gate = [&](int64_t c) {
     if (p.gate == Gate::scalar && tid < C) {
       const int64_t t = c * C + tid;
-      scalar_g_next = t < seq.len ? load_float(p.g.data, row_offset(p.g, t), p.g.dtype) : 0.f;
+      scalar_g_next = t < seq.len ? load_as<float>(p.g.data, row_offset(p.g, t), p.g.dtype) : 0.f;
     }
   };
 

@@ -20,7 +20,9 @@
 #include <algorithm>
 
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
+#include "cuda/gla/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {
@@ -118,18 +120,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_kernel(const Deco
     const int staged = min(stage_tokens, T - t0);
     for (int i = tid; i < staged * K; i += kThreads) {
       const int t = t0 + i / K, kk = i % K;
-      qs[i] = load_float(p.q.data, n * p.q.stride[0] + t * p.q.stride[1] + h * p.q.stride[2] + kk * p.q.stride[3], p.q.dtype);
-      ks[i] = load_float(p.k.data, n * p.k.stride[0] + t * p.k.stride[1] + h * p.k.stride[2] + kk * p.k.stride[3], p.k.dtype);
+      qs[i] = load_as<float>(p.q.data, n * p.q.stride[0] + t * p.q.stride[1] + h * p.q.stride[2] + kk * p.q.stride[3], p.q.dtype);
+      ks[i] = load_as<float>(p.k.data, n * p.k.stride[0] + t * p.k.stride[1] + h * p.k.stride[2] + kk * p.k.stride[3], p.k.dtype);
       float g = 0.f;
       if (p.gate == Gate::vector)
-        g = load_float(p.g.data, n * p.g.stride[0] + t * p.g.stride[1] + h * p.g.stride[2] + kk * p.g.stride[3], p.g.dtype);
+        g = load_as<float>(p.g.data, n * p.g.stride[0] + t * p.g.stride[1] + h * p.g.stride[2] + kk * p.g.stride[3], p.g.dtype);
       if (p.gate == Gate::scalar)
-        g = load_float(p.g.data, n * p.g.stride[0] + t * p.g.stride[1] + h * p.g.stride[2], p.g.dtype);
+        g = load_as<float>(p.g.data, n * p.g.stride[0] + t * p.g.stride[1] + h * p.g.stride[2], p.g.dtype);
       as[i] = p.gate == Gate::none ? 1.f : __expf(g);
     }
     for (int i = tid; i < staged * columns; i += kThreads) {
       const int t = t0 + i / columns, c = col0 + i % columns;
-      vs[i] = c < V ? load_float(p.v.data, n * p.v.stride[0] + t * p.v.stride[1] + h * p.v.stride[2] + c * p.v.stride[3],
+      vs[i] = c < V ? load_as<float>(p.v.data, n * p.v.stride[0] + t * p.v.stride[1] + h * p.v.stride[2] + c * p.v.stride[3],
                                  p.v.dtype)
                     : 0.f;
     }

@@ -43,7 +43,10 @@
 #include <type_traits>
 
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/split_chunks.cuh"
+#include "cuda/gla/device/tiles.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
 
 #include "cuda/gla/gla_fwd.cuh"
 #include "cuda/gla/stages/chunk_fwd_fast.cuh"
@@ -115,7 +118,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   auto fetch_scalar_gate = [&](int64_t c) {
     if (GK == Gate::scalar && tid < C) {
       const int64_t t = c * C + tid;
-      scalar_g_next = t < seq.len ? load_float(p.g.data, row_offset(p.g, t), p.g.dtype) : 0.f;
+      scalar_g_next = t < seq.len ? load_as<float>(p.g.data, row_offset(p.g, t), p.g.dtype) : 0.f;
     }
   };
 

@@ -46,7 +46,7 @@
 #include "cuda/common/host.cuh"
 #include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
-#include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/device/elements.cuh"
 #include "cuda/gla/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla::hopper {

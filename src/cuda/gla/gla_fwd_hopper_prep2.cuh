@@ -27,6 +27,8 @@
 #include <type_traits>
 
 #include "cuda/gla/gla_fwd_hopper.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/launch.cuh"
 
 namespace flashgla::cuda::gla::hopper {
 
@@ -93,8 +95,8 @@ __device__ __forceinline__ bool load_gate_pairs(const View& t, int64_t at, int r
                                 : make_float2(0.f, 0.f);
       x[2 * j] = __float_as_uint(w.x), x[2 * j + 1] = __float_as_uint(w.y);
     } else {
-      x[2 * j] = __float_as_uint(j < rows && key0 < K ? load_float(t.data, row, t.dtype) : 0.f);
-      x[2 * j + 1] = __float_as_uint(j < rows && key0 + 1 < K ? load_float(t.data, row + t.stride[3], t.dtype) : 0.f);
+      x[2 * j] = __float_as_uint(j < rows && key0 < K ? load_as<float>(t.data, row, t.dtype) : 0.f);
+      x[2 * j + 1] = __float_as_uint(j < rows && key0 + 1 < K ? load_as<float>(t.data, row + t.stride[3], t.dtype) : 0.f);
     }
   }
   return packed;
@@ -109,11 +111,9 @@ __device__ __forceinline__ float2 unpack2(uint32_t w) {
 template <class E>
 __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const ChunkParams p) {
   using namespace prep2;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The state kernel (launched as a programmatic dependent) may start its set-up on SMs this grid leaves; it
   // waits for this grid to complete before it reads a slot.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  allow_dependent_launch();
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kGateFloor = -88.f;  // see the cumsum below
   extern __shared__ __align__(16) float fsm[];
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
 #pragma unroll
       for (int j = 0; j < 8; ++j)  // a scalar gate applies to every key column
         gw[2 * j] = gw[2 * j + 1] = __float_as_uint(
-            p.gate == Gate::scalar && j < eighth_rows ? load_float(p.g.data, row_offset(p.g, token0 + j), p.g.dtype) : 0.f);
+            p.gate == Gate::scalar && j < eighth_rows ? load_as<float>(p.g.data, row_offset(p.g, token0 + j), p.g.dtype) : 0.f);
     }
   };
   load_gate(0);

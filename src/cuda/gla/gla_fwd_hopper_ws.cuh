@@ -28,7 +28,12 @@
 
 #include <type_traits>
 
+#include "cuda/common/copy.cuh"
 #include "cuda/gla/gla_fwd_hopper.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/launch.cuh"
+#include "cuda/gla/device/split_chunks.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
 
 namespace flashgla::cuda::gla::hopper {
 
@@ -61,7 +66,6 @@ template <int N>
 __device__ __forceinline__ void set_max_registers_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
-__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 // ---- NaN/Inf causality: the rare chunks whose v holds a NaN or an Inf ----
 // O += A V multiplies the zeros of A above the diagonal by the later rows of v; 0 · NaN and 0 · Inf are NaN, so

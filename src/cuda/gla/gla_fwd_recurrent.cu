@@ -7,7 +7,9 @@
 // in shared memory `steps` at a time (cp.async, double-buffered), and
 // α = exp(g) is computed once per staged element.
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/tiles.cuh"
+#include "cuda/gla/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {
@@ -79,12 +81,12 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_forward_kernel(const Re
   auto issue = [&](int64_t b, int stage) {
     const int64_t t0 = b * TS;
     const int rows = int(min(int64_t(TS), seq.len - t0));
-    copy_tile(p.q, sizeof(E), row_offset(p.q, t0), p.q.stride[1], TS, rows, 0, K, Kp, smem + L.q + stage * L.stage, tid, threads);
-    copy_tile(p.k, sizeof(E), row_offset(p.k, t0), p.k.stride[1], TS, rows, 0, K, Kp, smem + L.k + stage * L.stage, tid, threads);
+    load_tile_unpadded(p.q, sizeof(E), row_offset(p.q, t0), p.q.stride[1], TS, rows, 0, K, Kp, smem + L.q + stage * L.stage, tid, threads);
+    load_tile_unpadded(p.k, sizeof(E), row_offset(p.k, t0), p.k.stride[1], TS, rows, 0, K, Kp, smem + L.k + stage * L.stage, tid, threads);
     if (p.gate == Gate::vector)
-      copy_tile(p.g, elem_size(p.g.dtype), row_offset(p.g, t0), p.g.stride[1], TS, rows, 0, K, Kp, smem + L.g + stage * L.stage,
+      load_tile_unpadded(p.g, elem_size(p.g.dtype), row_offset(p.g, t0), p.g.stride[1], TS, rows, 0, K, Kp, smem + L.g + stage * L.stage,
                 tid, threads);
-    copy_tile(p.v, sizeof(E), row_offset(p.v, t0), p.v.stride[1], TS, rows, v0, V, p.columns, smem + L.v + stage * L.stage, tid,
+    load_tile_unpadded(p.v, sizeof(E), row_offset(p.v, t0), p.v.stride[1], TS, rows, v0, V, p.columns, smem + L.v + stage * L.stage, tid,
               threads);
   };
   if (blocks > 0) issue(block_at(0), 0);
@@ -100,10 +102,10 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_forward_kernel(const Re
     if (i + 1 < blocks) issue(block_at(i + 1), stage ^ 1);
     cp_async_commit_unordered();
     if (p.gate == Gate::vector) {
-      for (int e = tid; e < TS * Kp; e += threads) alpha[e] = __expf(load_float(smem + L.g + stage * L.stage, e, p.g.dtype));
+      for (int e = tid; e < TS * Kp; e += threads) alpha[e] = __expf(load_as<float>(smem + L.g + stage * L.stage, e, p.g.dtype));
     } else if (p.gate == Gate::scalar) {
       for (int t = tid; t < TS; t += threads)
-        scalar[t] = t < rows ? __expf(load_float(p.g.data, row_offset(p.g, b * TS + t), p.g.dtype)) : 1.f;
+        scalar[t] = t < rows ? __expf(load_as<float>(p.g.data, row_offset(p.g, b * TS + t), p.g.dtype)) : 1.f;
       __syncthreads();
       for (int e = tid; e < TS * Kp; e += threads) alpha[e] = scalar[e / Kp];
     }

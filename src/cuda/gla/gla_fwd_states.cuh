@@ -32,6 +32,10 @@
 #pragma once
 
 #include "cuda/gla/gla_fwd_fast.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/split_chunks.cuh"
+#include "cuda/gla/device/tiles.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
 
 namespace flashgla::cuda::gla {
 namespace states {
@@ -114,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
   auto fetch_scalar_gate = [&](int i) {
     if (GK == Gate::scalar && tid < C) {
       const int64_t t = chunk_of(i) * C + tid;
-      scalar_g_next = t < seq.len ? load_float(p.g.data, row_offset(p.g, t), p.g.dtype) : 0.f;
+      scalar_g_next = t < seq.len ? load_as<float>(p.g.data, row_offset(p.g, t), p.g.dtype) : 0.f;
     }
   };
 

@@ -29,7 +29,8 @@
 #include "core/backend.h"
 #include "core/sequences.h"
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/split_chunks.cuh"
 #include "cuda/gla/gla_fwd.cuh"
 #include "cuda/gla/gla_host.cuh"
 
@@ -102,13 +103,13 @@ __global__ void __launch_bounds__(kThreads) segment_summary_kernel(const Segment
       const int r = e / kTile, col = e % kTile;
       const int64_t token = c * kRows + r;
       const bool row_ok = r < rows;
-      xs[r][col] = row_ok && k0 + col < K ? p.scale * gla::load_float(p.x.data, at(p.x, token, k0 + col), p.x.dtype)
+      xs[r][col] = row_ok && k0 + col < K ? p.scale * gla::load_as<float>(p.x.data, at(p.x, token, k0 + col), p.x.dtype)
                                           : 0.f;
-      ys[r][col] = row_ok && v0 + col < V ? gla::load_float(p.y.data, at(p.y, token, v0 + col), p.y.dtype) : 0.f;
+      ys[r][col] = row_ok && v0 + col < V ? gla::load_as<float>(p.y.data, at(p.y, token, v0 + col), p.y.dtype) : 0.f;
       if (p.gate == Gate::vector)
-        gs[r][col] = row_ok && k0 + col < K ? gla::load_float(p.g.data, at(p.g, token, k0 + col), p.g.dtype) : 0.f;
+        gs[r][col] = row_ok && k0 + col < K ? gla::load_as<float>(p.g.data, at(p.g, token, k0 + col), p.g.dtype) : 0.f;
       else if (p.gate == Gate::scalar && col == 0)
-        gs[r][0] = row_ok ? gla::load_float(p.g.data, at(p.g, token, 0), p.g.dtype) : 0.f;
+        gs[r][0] = row_ok ? gla::load_as<float>(p.g.data, at(p.g, token, 0), p.g.dtype) : 0.f;
     }
     __syncthreads();
 

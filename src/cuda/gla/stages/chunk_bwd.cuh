@@ -18,7 +18,12 @@
 // share.
 #pragma once
 
-#include "cuda/gla/gla_bwd_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/chunk_slots.cuh"
+#include "cuda/gla/device/gate_tile.cuh"
+#include "cuda/gla/device/tiles.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
+#include "cuda/gla/gla_bwd.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {

@@ -14,7 +14,10 @@
 // thread index in a form the compiler can bound (chunk_fwd_intra_diag takes warp and lane).
 #pragma once
 
-#include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/tiles.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
+#include "cuda/gla/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla::stages {
 
@@ -60,7 +63,7 @@ __device__ __forceinline__ void chunk_local_cumsum(const ChunkParams& p, const u
   const int r0 = 8 * rg;
   if (p.gate == Gate::vector) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) f.a[j] = __expf(load_float(graw, (r0 + j) * KS + lane, p.g.dtype));
+    for (int j = 0; j < 8; ++j) f.a[j] = __expf(load_as<float>(graw, (r0 + j) * KS + lane, p.g.dtype));
   } else {
 #pragma unroll
     for (int j = 0; j < 8; ++j) f.a[j] = p.gate == Gate::scalar ? scalar_alpha[r0 + j] : 1.f;
@@ -350,7 +353,7 @@ __device__ __forceinline__ void chunk_fwd_o_store(const ChunkParams& p, E* otile
     }
   }
   __syncthreads();
-  store_tile(p.o.data, p.o.rows16, p.o.stride[3], sizeof(E),
+  store_tile_unpadded(p.o.data, p.o.rows16, p.o.stride[3], sizeof(E),
              seq.batch * p.o.stride[0] + (seq.begin + c * C) * p.o.stride[1] + h * p.o.stride[2], p.o.stride[1], C,
              rows_valid, v0, V, BV, otile, OP * sizeof(E), tid, NT);
 }

@@ -7,7 +7,8 @@
 // same (scripts/ptx_same.sh).
 #pragma once
 
-#include "cuda/gla/gla_device.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
 #include "cuda/gla/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla {

@@ -1,0 +1,116 @@
+// Element access of GLA tensors: one element of any dtype as float or double (load_as / store_as), four and
+// eight at a time (load4 / store8), 16-bit pairs packed and widened, and the [B,T,H,D] offsets of a View.
+// Scalar conversions to_float / from_float: cuda/common/dtype.cuh.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/common/dtype.cuh"
+#include "cuda/gla/types.cuh"
+
+namespace flashgla::cuda::gla {
+
+using bf16 = __nv_bfloat16;
+
+// ---- elements ------------------------------------------------------------------
+// The element at index i of an array of any readable dtype, as R (float or double).
+template <class R>
+__device__ __forceinline__ R load_as(const void* base, int64_t i, Elem dtype) {
+  switch (dtype) {
+    case Elem::f64: return R(static_cast<const double*>(base)[i]);
+    case Elem::f32: return R(static_cast<const float*>(base)[i]);
+    case Elem::bf16: return R(__bfloat162float(static_cast<const bf16*>(base)[i]));
+    case Elem::f16: return R(__half2float(static_cast<const __half*>(base)[i]));
+    default: return R(0);
+  }
+}
+
+__device__ __forceinline__ void store_as(void* base, int64_t i, Elem dtype, float x) {
+  switch (dtype) {
+    case Elem::f64: static_cast<double*>(base)[i] = x; break;
+    case Elem::f32: static_cast<float*>(base)[i] = x; break;
+    case Elem::bf16: static_cast<bf16*>(base)[i] = __float2bfloat16_rn(x); break;
+    case Elem::f16: static_cast<__half*>(base)[i] = __float2half_rn(x); break;
+    default: break;
+  }
+}
+
+// Whether any of the 8 bf16/fp16 elements of w is a NaN or an Inf (all exponent bits set).
+template <class E>
+__device__ __forceinline__ bool any_nonfinite8(uint4 w) {
+  constexpr uint32_t m = std::is_same_v<E, __half> ? 0x7C007C00u : 0x7F807F80u;
+  constexpr uint32_t lo = m & 0xFFFFu, hi = m & 0xFFFF0000u;
+  const uint32_t x[4] = {w.x, w.y, w.z, w.w};
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) bad |= (x[i] & lo) == lo || (x[i] & hi) == hi;
+  return bad;
+}
+
+// Four consecutive elements (8- or 16-byte aligned) as a float4.
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ __forceinline__ float4 load4(const __half* p) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+  const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// Stores x[0..7] as 8 consecutive elements at a 16-byte aligned address.
+__device__ __forceinline__ void store8(float* p, const float (&x)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
+}
+template <class E>
+__device__ __forceinline__ void store8(E* p, const float (&x)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    E pair[2] = {from_float<E>(x[2 * i]), from_float<E>(x[2 * i + 1])};
+    w[i] = *reinterpret_cast<const uint32_t*>(pair);
+  }
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// 16-bit floats held in the low bits of a word, widened to fp32.
+template <class In>
+__device__ __forceinline__ float widen(uint32_t bits) {
+  if constexpr (std::is_same_v<In, bf16>) return __uint_as_float(bits << 16);
+  else return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+
+// Two floats rounded to bf16, packed into one word (lo in the low half).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  return uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
+}
+
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  return uint32_t(__half_as_ushort(__float2half_rn(lo))) | (uint32_t(__half_as_ushort(__float2half_rn(hi))) << 16);
+}
+
+// Two neighbouring elements of a row in shared memory, in one store.
+__device__ __forceinline__ void store_pair(float* at, float a, float b) { *reinterpret_cast<float2*>(at) = {a, b}; }
+__device__ __forceinline__ void store_pair(bf16* at, float a, float b) { *reinterpret_cast<uint32_t*>(at) = pack_bf16(a, b); }
+
+// The element offset of [b, s, h, d] in a [B,T,H,D] view.
+__device__ __forceinline__ int64_t offset4(const View& t, int64_t b, int64_t s, int64_t h, int64_t d) {
+  return b * t.stride[0] + s * t.stride[1] + h * t.stride[2] + d * t.stride[3];
+}
+
+// The element offset of token `token` of sequence `seq`, head h, in a [B,T,H,*] view (its first column).
+__device__ __forceinline__ int64_t token_offset(const View& t, const SeqSpan& seq, int h, int64_t token) {
+  return seq.batch * t.stride[0] + (seq.begin + token) * t.stride[1] + h * t.stride[2];
+}
+
+}  // namespace flashgla::cuda::gla
