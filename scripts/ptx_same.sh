@@ -4,7 +4,7 @@
 # the first, modulo names (anonymous-namespace and file hashes and the number nvcc appends to some of them,
 # basic-block numbers, the kernel's own name, so that a removed template parameter still matches). Also counts
 # the kernel entries at both commits.
-#   bash scripts/ptx_same.sh <old commit> <new commit> src/cuda/gla/gla_fwd_fast.cu [more .cu files]
+#   bash scripts/ptx_same.sh <old commit> <new commit> src/cuda/gla/kernels/gla_fwd_fast.cu [more .cu files]
 # Prints per file: entries old -> new, how many new entries equal an old one, and the names of those that do
 # not. Slow on a small machine (a minute or more per file and commit).
 # Moving kernel code into __forceinline__ functions keeps the PTX only under a few rules (src/cuda/gla/stages/

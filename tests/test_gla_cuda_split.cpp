@@ -1,5 +1,5 @@
 // The sequence split's states pass as its own kernel (the fast path's;
-// src/cuda/gla/gla_fwd_states.cuh) against the CPU fp64 recurrent reference on the
+// src/cuda/gla/kernels/gla_fwd_states.cuh) against the CPU fp64 recurrent reference on the
 // same rounded inputs: o and the final state, for what the fast path takes
 // (bf16/fp16, K ≤ 256 incl. key parts, any V, every gate kind, range and
 // dtype), forced split and piece counts (one piece and several: the fold

@@ -1,4 +1,4 @@
-// The GLA CUDA planner (src/cuda/gla/plan.h) on the CPU: its decisions at the anchor shapes of the project
+// The GLA CUDA planner (src/cuda/gla/plan/plan.h) on the CPU: its decisions at the anchor shapes of the project
 // (../shared/ANCHORS.md) and the GLA 340M model's layer (hidden 1024, 4 heads: K = 128, V = 256), for an
 // H100-like device (132 SMs, 227 KB per block, sm_90a code) and an A100-like one (108 SMs, 163 KB, sm_80
 // code only). The expected values are worked out here from the rules as the code's comments and
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/gla/plan.h"
+#include "cuda/gla/plan/plan.h"
 #include "flashgla/error.h"
 
 namespace flashgla::cuda::gla {

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "cuda/gla/gla_bwd.cuh"
+#include "cuda/gla/device/gla_bwd.cuh"
 
 namespace flashgla::cuda::gla {
 

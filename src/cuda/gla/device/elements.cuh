@@ -10,7 +10,7 @@
 #include <type_traits>
 
 #include "cuda/common/dtype.cuh"
-#include "cuda/gla/types.cuh"
+#include "cuda/gla/device/types.cuh"
 
 namespace flashgla::cuda::gla {
 

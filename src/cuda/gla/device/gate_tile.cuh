@@ -10,7 +10,7 @@
 
 #include "cuda/common/dtype.cuh"
 #include "cuda/gla/device/elements.cuh"
-#include "cuda/gla/gla_bwd.cuh"
+#include "cuda/gla/device/gla_bwd.cuh"
 
 namespace flashgla::cuda::gla {
 

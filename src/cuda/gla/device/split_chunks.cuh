@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "cuda/gla/device/elements.cuh"
-#include "cuda/gla/gla_fwd.cuh"
+#include "cuda/gla/device/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla {
 

@@ -14,7 +14,7 @@
 #include "cuda/common/copy.cuh"
 #include "cuda/common/dtype.cuh"
 #include "cuda/gla/device/elements.cuh"
-#include "cuda/gla/types.cuh"
+#include "cuda/gla/device/types.cuh"
 
 namespace flashgla::cuda::gla {
 
@@ -114,7 +114,7 @@ __device__ __forceinline__ void load_tile_unpadded(const View& view, int esize, 
 // ---- 64-wide padded tiles ------------------------------------------------------------
 // Row strides (elements) of 64-wide tiles: 16 bytes of padding per row keep
 // ldmatrix and column walks free of bank conflicts.
-// (kLdOf and kLdF: cuda/gla/layouts.h, where the planner sizes the state scans' shared memory.)
+// (kLdOf and kLdF: cuda/gla/plan/layouts.h, where the planner sizes the state scans' shared memory.)
 template <class T>
 inline constexpr int kLd = kLdOf<int(sizeof(T))>;
 

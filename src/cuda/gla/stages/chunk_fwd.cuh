@@ -17,7 +17,7 @@
 #include "cuda/gla/device/elements.cuh"
 #include "cuda/gla/device/tiles.cuh"
 #include "cuda/gla/device/warp_mma.cuh"
-#include "cuda/gla/gla_fwd.cuh"
+#include "cuda/gla/device/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla::stages {
 

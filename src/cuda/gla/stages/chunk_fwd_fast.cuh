@@ -9,7 +9,7 @@
 
 #include "cuda/gla/device/elements.cuh"
 #include "cuda/gla/device/warp_mma.cuh"
-#include "cuda/gla/gla_fwd.cuh"
+#include "cuda/gla/device/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {
@@ -19,7 +19,7 @@ constexpr int NW = 16, NT = NW * 32;
 constexpr int kTriangle = kFastTriangle;  // entries of an 8×8 lower triangle with its diagonal
 constexpr int kScatter = 48;   // kTriangle padded for a 4-level reduce-scatter
 
-// FastLayout<KP, BV>: the byte offsets of the shared-memory regions (cuda/gla/layouts.h).
+// FastLayout<KP, BV>: the byte offsets of the shared-memory regions (cuda/gla/plan/layouts.h).
 
 // ldmatrix: the ordered flavour of cuda/common/mma.cuh (ldmatrix_x4_ordered, ldmatrix_x4_trans_ordered,
 // ldmatrix_x2_ordered).

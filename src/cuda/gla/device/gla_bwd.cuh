@@ -25,15 +25,15 @@
 
 #include "core/gla_chunk.h"
 #include "core/problem.h"
-#include "cuda/gla/plan.h"
-#include "cuda/gla/types.cuh"
+#include "cuda/gla/plan/plan.h"
+#include "cuda/gla/device/types.cuh"
 
 namespace flashgla::cuda::gla {
 
 using flashgla::kChunk;            // C: tokens per chunk (core/gla_chunk.h)
 inline constexpr int kSub = 16;    // tokens per secondary sub-chunk
 // kTile (key / value columns per tile), kTileElems, kSummaryFloats and kDiagFactorLimit (the default
-// diag_factor_limit): cuda/gla/layouts.h.
+// diag_factor_limit): cuda/gla/plan/layouts.h.
 
 inline constexpr int kBwdStateThreads = 256;  // gla_bwd_states.cu: 8 warps, 16 state rows x 32 columns each
 inline constexpr int kBwdChunkThreads = 256;  // gla_bwd_chunk.cu: 8 warps, two per sub-chunk

@@ -34,7 +34,7 @@
 #include "cuda/gla/device/gate_tile.cuh"
 #include "cuda/gla/device/tiles.cuh"
 #include "cuda/gla/device/warp_mma.cuh"
-#include "cuda/gla/gla_bwd.cuh"
+#include "cuda/gla/device/gla_bwd.cuh"
 #include "cuda/gla/stages/chunk_bwd.cuh"
 
 namespace flashgla::cuda::gla {

@@ -4,14 +4,14 @@
 // problem, the device's properties and the call's tuning
 // (flashgla/tuning.h). Plain C++ (built without CUDA too), so that the
 // decisions are unit-tested on the CPU (tests/test_gla_plan.cpp); the CUDA files fill the inputs (the device
-// queried once per device, see device_props in cuda/gla/gla_host.cuh) and follow the plan.
+// queried once per device, see device_props in cuda/gla/host/gla_host.cuh) and follow the plan.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 
-#include "cuda/gla/layouts.h"
+#include "cuda/gla/plan/layouts.h"
 #include "flashgla/tuning.h"
 
 namespace flashgla::cuda::gla {

@@ -1,7 +1,7 @@
 // The split's states pass as its own kernel (gla_fwd_states.cuh): host side
 // (whether it fits, launch of the states and fold kernels) and the bf16/fp16
 // instantiations.
-#include "cuda/gla/gla_fwd_states.cuh"
+#include "cuda/gla/kernels/gla_fwd_states.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_fwd.cuh"
-#include "cuda/gla/plan.h"
+#include "cuda/gla/device/gla_fwd.cuh"
+#include "cuda/gla/plan/plan.h"
 
 namespace flashgla::cuda {
 

@@ -35,7 +35,7 @@
 #include "cuda/gla/device/split_chunks.cuh"
 #include "cuda/gla/device/tiles.cuh"
 #include "cuda/gla/device/warp_mma.cuh"
-#include "cuda/gla/gla_fwd.cuh"
+#include "cuda/gla/device/gla_fwd.cuh"
 #include "cuda/gla/stages/chunk_fwd.cuh"
 
 namespace flashgla::cuda::gla {

@@ -3,7 +3,7 @@
 #include <mutex>
 #include <vector>
 
-#include "cuda/gla/gla_host.cuh"
+#include "cuda/gla/host/gla_host.cuh"
 
 namespace flashgla::cuda {
 

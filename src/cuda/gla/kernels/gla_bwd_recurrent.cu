@@ -27,7 +27,7 @@
 #include "cuda/gla/device/elements.cuh"
 #include "cuda/gla/device/chunk_slots.cuh"
 #include "cuda/gla/device/warp_mma.cuh"
-#include "cuda/gla/gla_bwd.cuh"
+#include "cuda/gla/device/gla_bwd.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {

@@ -29,7 +29,7 @@
 #include <type_traits>
 
 #include "cuda/common/copy.cuh"
-#include "cuda/gla/gla_fwd_hopper.cuh"
+#include "cuda/gla/kernels/gla_fwd_hopper.cuh"
 #include "cuda/gla/device/elements.cuh"
 #include "cuda/gla/device/launch.cuh"
 #include "cuda/gla/device/split_chunks.cuh"

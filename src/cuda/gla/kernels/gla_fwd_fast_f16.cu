@@ -1,6 +1,6 @@
 // The fast chunked GLA forward's fp16 kernels (gla_fwd_fast.cuh), compiled
 // apart from the bf16 ones in gla_fwd_fast.cu to halve the longest compile.
-#include "cuda/gla/gla_fwd_fast.cuh"
+#include "cuda/gla/kernels/gla_fwd_fast.cuh"
 
 namespace flashgla::cuda::gla {
 

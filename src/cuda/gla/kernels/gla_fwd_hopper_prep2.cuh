@@ -26,7 +26,7 @@
 
 #include <type_traits>
 
-#include "cuda/gla/gla_fwd_hopper.cuh"
+#include "cuda/gla/kernels/gla_fwd_hopper.cuh"
 #include "cuda/gla/device/elements.cuh"
 #include "cuda/gla/device/launch.cuh"
 

@@ -9,7 +9,7 @@
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/elements.cuh"
 #include "cuda/gla/device/tiles.cuh"
-#include "cuda/gla/gla_fwd.cuh"
+#include "cuda/gla/device/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {

@@ -48,7 +48,7 @@
 #include "cuda/gla/device/tiles.cuh"
 #include "cuda/gla/device/warp_mma.cuh"
 
-#include "cuda/gla/gla_fwd.cuh"
+#include "cuda/gla/device/gla_fwd.cuh"
 #include "cuda/gla/stages/chunk_fwd_fast.cuh"
 
 namespace flashgla::cuda::gla {

@@ -12,7 +12,7 @@
 
 #include "core/gla_options_backend.h"
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_host.cuh"
+#include "cuda/gla/host/gla_host.cuh"
 
 namespace flashgla::cuda {
 namespace {

@@ -1,12 +1,12 @@
 // The device types every GLA kernel reads, forward and backward: the strided view of a
 // tensor and the sequence boundaries (cuda/common/sequences.cuh); element types, gate
-// kinds and tile sizes: cuda/gla/layouts.h.
+// kinds and tile sizes: cuda/gla/plan/layouts.h.
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/common/sequences.cuh"
-#include "cuda/gla/layouts.h"
+#include "cuda/gla/plan/layouts.h"
 
 namespace flashgla::cuda::gla {
 

@@ -8,12 +8,12 @@
 
 #include <cstdint>
 
-#include "cuda/gla/types.cuh"
+#include "cuda/gla/device/types.cuh"
 
 namespace flashgla::cuda::gla {
 
 // ---- chunked forward -----------------------------------------------------------
-// Elem, Gate, kChunk, kSlice, value_tile and ChunkLayout: cuda/gla/layouts.h; the decisions: cuda/gla/plan.h.
+// Elem, Gate, kChunk, kSlice, value_tile and ChunkLayout: cuda/gla/plan/layouts.h; the decisions: cuda/gla/plan/plan.h.
 inline constexpr int kChunkThreads = 256;
 
 struct ChunkParams {

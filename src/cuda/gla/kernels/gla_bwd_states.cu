@@ -28,12 +28,12 @@
 #include "cuda/gla/device/gate_tile.cuh"
 #include "cuda/gla/device/tiles.cuh"
 #include "cuda/gla/device/warp_mma.cuh"
-#include "cuda/gla/gla_bwd.cuh"
+#include "cuda/gla/device/gla_bwd.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {
 
-// The shared-memory layout (cuda/gla/layouts.h, StateScanSmemBytes: the planner reads the same bytes).
+// The shared-memory layout (cuda/gla/plan/layouts.h, StateScanSmemBytes: the planner reads the same bytes).
 // kPair: the block covers two value tiles (see state_scan_kernel). kStages: 2 with the pipelined scan (x, y
 // and the raw gate of the next chunk copied while this one computes), else 1 (the gate goes through registers).
 template <class T, class GT, int kPair, int kStages = 1>

@@ -6,9 +6,9 @@
 
 #include "core/backend.h"
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_bwd.cuh"
-#include "cuda/gla/gla_host.cuh"
-#include "cuda/gla/plan.h"
+#include "cuda/gla/device/gla_bwd.cuh"
+#include "cuda/gla/host/gla_host.cuh"
+#include "cuda/gla/plan/plan.h"
 
 namespace flashgla::cuda {
 namespace {

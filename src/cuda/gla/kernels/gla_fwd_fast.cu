@@ -1,7 +1,7 @@
 // Chunked GLA forward, fast path: host side (support, tiles, launch) and the
 // bf16 kernels; the kernel itself is in gla_fwd_fast.cuh, its fp16
 // instantiations in gla_fwd_fast_f16.cu.
-#include "cuda/gla/gla_fwd_fast.cuh"
+#include "cuda/gla/kernels/gla_fwd_fast.cuh"
 
 namespace flashgla::cuda::gla {
 

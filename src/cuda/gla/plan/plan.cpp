@@ -1,7 +1,7 @@
 // The GLA CUDA planner (plan.h): the decisions of the chunked forward, the backward and the segment
 // summaries, as pure functions. Measurements behind the rules: bench/notes_gla_fwd.md, bench/notes_gla_bwd.md
 // and bench/results_gla_*.md.
-#include "cuda/gla/plan.h"
+#include "cuda/gla/plan/plan.h"
 
 #include <algorithm>
 #include <string>

@@ -47,14 +47,14 @@
 #include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/gla/device/elements.cuh"
-#include "cuda/gla/gla_fwd.cuh"
+#include "cuda/gla/device/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla::hopper {
 
 constexpr int C = kChunk;
 constexpr int kPrepThreads = 256;
 
-// Slot: the byte offsets inside one workspace slot (one chunk of one head), in cuda/gla/layouts.h (the
+// Slot: the byte offsets inside one workspace slot (one chunk of one head), in cuda/gla/plan/layouts.h (the
 // planner sizes the workspace with it); every tile starts 1024-byte aligned, as the 128-byte swizzle needs.
 
 // Element (row, col) of a [rows][64] tile of 2-byte elements in the 128-byte swizzle: byte offset.

@@ -31,8 +31,8 @@
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/elements.cuh"
 #include "cuda/gla/device/split_chunks.cuh"
-#include "cuda/gla/gla_fwd.cuh"
-#include "cuda/gla/gla_host.cuh"
+#include "cuda/gla/device/gla_fwd.cuh"
+#include "cuda/gla/host/gla_host.cuh"
 
 namespace flashgla::cuda {
 namespace {

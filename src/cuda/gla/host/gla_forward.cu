@@ -7,8 +7,8 @@
 #include "core/backend.h"
 #include "core/sequences.h"
 #include "cuda/common/host.cuh"
-#include "cuda/gla/gla_fwd.cuh"
-#include "cuda/gla/gla_host.cuh"
+#include "cuda/gla/device/gla_fwd.cuh"
+#include "cuda/gla/host/gla_host.cuh"
 
 namespace flashgla::cuda {
 namespace {

@@ -31,7 +31,7 @@
 // rows).
 #pragma once
 
-#include "cuda/gla/gla_fwd_fast.cuh"
+#include "cuda/gla/kernels/gla_fwd_fast.cuh"
 #include "cuda/gla/device/elements.cuh"
 #include "cuda/gla/device/split_chunks.cuh"
 #include "cuda/gla/device/tiles.cuh"
@@ -49,7 +49,7 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// Shared memory of the kernel: StatesLayoutBytes in cuda/gla/layouts.h (sizes of E and G), so that the
+// Shared memory of the kernel: StatesLayoutBytes in cuda/gla/plan/layouts.h (sizes of E and G), so that the
 // planner computes the same bytes.
 template <class E, class G, int KP, int BV, Gate GK>
 using StatesLayout = StatesLayoutBytes<int(sizeof(E)), int(sizeof(G)), KP, BV, GK>;

@@ -22,7 +22,7 @@
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/elements.cuh"
 #include "cuda/gla/device/warp_mma.cuh"
-#include "cuda/gla/gla_fwd.cuh"
+#include "cuda/gla/device/gla_fwd.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {

@@ -1,9 +1,9 @@
 // Chunked GLA forward, Hopper path: host side (support, workspace, launches) and
 // the bf16/fp16 instantiations of the kernels in gla_fwd_hopper_prep2.cuh and gla_fwd_hopper_ws.cuh.
 
-#include "cuda/gla/gla_fwd_hopper.cuh"
-#include "cuda/gla/gla_fwd_hopper_prep2.cuh"
-#include "cuda/gla/gla_fwd_hopper_ws.cuh"
+#include "cuda/gla/kernels/gla_fwd_hopper.cuh"
+#include "cuda/gla/kernels/gla_fwd_hopper_prep2.cuh"
+#include "cuda/gla/kernels/gla_fwd_hopper_ws.cuh"
 
 namespace flashgla::cuda::gla {
 
