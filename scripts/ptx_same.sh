@@ -5,6 +5,7 @@
 # basic-block numbers, the kernel's own name, so that a removed template parameter still matches). Also counts
 # the kernel entries at both commits.
 #   bash scripts/ptx_same.sh <old commit> <new commit> src/cuda/gla/kernels/gla_fwd_fast.cu [more .cu files]
+# A file that moved between the commits is named OLD_PATH:NEW_PATH.
 # Prints per file: entries old -> new, how many new entries equal an old one, and the names of those that do
 # not. Slow on a small machine (a minute or more per file and commit).
 # Moving kernel code into __forceinline__ functions keeps the PTX only under a few rules (src/cuda/gla/stages/
@@ -20,10 +21,12 @@ trap 'rm -rf "$work"' EXIT
 for c in "$old" "$new"; do
   mkdir -p "$work/$c" && git archive "$c" src include | tar -x -C "$work/$c"
 done
-for f in "$@"; do
+for spec in "$@"; do
+  f=${spec#*:}
   for c in "$old" "$new"; do
+    path=$f; [ "$c" = "$old" ] && path=${spec%%:*}
     nvcc -ptx -std=c++17 --expt-relaxed-constexpr -O3 -DNDEBUG -DFLASHGLA_WITH_CUDA -arch=sm_90a \
-      -I"$work/$c/src" -I"$work/$c/include" "$work/$c/$f" -o "$work/$c.$(basename "$f").ptx"
+      -I"$work/$c/src" -I"$work/$c/include" "$work/$c/$path" -o "$work/$c.$(basename "$f").ptx"
   done
   python3 - "$work/$old.$(basename "$f").ptx" "$work/$new.$(basename "$f").ptx" "$f" <<'EOF'
 import collections, re, sys
@@ -33,6 +36,8 @@ def entries(path):
     return {m.group(1): m.group(0) for m in re.finditer(r'(?:\.visible\s+)?\.entry\s+(\S+)\((.*?)\n\}\n', text, re.S)}
 def norm(body, name):
     # Operand lists as inline asm spells them ('{%r1, %r2}' or '{%r1,%r2}'): PTX ignores that whitespace.
+    # Blank lines (an inline asm string ending in a newline leaves one) mean nothing either.
+    body = re.sub(r'\n\s*\n', '\n', body)
     return re.sub(r',[ \t]+', ',', hashes.sub('#', body.replace(name, 'NAME')))
 old, new = entries(sys.argv[1]), entries(sys.argv[2])
 old_bodies = collections.Counter(norm(v, k) for k, v in old.items())
