@@ -1,5 +1,5 @@
 // The GLA CUDA planner (src/cuda/gla/plan/plan.h) on the CPU: its decisions at the anchor shapes of the project
-// (../shared/ANCHORS.md) and the GLA 340M model's layer (hidden 1024, 4 heads: K = 128, V = 256), for an
+// (ANCHORS in bench/bench_gla_fwd.py) and the GLA 340M model's layer (hidden 1024, 4 heads: K = 128, V = 256), for an
 // H100-like device (132 SMs, 227 KB per block, sm_90a code) and an A100-like one (108 SMs, 163 KB, sm_80
 // code only). The expected values are worked out here from the rules as the code's comments and
 // bench/notes_gla_*.md state them (not copied from the planner's output); then every tuning field forces its

@@ -124,7 +124,7 @@ struct GlaDecodeArgs {
 };
 
 // Per-segment summaries for context parallelism (each sequence of the batch is
-// a segment L; see DISTRIBUTED.md). With a zero start state, per head:
+// a segment L; see docs/context_parallel.md). With a zero start state, per head:
 //     states[n]    = S(L) = Σ_{t∈L} (k_t ⊙ exp Σ_{u∈L,u>t} g_u)ᵀ v_t   (the end state)
 //     log_decay[n] = a(L) = Σ_{t∈L} g_t                                 (0 without a gate)
 // so that the end state from any h0 is diag(exp a) h0 + S. An empty segment

@@ -1,5 +1,5 @@
 // Folding the per-rank state summaries of context-parallel GLA (see
-// flashgla.distributed in Python and DISTRIBUTED.md).
+// flashgla.distributed in Python and docs/context_parallel.md).
 //
 // A sequence split over ranks j = 0..P-1 of a group: rank j summarises its run
 // of tokens by the end state from a zero start S_j and the summed log gate a_j

@@ -9,14 +9,14 @@ batch) and calls the op on it with ``cp_context=``::
     o, _ = chunk_gla(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], g[:, lo:hi], cp_context=ctx)
 
 Outputs and gradients equal one process running the op on the whole batch.
-GLA's rank-to-rank transition is a per-key diagonal (see DISTRIBUTED.md), so a
-pass costs one all-gather of a fixed-size summary per rank: the forward sends
-the end state from zero S and the summed log gate a of the rank's last local
-sequence, ``[B, H, K, V+1]``; the backward the entering-state gradient B of its
-first local sequence, ``[B, H, K, V]``. Each rank folds the summaries of the
-ranks its sequence spans (``flashgla._C.gla_fold_states``, C++/CUDA) and runs
-its ordinary chunked op with that entering state (forward) or end-state
-gradient (backward).
+GLA's rank-to-rank transition is a per-key diagonal (see
+docs/context_parallel.md), so a pass costs one all-gather of a fixed-size
+summary per rank: the forward sends the end state from zero S and the summed
+log gate a of the rank's last local sequence, ``[B, H, K, V+1]``; the backward
+the entering-state gradient B of its first local sequence, ``[B, H, K, V]``.
+Each rank folds the summaries of the ranks its sequence spans
+(``flashgla._C.gla_fold_states``, C++/CUDA) and runs its ordinary chunked op
+with that entering state (forward) or end-state gradient (backward).
 
 Every collective sits inside one autograd Function and communicates on every
 rank whatever the local data (same shapes everywhere, never an empty tensor),

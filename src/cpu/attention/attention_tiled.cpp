@@ -1,6 +1,7 @@
-// FlashAttention on the CPU (seed 004): the forward walks key tiles keeping a
-// running max and running sum per query and rescaling the partial output; the
-// backward (FlashAttention-2) recomputes P = exp(S − lse) instead of storing it.
+// FlashAttention on the CPU (online softmax: docs/algorithm.md section 8): the
+// forward walks key tiles keeping a running max and running sum per query and
+// rescaling the partial output; the backward (FlashAttention-2) recomputes
+// P = exp(S − lse) instead of storing it.
 // Acc is the accumulation type: float for f32/bf16/f16, double for f64.
 #include <cmath>
 #include <limits>

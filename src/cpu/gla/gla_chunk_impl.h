@@ -1,4 +1,4 @@
-// The chunked GLA algorithm of FlashLinearAttention (seed 002) on one
+// The chunked GLA algorithm of FlashLinearAttention (docs/algorithm.md) on one
 // (sequence, head) pair, accumulating in T (float for f32/bf16/f16 inputs,
 // double for f64). Chunks of C = 64 tokens, split into 16-wide sub-chunks.
 //
@@ -6,8 +6,9 @@
 //   O   = (Q ⊙ exp Γ) S_prev + (A ⊙ M) V,     A_ab = Σ_d Q_ad K_bd exp(Γ_ad − Γ_bd)
 //   S   = diag(exp γ) S_prev + (K ⊙ exp(γ − Γ))^T V
 // Every exponent is ≤ 0 (g ≤ 0, Γ non-increasing), so nothing overflows: the
-// off-diagonal sub-blocks of A go through a reference row of the cumsum (seed
-// 002 step 3), the diagonal ones use exp(Γ_a − Γ_b) with b ≤ a directly.
+// off-diagonal sub-blocks of A go through a reference row of the cumsum
+// (docs/algorithm.md step 3), the diagonal ones use exp(Γ_a − Γ_b) with b ≤ a
+// directly.
 // Cost per head: O(T·C·K + T·K·V); the matrix products are matmul_acc calls.
 //
 // Resets. A gate at or below −reset_gate<T>() (−88 in fp32, −709 in fp64,
@@ -46,8 +47,8 @@ void chunked_forward_impl(const HeadInputs<T>& in, T* state, T* o) {
   }
 }
 
-// Seed 002's backward, per chunk from the last to the first, carrying dS (the
-// gradient of the state after the chunk):
+// The backward (docs/algorithm.md steps 6-11), per chunk from the last to the
+// first, carrying dS (the gradient of the state after the chunk):
 //   dA  = (dO V^T) ⊙ M
 //   dV  = (A ⊙ M)^T dO + (K ⊙ exp(γ − Γ)) dS
 //   dQ  = (dO S_prev^T) ⊙ exp Γ                 + intra-chunk share of dA

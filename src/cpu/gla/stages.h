@@ -1,4 +1,4 @@
-// The steps of seed 002 on the CPU, named like their CUDA twins (src/cuda/gla/stages/) and FLA's:
+// The steps of docs/algorithm.md on the CPU, named like their CUDA twins (src/cuda/gla/stages/) and FLA's:
 //   chunk_local_cumsum    step 1: Γ, exp Γ, exp(γ − Γ) of a chunk (Chunk::chunk_local_cumsum)
 //   chunk_fwd_h           step 2: S = diag(exp γ) S + (K ⊙ exp(γ − Γ))^T V (Chunk::chunk_fwd_h)
 //   chunk_fwd_intra       steps 3-4: the intra-chunk scores A over 16-token sub-chunks, off-diagonal blocks
@@ -6,7 +6,8 @@
 //                         (chunk_fwd_intra_diag)
 //   chunk_fwd_o           step 5: O = (Q ⊙ exp Γ) S_prev (chunk_fwd_o_state) + (A ⊙ M) V (chunk_fwd_o_intra)
 //   chunk_bwd_dA, chunk_bwd_dqk_intra, chunk_bwd_dv, chunk_bwd_dqk_inter, chunk_bwd_dg, chunk_bwd_dh
-//                         the backward of one chunk (BwdChunk), see chunked_backward_impl
+//                         steps 7, 9, 8, 10, 11, 6: the backward of one chunk (BwdChunk), see
+//                         chunked_backward_impl
 // gla_chunk_impl.h composes them into the chunked forward and backward of one (sequence, head) pair.
 //
 // Like gla_chunk_impl.h, this header is compiled once per instruction set, so everything in it has internal
@@ -90,7 +91,7 @@ struct Chunk {
     }
   }
 
-  // Seed 002 step 1 (FLA: chunk_local_cumsum): Γ, exp Γ and exp(γ − Γ) for tokens [begin, begin + len).
+  // docs/algorithm.md step 1 (FLA: chunk_local_cumsum): Γ, exp Γ and exp(γ − Γ) for tokens [begin, begin + len).
   void chunk_local_cumsum(int64_t chunk_begin, int64_t chunk_len) {
     begin = chunk_begin, len = chunk_len;
     const T* g = in.g + begin * K;
@@ -161,7 +162,7 @@ struct Chunk {
     transpose(a0, K, k_ref.data(), K, k_ref_t.data(), kChunk);
   }
 
-  // Seed 002 step 3: A[a0:a1, 0:a0] = (q ⊙ q_ref) k_ref^T, after reference_row_block(i).
+  // docs/algorithm.md step 3: A[a0:a1, 0:a0] = (q ⊙ q_ref) k_ref^T, after reference_row_block(i).
   // Leaves q_ref scaled by q.
   void chunk_fwd_intra_offdiag(int64_t i) {
     const int64_t a0 = i * kSub, a1 = sub_end(i);
@@ -171,7 +172,7 @@ struct Chunk {
     matmul_acc(a1 - a0, a0, K, q_ref.data(), K, 1, k_ref_t.data(), kChunk, A.data() + a0 * kChunk, kChunk);
   }
 
-  // Seed 002 step 4: the diagonal blocks of A, elementwise: A_ab = Σ_d q_ad k_bd exp(Γ_ad − Γ_bd)
+  // docs/algorithm.md step 4: the diagonal blocks of A, elementwise: A_ab = Σ_d q_ad k_bd exp(Γ_ad − Γ_bd)
   // for b ≤ a in one sub-chunk. With dA given, also adds the diagonal blocks'
   // share of the gradients, dq_a += dA_ab k_b ⊙ e and dk_b += dA_ab q_a ⊙ e,
   // except for the pairs b == a, which chunk_bwd_dg adds after dg.
@@ -200,7 +201,7 @@ struct Chunk {
     }
   }
 
-  // Seed 002 steps 3-4 (FLA: chunk_gla_fwd_intra): A with zeros above the diagonal.
+  // docs/algorithm.md steps 3-4 (FLA: chunk_gla_fwd_intra): A with zeros above the diagonal.
   void chunk_fwd_intra() {
     std::fill(A.begin(), A.end(), T(0));
     for (int64_t i = 1; i < num_sub(); ++i) {
@@ -210,7 +211,7 @@ struct Chunk {
     chunk_fwd_intra_diag();
   }
 
-  // Seed 002 step 2 (FLA: chunk_fwd_h): S = diag(exp γ) S + (K ⊙ exp(γ − Γ))^T V.
+  // docs/algorithm.md step 2 (FLA: chunk_fwd_h): S = diag(exp γ) S + (K ⊙ exp(γ − Γ))^T V.
   void chunk_fwd_h(T* S) {
     const T* eg = exp_gamma();
     for (int64_t d = 0; d < K; ++d)
@@ -275,7 +276,7 @@ void chunk_fwd_o(Chunk<T>& c, const T* state, T* out) {
   chunk_fwd_o_intra(c, out);
 }
 
-// The backward of one chunk (seed 002's backward; see chunked_backward_impl for the formulas), in the order
+// The backward of one chunk (docs/algorithm.md steps 6-11; see chunked_backward_impl for the formulas), in the order
 // chunked_backward_impl runs them: after c.chunk_local_cumsum and start, chunk_bwd_dA, chunk_bwd_dqk_intra,
 // chunk_bwd_dv, chunk_bwd_dqk_inter, chunk_bwd_dg, chunk_bwd_dh. d_state: dS, the gradient of the state after
 // the chunk (chunk_bwd_dh turns it into that of the state before). Buffers allocated once per (sequence, head).

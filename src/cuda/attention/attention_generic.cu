@@ -2,7 +2,7 @@
 // row, fp32 arithmetic, tensors read element by element through their strides
 // (64-bit offsets).
 //   forward, per (query, head): the online softmax over the visible keys
-//     (seed 004), o = Σ_j P_ij v_j and lse = ln Σ_j exp(s_ij).
+//     (docs/algorithm.md section 8), o = Σ_j P_ij v_j and lse = ln Σ_j exp(s_ij).
 //   backward (FlashAttention-2's math, without atomics), P_ij = exp(s_ij − lse_i):
 //     1. per (query, head):   dsum_i = dO_i · O_i
 //     2. per (key, KV head):  over the query heads sharing it and the queries

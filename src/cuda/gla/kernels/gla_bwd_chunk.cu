@@ -1,4 +1,6 @@
-// Step 2 of the chunked GLA backward: everything of one chunk of 64 tokens.
+// The chunk kernel of the chunked GLA backward (docs/algorithm.md steps 7-11,
+// with 3-4 recomputed): everything of one chunk of 64 tokens, after the state
+// scans.
 //
 // One block per (chunk, head); 8 warps, warp w serves sub-chunk s = w / 2 (16
 // tokens) and half hc = w % 2 of the 64 columns of a tile. With Γ the
@@ -19,9 +21,10 @@
 // in fp32 with its own exponent (for A, only where the sub-chunk's gates span
 // too much for the products: see mark_wide_subchunks).
 //
-// dg, chunk-local (seed 002, step 7), written so that nothing cancels: the
-// diagonal terms i = j contribute equally to q ⊙ dq and k ⊙ dk and are left
-// out, and the state term's Σ_r k_r ⊙ dk_r^{(S)} is split at t. For row t:
+// dg, chunk-local (docs/algorithm.md step 11), written so that nothing
+// cancels: the diagonal terms i = j contribute equally to q ⊙ dq and k ⊙ dk and
+// are left out, and the state term's Σ_r k_r ⊙ dk_r^{(S)} is split at t. For
+// row t:
 //   dg_t = Σ_{s>=t} (q_s ⊙ dq'_s − k_s ⊙ dk^{(A)'}_s) + Σ_{s<t} k_s ⊙ dk^{(S)}_s
 //          + exp(γ) ⊙ rowsum(S ⊙ dS)
 // with ' = without the diagonal term, dk^{(A)} the intra-chunk part of dk and

@@ -1,4 +1,5 @@
-// Step 1 of the chunked GLA backward: the chunk-boundary states, recomputed.
+// The state scans of the chunked GLA backward (docs/algorithm.md steps 2 and 6):
+// the chunk-boundary states, recomputed, and their gradients.
 //
 // One block per (sequence, head, 64x64 tile of the K x V state) walks the
 // sequence's chunks in order and keeps its tile in registers (warp w owns key

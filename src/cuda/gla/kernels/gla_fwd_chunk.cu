@@ -1,5 +1,5 @@
 // Chunked GLA forward, fused with the state kept on chip (the non-materialized
-// FlashLinearAttention form of the GLA paper, seed 003; the steps of seed 002).
+// FlashLinearAttention form of the GLA paper; the steps of docs/algorithm.md).
 //
 // One CTA per (sequence, head, value tile of 64 columns (32 for fp32),
 // sequence split). It walks its chunks of C = 64 tokens in order and keeps the
@@ -14,8 +14,8 @@
 //   * O += (Q ⊙ exp Γ) S (tensor cores);
 //   * intra-chunk A over secondary 16-token sub-chunks: the 6 off-diagonal
 //     16×16 blocks on tensor cores with the first row of the query sub-chunk as
-//     reference point (seed 002 step 3); the 4 diagonal blocks in fp32 on CUDA
-//     cores, exp(Γ_r − Γ_c) built row by row as a running product of α;
+//     reference point (docs/algorithm.md step 3); the 4 diagonal blocks in fp32
+//     on CUDA cores, exp(Γ_r − Γ_c) built row by row as a running product of α;
 //   * S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V (tensor cores).
 // After the last slice, O += (A ⊙ M) V and o is written. Each warp owns 8
 // value columns of O and of the state, so it reads and then updates its own
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
       const E* rq = raw_q(stage);
       const E* rk = raw_k(stage);
 
-      // ---- gate factors (seed 002 step 1) and the gated operands: warp = group of 8 rows, lane = key column ----
+      // ---- gate factors (step 1) and the gated operands: warp = group of 8 rows, lane = key column ----
       {
         // The stages' register arrays live here, in the kernel: arrays local to an inlined function change the
         // order in which the compiler allocates the kernel's registers (stages/chunk_fwd.cuh).
@@ -181,13 +181,13 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
           typename M::A af;
           stages::chunk_fwd_o_state<E>(S, sp, Qg, slice, cg, part, lane, o_acc, bf, af);
         }
-        // ---- off-diagonal sub-chunk blocks of A (seed 002 step 3) ----
+        // ---- off-diagonal sub-chunk blocks of A (step 3) ----
         if (warp < kPairs) {
           typename M::A af;
           typename M::B bf;
           stages::chunk_fwd_intra_offdiag<E>(Qoff, Koff, warp, pair_i, lane, a_off, af, bf);
         }
-        // ---- diagonal blocks: A_rc += Σ_k q_rk k_ck Π_{c<s≤r} α_sk, in fp32 (seed 002 step 4) ----
+        // ---- diagonal blocks: A_rc += Σ_k q_rk k_ck Π_{c<s≤r} α_sk, in fp32 (step 4) ----
         stages::chunk_fwd_intra_diag<E>(rq, rk, alpha_s, warp, lane, diag);
       }
       // ---- S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V on this slice's keys, this warp's columns (step 2) ----
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(NT, 2) chunk_forward_kernel(const ChunkParams 
     // ---- assemble A over the slice operands, once every warp is done with them ----
     stages::chunk_fwd_intra_store<E>(Amat, tid, warp, dblk, p8, kq, pair_i, pair_j, g4, t4, diag, a_off);
 
-    // ---- O += (A ⊙ M) V: row block m needs the sub-chunks 0..m (seed 002 step 5) ----
+    // ---- O += (A ⊙ M) V: row block m needs the sub-chunks 0..m (step 5) ----
     stages::chunk_fwd_o_intra<E>(Amat, VT, v_nonfinite, cg, part, g4, t4, lane, o_acc);
 
     // ---- o = scale · O, staged in the α area (free since the barrier above) for whole-row stores ----

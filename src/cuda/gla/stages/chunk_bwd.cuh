@@ -1,11 +1,12 @@
-// The stages of the chunked GLA backward's chunk kernel (gla_bwd_chunk.cu), named like their CPU twins in
-// src/cpu/gla/stages.h (and FLA's): phase A chunk_bwd_dA (dA = scale (dO V^T) ⊙ M) and chunk_fwd_intra (the
-// forward's intra-chunk A, recomputed); phase B chunk_bwd_dv (dv = A^T dO + k̂ dS); phase C, per key tile,
-// chunk_bwd_dqk_inter (dq, dk through the states), chunk_bwd_dqk (dq, dk inside the chunk, from the products'
-// accumulators and the diagonal blocks) and chunk_bwd_dg. The products between sub-chunks of phase C stay
-// written out in the kernel (as a stage its addresses fold differently). Every stage runs on the whole block
-// (8 warps, warp (s, hc): sub-chunk s, column half hc) with the kernel's tiles in shared memory; the kernel
-// composes them, loads the tiles of phase C and stores its outputs.
+// The stages of the chunked GLA backward's chunk kernel (gla_bwd_chunk.cu; docs/algorithm.md steps 7-11, with
+// 3-4 recomputed), named like their CPU twins in src/cpu/gla/stages.h (and FLA's): phase A chunk_bwd_dA
+// (dA = scale (dO V^T) ⊙ M) and chunk_fwd_intra (the forward's intra-chunk A, recomputed); phase B chunk_bwd_dv
+// (dv = A^T dO + k̂ dS); phase C, per key tile, chunk_bwd_dqk_inter (dq, dk through the states), chunk_bwd_dqk
+// (dq, dk inside the chunk, from the products' accumulators and the diagonal blocks) and chunk_bwd_dg. The
+// products between sub-chunks of phase C stay written out in the kernel (as a stage its addresses fold
+// differently). Every stage runs on the whole block (8 warps, warp (s, hc): sub-chunk s, column half hc) with
+// the kernel's tiles in shared memory; the kernel composes them, loads the tiles of phase C and stores its
+// outputs.
 //
 // The kernel's generated code is the same as before the stages were named (scripts/ptx_same.sh), which takes
 // four rules: the kernel owns the stages' register arrays and aggregates (accumulators, per-lane rows, gate
@@ -213,7 +214,8 @@ __device__ __forceinline__ void chunk_bwd_dA(const BwdParams& p, int64_t b, int6
   }
 }
 
-// Phase A, the forward's intra-chunk A recomputed (scaled) into sA, over the key tiles (seed 002 steps 3-4).
+// Phase A, the forward's intra-chunk A recomputed (scaled) into sA, over the key tiles (docs/algorithm.md
+// steps 3-4).
 // Off-diagonal blocks (s, J), J = hc, hc + 2 < s, on the products; the diagonal block (s, s) too for key tiles
 // where sub-chunk s is factored, else element by element, rows diagonal_row(hc, 0..7).
 template <class T, class GT, bool kPlain>

@@ -1,6 +1,6 @@
-// The stages of the general chunked forward (gla_fwd_chunk.cu): the steps of seed 002 as device functions named
-// like their CPU twins in src/cpu/gla/stages.h (and FLA's): chunk_local_cumsum (step 1, here in product form,
-// with chunk_fwd_operands building the gated operands from it), chunk_fwd_h (step 2, the state update),
+// The stages of the general chunked forward (gla_fwd_chunk.cu): the steps of docs/algorithm.md as device functions
+// named like their CPU twins in src/cpu/gla/stages.h (and FLA's): chunk_local_cumsum (step 1, here in product
+// form, with chunk_fwd_operands building the gated operands from it), chunk_fwd_h (step 2, the state update),
 // chunk_fwd_intra_offdiag / chunk_fwd_intra_diag / chunk_fwd_intra_store (steps 3-4, the intra-chunk scores over
 // 16-token sub-chunks) and chunk_fwd_o_state / chunk_fwd_o_intra / chunk_fwd_o_store (step 5, the output). Every
 // stage runs on the whole CTA with the kernel's tiles in shared memory; the kernel (chunk_forward_kernel)
@@ -51,7 +51,7 @@ struct GateFactors {
   float (&kd)[8];           // ... and k ⊙ exp(γ^C − Γ)
 };
 
-// Seed 002 step 1, in product form: the gate factors of this slice from α = exp(g), never by exp of a
+// docs/algorithm.md step 1, in product form: the gate factors of this slice from α = exp(g), never by exp of a
 // difference (no factor exceeds 1); α to alpha_s (for the diagonal blocks), the groups' products to
 // `totals`, exp(γ^C) to decay_s. Contains a barrier (the groups' products are exchanged).
 template <class E>
@@ -99,7 +99,7 @@ __device__ __forceinline__ void chunk_local_cumsum(const ChunkParams& p, const u
 
 // The gated operands of the slice's products, from the gate factors: (k ⊙ exp(γ^C − Γ))^T for chunk_fwd_h,
 // q ⊙ exp Γ for the output's share from the state, and the sub-chunk operands of the off-diagonal blocks of A
-// (q_i ⊙ exp(Γ_i − γ_i^first), k_j ⊙ exp(γ_i^first − Γ_j); seed 002 step 3).
+// (q_i ⊙ exp(Γ_i − γ_i^first), k_j ⊙ exp(γ_i^first − Γ_j); docs/algorithm.md step 3).
 template <class E>
 __device__ __forceinline__ void chunk_fwd_operands(const ChunkParams& p, const E* rq, const E* rk,
                                                    const float* totals, E* KdT, E* Qg, E* Qoff, E* Koff, int rg,
@@ -179,7 +179,7 @@ __device__ __forceinline__ void chunk_fwd_o_state(const float* S, int sp, const 
   }
 }
 
-// Seed 002 step 3: this slice's share of one off-diagonal 16×16 block (pair_i, j) of A, on tensor cores (warps
+// docs/algorithm.md step 3: this slice's share of one off-diagonal 16×16 block (pair_i, j) of A, on tensor cores (warps
 // 0..5, one block each). af, bf: fragments of the kernel.
 template <class E>
 __device__ __forceinline__ void chunk_fwd_intra_offdiag(const E* Qoff, const E* Koff, int warp, int pair_i, int lane,
@@ -199,7 +199,7 @@ __device__ __forceinline__ void chunk_fwd_intra_offdiag(const E* Qoff, const E* 
   }
 }
 
-// Seed 002 step 4: this slice's share of the diagonal blocks, A_rc += Σ_k q_rk k_ck Π_{c<s≤r} α_sk in fp32
+// docs/algorithm.md step 4: this slice's share of the diagonal blocks, A_rc += Σ_k q_rk k_ck Π_{c<s≤r} α_sk in fp32
 // (block dblk; each thread two columns, p8 and 15 − p8, and 4 keys kq of the slice).
 template <class E>
 __device__ __forceinline__ void chunk_fwd_intra_diag(const E* rq, const E* rk, const float* alpha_s, int warp, int lane,
@@ -231,7 +231,7 @@ __device__ __forceinline__ void chunk_fwd_intra_diag(const E* rq, const E* rk, c
   }
 }
 
-// Seed 002 step 2 on this slice's keys and this warp's columns: S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V.
+// docs/algorithm.md step 2 on this slice's keys and this warp's columns: S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V.
 template <class E>
 __device__ __forceinline__ void chunk_fwd_h(float* S, int sp, const float* decay_s, const E* KdT, const E* VT,
                                             int slice, int cg, int part, int g4, int t4, int lane) {

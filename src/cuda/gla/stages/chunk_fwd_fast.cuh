@@ -1,6 +1,6 @@
 // The stages of the fast chunked forward (gla_fwd_fast.cuh), named like their CPU twins in src/cpu/gla/stages.h
-// and the general kernel's (stages/chunk_fwd.cuh): so far chunk_fwd_h (the state update, seed 002 step 2, on the
-// state's mma accumulators) and chunk_fwd_o_state (O = (Q ⊙ exp Γ) S); the other phases (P1/P2 gate factors
+// and the general kernel's (stages/chunk_fwd.cuh): so far chunk_fwd_h (the state update, docs/algorithm.md step 2,
+// on the state's mma accumulators) and chunk_fwd_o_state (O = (Q ⊙ exp Γ) S); the other phases (P1/P2 gate factors
 // and operands, the off-diagonal blocks of A, O += A V, the stores) are still written out in the kernel. Also here: the constants and
 // fragment helpers the kernel and its stages share (moved verbatim). As in stages/chunk_fwd.cuh the kernel owns
 // the register arrays and the mma fragments and passes them by reference, so that its generated code stays the
@@ -133,10 +133,10 @@ __device__ __noinline__ DiagSums<E, NO, PA, PV> diagonal_rowwise(const E* a_rows
   return s;
 }
 
-// Seed 002 step 2 on this warp's state tile (key tile kt, value column tiles ns0..) of chunk c: S ← diag(exp γ^C) S
-// + (K ⊙ exp(γ^C − Γ))^T V, with k ⊙ exp(γ^C − Γ) and v of the chunk in shared memory. af, b0, b1: fragments of
-// the kernel. The shared-memory pointers and the warp's tile come from `smem`, c and the thread index here, as
-// in the kernel (passed in, the kernel's code changes).
+// docs/algorithm.md step 2 on this warp's state tile (key tile kt, value column tiles ns0..) of chunk c:
+// S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V, with k ⊙ exp(γ^C − Γ) and v of the chunk in shared memory. af,
+// b0, b1: fragments of the kernel. The shared-memory pointers and the warp's tile come from `smem`, c and the
+// thread index here, as in the kernel (passed in, the kernel's code changes).
 template <class E, int KP, int BV>
 __device__ __forceinline__ void chunk_fwd_h(float (&S)[(BV / 8) * (KP / 16) / NW][4], int64_t c,
                                             typename Mma<E>::A& af, typename Mma<E>::B& b0, typename Mma<E>::B& b1) {
