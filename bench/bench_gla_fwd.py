@@ -9,7 +9,7 @@ Every line times both sides in this process, on this card, on the same
 inputs (bf16, g = logsigmoid(randn)), as the median of triton's do_bench
 (CUDA-graph replays for the microsecond-scale decode):
   * chunk_gla forward vs F.scaled_dot_product_attention causal (flash backend)
-    at the ANCHORS.md shapes (K = 256, V = 512 has no SDPA: FlashAttention
+    at the anchor shapes (ANCHORS below) (K = 256, V = 512 has no SDPA: FlashAttention
     needs equal head dims; its line reports the time and the byte floor);
   * fused_recurrent_gla forward (the line shows the absolute target);
   * decode on fp32 states vs a device-to-device copy of the same bytes

@@ -1,6 +1,6 @@
 """Times flashgla.chunk_gla (forward, forward+backward) against PyTorch's SDPA
 (flash backend, causal, same B, T, H, head dim) at the shapes of
-shared/ANCHORS.md, in one process on one GPU, with triton.testing.do_bench
+the anchor shapes (ANCHOR_SHAPES below), in one process on one GPU, with triton.testing.do_bench
 (median). Prints a table and appends its rows, with the date and the card's
 name, to bench/results.md. An op that raises NotImplementedError is reported
 as "n/i" rather than stopping the run.
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 import flashgla
 
-ANCHOR_SHAPES = [  # B, T, H, K, V (shared/ANCHORS.md)
+ANCHOR_SHAPES = [  # B, T, H, K, V: the shapes the project measures against its references
     (8, 2048, 16, 64, 64),
     (8, 4096, 16, 64, 64),
     (32, 2048, 16, 64, 64),

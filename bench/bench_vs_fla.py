@@ -1,6 +1,6 @@
 """flashgla against flash-linear-attention (FLA, Triton) in one process on one GPU.
 
-At the shapes of shared/ANCHORS.md: chunk_gla forward and forward+backward
+At the anchor shapes (the list below): chunk_gla forward and forward+backward
 (time and peak memory), SDPA (flash backend, causal) beside them where the
 head dims allow; fused_recurrent_gla forward; one decode step. FLA is not a
 dependency of flashgla: point FLA_PATH at a checkout of

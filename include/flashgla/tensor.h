@@ -51,9 +51,10 @@ struct TensorView {
 // the call queued there has finished (stream-ordered, as a caching allocator such as torch's gives
 // it); the caller owns it. The ops' `allocate_workspace` field: when `workspace` is null and the
 // call needs scratch, the call asks this instead of taking it with cudaMallocAsync, so a front end
-// checks and plans once per call rather than asking *_workspace_bytes first. A call asks once;
-// gla_forward with state pools and the GLA calls with g_gamma ask once more, first, for the dense
-// states or the materialised gate.
+// checks and plans once per call rather than asking *_workspace_bytes first. A call asks once for its
+// own scratch, and before that once for each staging buffer it needs: the materialised gate of a
+// GLA call with g_gamma, the dense states of gla_forward with state pools (so up to three asks);
+// every block must stay valid until the call's work has finished.
 using WorkspaceAllocator = std::function<void*(size_t bytes)>;
 
 }  // namespace flashgla

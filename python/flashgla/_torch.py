@@ -98,8 +98,8 @@ def on_device(device):
 def run_op(function, args, device, scratch=True):
     """Calls the flashgla._C op `function(args)` for tensors on `device`. On a CUDA device: with that device
     current, on torch's current stream, and (scratch: for an op that may need scratch) with the scratch the
-    op asks for, once, after checking and planning, from torch's allocator: stream-ordered, so CUDA graphs
-    capture it. On the CPU nothing is allocated."""
+    op asks for after checking and planning (its own, and any staging buffer), from torch's allocator:
+    stream-ordered, so CUDA graphs capture it. On the CPU nothing is allocated."""
     if device.type == "cpu":
         function(args)
         return

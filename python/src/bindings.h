@@ -69,21 +69,23 @@ void run_without_gil(void (*op)(const Args&), const Args& args) {
 
 // Runs op(args) for an op that may need device scratch. `allocate`, a Python
 // callable bytes -> (buffer, data_ptr), or None where the op needs none (the
-// CPU), becomes the op's allocate_workspace: the op asks it at most once, after
-// checking and planning. The buffer is kept until the op returns; that is long
-// enough because the allocator is stream-ordered on the op's stream (torch's
-// caching allocator on the current stream). The Python args object is not
-// changed (a copy carries the allocator).
+// CPU), becomes the op's allocate_workspace: the op asks it after checking and
+// planning, once for its own scratch and once more for each staging buffer
+// (the g_gamma gate, dense copies of pooled states; see WorkspaceAllocator).
+// Every buffer is kept until the op returns; that is long enough because the
+// allocator is stream-ordered on the op's stream (torch's caching allocator on
+// the current stream). The Python args object is not changed (a copy carries
+// the allocator).
 template <class Args>
 void run_with_workspace(void (*op)(const Args&), const Args& args, nb::handle allocate) {
   if (allocate.is_none()) return run_without_gil(op, args);
-  nb::object buffer;  // released with the GIL held, after the op (also when it throws)
+  nb::list buffers;  // released with the GIL held, after the op (also when it throws)
   Args call = args;
-  call.allocate_workspace = [&buffer, allocate](size_t bytes) -> void* {
+  call.allocate_workspace = [&buffers, allocate](size_t bytes) -> void* {
     nb::gil_scoped_acquire gil;
     nb::tuple result = nb::cast<nb::tuple>(allocate(bytes));
     if (result.size() != 2) throw nb::type_error("flashgla: allocate_workspace must return (buffer, data_ptr)");
-    buffer = nb::borrow(result[0]);
+    buffers.append(result[0]);
     return reinterpret_cast<void*>(nb::cast<uintptr_t>(result[1]));
   };
   run_without_gil(op, call);

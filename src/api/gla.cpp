@@ -243,6 +243,7 @@ class GateScratch {
       data_ = host_.data();
       return;
     }
+    if (bytes == 0) return;  // an empty batch: no gate to stage (a null gate, as cudaMallocAsync(0) gives)
 #ifdef FLASHGLA_WITH_CUDA
     if (workspace) {
       FLASHGLA_REQUIRE(workspace_bytes >= bytes, ErrorKind::value, "workspace",

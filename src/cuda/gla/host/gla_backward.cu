@@ -96,6 +96,12 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.scale = float(pr.scale);
   p.reverse = a.reverse;
   p.chunks_per_seq = (pr.seq_len + gla::kChunk - 1) / gla::kChunk;
+  if (a.algorithm == GlaAlgorithm::chunked) {  // before any scratch is asked for
+    const int device_smem = device_props(a.q.device.index).max_smem_per_block;
+    FLASHGLA_REQUIRE(size_t(device_smem) >= gla::bwd_chunk_smem_bytes(compute_type(a)), ErrorKind::unsupported,
+                     "q", "this GPU has too little shared memory per block for the chunked GLA backward in " +
+                              std::string(dtype_name(a.q.dtype)));
+  }
   const gla::BwdPlan sizes = plan(a, pr);  // the choices below and the scratch layout (plan.cpp says why)
   p.diag_factor_limit = sizes.diag_factor_limit;
   p.num_slots = sizes.num_slots;
@@ -111,10 +117,6 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
 
   if (a.algorithm == GlaAlgorithm::chunked) {
     const Compute c = compute_type(a);
-    const int device_smem = device_props(a.q.device.index).max_smem_per_block;
-    FLASHGLA_REQUIRE(size_t(device_smem) >= gla::bwd_chunk_smem_bytes(c), ErrorKind::unsupported, "q",
-                   "this GPU has too little shared memory per block for the chunked GLA backward in " +
-                       std::string(dtype_name(a.q.dtype)));
     p.states = take(sizes.states);
     p.dstates = take(sizes.dstates);
     p.scan_splits = sizes.scan_splits;

@@ -1,6 +1,6 @@
 // Host-side translation of checked API tensors into the GLA kernels' views and sequences,
-// shared by the forward (gla_forward.cu) and the segment summaries (gla_segment.cu),
-// and the device properties the planner (plan.h) reads.
+// shared by the forward and backward (host/), the segment summaries and the normaliser
+// (kernels/gla_segment.cu, gla_options.cu), and the device properties the planner (plan.h) reads.
 #pragma once
 
 #include <cstdint>
