@@ -90,11 +90,7 @@ std::string forced_paths() {
   for (const char* name : {"FLASHGLA_GLA_BWD_DIAG", "FLASHGLA_GLA_BWD_SCAN_SPLIT", "FLASHGLA_GLA_BWD_OVERLAP",
                            "FLASHGLA_GLA_BWD_LAYOUT", "FLASHGLA_GLA_BWD_SCAN_PAIR",
                            "FLASHGLA_GLA_BWD_SCAN_PIPELINE"}) {
-    const auto scoped = scoped_settings().find(name);
-    const char* value = scoped == scoped_settings().end() ? std::getenv(name)
-                        : scoped->second                  ? scoped->second->c_str()
-                                                          : nullptr;
-    if (value) out += std::string(" ") + (name + 17) + "=" + value;
+    if (const char* value = switch_value(name)) out += std::string(" ") + (name + 17) + "=" + value;
   }
   return out;
 }

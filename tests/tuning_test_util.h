@@ -30,15 +30,18 @@ inline std::vector<std::function<void(GlaTuning&)>>& scoped_tuning_changes() {
   return changes;
 }
 
+// A switch's value in force: the scoped setting where there is one, else the environment's (nullptr: unset).
+inline const char* switch_value(const char* name) {
+  const auto& settings = scoped_settings();
+  const auto it = settings.find(name);
+  if (it == settings.end()) return std::getenv(name);
+  return it->second ? it->second->c_str() : nullptr;
+}
+
 // The GLA tuning of the next call: the environment's FLASHGLA_GLA_* with the scoped settings and changes over
 // it. A bad value throws flashgla::Error naming the switch (from the call that builds the args).
 inline GlaTuning test_gla_tuning() {
-  GlaTuning tuning = gla_tuning_from([](const char* name) -> const char* {
-    const auto& settings = scoped_settings();
-    const auto it = settings.find(name);
-    if (it == settings.end()) return std::getenv(name);
-    return it->second ? it->second->c_str() : nullptr;
-  });
+  GlaTuning tuning = gla_tuning_from(switch_value);
   for (const auto& change : scoped_tuning_changes()) change(tuning);
   return tuning;
 }

@@ -463,12 +463,7 @@ def cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_s
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"flashgla: q: expected q, k [B, T, H, K] and v [B, T, H, V], got shapes "
                          f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
-    if q.shape[1] != cp.local_tokens:
-        raise ValueError(f"flashgla: q: with cp_context each rank passes its {cp.local_tokens} tokens "
-                         f"(T = {cp.total_tokens} over {cp.world_size} ranks), got T = {q.shape[1]}")
-    if q.shape[0] > 1 and cp.num_seqs != 1:
-        raise ValueError(f"flashgla: q: a batch of B = {q.shape[0]} rows needs a context of one sequence per row "
-                         f"(build_cp_context([0, T])), got one of {cp.num_seqs} sequences: pack them into B = 1")
+    check_cp_context(cp, q, "q")
     if cu_seqlens is not None and cu_seqlens is not cp.cu_seqlens:
         local = cp.cu_seqlens_cpu
         given = cu_seqlens.detach().to("cpu", torch.int64)

@@ -5,7 +5,6 @@
 
 #include "bindings.h"
 #include "flashgla/flashgla.h"
-#include "tools/tuning_env.h"
 
 namespace flashgla_python {
 
@@ -13,15 +12,6 @@ using namespace nb::literals;
 using namespace flashgla;
 
 namespace {
-
-// The kernel choice of the FLASHGLA_ATTENTION_* environment (forward: _KERNEL, backward: _BACKWARD), read
-// at every call as for GLA (gla_bindings.cpp).
-template <class Args>
-Args with_attention_tuning(const Args& args, AttentionTuning (*from_env)()) {
-  Args call = args;
-  call.tuning = from_env();
-  return call;
-}
 
 // The inputs AttentionForwardArgs and AttentionBackwardArgs share.
 template <class Args>
@@ -54,7 +44,7 @@ void bind_attention(nb::module_& m) {
   m.def(
       "attention_forward",
       [](const AttentionForwardArgs& a, nb::handle allocate_workspace) {
-        run_with_workspace(&flashgla::attention_forward, with_attention_tuning(a, &attention_tuning_from_env),
+        run_with_workspace(&flashgla::attention_forward, with_tuning(a, &attention_tuning_from_env),
                            allocate_workspace);
       },
       "args"_a, "allocate_workspace"_a.none() = nb::none(),
@@ -70,7 +60,7 @@ void bind_attention(nb::module_& m) {
       "attention_backward",
       [](const AttentionBackwardArgs& a, nb::handle allocate_workspace) {
         run_with_workspace(&flashgla::attention_backward,
-                           with_attention_tuning(a, &attention_backward_tuning_from_env), allocate_workspace);
+                           with_tuning(a, &attention_backward_tuning_from_env), allocate_workspace);
       },
       "args"_a, "allocate_workspace"_a.none() = nb::none());
 

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "flashgla/tensor.h"
+#include "tools/tuning_env.h"
 
 namespace flashgla_python {
 
@@ -57,6 +58,16 @@ void stream_field(nb::class_<Args>& cls) {
   cls.def_prop_rw(
       "stream", [](const Args& a) { return reinterpret_cast<uintptr_t>(a.stream); },
       [](Args& a, uintptr_t stream) { a.stream = reinterpret_cast<void*>(stream); });
+}
+
+// The args with the tuning of the FLASHGLA_* environment (tools/tuning_env.h: gla_tuning_from_env,
+// attention_tuning_from_env, attention_backward_tuning_from_env), read at every call (a few getenv): the
+// Python benchmarks (bench/bench_*.py) change the switches in os.environ between calls.
+template <class Args, class Tuning>
+Args with_tuning(const Args& args, Tuning (*from_env)()) {
+  Args call = args;
+  call.tuning = from_env();
+  return call;
 }
 
 // Runs op(args) with the GIL released: the CPU backend can take a while, and

@@ -5,7 +5,6 @@
 
 #include "bindings.h"
 #include "flashgla/flashgla.h"
-#include "tools/tuning_env.h"
 
 namespace flashgla_python {
 
@@ -13,15 +12,6 @@ using namespace nb::literals;
 using namespace flashgla;
 
 namespace {
-
-// The tuning of the FLASHGLA_GLA_* environment, read at every call (a few getenv): the Python benchmarks
-// (bench/bench_gla_*.py) change the switches in os.environ between calls.
-template <class Args>
-Args with_gla_tuning(const Args& args) {
-  Args call = args;
-  call.tuning = gla_tuning_from_env();
-  return call;
-}
 
 // The inputs GlaForwardArgs and GlaBackwardArgs share.
 template <class Args>
@@ -59,7 +49,7 @@ void bind_gla(nb::module_& m) {
   m.def(
       "gla_forward",
       [](const GlaForwardArgs& a, nb::handle allocate_workspace) {
-        run_with_workspace(&flashgla::gla_forward, with_gla_tuning(a), allocate_workspace);
+        run_with_workspace(&flashgla::gla_forward, with_tuning(a, &gla_tuning_from_env), allocate_workspace);
       },
       "args"_a, "allocate_workspace"_a.none() = nb::none(),
       "allocate_workspace: bytes -> (buffer, data_ptr), or None on the CPU (see WorkspaceAllocator).");
@@ -77,7 +67,7 @@ void bind_gla(nb::module_& m) {
   m.def(
       "gla_backward",
       [](const GlaBackwardArgs& a, nb::handle allocate_workspace) {
-        run_with_workspace(&flashgla::gla_backward, with_gla_tuning(a), allocate_workspace);
+        run_with_workspace(&flashgla::gla_backward, with_tuning(a, &gla_tuning_from_env), allocate_workspace);
       },
       "args"_a, "allocate_workspace"_a.none() = nb::none());
 
@@ -153,7 +143,8 @@ void bind_gla(nb::module_& m) {
   m.def(
       "gla_segment_states",
       [](const GlaSegmentStatesArgs& a, nb::handle allocate_workspace) {
-        run_with_workspace(&flashgla::gla_segment_states, with_gla_tuning(a), allocate_workspace);
+        run_with_workspace(&flashgla::gla_segment_states, with_tuning(a, &gla_tuning_from_env),
+                           allocate_workspace);
       },
       "args"_a, "allocate_workspace"_a.none() = nb::none());
 
@@ -170,7 +161,8 @@ void bind_gla(nb::module_& m) {
   m.def(
       "gla_segment_state_grads",
       [](const GlaSegmentStateGradsArgs& a, nb::handle allocate_workspace) {
-        run_with_workspace(&flashgla::gla_segment_state_grads, with_gla_tuning(a), allocate_workspace);
+        run_with_workspace(&flashgla::gla_segment_state_grads, with_tuning(a, &gla_tuning_from_env),
+                           allocate_workspace);
       },
       "args"_a, "allocate_workspace"_a.none() = nb::none());
 
