@@ -83,12 +83,7 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   p.dq = view_of(a.dq), p.dk = view_of(a.dk), p.dv = view_of(a.dv), p.dg = view_of(a.dg);
   p.dh0 = view_of(a.d_initial_state);
   p.gate = pr.gate;
-  p.seqs.total_len = pr.seq_len;
-  if (pr.varlen) {
-    p.seqs.cu_seqlens = a.cu_seqlens.data;
-    p.seqs.i64 = a.cu_seqlens.dtype == DType::i64;
-    p.seqs.stride = a.cu_seqlens.stride[0];
-  }
+  p.seqs = sequences_of(a.cu_seqlens, pr.seq_len);  // varlen exactly when cu_seqlens is given
   p.num_seqs = pr.num_seqs;
   p.heads = int(pr.heads), p.key_dim = int(pr.key_dim), p.value_dim = int(pr.value_dim);
   p.key_tiles = int((pr.key_dim + gla::kTile - 1) / gla::kTile);
