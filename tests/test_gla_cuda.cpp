@@ -564,6 +564,15 @@ TEST(CudaGlaForward, WorkspaceAllocatorIsAskedOnce) {
     ASSERT_EQ(asked.size(), 1u);
     EXPECT_EQ(asked[0], bytes);
     expect_close("o", o.values(), ref.o, tolerance(c.dtype));
+
+    // An allocator that gives no memory is an error naming it, before anything is launched.
+    a.allocate_workspace = [](size_t) -> void* { return nullptr; };
+    try {
+      gla_forward(a);
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "allocate_workspace");
+    }
   }
 }
 
