@@ -384,6 +384,18 @@ TEST(CudaGlaBackward, ChunkedPlainLayoutMatchesReference) {
     c.V = 64, c.gate_dtype = c.dg_dtype = DType::bf16;
     check_against_reference(c, Call{});
   }
+  // A scalar gate in fp32 (FLA's simple GLA gate, and the g_gamma gate): the plain kernel's fp32 loader.
+  for (int64_t T : {1, 65, 1000})
+    for (GateValues values : {GateValues(0), GateValues(1), GateValues(2)}) {
+      Case c;
+      c.B = T <= 200 ? 2 : 1, c.T = T, c.H = 2, c.K = 128, c.V = 64, c.dtype = DType::bf16;
+      c.gate = Gate::scalar, c.gate_values = values, c.gate_dtype = c.dg_dtype = DType::f32;
+      c.h0 = c.dht = T > 1, c.seed = 5200 + i++;
+      check_against_reference(c, Call{});
+    }
+  Case c = varlen_case(DType::bf16, Gate::scalar, 5300 + i++);
+  c.gate_dtype = c.dg_dtype = DType::f32;
+  check_against_reference(c, Call{});
 }
 
 TEST(CudaGlaBackward, StridedInputsWithAlignedRows) {

@@ -309,7 +309,7 @@ BwdProblem backward(int64_t B, int64_t T, int H, int K, int V, bool f32 = false)
   p.chunked = true, p.f32 = f32;
   p.batch = p.num_seqs = B, p.seq_len = T;
   p.heads = H, p.key_dim = K, p.value_dim = V;
-  p.gate = Gate::vector, p.g_bf16 = !f32;
+  p.gate = Gate::vector, p.gate_dtype = f32 ? Elem::f32 : Elem::bf16;
   p.q_bf16_rows = p.k_bf16_rows = p.v_bf16_rows = p.do_bf16_rows = p.g_bf16_rows = !f32;
   p.dq_bf16_rows = p.dk_bf16_rows = p.dv_bf16_rows = p.dg_bf16_rows = !f32;
   return p;
@@ -407,7 +407,7 @@ TEST(GlaPlan, BackwardRecurrentScratch) {
 }
 
 // The chunk kernel: the plain instantiation only where every tile it reads or writes is whole aligned bf16
-// rows (a vector gate's dg too) and a scalar gate is bf16 (its one loader there); else the general one.
+// rows (a vector gate's dg too) and a scalar gate is bf16 or fp32 (its loaders there); else the general one.
 TEST(GlaPlan, BackwardChunkKernel) {
   const BwdProblem p = backward(2, 1000, 2, 128, 128);
   EXPECT_EQ(plan_backward(p, h100(), GlaTuning{}).chunk_kernel, BwdChunkKernel::plain);
@@ -421,7 +421,13 @@ TEST(GlaPlan, BackwardChunkKernel) {
   q = p;
   q.gate = Gate::scalar, q.g_bf16_rows = q.dg_bf16_rows = false;
   EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
-  q.g_bf16 = false;  // a scalar gate in fp32
+  q.gate_dtype = Elem::f32;  // a scalar gate in fp32 (FLA's simple GLA gate): its loader is compiled there too
+  EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
+  q.gate_dtype = Elem::f16;  // any other dtype: the general kernel
+  EXPECT_EQ(kernel(q), BwdChunkKernel::general);
+  q = p;
+  q.gate_dtype = Elem::f32;  // a vector gate in fp32 (its rows are not bf16)
+  q.g_bf16_rows = false;
   EXPECT_EQ(kernel(q), BwdChunkKernel::general);
   q.gate = Gate::none;
   EXPECT_EQ(kernel(q), BwdChunkKernel::plain);

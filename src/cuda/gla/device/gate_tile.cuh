@@ -56,8 +56,9 @@ __device__ __forceinline__ void load_gate_rows(GT (&x)[R], const In* src, int64_
   for (int i = 0; i < R; ++i) x[i] = i < valid_rows ? gate_value<GT>(src[i * row_stride]) : GT(0);
 }
 
-// kBf16Only: the caller knows the gate is bf16 (only that loader is compiled).
-template <class GT, int kThreads, bool kBf16Only = false>
+// kPlainGate: the caller knows the gate is bf16, or a scalar gate in fp32 (the plain chunk kernel's gates,
+// plan.cpp: only those loaders are compiled).
+template <class GT, int kThreads, bool kPlainGate = false>
 __device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const BwdParams& p, int64_t b, int64_t t0, int rows,
                                                                  int64_t h, int c0) {
   using Tile = GateTile<GT, kThreads>;
@@ -71,8 +72,9 @@ __device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const BwdParams
   }
   const int64_t off = offset4(p.g, b, t0 + first, h, p.gate == GateKind::vector ? c0 + c : 0);
   const int64_t rs = p.g.stride[1];
-  if constexpr (kBf16Only) {
-    load_gate_rows(g.x, static_cast<const bf16*>(p.g.data) + off, rs, valid);
+  if constexpr (kPlainGate) {
+    if (p.g.dtype == Elem::f32) load_gate_rows(g.x, static_cast<const float*>(p.g.data) + off, rs, valid);
+    else load_gate_rows(g.x, static_cast<const bf16*>(p.g.data) + off, rs, valid);
     return g;
   }
   switch (p.g.dtype) {

@@ -38,7 +38,7 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
   b.batch = pr.batch, b.seq_len = pr.seq_len, b.num_seqs = pr.num_seqs;
   b.heads = int(pr.heads), b.key_dim = int(pr.key_dim), b.value_dim = int(pr.value_dim);
   b.gate = pr.gate;
-  b.g_bf16 = pr.gate != GateKind::none && a.g.dtype == DType::bf16;
+  if (pr.gate != GateKind::none) b.gate_dtype = elem_of(a.g.dtype);
   const int K = int(pr.key_dim), V = int(pr.value_dim);
   const bool vector_gate = pr.gate == GateKind::vector;
   b.q_bf16_rows = bf16_rows(view_of(a.q), K), b.k_bf16_rows = bf16_rows(view_of(a.k), K);

@@ -144,14 +144,17 @@ bool pipelined_scans(const BwdProblem& pr, const DeviceProps& device, const GlaT
 }
 
 // The plain chunk kernel: bf16, every tile of q, k, v, dO, dq, dk and dv whole aligned bf16 rows, a vector gate
-// and its dg too (dg in bf16 implies g in bf16), a scalar gate in bf16 (its loader is the only one compiled
-// there). tuning.bwd_general_layout: the general kernel wherever bf16.
+// and its dg too (dg in bf16 implies g in bf16), a scalar gate in bf16 or fp32 (FLA's simple GLA gate is
+// usually fp32; only those two loaders are compiled there). tuning.bwd_general_layout: the general kernel
+// wherever bf16.
 BwdChunkKernel chunk_kernel(const BwdProblem& pr, const GlaTuning& tuning) {
   if (pr.f32) return BwdChunkKernel::f32;
   const bool rows = pr.q_bf16_rows && pr.k_bf16_rows && pr.v_bf16_rows && pr.do_bf16_rows && pr.dq_bf16_rows &&
                     pr.dk_bf16_rows && pr.dv_bf16_rows;
-  const bool gate = pr.gate == Gate::none ||
-                    (pr.g_bf16 && (pr.gate != Gate::vector || (pr.g_bf16_rows && pr.dg_bf16_rows)));
+  const bool gate =
+      pr.gate == Gate::none ||
+      (pr.gate == Gate::scalar && (pr.gate_dtype == Elem::bf16 || pr.gate_dtype == Elem::f32)) ||
+      (pr.gate == Gate::vector && pr.gate_dtype == Elem::bf16 && pr.g_bf16_rows && pr.dg_bf16_rows);
   return rows && gate && !tuning.bwd_general_layout ? BwdChunkKernel::plain : BwdChunkKernel::general;
 }
 

@@ -86,7 +86,7 @@ struct BwdProblem {
   int64_t batch = 0, seq_len = 0, num_seqs = 0;
   int heads = 0, key_dim = 0, value_dim = 0;
   Gate gate = Gate::vector;
-  bool g_bf16 = false;        // the gate (any kind) is bf16
+  Elem gate_dtype = Elem::bf16;  // of g (any gate kind)
   // Every tile of the tensor is whole aligned bf16 rows (bf16_rows in gla_bwd_chunk.cu): the inputs q, k, v,
   // d_o, a vector gate g, and the outputs dq, dk, dv and a vector gate's dg.
   bool q_bf16_rows = false, k_bf16_rows = false, v_bf16_rows = false, do_bf16_rows = false, g_bf16_rows = false;
