@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "flashgla/flashgla.h"
@@ -240,6 +242,51 @@ TEST(GlaApiOptions, StateVFirstAndGGamma) {
         for (size_t i = 0; i < ref.dg.size(); ++i) d_gamma[i % size_t(H)] += ref.dg[i];
         expect_near(got.d_gamma, d_gamma, 1e-5, "d_g_gamma" + what);  // an fp32 output
       }
+    }
+}
+
+// On CUDA the chunked kernels add g_gamma where they read the gate and sum its gradient per chunk: the same
+// kernels as with the materialised fp32 gate, so the same numbers (d_g_gamma up to the order of its sum), at
+// shapes that take every chunked forward (fast, Hopper, general) and backward (plain, general) kernel
+// (tests/python/test_fla_api.py covers varlen against the fp64 recurrence).
+TEST(GlaApiOptions, GGammaInTheCudaKernels) {
+  if (!testing::has_cuda()) GTEST_SKIP() << "needs a CUDA device";
+  const Device dev{DeviceType::cuda, 0};
+  struct Shape {
+    int64_t B, T, H, K, V;
+    DType dtype;
+  };
+  const Shape shapes[] = {{2, 300, 2, 128, 128, DType::bf16}, {1, 1000, 3, 64, 64, DType::bf16},
+                          {2, 130, 2, 192, 64, DType::bf16},  {2, 77, 2, 40, 24, DType::bf16},
+                          {2, 150, 2, 64, 64, DType::f16},    {1, 90, 2, 32, 16, DType::f32}};
+  int seed = 40;
+  for (const Shape& s : shapes)
+    for (bool with_g : {true, false}) {
+      std::mt19937_64 rng(seed++);
+      const std::vector<int64_t> qk{s.B, s.T, s.H, s.K}, vo{s.B, s.T, s.H, s.V}, state{s.B, s.H, s.K, s.V};
+      Buffer q = random(rng, s.dtype, qk, -1, 1), k = random(rng, s.dtype, qk, -1, 1);
+      Buffer v = random(rng, s.dtype, vo, -1, 1), d_o = random(rng, s.dtype, vo, -1, 1);
+      Buffer g = random(rng, DType::f32, {s.B, s.T, s.H}, -0.5, 0.0), gamma = random(rng, DType::f32, {s.H}, -0.3, -0.01);
+      Buffer h0 = random(rng, DType::f32, state, -1, 1), dht = random(rng, DType::f32, state, -1, 1);
+      std::vector<double> sum = g.values(), gm = gamma.values();
+      for (size_t i = 0; i < sum.size(); ++i)
+        sum[i] = double(float(gm[i % size_t(s.H)]) + float(with_g ? sum[i] : 0.0));  // fp32, as the kernels add
+      Buffer materialised(DType::f32, {s.B, s.T, s.H});
+      materialised.set_values(sum);
+      const Results ref = run(dev, GlaAlgorithm::chunked, q, k, v, materialised, Buffer(), h0, d_o, dht, false);
+      const Results got =
+          run(dev, GlaAlgorithm::chunked, q, k, v, with_g ? g : Buffer(), gamma, h0, d_o, dht, false);
+      const std::string what = std::string(with_g ? " g + g_gamma" : " g_gamma alone") + " B" + std::to_string(s.B) +
+                               " T" + std::to_string(s.T) + " K" + std::to_string(s.K) + " V" + std::to_string(s.V) +
+                               " " + dtype_name(s.dtype);
+      for (auto [out, ref_out, name] : {std::tuple{&got.o, &ref.o, "o"}, {&got.ht, &ref.ht, "ht"},
+                                        {&got.dq, &ref.dq, "dq"}, {&got.dk, &ref.dk, "dk"}, {&got.dv, &ref.dv, "dv"},
+                                        {&got.dh0, &ref.dh0, "dh0"}})
+        expect_near(*out, *ref_out, 1e-6, name + what);
+      if (with_g) expect_near(got.dg, ref.dg, 1e-6, "dg" + what);
+      std::vector<double> d_gamma(size_t(s.H), 0.0);
+      for (size_t i = 0; i < ref.dg.size(); ++i) d_gamma[i % size_t(s.H)] += ref.dg[i];
+      expect_near(got.d_gamma, d_gamma, 1e-5, "d_g_gamma" + what);
     }
 }
 

@@ -59,7 +59,7 @@ GlaProblem check_inputs(const TensorView& q, const TensorView& k, const TensorVi
     FLASHGLA_REQUIRE(p.gate != GateKind::vector, ErrorKind::value, "g_gamma",
                      "adds to a scalar gate g [B, T, H] (chunk_simple_gla) or stands alone, got a per-key gate g " +
                          g.shape_str());
-    p.gate = GateKind::scalar;  // the backends see the materialised sum g + g_gamma
+    p.gate = GateKind::scalar;  // g + g_gamma (see gamma_in_kernels)
   }
 
   if (h0.defined()) {
@@ -215,11 +215,17 @@ GlaBackwardArgs with_kv_states(GlaBackwardArgs a) {
   return a;
 }
 
-// g_gamma: the backends take one scalar gate, so g + g_gamma (or g_gamma
-// broadcast) is materialised as an fp32 [B,T,H] gate, and in the backward the
-// gradient of that gate gives dg (a copy) and d_g_gamma (its sum over tokens).
-// The buffers come from the head of the caller's workspace (CUDA), else from a
+// g_gamma: the CUDA chunked kernels add g_gamma[h] where they read the scalar
+// gate, and sum its gradient per chunk (gla_backward.cu). Elsewhere (the CPU
+// reference, the recurrent kernels) g + g_gamma (or g_gamma broadcast) is
+// materialised as an fp32 [B,T,H] gate, and in the backward the gradient of
+// that gate gives dg (a copy) and d_g_gamma (its sum over tokens). The buffers
+// come from the head of the caller's workspace (CUDA), else from a
 // stream-ordered allocation (CUDA) or the heap (CPU).
+bool gamma_in_kernels(const TensorView& q, GlaAlgorithm algorithm) {
+  return q.device.type == DeviceType::cuda && algorithm == GlaAlgorithm::chunked;
+}
+
 constexpr size_t kScratchAlign = 256;
 
 size_t gate_bytes(const GlaProblem& p) {
@@ -300,7 +306,7 @@ void gla_forward(const GlaForwardArgs& args) {
   const GlaProblem p = check_forward(args);
   GlaForwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
-  if (!a.g_gamma.defined()) return FLASHGLA_DISPATCH(dev, gla_forward, a, p);
+  if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.algorithm)) return FLASHGLA_DISPATCH(dev, gla_forward, a, p);
   GateScratch scratch(dev, gate_bytes(p), a.stream, a.workspace, a.workspace_bytes, a.allocate_workspace);
   const GlaForwardArgs b = with_gate(a, scratch.bytes(), p);
   const GammaGateArgs gamma{a.g, a.g_gamma, b.g, a.stream};
@@ -312,7 +318,7 @@ void gla_backward(const GlaBackwardArgs& args) {
   const GlaProblem p = check_backward(args);
   GlaBackwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
-  if (!a.g_gamma.defined()) return FLASHGLA_DISPATCH(dev, gla_backward, a, p);
+  if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.algorithm)) return FLASHGLA_DISPATCH(dev, gla_backward, a, p);
   GateScratch scratch(dev, 2 * gate_bytes(p), a.stream, a.workspace, a.workspace_bytes, a.allocate_workspace);
   const GlaBackwardArgs b = with_gate(a, scratch.bytes(), p);
   const GammaGateArgs gamma{a.g, a.g_gamma, b.g, a.stream};
@@ -322,12 +328,13 @@ void gla_backward(const GlaBackwardArgs& args) {
   FLASHGLA_DISPATCH(dev, gla_gamma_grad, grad);
 }
 
-// With g_gamma the op's scratch follows the materialised gate's (see GateScratch).
+// With a materialised g_gamma gate the op's scratch follows the gate's (see GateScratch).
 size_t gla_forward_workspace_bytes(const GlaForwardArgs& args) {
   const GlaProblem p = check_forward(args);
   const GlaForwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
-  if (!a.g_gamma.defined()) return FLASHGLA_WORKSPACE_BYTES(dev, gla_forward_workspace_bytes, a, p);
+  if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.algorithm))
+    return FLASHGLA_WORKSPACE_BYTES(dev, gla_forward_workspace_bytes, a, p);
   const size_t op = FLASHGLA_WORKSPACE_BYTES(dev, gla_forward_workspace_bytes, with_gate(a, kStandIn, p), p);
   return kCudaBackend && dev.type == DeviceType::cuda ? gate_bytes(p) + op : 0;
 }
@@ -336,7 +343,8 @@ size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args) {
   const GlaProblem p = check_backward(args);
   const GlaBackwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
-  if (!a.g_gamma.defined()) return FLASHGLA_WORKSPACE_BYTES(dev, gla_backward_workspace_bytes, a, p);
+  if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.algorithm))
+    return FLASHGLA_WORKSPACE_BYTES(dev, gla_backward_workspace_bytes, a, p);
   const size_t op = FLASHGLA_WORKSPACE_BYTES(dev, gla_backward_workspace_bytes, with_gate(a, kStandIn, p), p);
   return kCudaBackend && dev.type == DeviceType::cuda ? 2 * gate_bytes(p) + op : 0;
 }

@@ -1,6 +1,7 @@
 // What a backend implements for FLA 0.6's options on top of the GLA kernels:
-// the per-head decay g_gamma (gate materialisation and its gradient's reduction)
-// and the linear-attention normaliser (flashgla/gla_normalize.h). Arguments
+// the per-head decay g_gamma (gate materialisation and its gradient's reduction,
+// for the CPU and the recurrent kernels: the CUDA chunked kernels read g_gamma
+// where they read the gate) and the linear-attention normaliser (flashgla/gla_normalize.h). Arguments
 // arrive checked.
 #pragma once
 
@@ -20,6 +21,7 @@ struct GammaGateArgs {
 
 // From the gradient of that fp32 gate: dg = d_gate (in dg's dtype) and
 // d_g_gamma[h] = Σ_{b,t} d_gate[b,t,h] (accumulated in fp64 on the CPU, fp32 on CUDA).
+// The CUDA chunked backward passes its per-chunk sums as d_gate [1, slots, H].
 struct GammaGradArgs {
   TensorView d_gate;     // [B,T,H] f32
   TensorView dg;         // optional out: [B,T,H] any float dtype

@@ -50,10 +50,15 @@ __device__ __forceinline__ GT gate_value(In x) {
   return y > GT(kGateFloorLog2) ? y : GT(kGateFloorLog2);
 }
 
+// decay: g_gamma[h] of a scalar gate (0 for the other kinds), added as scalar_gate (elements.cuh) adds it.
 template <class GT, class In, int R>
-__device__ __forceinline__ void load_gate_rows(GT (&x)[R], const In* src, int64_t row_stride, int valid_rows) {
+__device__ __forceinline__ void load_gate_rows(GT (&x)[R], const In* src, int64_t row_stride, int valid_rows,
+                                               float decay) {
 #pragma unroll
-  for (int i = 0; i < R; ++i) x[i] = i < valid_rows ? gate_value<GT>(src[i * row_stride]) : GT(0);
+  for (int i = 0; i < R; ++i) {
+    if constexpr (std::is_same_v<In, double>) x[i] = i < valid_rows ? gate_value<GT>(double(decay) + src[i * row_stride]) : GT(0);
+    else x[i] = i < valid_rows ? gate_value<GT>(decay + to_float(src[i * row_stride])) : GT(0);
+  }
 }
 
 // kPlainGate: the caller knows the gate is bf16, or a scalar gate in fp32 (the plain chunk kernel's gates,
@@ -70,18 +75,24 @@ __device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const BwdParams
     for (int i = 0; i < Tile::kRows; ++i) g.x[i] = GT(0);
     return g;
   }
+  const float decay = p.gate == GateKind::scalar ? head_decay(p.g_gamma, int(h)) : 0.f;
+  if (!p.g.data) {  // g_gamma alone: the same gate at every step
+#pragma unroll
+    for (int i = 0; i < Tile::kRows; ++i) g.x[i] = i < valid ? gate_value<GT>(decay) : GT(0);
+    return g;
+  }
   const int64_t off = offset4(p.g, b, t0 + first, h, p.gate == GateKind::vector ? c0 + c : 0);
   const int64_t rs = p.g.stride[1];
   if constexpr (kPlainGate) {
-    if (p.g.dtype == Elem::f32) load_gate_rows(g.x, static_cast<const float*>(p.g.data) + off, rs, valid);
-    else load_gate_rows(g.x, static_cast<const bf16*>(p.g.data) + off, rs, valid);
+    if (p.g.dtype == Elem::f32) load_gate_rows(g.x, static_cast<const float*>(p.g.data) + off, rs, valid, decay);
+    else load_gate_rows(g.x, static_cast<const bf16*>(p.g.data) + off, rs, valid, decay);
     return g;
   }
   switch (p.g.dtype) {
-    case Elem::f64: load_gate_rows(g.x, static_cast<const double*>(p.g.data) + off, rs, valid); break;
-    case Elem::f32: load_gate_rows(g.x, static_cast<const float*>(p.g.data) + off, rs, valid); break;
-    case Elem::bf16: load_gate_rows(g.x, static_cast<const bf16*>(p.g.data) + off, rs, valid); break;
-    default: load_gate_rows(g.x, static_cast<const __half*>(p.g.data) + off, rs, valid); break;
+    case Elem::f64: load_gate_rows(g.x, static_cast<const double*>(p.g.data) + off, rs, valid, decay); break;
+    case Elem::f32: load_gate_rows(g.x, static_cast<const float*>(p.g.data) + off, rs, valid, decay); break;
+    case Elem::bf16: load_gate_rows(g.x, static_cast<const bf16*>(p.g.data) + off, rs, valid, decay); break;
+    default: load_gate_rows(g.x, static_cast<const __half*>(p.g.data) + off, rs, valid, decay); break;
   }
   return g;
 }

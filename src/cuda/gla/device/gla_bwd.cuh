@@ -42,7 +42,8 @@ inline constexpr int kRecurrentBatch = 8;  // tokens staged in shared memory at 
 inline constexpr int kRecurrentMaxThreads = 512;  // one thread per key row: K <= 512
 
 struct BwdParams {
-  View q, k, v, g, d_o;  // [B,T,H,K|V]; g [B,T,H,K] or [B,T,H]
+  View q, k, v, g, d_o;  // [B,T,H,K|V]; g [B,T,H,K] or [B,T,H] (absent with g_gamma alone)
+  View g_gamma;          // [H]: a scalar gate's constant log decay per head, added to g (absent: none)
   View h0, dht;          // f32 [N,H,K,V]
   View dq, dk, dv, dg;   // outputs; dg absent without a gate
   View dh0;              // f32 [N,H,K,V]
@@ -71,6 +72,9 @@ struct BwdParams {
   int64_t chunks_per_split = 0;     // chunks of each piece (the last may have fewer)
   float* split_summaries = nullptr; // [scan][N][H][split][tile]: a piece's last state (64x64) and its total decay (64)
   float* chunk_decays = nullptr;    // [scan][slot][H][64 key_tiles]: decay (log2) from the piece's start to each stored state
+  // With g_gamma's gradient asked for: per (slot, head), the sum over the chunk's tokens of the scalar gate's
+  // gradient (zeroed first: padding slots stay 0); d_g_gamma[h] is their sum over slots.
+  float* gamma_chunk_sums = nullptr;  // [num_slots][H]
 
   // Recurrent: fp32 accumulators [B*T, H, K] (zeroed) and one [N, H, K] term;
   // see gla_bwd_recurrent.cu for the three parts of dg.

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/backend.h"
+#include "core/gla_options_backend.h"
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/gla_bwd.cuh"
 #include "cuda/gla/host/gla_host.cuh"
@@ -38,7 +39,8 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
   b.batch = pr.batch, b.seq_len = pr.seq_len, b.num_seqs = pr.num_seqs;
   b.heads = int(pr.heads), b.key_dim = int(pr.key_dim), b.value_dim = int(pr.value_dim);
   b.gate = pr.gate;
-  if (pr.gate != GateKind::none) b.gate_dtype = elem_of(a.g.dtype);
+  if (a.g.defined()) b.gate_dtype = elem_of(a.g.dtype);
+  b.gamma_grad = a.d_g_gamma.defined();
   const int K = int(pr.key_dim), V = int(pr.value_dim);
   const bool vector_gate = pr.gate == GateKind::vector;
   b.q_bf16_rows = bf16_rows(view_of(a.q), K), b.k_bf16_rows = bf16_rows(view_of(a.k), K);
@@ -79,6 +81,7 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
 
   BwdParams p;
   p.q = view_of(a.q), p.k = view_of(a.k), p.v = view_of(a.v), p.g = view_of(a.g), p.d_o = view_of(a.d_o);
+  p.g_gamma = view_of(a.g_gamma);  // chunked only (the API materialises g + g_gamma for the recurrent kernels)
   p.h0 = view_of(a.initial_state), p.dht = view_of(a.d_final_state);
   p.dq = view_of(a.dq), p.dk = view_of(a.dk), p.dv = view_of(a.dv), p.dg = view_of(a.dg);
   p.dh0 = view_of(a.d_initial_state);
@@ -118,8 +121,19 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     p.chunks_per_split = sizes.chunks_per_split;
     p.split_summaries = reinterpret_cast<float*>(take(sizes.split_summaries));
     p.chunk_decays = reinterpret_cast<float*>(take(sizes.chunk_decays));
+    p.gamma_chunk_sums = reinterpret_cast<float*>(take(sizes.gamma_chunk_sums));
+    if (a.d_g_gamma.defined())
+      check_cuda(cudaMemsetAsync(p.gamma_chunk_sums, 0, sizes.gamma_chunk_sums, stream),
+                 "cudaMemsetAsync (g_gamma's chunk sums)");
+    else
+      p.gamma_chunk_sums = nullptr;
     gla::launch_bwd_state_scan(p, c, sizes.scans, stream);  // also writes dh0
     if (p.num_slots > 0 && pr.seq_len > 0) gla::launch_bwd_chunk(p, sizes.chunk_kernel, sizes.overlap, stream);
+    if (a.d_g_gamma.defined()) {  // d_g_gamma[h]: the chunk sums added over the slots, in a fixed order
+      const TensorView sums =
+          TensorView::contiguous(p.gamma_chunk_sums, DType::f32, {1, p.num_slots, pr.heads}, a.q.device);
+      gla_gamma_grad(GammaGradArgs{sums, TensorView{}, a.d_g_gamma, a.stream});
+    }
   } else {
     p.dq_acc = reinterpret_cast<float*>(take(sizes.dq_acc));
     p.dk_acc = reinterpret_cast<float*>(take(sizes.dk_acc));

@@ -163,8 +163,13 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
     __syncthreads();  // R is read by the stores above
   }
 
-  if (p.gate == GateKind::scalar && threadIdx.x < rows)
+  if (p.gate == GateKind::scalar && p.dg.data && threadIdx.x < rows)
     store_as(p.dg.data, offset4(p.dg, b, t0 + threadIdx.x, h, 0), p.dg.dtype, sRowSums[threadIdx.x]);
+  if (p.gamma_chunk_sums && threadIdx.x == 0) {  // in token order: deterministic
+    float sum = 0.f;
+    for (int r = 0; r < rows; ++r) sum += sRowSums[r];
+    p.gamma_chunk_sums[slot * p.heads + h] = sum;
+  }
 }
 
 template <class T, class GT, bool kPlain>

@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
 #pragma unroll
       for (int j = 0; j < 8; ++j)  // a scalar gate applies to every key column
         gw[2 * j] = gw[2 * j + 1] = __float_as_uint(
-            p.gate == Gate::scalar && j < eighth_rows ? load_as<float>(p.g.data, row_offset(p.g, token0 + j), p.g.dtype) : 0.f);
+            p.gate == Gate::scalar && j < eighth_rows ? scalar_gate(p.g, row_offset(p.g, token0 + j), p.g_gamma, h) : 0.f);
     }
   };
   load_gate(0);

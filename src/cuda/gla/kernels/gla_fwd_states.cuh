@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
   auto fetch_scalar_gate = [&](int i) {
     if (GK == Gate::scalar && tid < C) {
       const int64_t t = chunk_of(i) * C + tid;
-      scalar_g_next = t < seq.len ? load_as<float>(p.g.data, row_offset(p.g, t), p.g.dtype) : 0.f;
+      scalar_g_next = t < seq.len ? scalar_gate(p.g, row_offset(p.g, t), p.g_gamma, h) : 0.f;
     }
   };
 

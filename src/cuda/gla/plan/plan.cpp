@@ -205,6 +205,7 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
           size_t(2 * pr.num_seqs * pr.heads * plan.scan_splits * tiles) * kSummaryFloats * sizeof(float);
       plan.chunk_decays = size_t(2 * num_slots(pr) * pr.heads * key_tiles * kTile) * sizeof(float);
     }
+    if (pr.gamma_grad) plan.gamma_chunk_sums = size_t(num_slots(pr) * pr.heads) * sizeof(float);
   } else {
     plan.dq_acc = plan.dk_acc = plan.dg_suffix_terms = plan.dg_prefix_terms =
         size_t(pr.batch * pr.seq_len * pr.heads * pr.key_dim) * sizeof(float);

@@ -1,0 +1,128 @@
+"""What each gate kind costs, flashgla beside FLA 0.6.0 (Triton) in one process on one GPU (issue #23, item 4).
+
+At B8 T4096 H16 d128 and B32 T2048 H16 d64, bf16 q, k, v, forward and forward+backward:
+- chunk_gla, a per-key gate g [B,T,H,K] in bf16 (the reference of the ratio column);
+- chunk_simple_gla, a scalar gate g [B,T,H] in fp32 (what FLA's simple GLA layers pass);
+- chunk_simple_gla, g + g_gamma (g_gamma [H] fp32, a gradient for both);
+- chunk_simple_gla, g_gamma alone (RetNet's fixed decay);
+- chunk_linear_attn, no gate, normalize=False.
+"vs vector" is the vector gate's time over the row's (above 1: faster than the vector gate). FLA's columns
+are the same ops of fla.ops (flash-linear-attention 0.6.0, imported from the environment or FLA_PATH), timed in
+the same call after one warm-up call each (its autotuning); "n/a" where FLA is not importable.
+
+    python bench/bench_gates.py [--shapes 8x4096x16x128,32x2048x16x64] [--no-append]
+
+Appends the table, with the date, card and versions, to bench/results_gates.md.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import flashgla
+from bench_ops import append_results, median_ms
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_gates.md")
+
+
+def import_fla():
+    path = os.environ.get("FLA_PATH")
+    if path:
+        sys.path.insert(0, path)
+    try:
+        import fla
+        from fla.ops.gla import chunk_gla
+        from fla.ops.linear_attn import chunk_linear_attn
+        from fla.ops.simple_gla import chunk_simple_gla
+    except ImportError as error:
+        print(f"bench_gates: FLA not importable ({error}); its columns read n/a", file=sys.stderr)
+        return None, "n/a"
+    ops = {"chunk_gla": chunk_gla, "chunk_simple_gla": chunk_simple_gla, "chunk_linear_attn": chunk_linear_attn}
+    return ops, getattr(fla, "__version__", "?")
+
+
+def cases(B, T, H, D, lib):
+    """name -> (forward closure, the leaves it differentiates) for one library's ops (flashgla's or FLA's)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def leaf(*shape, dtype=torch.bfloat16, positive=False):
+        x = torch.randn(*shape, device="cuda", generator=gen)
+        return (x.sigmoid() if positive else x).to(dtype).requires_grad_()
+
+    q, k, v = leaf(B, T, H, D, positive=True), leaf(B, T, H, D, positive=True), leaf(B, T, H, D)
+    g_vec = F.logsigmoid(torch.randn(B, T, H, D, device="cuda", generator=gen) + 3).to(torch.bfloat16)
+    g_vec.requires_grad_()
+    g_sca = F.logsigmoid(torch.randn(B, T, H, device="cuda", generator=gen) + 3).requires_grad_()
+    gamma = (-torch.rand(H, device="cuda", generator=gen) * 0.1).requires_grad_()
+    return {
+        "vector g (chunk_gla)": (lambda: lib["chunk_gla"](q, k, v, g_vec)[0], [q, k, v, g_vec]),
+        "scalar g fp32 (chunk_simple_gla)": (lambda: lib["chunk_simple_gla"](q, k, v, g_sca)[0], [q, k, v, g_sca]),
+        "g + g_gamma (chunk_simple_gla)": (lambda: lib["chunk_simple_gla"](q, k, v, g_sca, gamma)[0],
+                                           [q, k, v, g_sca, gamma]),
+        "g_gamma alone (chunk_simple_gla)": (lambda: lib["chunk_simple_gla"](q, k, v, None, gamma)[0],
+                                             [q, k, v, gamma]),
+        "no gate (chunk_linear_attn)": (lambda: lib["chunk_linear_attn"](q, k, v, normalize=False)[0], [q, k, v]),
+    }
+
+
+def times(forward, leaves):
+    """(forward ms, forward+backward ms); None where the library refuses the call (e.g. FLA without a gradient
+    for g_gamma)."""
+    def fwd_bwd():
+        o = forward()
+        torch.autograd.grad(o, [x for x in leaves if x.requires_grad], torch.ones_like(o), allow_unused=True)
+    try:
+        with torch.no_grad():
+            forward()  # warm-up (FLA's autotuning)
+        fwd_bwd()
+    except Exception as error:  # noqa: BLE001 - reported in the table
+        print(f"bench_gates: {error}", file=sys.stderr)
+        return None, None
+    with torch.no_grad():
+        f = median_ms(forward)
+    return f, median_ms(fwd_bwd)
+
+
+def fmt(x):
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def ratio(a, b):
+    return "n/a" if a is None or b is None else f"{a / b:.2f}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="8x4096x16x128,32x2048x16x64", help="BxTxHxD, comma-separated")
+    parser.add_argument("--no-append", action="store_true")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gates: needs a CUDA device")
+    fla_ops, fla_version = import_fla()
+    ours_ops = {"chunk_gla": flashgla.chunk_gla, "chunk_simple_gla": flashgla.chunk_simple_gla,
+                "chunk_linear_attn": flashgla.chunk_linear_attn}
+    lines = ["| shape | gate | fwd ms | vs vector | fwd+bwd ms | vs vector | FLA fwd ms | FLA fwd+bwd ms | "
+             "FLA / ours fwd | FLA / ours fwd+bwd |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for shape in args.shapes.split(","):
+        B, T, H, D = (int(x) for x in shape.split("x"))
+        ours = {name: times(*case) for name, case in cases(B, T, H, D, ours_ops).items()}
+        theirs = ({name: times(*case) for name, case in cases(B, T, H, D, fla_ops).items()} if fla_ops
+                  else {name: (None, None) for name in ours})
+        vec_f, vec_b = ours["vector g (chunk_gla)"]
+        for name, (f, b) in ours.items():
+            ff, fb = theirs[name]
+            line = (f"| B{B} T{T} H{H} d{D} | {name} | {fmt(f)} | {ratio(vec_f, f)} | {fmt(b)} | {ratio(vec_b, b)} | "
+                    f"{fmt(ff)} | {fmt(fb)} | {ratio(ff, f)} | {ratio(fb, b)} |")
+            print(line, flush=True)
+            lines.append(line)
+    if not args.no_append:
+        heading = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, flashgla {flashgla.__version__}, "
+                   f"FLA {fla_version}, bf16 q/k/v")
+        append_results(RESULTS, "Gate kinds: flashgla and FLA 0.6.0 (bench/bench_gates.py)", heading, lines)
+
+
+if __name__ == "__main__":
+    main()
