@@ -4,16 +4,19 @@
 # tests of this tree, the flashgla command of BASE (a commit, for the A/B; default: none), and the Python
 # package built for the GPU machine's Python (3.12; PYTHON names an interpreter of that version).
 #   bash scripts/pack_gpu_binaries.sh [BASE]
+# FLASHGLA_BUILD_DIR: the build folder of this tree (default build-sm90a; an existing sm_90a Release build with
+# CUDA on saves its rebuild).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:-}
 PYTHON=${PYTHON:-python3.12}
 JOBS=${FLASHGLA_JOBS:-$(nproc)}
 arch=(-DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a)
+build=${FLASHGLA_BUILD_DIR:-build-sm90a}
 mkdir -p .gpu
-cmake -S . -B build-sm90a -G Ninja "${arch[@]}" >/dev/null
-cmake --build build-sm90a -j"$JOBS" --target flashgla_cli flashgla_tests
-for b in flashgla flashgla_tests; do strip -o ".gpu/$b" "build-sm90a/$b" && xz -T"$JOBS" -6 -f ".gpu/$b"; done
+cmake -S . -B "$build" -G Ninja "${arch[@]}" >/dev/null
+cmake --build "$build" -j"$JOBS" --target flashgla_cli flashgla_tests
+for b in flashgla flashgla_tests; do strip -o ".gpu/$b" "$build/$b" && xz -T"$JOBS" -6 -f ".gpu/$b"; done
 if [ -n "$base" ]; then
   rm -rf build-base-src && mkdir build-base-src && git archive "$base" | tar -x -C build-base-src
   cmake -S build-base-src -B build-base-sm90a -G Ninja "${arch[@]}" -DFLASHGLA_TESTS=OFF >/dev/null

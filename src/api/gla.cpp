@@ -215,15 +215,15 @@ GlaBackwardArgs with_kv_states(GlaBackwardArgs a) {
   return a;
 }
 
-// g_gamma: the CUDA chunked kernels add g_gamma[h] where they read the scalar
-// gate, and sum its gradient per chunk (gla_backward.cu). Elsewhere (the CPU
-// reference, the recurrent kernels) g + g_gamma (or g_gamma broadcast) is
+// g_gamma: the CUDA chunked kernels add an fp32 g_gamma[h] where they read the
+// scalar gate, and sum its gradient per chunk (gla_backward.cu). Elsewhere (the
+// CPU reference, the recurrent kernels, g_gamma in another dtype) g + g_gamma (or g_gamma broadcast) is
 // materialised as an fp32 [B,T,H] gate, and in the backward the gradient of
 // that gate gives dg (a copy) and d_g_gamma (its sum over tokens). The buffers
 // come from the head of the caller's workspace (CUDA), else from a
 // stream-ordered allocation (CUDA) or the heap (CPU).
-bool gamma_in_kernels(const TensorView& q, GlaAlgorithm algorithm) {
-  return q.device.type == DeviceType::cuda && algorithm == GlaAlgorithm::chunked;
+bool gamma_in_kernels(const TensorView& q, const TensorView& g_gamma, GlaAlgorithm algorithm) {
+  return q.device.type == DeviceType::cuda && algorithm == GlaAlgorithm::chunked && g_gamma.dtype == DType::f32;
 }
 
 constexpr size_t kScratchAlign = 256;
@@ -306,7 +306,8 @@ void gla_forward(const GlaForwardArgs& args) {
   const GlaProblem p = check_forward(args);
   GlaForwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
-  if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.algorithm)) return FLASHGLA_DISPATCH(dev, gla_forward, a, p);
+  if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.g_gamma, a.algorithm))
+    return FLASHGLA_DISPATCH(dev, gla_forward, a, p);
   GateScratch scratch(dev, gate_bytes(p), a.stream, a.workspace, a.workspace_bytes, a.allocate_workspace);
   const GlaForwardArgs b = with_gate(a, scratch.bytes(), p);
   const GammaGateArgs gamma{a.g, a.g_gamma, b.g, a.stream};
@@ -318,7 +319,8 @@ void gla_backward(const GlaBackwardArgs& args) {
   const GlaProblem p = check_backward(args);
   GlaBackwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
-  if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.algorithm)) return FLASHGLA_DISPATCH(dev, gla_backward, a, p);
+  if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.g_gamma, a.algorithm))
+    return FLASHGLA_DISPATCH(dev, gla_backward, a, p);
   GateScratch scratch(dev, 2 * gate_bytes(p), a.stream, a.workspace, a.workspace_bytes, a.allocate_workspace);
   const GlaBackwardArgs b = with_gate(a, scratch.bytes(), p);
   const GammaGateArgs gamma{a.g, a.g_gamma, b.g, a.stream};
@@ -333,7 +335,7 @@ size_t gla_forward_workspace_bytes(const GlaForwardArgs& args) {
   const GlaProblem p = check_forward(args);
   const GlaForwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
-  if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.algorithm))
+  if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.g_gamma, a.algorithm))
     return FLASHGLA_WORKSPACE_BYTES(dev, gla_forward_workspace_bytes, a, p);
   const size_t op = FLASHGLA_WORKSPACE_BYTES(dev, gla_forward_workspace_bytes, with_gate(a, kStandIn, p), p);
   return kCudaBackend && dev.type == DeviceType::cuda ? gate_bytes(p) + op : 0;
@@ -343,7 +345,7 @@ size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args) {
   const GlaProblem p = check_backward(args);
   const GlaBackwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
-  if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.algorithm))
+  if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.g_gamma, a.algorithm))
     return FLASHGLA_WORKSPACE_BYTES(dev, gla_backward_workspace_bytes, a, p);
   const size_t op = FLASHGLA_WORKSPACE_BYTES(dev, gla_backward_workspace_bytes, with_gate(a, kStandIn, p), p);
   return kCudaBackend && dev.type == DeviceType::cuda ? 2 * gate_bytes(p) + op : 0;

@@ -108,15 +108,14 @@ __device__ __forceinline__ int64_t offset4(const View& t, int64_t b, int64_t s, 
   return b * t.stride[0] + s * t.stride[1] + h * t.stride[2] + d * t.stride[3];
 }
 
-// A scalar gate at g's element `offset`: the head's constant log decay g_gamma[h] (FLA's simple GLA)
-// plus g, either absent (0), summed in fp32 where the kernels read the gate (no [B,T,H] copy of the sum).
+// A scalar gate at g's element `offset`: the head's constant log decay g_gamma[h] (FLA's simple GLA; fp32,
+// absent: 0) plus g, summed in fp32 where the kernels read the gate (no [B,T,H] copy of the sum). g_gamma
+// alone arrives as g itself, broadcast over the tokens (gamma_gate in cuda/gla/host/gla_host.cuh).
 __device__ __forceinline__ float head_decay(const View& g_gamma, int h) {
-  return g_gamma.data ? load_as<float>(g_gamma.data, h * g_gamma.stride[0], g_gamma.dtype) : 0.f;
+  return g_gamma.data ? static_cast<const float*>(g_gamma.data)[h * g_gamma.stride[0]] : 0.f;
 }
 __device__ __forceinline__ float scalar_gate(const View& g, int64_t offset, const View& g_gamma, int h) {
-  float x = head_decay(g_gamma, h);
-  if (g.data) x += load_as<float>(g.data, offset, g.dtype);
-  return x;
+  return head_decay(g_gamma, h) + load_as<float>(g.data, offset, g.dtype);
 }
 
 // The element offset of token `token` of sequence `seq`, head h, in a [B,T,H,*] view (its first column).

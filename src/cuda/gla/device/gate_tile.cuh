@@ -76,11 +76,6 @@ __device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const BwdParams
     return g;
   }
   const float decay = p.gate == GateKind::scalar ? head_decay(p.g_gamma, int(h)) : 0.f;
-  if (!p.g.data) {  // g_gamma alone: the same gate at every step
-#pragma unroll
-    for (int i = 0; i < Tile::kRows; ++i) g.x[i] = i < valid ? gate_value<GT>(decay) : GT(0);
-    return g;
-  }
   const int64_t off = offset4(p.g, b, t0 + first, h, p.gate == GateKind::vector ? c0 + c : 0);
   const int64_t rs = p.g.stride[1];
   if constexpr (kPlainGate) {

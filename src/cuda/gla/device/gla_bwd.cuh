@@ -42,8 +42,8 @@ inline constexpr int kRecurrentBatch = 8;  // tokens staged in shared memory at 
 inline constexpr int kRecurrentMaxThreads = 512;  // one thread per key row: K <= 512
 
 struct BwdParams {
-  View q, k, v, g, d_o;  // [B,T,H,K|V]; g [B,T,H,K] or [B,T,H] (absent with g_gamma alone)
-  View g_gamma;          // [H]: a scalar gate's constant log decay per head, added to g (absent: none)
+  View q, k, v, g, d_o;  // [B,T,H,K|V]; g [B,T,H,K] or [B,T,H] (g_gamma alone: gamma_gate)
+  View g_gamma;          // [H] fp32: a scalar gate's constant log decay per head, added to g (absent: none)
   View h0, dht;          // f32 [N,H,K,V]
   View dq, dk, dv, dg;   // outputs; dg absent without a gate
   View dh0;              // f32 [N,H,K,V]

@@ -17,8 +17,8 @@ namespace flashgla::cuda::gla {
 inline constexpr int kChunkThreads = 256;
 
 struct ChunkParams {
-  View q, k, v, g, o;           // [B,T,H,*]; g [B,T,H] for a scalar gate (absent with g_gamma alone)
-  View g_gamma;                 // [H]: a scalar gate's constant log decay per head, added to g (absent: none)
+  View q, k, v, g, o;           // [B,T,H,*]; g [B,T,H] for a scalar gate (g_gamma alone: gamma_gate)
+  View g_gamma;                 // [H] fp32: a scalar gate's constant log decay per head, added to g (absent: none)
   View h0, ht;                  // [N,H,K,V] f32
   Sequences seqs;
   int heads = 0, key_dim = 0, value_dim = 0, num_slices = 0;

@@ -39,7 +39,9 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
   b.batch = pr.batch, b.seq_len = pr.seq_len, b.num_seqs = pr.num_seqs;
   b.heads = int(pr.heads), b.key_dim = int(pr.key_dim), b.value_dim = int(pr.value_dim);
   b.gate = pr.gate;
-  if (a.g.defined()) b.gate_dtype = elem_of(a.g.dtype);
+  gla::View gate, gamma;
+  gamma_gate(a.g, a.g_gamma, gate, gamma);
+  b.gate_dtype = gate.dtype;
   b.gamma_grad = a.d_g_gamma.defined();
   const int K = int(pr.key_dim), V = int(pr.value_dim);
   const bool vector_gate = pr.gate == GateKind::vector;
@@ -80,8 +82,8 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   if (pr.num_seqs == 0) return;
 
   BwdParams p;
-  p.q = view_of(a.q), p.k = view_of(a.k), p.v = view_of(a.v), p.g = view_of(a.g), p.d_o = view_of(a.d_o);
-  p.g_gamma = view_of(a.g_gamma);  // chunked only (the API materialises g + g_gamma for the recurrent kernels)
+  p.q = view_of(a.q), p.k = view_of(a.k), p.v = view_of(a.v), p.d_o = view_of(a.d_o);
+  gamma_gate(a.g, a.g_gamma, p.g, p.g_gamma);  // chunked only (the API materialises g + g_gamma for recurrent)
   p.h0 = view_of(a.initial_state), p.dht = view_of(a.d_final_state);
   p.dq = view_of(a.dq), p.dk = view_of(a.dk), p.dv = view_of(a.dv), p.dg = view_of(a.dg);
   p.dh0 = view_of(a.d_initial_state);

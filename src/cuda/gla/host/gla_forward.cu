@@ -27,8 +27,8 @@ struct ChunkPlan {
 ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   ChunkPlan out;
   gla::ChunkParams& c = out.params;
-  c.q = view_of(a.q), c.k = view_of(a.k), c.v = view_of(a.v), c.g = view_of(a.g), c.o = view_of(a.o);
-  c.g_gamma = view_of(a.g_gamma);  // read where the scalar gate is read (scalar_gate in device/elements.cuh)
+  c.q = view_of(a.q), c.k = view_of(a.k), c.v = view_of(a.v), c.o = view_of(a.o);
+  gamma_gate(a.g, a.g_gamma, c.g, c.g_gamma);
   c.h0 = view_of(a.initial_state), c.ht = view_of(a.final_state);
   c.seqs = sequences_of(a.cu_seqlens, p.seq_len);
   c.heads = int(p.heads), c.key_dim = int(p.key_dim), c.value_dim = int(p.value_dim);

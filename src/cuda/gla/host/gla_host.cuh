@@ -41,6 +41,18 @@ inline gla::View view_of(const TensorView& t) {
   return v;
 }
 
+// The kernels' gate and g_gamma (fp32 [H], the API's rule): g_gamma alone is the gate itself, one decay per
+// head broadcast over [B, T] (strides 0); with g it is added where the kernels read g (scalar_gate in
+// device/elements.cuh).
+inline void gamma_gate(const TensorView& g, const TensorView& g_gamma, gla::View& gate, gla::View& gamma) {
+  gate = view_of(g), gamma = view_of(g_gamma);
+  if (g.defined() || !g_gamma.defined()) return;
+  gate = gamma;
+  gate.stride[0] = gate.stride[1] = gate.stride[3] = 0, gate.stride[2] = g_gamma.stride[0];
+  gate.rows16 = false;
+  gamma = {};
+}
+
 // The kernels' sequences: cu_seqlens on the device (undefined: a fixed-length batch), every boundary clamped
 // to [0, total_len] (cuda/common/sequences.cuh).
 inline Sequences sequences_of(const TensorView& cu_seqlens, int64_t total_len) {

@@ -165,10 +165,13 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
 
   if (p.gate == GateKind::scalar && p.dg.data && threadIdx.x < rows)
     store_as(p.dg.data, offset4(p.dg, b, t0 + threadIdx.x, h, 0), p.dg.dtype, sRowSums[threadIdx.x]);
-  if (p.gamma_chunk_sums && threadIdx.x == 0) {  // in token order: deterministic
-    float sum = 0.f;
-    for (int r = 0; r < rows; ++r) sum += sRowSums[r];
-    p.gamma_chunk_sums[slot * p.heads + h] = sum;
+  // The chunk's sum for d_g_gamma, one entry per block: each of the first two warps sums its 32 rows in a
+  // fixed order and adds it to the zeroed entry; 0 + a + b = 0 + b + a, so the result is deterministic.
+  if (p.gamma_chunk_sums && threadIdx.x < kChunk) {
+    float sum = threadIdx.x < rows ? sRowSums[threadIdx.x] : 0.f;
+#pragma unroll
+    for (int offset = 16; offset >= 1; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) atomicAdd(&p.gamma_chunk_sums[blockIdx.x * gridDim.y + blockIdx.y], sum);
   }
 }
 
