@@ -1,5 +1,5 @@
 // The chunked GLA algorithm of FlashLinearAttention (docs/algorithm.md) on one
-// (sequence, head) pair, accumulating in T (float for f32/bf16/f16 inputs,
+// (sequence, head) pair or a range of its chunks, accumulating in T (float for f32/bf16/f16 inputs,
 // double for f64). Chunks of C = 64 tokens, split into 16-wide sub-chunks.
 //
 // Per chunk, with Γ the within-chunk cumsum of g and γ its last row:

@@ -1,6 +1,7 @@
-// The CPU GLA algorithms on one (sequence, head) pair held in contiguous
-// row-major buffers of the accumulation type. gla.cpp gathers the strided
-// inputs into this form, runs one of these, and scatters the results.
+// The CPU GLA algorithms on one (sequence, head) pair, or one range of its
+// tokens, held in contiguous row-major buffers of the accumulation type.
+// gla.cpp gathers the strided inputs into this form, runs one of these, and
+// scatters the results.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,8 @@
 
 namespace flashgla::cpu::gla {
 
-// Inputs of one (sequence, head) pair. q is already multiplied by the scale;
+// Inputs of one (sequence, head) pair, or of a range of its tokens that starts
+// on a chunk boundary. q is already multiplied by the scale;
 // g is dense [len, K] whatever the gate kind (zeros without a gate, the scalar
 // broadcast over K for simple GLA); `gate` says which, so that the chunked
 // algorithm can skip the exps that are all 1, or equal along each row.
