@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 
@@ -320,6 +322,127 @@ TEST(GlaCpuChunked, EmptySequences) {
       EXPECT_EQ(out.ht, in.h0.values());
       EXPECT_EQ(grads.dh0, in.dht.values());
     }
+}
+
+// ---- range by range ---------------------------------------------------------------
+// gla_forward and gla_backward run the chunked kernels on each (sequence, head) pair one range of
+// kRangeTokens tokens at a time (cpu/gla/gla_kernels.h), so that their scratch does not grow with T.
+
+// The chunked kernels on each whole (sequence, head) pair at once, from the inputs' values: the results
+// gla_forward and gla_backward must give bit for bit. T is float for f32 cases, double for f64 ones.
+template <class T>
+void whole_sequence_chunked(const Case& c, const Inputs& in, Outputs& out, Grads& grads) {
+  ASSERT_EQ(c.gate, Gate::vector);
+  const int64_t H = c.H, K = c.K, V = c.V, KV = K * V, N = c.num_seqs();
+  const T scale = T(1.0 / std::sqrt(double(K)));  // gla.cpp: q *= T(p.scale)
+  const std::vector<double> q = in.q.values(), k = in.k.values(), v = in.v.values(), g = in.g.values(),
+                            d_o = in.d_o.values(), h0 = in.h0.values(), dht = in.dht.values();
+  out.o.assign(v.size(), 0), out.ht.assign(size_t(N * H * KV), 0);
+  grads.dq.assign(q.size(), 0), grads.dk.assign(k.size(), 0), grads.dv.assign(v.size(), 0);
+  grads.dg.assign(g.size(), 0), grads.dh0.assign(size_t(N * H * KV), 0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t head = 0; head < H; ++head) {
+      const bool varlen = !c.cu_seqlens.empty();
+      const int64_t batch = varlen ? 0 : n, begin = varlen ? c.cu_seqlens[size_t(n)] : 0;
+      const int64_t len = varlen ? c.cu_seqlens[size_t(n + 1)] - begin : c.T;
+      auto at = [&](int64_t i, int64_t D, int64_t d) { return size_t(((batch * c.T + begin + i) * H + head) * D + d); };
+      auto rows = [&](const std::vector<double>& x, int64_t D) {
+        std::vector<T> y(size_t(len * D));
+        for (int64_t i = 0; i < len; ++i)
+          for (int64_t d = 0; d < D; ++d) y[size_t(i * D + d)] = T(x[at(i, D, d)]);
+        return y;
+      };
+      auto state = [&](const std::vector<double>& x) {
+        return std::vector<T>(x.begin() + (n * H + head) * KV, x.begin() + (n * H + head + 1) * KV);
+      };
+      std::vector<T> qs = rows(q, K), ks = rows(k, K), vs = rows(v, V), gs = rows(g, K), dos = rows(d_o, V);
+      for (T& x : qs) x *= scale;
+      const cpu::gla::HeadInputs<T> pair{len, K, V, qs.data(), ks.data(), vs.data(), gs.data(), GateKind::vector};
+
+      std::vector<T> s = state(h0), o(size_t(len * V));
+      cpu::gla::chunked_forward(pair, s.data(), o.data());
+      const std::vector<T> h = state(h0);
+      std::vector<T> ds = state(dht), dq(size_t(len * K)), dk(size_t(len * K)), dv(size_t(len * V)),
+                     dg(size_t(len * K)), states(size_t((len + kChunk - 1) / kChunk * KV));
+      cpu::gla::chunked_backward(pair, h.data(), dos.data(), ds.data(), dq.data(), dk.data(), dv.data(), dg.data(),
+                                 states.data());
+      for (T& x : dq) x *= scale;
+
+      for (int64_t i = 0; i < len; ++i) {
+        for (int64_t d = 0; d < K; ++d) {
+          grads.dq[at(i, K, d)] = dq[size_t(i * K + d)], grads.dk[at(i, K, d)] = dk[size_t(i * K + d)];
+          grads.dg[at(i, K, d)] = dg[size_t(i * K + d)];
+        }
+        for (int64_t d = 0; d < V; ++d)
+          out.o[at(i, V, d)] = o[size_t(i * V + d)], grads.dv[at(i, V, d)] = dv[size_t(i * V + d)];
+      }
+      for (int64_t e = 0; e < KV; ++e) {  // states are f32
+        out.ht[size_t((n * H + head) * KV + e)] = float(s[size_t(e)]);
+        grads.dh0[size_t((n * H + head) * KV + e)] = float(ds[size_t(e)]);
+      }
+    }
+}
+
+void expect_same_bits(const std::string& what, const std::vector<double>& out, const std::vector<double>& expected) {
+  ASSERT_EQ(out.size(), expected.size()) << what;
+  size_t differ = 0, first = 0;
+  for (size_t i = 0; i < out.size(); ++i)
+    if (std::memcmp(&out[i], &expected[i], sizeof(double)) != 0 && differ++ == 0) first = i;
+  EXPECT_EQ(differ, 0u) << what << ": " << differ << " elements differ, the first at " << first << " ("
+                        << out[first] << " instead of " << expected[first] << ")";
+}
+
+// Sequences of several ranges, with resets (−inf and −100 gates) on both sides of range boundaries:
+// the API's results are those of the kernels run on each whole sequence, bit for bit.
+TEST(GlaCpuChunked, RangeByRangeEqualsWholeSequenceBitForBit) {
+  constexpr int64_t R = cpu::gla::kRangeTokens;
+  Case fixed = make_case("ranges_f32", 1, 2 * R + 1000, 2, 16, 32, Gate::vector);
+  Case varlen = make_case("ranges_varlen", 1, 2 * R + 1000, 2, 16, 16, Gate::vector, [&](Case& c) {
+    c.cu_seqlens = {0, 100, 100 + R, 100 + R, 2 * R + 1000};  // one whole range from token 100, then two ranges
+  });
+  Case f64 = make_case("ranges_f64", 2, R + 70, 1, 16, 16, Gate::vector, [](Case& c) {
+    c.dtype = c.gate_dtype = c.dg_dtype = DType::f64;
+  });
+  for (const Case& c : {fixed, varlen, f64})
+    for (const char* isa : InstructionSet::available()) {
+      SCOPED_TRACE(::testing::Message() << c.name << " " << isa);
+      InstructionSet use(isa);
+      Inputs in = make_inputs(c);
+      set_token(in.g, R - 1, -std::numeric_limits<double>::infinity(), 2);
+      set_token(in.g, R, -100.0, 3);
+      if (c.T > 2 * R) set_token(in.g, 2 * R + 1, -std::numeric_limits<double>::infinity());
+      Outputs expected;
+      Grads expected_grads;
+      if (c.dtype == DType::f64) whole_sequence_chunked<double>(c, in, expected, expected_grads);
+      else whole_sequence_chunked<float>(c, in, expected, expected_grads);
+      const Outputs out = run_forward(c, in, kChunked);
+      const Grads grads = run_backward(c, in, kChunked);
+      expect_same_bits("o", out.o, expected.o);
+      expect_same_bits("ht", out.ht, expected.ht);
+      expect_same_bits("dq", grads.dq, expected_grads.dq);
+      expect_same_bits("dk", grads.dk, expected_grads.dk);
+      expect_same_bits("dv", grads.dv, expected_grads.dv);
+      expect_same_bits("dg", grads.dg, expected_grads.dg);
+      expect_same_bits("dh0", grads.dh0, expected_grads.dh0);
+    }
+}
+
+// The scratch of one (sequence, head) pair is bounded by one range whatever T, but for the backward's
+// one [K, V] state per range: at T = 2^21, K = V = 64 it is under 1/64 (forward) and 1/16 (backward) of
+// one [T, V] output, where gathering whole sequences took 5 and 10 outputs.
+TEST(GlaCpuChunked, ScratchIsPerRangeNotPerToken) {
+  using cpu::gla::chunked_scratch_elements;
+  constexpr int64_t R = cpu::gla::kRangeTokens, K = 64, V = 64, long_T = int64_t(1) << 21;
+  const int64_t output = long_T * V;
+  EXPECT_EQ(chunked_scratch_elements(long_T, K, V, false), chunked_scratch_elements(R, K, V, false));
+  EXPECT_LT(chunked_scratch_elements(long_T, K, V, false), output / 64);
+  EXPECT_EQ(chunked_scratch_elements(long_T, K, V, true) - chunked_scratch_elements(R, K, V, true),
+            (long_T / R - 1) * K * V);
+  EXPECT_LT(chunked_scratch_elements(long_T, K, V, true), output / 16);
+  // Short sequences take what they need, not a whole range.
+  EXPECT_LT(chunked_scratch_elements(100, K, V, false), chunked_scratch_elements(R, K, V, false) / 10);
+  EXPECT_LT(chunked_scratch_elements(100, K, V, true), chunked_scratch_elements(R, K, V, true) / 10);
+  EXPECT_EQ(chunked_scratch_elements(0, K, V, false), K * V);  // the state only
 }
 
 // ---- decode and state chaining -----------------------------------------------

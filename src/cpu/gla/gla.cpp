@@ -2,9 +2,12 @@
 // strided inputs into contiguous buffers of the accumulation type, run the
 // recurrent reference (fp64) or the chunked algorithm (fp32, or fp64 for f64
 // inputs), and scatter the results. Pairs are independent and run in parallel.
+// The chunked algorithm goes through each pair one range of kRangeTokens
+// tokens at a time (gla_kernels.h), so its scratch does not grow with T.
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <stdexcept>
 #include <vector>
 
 #include "core/backend.h"
@@ -58,6 +61,134 @@ int64_t work_per_head(const GlaProblem& p) {
   const int64_t tokens = p.seq_len * p.batch / std::max<int64_t>(1, p.num_seqs);
   return std::max<int64_t>(1, tokens) * p.key_dim * p.value_dim;
 }
+
+// ---- the chunked algorithm, range by range ------------------------------------
+
+// Tokens [offset, offset + len) of sequence s.
+SeqRange part_of(const SeqRange& s, int64_t offset, int64_t len) { return {s.batch, s.begin + offset, len}; }
+
+// One pair's scratch: one block of chunked_scratch_elements, handed out in pieces.
+template <class T>
+class Scratch {
+ public:
+  Scratch(int64_t len, int64_t K, int64_t V, bool backward)
+      : block_(size_t(gla::chunked_scratch_elements(len, K, V, backward))) {}
+  T* take(int64_t elements) {
+    T* piece = block_.data() + used_;
+    used_ += size_t(elements);
+    if (used_ > block_.size()) throw std::logic_error("CPU GLA: chunked_scratch_elements is too small");
+    return piece;
+  }
+
+ private:
+  std::vector<T> block_;
+  size_t used_ = 0;
+};
+
+// The gathered inputs of one range (at most kRangeTokens tokens) of a pair; q is scaled.
+template <class T>
+struct RangeInputs {
+  T *q, *k, *v, *g;
+  RangeInputs(Scratch<T>& scratch, int64_t rows, int64_t K, int64_t V)
+      : q(scratch.take(rows * K)), k(scratch.take(rows * K)), v(scratch.take(rows * V)), g(scratch.take(rows * K)) {}
+
+  // with_q false: k, v and g only (what chunked_states reads).
+  HeadInputs<T> gather(const TensorView& tq, const TensorView& tk, const TensorView& tv, const TensorView& tg,
+                       const GlaProblem& p, const SeqRange& r, int64_t head, bool with_q = true) {
+    if (with_q) {
+      gather_head_rows(tq, r, head, q);
+      for (int64_t i = 0; i < r.len * p.key_dim; ++i) q[i] *= T(p.scale);
+    }
+    gather_head_rows(tk, r, head, k);
+    gather_head_rows(tv, r, head, v);
+    gather_head_gate(tg, p.gate, r, head, p.key_dim, g);
+    return {r.len, p.key_dim, p.value_dim, with_q ? q : nullptr, k, v, g, p.gate};
+  }
+};
+
+int64_t num_ranges(int64_t len) { return (len + gla::kRangeTokens - 1) / gla::kRangeTokens; }
+
+}  // namespace
+
+namespace gla {
+
+// Forward: the range's inputs and output, and the carried state. Backward: the range's inputs, d_o and
+// four gradients, dS, one state per range (the first is h0) and the kernel's states before each chunk.
+int64_t chunked_scratch_elements(int64_t len, int64_t K, int64_t V, bool backward) {
+  const int64_t rows = std::min(len, kRangeTokens), KV = K * V;
+  if (!backward) return rows * (3 * K + 2 * V) + KV;
+  const int64_t chunks_per_range = (rows + kChunk - 1) / kChunk;
+  return rows * (6 * K + 3 * V) + KV * (1 + num_ranges(len) + chunks_per_range);
+}
+
+}  // namespace gla
+
+namespace {
+
+template <class T>
+void chunked_forward_each_head(const GlaForwardArgs& a, const GlaProblem& p) {
+  const int64_t H = p.heads, K = p.key_dim, V = p.value_dim;
+  for_each_head(p.num_seqs * H, work_per_head(p), [&](int64_t item) {
+    const int64_t n = item / H, head = item % H;
+    const SeqRange s = sequence(p, a.cu_seqlens, n);
+    const int64_t rows = std::min(s.len, gla::kRangeTokens);
+    Scratch<T> scratch(s.len, K, V, /*backward=*/false);
+    RangeInputs<T> range(scratch, rows, K, V);
+    T* const o = scratch.take(rows * V);
+    T* const state = scratch.take(K * V);
+    gather_state(a.initial_state, n, head, K, V, state);
+    for (int64_t offset = 0; offset < s.len; offset += gla::kRangeTokens) {
+      const SeqRange r = part_of(s, offset, std::min(gla::kRangeTokens, s.len - offset));
+      gla::chunked_forward(range.gather(a.q, a.k, a.v, a.g, p, r, head), state, o);
+      scatter_head_rows(a.o, r, head, o);
+    }
+    scatter_state(a.final_state, n, head, K, V, state);
+  });
+}
+
+// The ranges from the last to the first, each from its state, which a first pass keeps.
+template <class T>
+void chunked_backward_each_head(const GlaBackwardArgs& a, const GlaProblem& p) {
+  const int64_t H = p.heads, K = p.key_dim, V = p.value_dim, KV = K * V;
+  for_each_head(p.num_seqs * H, 3 * work_per_head(p), [&](int64_t item) {
+    const int64_t n = item / H, head = item % H;
+    const SeqRange s = sequence(p, a.cu_seqlens, n);
+    const int64_t rows = std::min(s.len, gla::kRangeTokens), ranges = num_ranges(s.len);
+    Scratch<T> scratch(s.len, K, V, /*backward=*/true);
+    RangeInputs<T> range(scratch, rows, K, V);
+    T* const d_o = scratch.take(rows * V);
+    T *const dq = scratch.take(rows * K), *const dk = scratch.take(rows * K), *const dv = scratch.take(rows * V),
+             *const dg = scratch.take(rows * K);
+    T* const d_state = scratch.take(KV);
+    T* const range_states = scratch.take(ranges * KV);
+    T* const chunk_states = scratch.take((rows + kChunk - 1) / kChunk * KV);
+    auto range_at = [&](int64_t i) {
+      return part_of(s, i * gla::kRangeTokens, std::min(gla::kRangeTokens, s.len - i * gla::kRangeTokens));
+    };
+
+    if (ranges > 0) gather_state(a.initial_state, n, head, K, V, range_states);
+    for (int64_t i = 0; i + 1 < ranges; ++i) {
+      std::copy(range_states + i * KV, range_states + (i + 1) * KV, range_states + (i + 1) * KV);
+      gla::chunked_states(range.gather(a.q, a.k, a.v, a.g, p, range_at(i), head, /*with_q=*/false),
+                          range_states + (i + 1) * KV);
+    }
+    gather_state(a.d_final_state, n, head, K, V, d_state);
+    for (int64_t i = ranges - 1; i >= 0; --i) {
+      const SeqRange r = range_at(i);
+      const HeadInputs<T> in = range.gather(a.q, a.k, a.v, a.g, p, r, head);
+      gather_head_rows(a.d_o, r, head, d_o);
+      gla::chunked_backward(in, range_states + i * KV, d_o, d_state, dq, dk, dv, dg, chunk_states);
+      for (int64_t j = 0; j < r.len * K; ++j) dq[j] *= T(p.scale);  // the kernel differentiates w.r.t. the scaled q
+      scatter_head_rows(a.dq, r, head, dq);
+      scatter_head_rows(a.dk, r, head, dk);
+      scatter_head_rows(a.dv, r, head, dv);
+      scatter_head_gate_grad(a.dg, p.gate, r, head, K, dg);
+    }
+    scatter_state(a.d_initial_state, n, head, K, V, d_state);
+  });
+}
+
+// ---- the recurrent reference, whole sequences -----------------------------------
 
 // kernel(inputs, state, o): state holds h0 in and the final state out.
 template <class T, class Kernel>
@@ -140,9 +271,9 @@ void gla_forward(const GlaForwardArgs& a, const GlaProblem& p) {
       gla::recurrent_forward(in, a.reverse, state, o);
     });
   } else if (a.q.dtype == DType::f64) {
-    forward_each_head<double>(a, p, gla::chunked_forward<double>);
+    chunked_forward_each_head<double>(a, p);
   } else {
-    forward_each_head<float>(a, p, gla::chunked_forward<float>);
+    chunked_forward_each_head<float>(a, p);
   }
 }
 
@@ -152,9 +283,9 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& p) {
       gla::recurrent_backward(in, a.reverse, rest...);
     });
   } else if (a.q.dtype == DType::f64) {
-    backward_each_head<double>(a, p, gla::chunked_backward<double>);
+    chunked_backward_each_head<double>(a, p);
   } else {
-    backward_each_head<float>(a, p, gla::chunked_backward<float>);
+    chunked_backward_each_head<float>(a, p);
   }
 }
 

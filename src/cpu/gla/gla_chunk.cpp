@@ -30,18 +30,29 @@ void chunked_forward(const HeadInputs<T>& in, T* state, T* o) {
 }
 
 template <class T>
-void chunked_backward(const HeadInputs<T>& in, const T* h0, const T* d_o, T* d_state, T* dq, T* dk, T* dv, T* dg) {
+void chunked_states(const HeadInputs<T>& in, T* state) {
 #ifdef FLASHGLA_GLA_AVX2
-  if (use_avx2()) return avx2::chunked_backward(in, h0, d_o, d_state, dq, dk, dv, dg);
+  if (use_avx2()) return avx2::chunked_states(in, state);
 #endif
-  chunked_backward_impl(in, h0, d_o, d_state, dq, dk, dv, dg);
+  chunked_states_impl(in, state);
+}
+
+template <class T>
+void chunked_backward(const HeadInputs<T>& in, const T* h0, const T* d_o, T* d_state, T* dq, T* dk, T* dv, T* dg,
+                      T* states) {
+#ifdef FLASHGLA_GLA_AVX2
+  if (use_avx2()) return avx2::chunked_backward(in, h0, d_o, d_state, dq, dk, dv, dg, states);
+#endif
+  chunked_backward_impl(in, h0, d_o, d_state, dq, dk, dv, dg, states);
 }
 
 template void chunked_forward<float>(const HeadInputs<float>&, float*, float*);
 template void chunked_forward<double>(const HeadInputs<double>&, double*, double*);
+template void chunked_states<float>(const HeadInputs<float>&, float*);
+template void chunked_states<double>(const HeadInputs<double>&, double*);
 template void chunked_backward<float>(const HeadInputs<float>&, const float*, const float*, float*, float*, float*,
-                                      float*, float*);
+                                      float*, float*, float*);
 template void chunked_backward<double>(const HeadInputs<double>&, const double*, const double*, double*, double*,
-                                       double*, double*, double*);
+                                       double*, double*, double*, double*);
 
 }  // namespace flashgla::cpu::gla

@@ -1,5 +1,5 @@
 // The chunked GLA algorithm of FlashLinearAttention (docs/algorithm.md) on one
-// (sequence, head) pair, accumulating in T (float for f32/bf16/f16 inputs,
+// (sequence, head) pair or a range of its chunks, accumulating in T (float for f32/bf16/f16 inputs,
 // double for f64). Chunks of C = 64 tokens, split into 16-wide sub-chunks.
 //
 // Per chunk, with Γ the within-chunk cumsum of g and γ its last row:
@@ -47,6 +47,17 @@ void chunked_forward_impl(const HeadInputs<T>& in, T* state, T* o) {
   }
 }
 
+// The state after the tokens of `in` (docs/algorithm.md steps 1-2 only): the same steps, in the same order,
+// as the state carried through chunked_forward_impl and recomputed by chunked_backward_impl.
+template <class T>
+void chunked_states_impl(const HeadInputs<T>& in, T* state) {
+  Chunk<T> c(in);
+  for (int64_t begin = 0; begin < in.len; begin += kChunk) {
+    c.chunk_local_cumsum(begin, std::min(kChunk, in.len - begin));
+    c.chunk_fwd_h(state);
+  }
+}
+
 // The backward (docs/algorithm.md steps 6-11), per chunk from the last to the
 // first, carrying dS (the gradient of the state after the chunk):
 //   dA  = (dO V^T) ⊙ M
@@ -64,25 +75,24 @@ void chunked_forward_impl(const HeadInputs<T>& in, T* state, T* o) {
 // literal form loses every digit of dg to cancellation.
 template <class T>
 void chunked_backward_impl(const HeadInputs<T>& in, const T* h0, const T* d_o, T* d_state, T* dq, T* dk, T* dv,
-                           T* dg) {
+                           T* dg, T* states) {
   const int64_t K = in.K, V = in.V, KV = K * V;
   const int64_t num_chunks = (in.len + kChunk - 1) / kChunk;
   Chunk<T> c(in);
 
-  // Recompute the state before every chunk.
-  std::vector<T> states(size_t(num_chunks * KV));
-  std::vector<T> state(h0, h0 + KV);
-  for (int64_t n = 0; n < num_chunks; ++n) {
-    std::copy(state.begin(), state.end(), states.begin() + n * KV);
-    c.chunk_local_cumsum(n * kChunk, std::min(kChunk, in.len - n * kChunk));
-    c.chunk_fwd_h(state.data());
+  // Recompute the state before every chunk: states[n] from states[n - 1], as the forward carried it.
+  if (num_chunks > 0) std::copy(h0, h0 + KV, states);
+  for (int64_t n = 0; n + 1 < num_chunks; ++n) {
+    std::copy(states + n * KV, states + (n + 1) * KV, states + (n + 1) * KV);
+    c.chunk_local_cumsum(n * kChunk, kChunk);
+    c.chunk_fwd_h(states + (n + 1) * KV);
   }
 
   BwdChunk<T> b(c);
   for (int64_t n = num_chunks - 1; n >= 0; --n) {
     const int64_t begin = n * kChunk;
     c.chunk_local_cumsum(begin, std::min(kChunk, in.len - begin));
-    b.start(states.data() + n * KV, d_o, dq, dk, dv, dg);
+    b.start(states + n * KV, d_o, dq, dk, dv, dg);
     b.chunk_bwd_dA();
     b.chunk_bwd_dqk_intra();
     b.chunk_bwd_dv(d_state);

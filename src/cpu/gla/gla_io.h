@@ -1,7 +1,8 @@
 // io.h's gather_rows/scatter_rows with the dtype switch taken out of the
 // element loop: one switch per element cost as much as the chunked kernel
 // itself on long sequences. Same contract: x is a [B, T, H, D] tensor of a
-// float dtype, the buffer holds the rows of one (sequence, head) pair.
+// float dtype, the buffer holds the rows of one (sequence, head) pair (or of
+// a range of its tokens: s.begin and s.len say which).
 #pragma once
 
 #include <cstdint>

@@ -40,7 +40,7 @@ constexpr float reset_gate<float>() { return 88.0f; }
 template <>
 constexpr double reset_gate<double>() { return 709.0; }
 
-// Buffers for one chunk, allocated once per (sequence, head).
+// Buffers for one chunk, allocated once per kernel call (one range of a (sequence, head) pair).
 template <class T>
 struct Chunk {
   explicit Chunk(const HeadInputs<T>& in)
@@ -279,7 +279,7 @@ void chunk_fwd_o(Chunk<T>& c, const T* state, T* out) {
 // The backward of one chunk (docs/algorithm.md steps 6-11; see chunked_backward_impl for the formulas), in the order
 // chunked_backward_impl runs them: after c.chunk_local_cumsum and start, chunk_bwd_dA, chunk_bwd_dqk_intra,
 // chunk_bwd_dv, chunk_bwd_dqk_inter, chunk_bwd_dg, chunk_bwd_dh. d_state: dS, the gradient of the state after
-// the chunk (chunk_bwd_dh turns it into that of the state before). Buffers allocated once per (sequence, head).
+// the chunk (chunk_bwd_dh turns it into that of the state before). Buffers allocated once per kernel call.
 template <class T>
 struct BwdChunk {
   explicit BwdChunk(Chunk<T>& c)
