@@ -304,11 +304,18 @@ __global__ void normalize_chunks_kernel(Params<E> p) {
     int64_t step;
     const bool active = team_step(p, c, j, step);
     const int64_t t = active ? norm::step_row(c.seq.begin, c.seq.len, step, p.reverse) : 0;
+    float first[VV];  // this lane's first o_raw vector, loaded before the sum over the team (latency)
+    if (active && int64_t(lane) * VV < p.V) load_vec<VV>(p.o_raw, c.seq.batch, t, h, int64_t(lane) * VV, first);
     const float den = p.scale * advance_and_dot<VK>(p, c, h, t, active, z) + kNormalizeEps;
     if (!active) continue;
     for (int64_t v = lane; v * VV < p.V; v += p.lanes) {
       float x[VV];
-      load_vec<VV>(p.o_raw, c.seq.batch, t, h, v * VV, x);
+      if (v == lane) {
+#pragma unroll
+        for (int i = 0; i < VV; ++i) x[i] = first[i];
+      } else {
+        load_vec<VV>(p.o_raw, c.seq.batch, t, h, v * VV, x);
+      }
 #pragma unroll
       for (int i = 0; i < VV; ++i) x[i] /= den;
       store_vec<VV>(p.o, c.seq.batch, t, h, v * VV, x);
@@ -336,8 +343,8 @@ __global__ void backward_chunks_kernel(Params<E> p) {
     int64_t step;
     const bool active = team_step(p, c, j, step);
     const int64_t t = active ? norm::step_row(c.seq.begin, c.seq.len, step, p.reverse) : 0;
-    const float den = p.scale * advance_and_dot<VK>(p, c, h, t, active, z) + kNormalizeEps;
-    float dot = 0.f;
+    // d_o·o_raw first (it does not need den), keeping this lane's first d_o vector for d_o_raw.
+    float dot = 0.f, first[VV];
     if (active)
       for (int64_t v = lane; v * VV < p.V; v += p.lanes) {
         float dout[VV], raw[VV];
@@ -346,12 +353,24 @@ __global__ void backward_chunks_kernel(Params<E> p) {
 #pragma unroll
         for (int i = 0; i < VV; ++i) {
           dot += dout[i] * raw[i];
-          dout[i] /= den;
+          if (v == lane) first[i] = dout[i];
         }
-        store_vec<VV>(p.d_o_raw, c.seq.batch, t, h, v * VV, dout);
       }
+    const float den = p.scale * advance_and_dot<VK>(p, c, h, t, active, z) + kNormalizeEps;
     dot = team_sum(dot, p.lanes);
     if (!active) continue;
+    for (int64_t v = lane; v * VV < p.V; v += p.lanes) {
+      float dout[VV];
+      if (v == lane) {
+#pragma unroll
+        for (int i = 0; i < VV; ++i) dout[i] = first[i];
+      } else {
+        load_vec<VV>(p.d_o, c.seq.batch, t, h, v * VV, dout);
+      }
+#pragma unroll
+      for (int i = 0; i < VV; ++i) dout[i] /= den;
+      store_vec<VV>(p.d_o_raw, c.seq.batch, t, h, v * VV, dout);
+    }
     const float d_den = -dot / (den * den);
     if (lane == 0) d_den_out[step - c.step0] = d_den;
     const float dq_factor = d_den * p.scale;
