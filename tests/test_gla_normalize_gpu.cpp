@@ -63,7 +63,7 @@ Inputs inputs(const Case& c, std::mt19937_64& rng) {
 Outputs run(const Case& c, const Inputs& in, const Device& dev, DType dt) {
   const bool gpu = dev.type == DeviceType::cuda;
   const int64_t B = batch(c), T = tokens(c), N = sequences(c), pad = gpu ? c.padding : 0;
-  const DType state = gpu ? DType::f32 : DType::f64;
+  const DType state = dt == DType::f64 ? DType::f64 : DType::f32;  // f64 states for f64 inputs only
   auto put = [&](const Buffer& b, int64_t padding) { return b.defined() ? b.cast(dt).to(dev, padding) : Buffer(); };
   Buffer q = put(in.q, pad), k = put(in.k, pad), o_raw = put(in.o_raw, pad), d_o = put(in.d_o, pad);
   Buffer z0 = in.z0.defined() ? in.z0.to(dev) : Buffer(), dz = in.dz.defined() ? in.dz.to(dev) : Buffer();
@@ -108,7 +108,7 @@ Outputs run(const Case& c, const Inputs& in, const Device& dev, DType dt) {
   return out;
 }
 
-double tolerance(DType dt) { return dt == DType::f32 ? 2e-5 : dt == DType::f16 ? 2e-3 : 1e-2; }
+double tolerance(DType dt) { return dt == DType::f32 ? 2e-5 : dt == DType::f16 ? 2e-3 : 5e-3; }
 
 void check(const Case& c) {
   SCOPED_TRACE(c.name);

@@ -32,7 +32,7 @@ void expect_slots_cover(const std::vector<int64_t>& bounds, int64_t batch, int64
   for (int64_t n = 0; n < num_seqs; ++n) {
     const int64_t len = varlen ? bounds[size_t(n + 1)] - bounds[size_t(n)] : seq_len;
     for (int64_t c = 0; c < chunks_of(len); ++c, ++chunks)
-      EXPECT_EQ(hits[{n, c}], 1) << "sequence " << n << " chunk " << c << " (len " << len << ")";
+      EXPECT_EQ(hits[std::make_pair(n, c)], 1) << "sequence " << n << " chunk " << c << " (len " << len << ")";
   }
   EXPECT_EQ(int64_t(hits.size()), chunks) << "a slot located a chunk no sequence has";
 }
