@@ -5,7 +5,9 @@
 // where o_raw is the unnormalised output of gla_forward without a gate (same
 // q, k, scale). z_final is z after the last token (after the first with
 // reverse; z_init for an empty sequence), the state a next call continues from.
-// Sums accumulate in fp32 on CUDA and in fp64 on the CPU (the reference).
+// Sums accumulate in fp32 on CUDA and in fp64 on the CPU (the reference). CUDA runs
+// it as a parallel scan over chunks of 64 tokens, with fp32 workspace for the chunk
+// sums (the *_workspace_bytes functions; 0 on the CPU).
 //
 // The backward gives the normaliser's part of dq and dk (add gla_backward's,
 // called with d_o_raw as its d_o), the gradient of o_raw and of z_init.
@@ -30,6 +32,9 @@ struct GlaNormalizeArgs {
   TensorView z_final;          // optional out: [N,H,K] f32 (or f64 for f64 inputs)
 
   void* stream = nullptr;      // cudaStream_t for CUDA tensors
+  void* workspace = nullptr;   // at least gla_normalize_forward_workspace_bytes(args); left null,
+  size_t workspace_bytes = 0;  // it comes from allocate_workspace, else stream-ordered
+  WorkspaceAllocator allocate_workspace;  // used when workspace is null (flashgla/tensor.h)
 };
 
 struct GlaNormalizeBackwardArgs {
@@ -44,12 +49,13 @@ struct GlaNormalizeBackwardArgs {
   TensorView d_z_init;         // optional out: [N,H,K] f32 (or f64 for f64 inputs)
 
   void* stream = nullptr;
-  void* workspace = nullptr;   // at least gla_normalize_backward_workspace_bytes(args) (CUDA: B·T·H floats);
-  size_t workspace_bytes = 0;  // left null, it is taken stream-ordered
+  void* workspace = nullptr;   // at least gla_normalize_backward_workspace_bytes(args); left null,
+  size_t workspace_bytes = 0;  // it comes from allocate_workspace, else stream-ordered
   WorkspaceAllocator allocate_workspace;  // used when workspace is null (flashgla/tensor.h)
 };
 
 void gla_normalize_forward(const GlaNormalizeArgs& args);
+size_t gla_normalize_forward_workspace_bytes(const GlaNormalizeArgs& args);  // checks args; 0 on the CPU
 void gla_normalize_backward(const GlaNormalizeBackwardArgs& args);
 size_t gla_normalize_backward_workspace_bytes(const GlaNormalizeBackwardArgs& args);  // checks args; 0 on the CPU
 

@@ -100,7 +100,10 @@ void bind_gla(nb::module_& m) {
   stream_field(normalize);
   m.def(
       "gla_normalize_forward",
-      [](const GlaNormalizeArgs& a) { run_without_gil(&flashgla::gla_normalize_forward, a); }, "args"_a);
+      [](const GlaNormalizeArgs& a, nb::handle allocate_workspace) {
+        run_with_workspace(&flashgla::gla_normalize_forward, a, allocate_workspace);
+      },
+      "args"_a, "allocate_workspace"_a.none() = nb::none());
 
   using NormalizeBackward = GlaNormalizeBackwardArgs;
   nb::class_<NormalizeBackward> normalize_backward(

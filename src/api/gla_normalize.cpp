@@ -81,6 +81,10 @@ void gla_normalize_backward(const GlaNormalizeBackwardArgs& a) {
   FLASHGLA_DISPATCH(a.q.device, gla_normalize_backward, a, check_backward(a));
 }
 
+size_t gla_normalize_forward_workspace_bytes(const GlaNormalizeArgs& a) {
+  return FLASHGLA_WORKSPACE_BYTES(a.q.device, gla_normalize_forward_workspace_bytes, a, check_forward(a));
+}
+
 size_t gla_normalize_backward_workspace_bytes(const GlaNormalizeBackwardArgs& a) {
   return FLASHGLA_WORKSPACE_BYTES(a.q.device, gla_normalize_backward_workspace_bytes, a, check_backward(a));
 }

@@ -44,6 +44,7 @@ void gla_gamma_gate(const GammaGateArgs& args);
 void gla_gamma_grad(const GammaGradArgs& args);
 void gla_normalize_forward(const GlaNormalizeArgs& args, const GlaProblem& problem);
 void gla_normalize_backward(const GlaNormalizeBackwardArgs& args, const GlaProblem& problem);
+size_t gla_normalize_forward_workspace_bytes(const GlaNormalizeArgs& args, const GlaProblem& problem);
 size_t gla_normalize_backward_workspace_bytes(const GlaNormalizeBackwardArgs& args, const GlaProblem& problem);
 // Stream-ordered device scratch on device `index` for the API layer (the g_gamma gate when the
 // caller gave no workspace); freed on the same stream.

@@ -88,6 +88,34 @@ def test_normalize_forward_and_backward(gen, op, varlen, device):
         assert_close(grad, ref_grad, GRAD_TOLERANCE[dtype], name)
 
 
+@requires_gpu
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_normalize_chunked_scan_gpu(gen, dtype, reverse):
+    """The CUDA normaliser (a scan over 64-token chunks) alone, through its op, against fp64 on sequences of
+    many chunks, lengths off the chunk and empty ones, at FLA's d128: o, z_state and the gradients of
+    o_raw, q, k and z_init."""
+    from flashgla.ops.gla import _linear_attn_normalize
+    lengths = [0, 700, 1, 0, 1300]
+    B, T, H, K, V, N = 1, sum(lengths), 2, 128, 128, len(lengths)
+    cu_seqlens = cu(lengths)
+    q, k = positive(gen, B, T, H, K, dtype=dtype), positive(gen, B, T, H, K, dtype=dtype)
+    o_raw = randn(gen, B, T, H, V, dtype=dtype)
+    z0 = positive(gen, N, 1, H, K, dtype=torch.float32)
+    do, dz = randn(gen, B, T, H, V, dtype=dtype), randn(gen, N, 1, H, K, dtype=torch.float32)
+    leaves = [x.cuda().requires_grad_() for x in (o_raw, q, k, z0)]
+    with poisoned_outputs():
+        o, z = _linear_attn_normalize(*leaves, cu_seqlens.cuda(), cu_seqlens, None, reverse)
+        grads = torch.autograd.grad((o, z), leaves, (do.cuda(), dz.cuda()))
+    ref = [x.detach().double().requires_grad_() for x in (o_raw, q, k, z0)]
+    o_ref, z_ref = naive_normalize(ref[0], ref[1], ref[2], z_init=ref[3], cu_seqlens=cu_seqlens, reverse=reverse)
+    ref_grads = torch.autograd.grad((o_ref, z_ref), ref, (do.double(), dz.double()))
+    assert_close(o, o_ref, TOLERANCE[dtype], "o")
+    assert_close(z, z_ref, TOLERANCE[torch.float32], "z_state")
+    for name, grad, ref_grad in zip(["d_o_raw", "dq", "dk", "dz_init"], grads, ref_grads):
+        assert_close(grad, ref_grad, GRAD_TOLERANCE[dtype], name)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_normalize_is_the_default_and_keeps_fla_conventions(gen, device):
     """chunk_linear_attn normalises by default (FLA 0.6); the pair comes back even without output_final_state;

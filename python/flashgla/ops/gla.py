@@ -190,7 +190,7 @@ def _linear_attn_normalize(o_raw: Tensor, q: Tensor, k: Tensor, z_init: Optional
     args = make_args(_C.GlaNormalizeArgs, o_raw=o_raw, q=q, k=k, z_init=_z_view(z_init, "z_init"),
                      cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, scale=scale, reverse=reverse, o=o,
                      z_final=_z_view(z, "z_final"))
-    run_op(_C.gla_normalize_forward, args, q.device, scratch=False)
+    run_op(_C.gla_normalize_forward, args, q.device)
     return o, z
 
 
