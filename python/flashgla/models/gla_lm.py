@@ -57,6 +57,9 @@ class SwiGLU(nn.Module):
 
 
 class GLABlock(nn.Module):
+    """One block of the model: x + mixer(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)); the mixer is
+    GatedLinearAttention, or softmax Attention when layer_idx is in config.attn_layers (a hybrid)."""
+
     def __init__(self, config: GLAConfig, layer_idx: int):
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, config.norm_eps)
@@ -92,6 +95,8 @@ class Cache:
 
 @dataclass
 class CausalLMOutput:
+    """What GLAForCausalLM.forward returns: logits, the loss when labels are given, the cache with use_cache."""
+
     logits: Optional[Tensor]        # [B, T, vocab_size] (zeros at padding); None with model.loss_chunk_size
     loss: Optional[Tensor] = None   # mean next-token cross-entropy, when labels are given
     cache: Optional[Cache] = None   # with use_cache
@@ -177,6 +182,14 @@ class _GraphDecoder:
 
 
 class GLAForCausalLM(nn.Module):
+    """A GLA Transformer language model: token embeddings, config.num_hidden_layers GLABlocks, a final
+    RMSNorm and the LM head (tied to the embeddings with config.tie_word_embeddings).
+
+    forward(input_ids, labels=...) gives logits and the next-token loss (padded, packed or
+    context-parallel batches); generate() continues prompts with the chunked prefill and the decode
+    kernel; save_pretrained / from_pretrained write and read config.json + model.pt (and read
+    flash-linear-attention checkpoints)."""
+
     def __init__(self, config: GLAConfig):
         super().__init__()
         self.config = config
