@@ -17,7 +17,7 @@ Under torchrun (WORLD_SIZE > 1) the model is sharded with FSDP2 (flashgla.parall
 bf16 parameters and fp32 gradient reduction on GPUs, fp32 on the CPU with gloo), each data-parallel
 rank draws its own batches, and rank 0 prints the progress, evaluates (the evaluation batches split
 over the ranks) and plots. Each evaluation and the logged loss average over all ranks. --cp N splits every sequence over N ranks (context parallelism; the
-batch's windows are packed into one sequence of batch-size x seq-len tokens per group of N ranks).
+batch's windows are packed into one sequence of batch-size x (seq-len + 1) tokens per group of N ranks).
 Checkpoints go through torch.distributed.checkpoint into <out>/checkpoint (any number of ranks can
 --resume from them, one process included); rank 0 also writes config.json + model.pt for sample.py.
 """
@@ -243,34 +243,33 @@ class Ranks:
 
 class Step:
     """Runs the model on a batch of windows [B, seq_len + 1]: the whole batch on one rank or a
-    data-parallel rank; under --cp the windows packed into one sequence and split over the CP ranks
-    (labels shifted before the split, so the prediction of a rank's last token uses the next rank's
-    first byte)."""
+    data-parallel rank; under --cp the windows packed into one sequence (a sequence per window) and
+    split over the CP ranks. One rule on every path: labels = the input bytes, shifted by the model
+    (each window's bytes 1..seq_len are the targets of its bytes 0..seq_len-1; under CP the model takes
+    a rank's last target from the next rank)."""
 
     def __init__(self, model, ranks, args):
         self.model, self.ranks, self.context = model, ranks, None
         if ranks.cp > 1:
             from flashgla.distributed import build_cp_context
 
-            total = args.batch_size * args.seq_len
+            window = args.seq_len + 1
+            total = args.batch_size * window
             if total % ranks.cp:
-                raise SystemExit(f"--cp {ranks.cp}: batch-size x seq-len = {total} tokens must divide into the CP ranks")
-            cu_seqlens = torch.arange(0, total + 1, args.seq_len, dtype=torch.int32)
+                raise SystemExit(f"--cp {ranks.cp}: batch-size x (seq-len + 1) = {args.batch_size} x {window} = "
+                                 f"{total} tokens must divide into the {ranks.cp} CP ranks")
+            cu_seqlens = torch.arange(0, total + 1, window, dtype=torch.int32)
             conv = model.config.conv_size if model.config.use_short_conv else None
             self.context = build_cp_context(cu_seqlens.to(ranks.device), ranks.cp_group, conv1d_kernel_size=conv,
                                             cu_seqlens_cpu=cu_seqlens)
             self.local = total // ranks.cp
 
     def loss(self, windows):
-        """One rule on every path: a window's bytes 1..seq_len are the targets of its bytes 0..seq_len-1.
-        The plain forward shifts labels itself (labels = the ids); under CP the targets are shifted here,
-        before the split, since a rank's last target is the next rank's first byte."""
         windows = windows.to(self.ranks.device, non_blocking=True)
         if self.context is None:
             return self.model(windows, labels=windows).loss
-        ids, labels = windows[:, :-1].reshape(1, -1), windows[:, 1:].reshape(1, -1)
-        part = slice(self.ranks.cp_rank * self.local, (self.ranks.cp_rank + 1) * self.local)
-        return self.model(ids[:, part], labels=labels[:, part], cp_context=self.context).loss
+        ids = windows.reshape(1, -1)[:, self.ranks.cp_rank * self.local:(self.ranks.cp_rank + 1) * self.local]
+        return self.model(ids, labels=ids, cp_context=self.context).loss
 
 
 @torch.no_grad()
