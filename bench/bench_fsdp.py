@@ -49,7 +49,7 @@ def worker(args):
     import torch
     import torch.distributed as dist
 
-    from flashgla.distributed import build_cp_context, local_slice, shift_labels
+    from flashgla.distributed import build_cp_context, local_slice
     from flashgla.parallel import init_mesh, parallelize
     from flashgla.models import GLAConfig, GLAForCausalLM
 
@@ -149,7 +149,7 @@ def worker(args):
             cu = torch.tensor([0, context], dtype=torch.int32)
             ctx = build_cp_context(cu.to(device), group, conv1d_kernel_size=None, cu_seqlens_cpu=cu)
             local_ids = local_slice(ids, ctx).to(device)
-            local_labels = local_slice(shift_labels(ids, cu), ctx).to(device)
+            local_labels = local_ids  # labels = input_ids: the model shifts them, across the ranks too
             if cuda:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <functional>
 #include <new>
+#include <string>
+#include <utility>
 
 #include "cli/commands.h"
 #include "cli/inputs.h"
@@ -50,15 +52,21 @@ std::mt19937_64 rng_for(const Options& o, uint32_t op) {
 }
 
 // The results, printed as they come: a row per output, or per op that threw.
+// Before each case a progress line goes to stderr (large sizes take minutes,
+// mostly in the fp64 reference), so stdout stays the table alone.
 class Table {
  public:
-  Table() { std::printf("%-22s %-6s %-12s %-10s %s\n", "op", "output", "rel_rms_err", "tolerance", "result"); }
+  Table(int cases, std::string tested) : cases_(cases), tested_(std::move(tested)) {
+    std::printf("%-22s %-6s %-12s %-10s %s\n", "op", "output", "rel_rms_err", "tolerance", "result");
+    std::fflush(stdout);  // the header before the first progress line, also when stdout is a pipe
+  }
 
   // Runs the reference, then the op under test, and compares their outputs
   // (same names, same order). `precision` is the coarsest precision the
   // op's results pass through; an output's own dtype can only coarsen it.
   void compare(const std::string& op, DType precision, const std::function<Outputs()>& reference,
                const std::function<Outputs()>& tested) {
+    std::fprintf(stderr, "check %d/%d: %s (fp64 reference, then %s)\n", ++case_, cases_, op.c_str(), tested_.c_str());
     Outputs ref;
     try {
       ref = reference();
@@ -101,6 +109,9 @@ class Table {
 
   int rows_ = 0;
   int failures_ = 0;
+  int case_ = 0;
+  int cases_;
+  std::string tested_;  // the device and dtype under test, for the progress lines
 };
 
 GlaOutputs run_gla_forward(const GlaInputs& in, GlaAlgorithm algorithm, const Tuning& tuning) {
@@ -229,7 +240,9 @@ void print_header(const Options& o) {
 
 int run_check(const Options& o) {
   print_header(o);
-  Table table;
+  // Cases (Table::compare calls): forward and backward of each GLA algorithm and of attention, one for decode.
+  const int cases = 2 * o.ops.chunked + 2 * o.ops.recurrent + o.ops.decode + 2 * o.ops.attention;
+  Table table(cases, o.device.str() + " " + short_dtype_name(o.dtype));
   if (o.ops.chunked) check_gla(table, o, GlaAlgorithm::chunked);
   if (o.ops.recurrent) check_gla(table, o, GlaAlgorithm::recurrent);
   if (o.ops.decode) check_decode(table, o);

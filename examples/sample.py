@@ -16,18 +16,25 @@ import torch
 from flashgla.models import GLAForCausalLM
 
 
-def main(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("checkpoint", help="directory with config.json and model.pt")
-    p.add_argument("--prompt", default="And it came to pass")
+    p.add_argument("--prompt", default="And it came to pass", help="text the model continues (UTF-8 bytes)")
     p.add_argument("--tokens", type=int, default=300, help="bytes to generate")
     p.add_argument("--greedy", action="store_true", help="take the most likely byte instead of sampling")
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="divides the logits before sampling: lower is more conservative (ignored with --greedy)")
+    p.add_argument("--top-k", type=int, default=40,
+                   help="sample among the k most likely bytes only (ignored with --greedy)")
     p.add_argument("--num-samples", type=int, default=1, help="continuations generated together as a batch")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (a GPU when present)")
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if not args.prompt:
         p.error("--prompt is empty: give at least one character for the model to continue")

@@ -17,7 +17,7 @@ Under torchrun (WORLD_SIZE > 1) the model is sharded with FSDP2 (flashgla.parall
 bf16 parameters and fp32 gradient reduction on GPUs, fp32 on the CPU with gloo), each data-parallel
 rank draws its own batches, and rank 0 prints the progress, evaluates (the evaluation batches split
 over the ranks) and plots. Each evaluation and the logged loss average over all ranks. --cp N splits every sequence over N ranks (context parallelism; the
-batch's windows are packed into one sequence of batch-size x seq-len tokens per group of N ranks).
+batch's windows are packed into one sequence of batch-size x (seq-len + 1) tokens per group of N ranks).
 Checkpoints go through torch.distributed.checkpoint into <out>/checkpoint (any number of ranks can
 --resume from them, one process included); rank 0 also writes config.json + model.pt for sample.py.
 """
@@ -50,49 +50,89 @@ PRESETS = {
 }
 
 
-def parse_args(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                   help="model size and training settings (tiny: CPU, about a minute; small: a GPU); "
+                        "the options below override them")
     p.add_argument("--data", default=DEFAULT_DATA, help="text file (.txt or .txt.gz)")
     p.add_argument("--out", default=None, help="checkpoint directory (default runs/gla-<preset>)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--steps", type=int)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--seq-len", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--hidden-size", type=int)
-    p.add_argument("--num-hidden-layers", type=int)
-    p.add_argument("--num-heads", type=int)
+    p.add_argument("--steps", type=int, help="total optimizer steps, counting those of a --resume'd run (preset)")
+    p.add_argument("--batch-size", type=int, help="windows per step on each data-parallel rank (preset)")
+    p.add_argument("--seq-len", type=int, help="bytes per training window (preset)")
+    p.add_argument("--lr", type=float, help="peak learning rate of the warm-up + cosine schedule (preset)")
+    p.add_argument("--hidden-size", type=int, help="model width (preset)")
+    p.add_argument("--num-hidden-layers", type=int, help="number of blocks (preset)")
+    p.add_argument("--num-heads", type=int, help="attention heads per block (preset)")
     p.add_argument("--attn-layers", default="", help="comma-separated indices of softmax-attention layers")
-    p.add_argument("--mode", choices=["chunk", "fused_recurrent"], default="chunk")
-    p.add_argument("--use-short-conv", action="store_true")
+    p.add_argument("--mode", choices=["chunk", "fused_recurrent"], default="chunk",
+                   help="GLA kernel in training: chunked or token by token")
+    p.add_argument("--use-short-conv", action="store_true",
+                   help="causal depthwise convolution on q, k, v in every GLA layer")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: 5%% of --steps)")
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--eval-every", type=int)
-    p.add_argument("--eval-batches", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay of the matrices")
+    p.add_argument("--eval-every", type=int, help="steps between held-out evaluations and checkpoints (preset)")
+    p.add_argument("--eval-batches", type=int, default=8, help="held-out batches per evaluation")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the batches and the sample")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--resume", action="store_true", help="continue from --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its checkpoint (an error when there is none)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start a new run in --out even when it holds a run (its files are replaced)")
     p.add_argument("--cp", type=int, default=1, help="context-parallel ranks per sequence (under torchrun)")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in the backward")
     p.add_argument("--loss-chunk-size", type=int, default=None,
                    help="tokens per chunk of the LM head + cross-entropy (never materialises all logits)")
-    p.add_argument("--prompt", default="And God said")
-    p.add_argument("--sample-tokens", type=int, default=300)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--prompt", default="And God said", help="text the sample at the end continues")
+    p.add_argument("--sample-tokens", type=int, default=300, help="bytes sampled at the end")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature of the sample at the end")
+    p.add_argument("--top-k", type=int, default=40, help="the sample at the end draws among the k most likely bytes")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if not args.prompt:
         p.error("--prompt is empty: the sample at the end needs at least one character to continue")
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.steps < 1:
+        p.error(f"--steps {args.steps}: give at least 1 (the total number of steps, those already done included)")
     if args.warmup is None:
         args.warmup = max(1, args.steps // 20)
     if args.out is None:
         args.out = os.path.join("runs", f"gla-{args.preset}")
+    if args.resume and args.overwrite:
+        p.error("--resume and --overwrite: give one (--resume continues the run in --out, --overwrite replaces it)")
     return args
+
+
+RUN_FILES = ("config.json", "model.pt", "losses.json", os.path.join("checkpoint", ".metadata"))
+
+
+def check_run_folder(args, distributed):
+    """Refuses what would lose a run or silently start over: a new run in a folder that holds one
+    (without --overwrite), and --resume without a checkpoint to continue."""
+    held = [name for name in RUN_FILES if os.path.exists(os.path.join(args.out, name))]
+    if not args.resume:
+        if held and not args.overwrite:
+            raise SystemExit(f"--out {args.out}: this folder holds a run ({', '.join(held)}); pass --resume to "
+                             f"continue it, --overwrite to replace it, or another --out")
+        return
+    if os.path.exists(os.path.join(args.out, "checkpoint", ".metadata")):
+        return
+    if os.path.exists(os.path.join(args.out, "model.pt")) and not distributed:
+        return  # the weights alone: training restarts from step 0 with them
+    found = f"it holds only {', '.join(held)}" if held else ("it does not exist" if not os.path.isdir(args.out)
+                                                            else "it holds no run")
+    need = "" if distributed else f" (or the weights {os.path.join(args.out, 'model.pt')})"
+    raise SystemExit(f"--resume: no checkpoint to continue in {args.out}: {found}; expected "
+                     f"{os.path.join(args.out, 'checkpoint')}{need}, written by an earlier run of this script "
+                     f"with the same --out. Drop --resume to start a new run")
 
 
 def load_bytes(path):
@@ -185,6 +225,13 @@ class Ranks:
     def main(self):
         return self.rank == 0
 
+    def close(self):
+        if self.distributed:
+            # Cyclic garbage can keep the group alive into interpreter finalization, where gloo's threads abort.
+            gc.collect()
+            dist.barrier()
+            dist.destroy_process_group()
+
     def mean(self, total, count):
         """sum(total) / sum(count) over all ranks (floats); under CP each group's value counts once."""
         if not self.distributed:
@@ -196,19 +243,22 @@ class Ranks:
 
 class Step:
     """Runs the model on a batch of windows [B, seq_len + 1]: the whole batch on one rank or a
-    data-parallel rank; under --cp the windows packed into one sequence and split over the CP ranks
-    (labels shifted before the split, so the prediction of a rank's last token uses the next rank's
-    first byte)."""
+    data-parallel rank; under --cp the windows packed into one sequence (a sequence per window) and
+    split over the CP ranks. One rule on every path: labels = the input bytes, shifted by the model
+    (each window's bytes 1..seq_len are the targets of its bytes 0..seq_len-1; under CP the model takes
+    a rank's last target from the next rank)."""
 
     def __init__(self, model, ranks, args):
         self.model, self.ranks, self.context = model, ranks, None
         if ranks.cp > 1:
             from flashgla.distributed import build_cp_context
 
-            total = args.batch_size * args.seq_len
+            window = args.seq_len + 1
+            total = args.batch_size * window
             if total % ranks.cp:
-                raise SystemExit(f"--cp {ranks.cp}: batch-size x seq-len = {total} tokens must divide into the CP ranks")
-            cu_seqlens = torch.arange(0, total + 1, args.seq_len, dtype=torch.int32)
+                raise SystemExit(f"--cp {ranks.cp}: batch-size x (seq-len + 1) = {args.batch_size} x {window} = "
+                                 f"{total} tokens must divide into the {ranks.cp} CP ranks")
+            cu_seqlens = torch.arange(0, total + 1, window, dtype=torch.int32)
             conv = model.config.conv_size if model.config.use_short_conv else None
             self.context = build_cp_context(cu_seqlens.to(ranks.device), ranks.cp_group, conv1d_kernel_size=conv,
                                             cu_seqlens_cpu=cu_seqlens)
@@ -218,9 +268,8 @@ class Step:
         windows = windows.to(self.ranks.device, non_blocking=True)
         if self.context is None:
             return self.model(windows, labels=windows).loss
-        ids, labels = windows[:, :-1].reshape(1, -1), windows[:, 1:].reshape(1, -1)
-        part = slice(self.ranks.cp_rank * self.local, (self.ranks.cp_rank + 1) * self.local)
-        return self.model(ids[:, part], labels=labels[:, part], cp_context=self.context).loss
+        ids = windows.reshape(1, -1)[:, self.ranks.cp_rank * self.local:(self.ranks.cp_rank + 1) * self.local]
+        return self.model(ids, labels=ids, cp_context=self.context).loss
 
 
 @torch.no_grad()
@@ -307,6 +356,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    check_run_folder(args, int(os.environ.get("WORLD_SIZE", "1")) > 1)
     ranks = Ranks(args)
     device = ranks.device
     torch.manual_seed(args.seed)
@@ -338,6 +388,13 @@ def main(argv=None):
         batches.generator.manual_seed(args.seed + 1000 * ranks.dp_rank + start)
     elif args.resume and os.path.exists(os.path.join(args.out, "model.pt")) and not ranks.distributed:
         model.load_state_dict(torch.load(os.path.join(args.out, "model.pt"), map_location=device, weights_only=True))
+
+    if start >= args.steps:
+        if ranks.main:
+            print(f"nothing to do: the run in {args.out} has done {start} steps and --steps is {args.steps}; "
+                  f"pass a larger --steps to train on")
+        ranks.close()
+        return
 
     config = model.config
     parameters = sum(p.numel() for p in model.parameters())
@@ -413,11 +470,7 @@ def main(argv=None):
                                    top_k=args.top_k, generator=generator)
         print("---- sample ----")
         print(bytes(out[0].tolist()).decode("utf-8", errors="replace"))
-    if ranks.distributed:
-        # Cyclic garbage can keep the group alive into interpreter finalization, where gloo's threads abort.
-        gc.collect()
-        dist.barrier()
-        dist.destroy_process_group()
+    ranks.close()
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ from ._torch import make_args, run_op
 from .ops.gla import _run_backward, _run_forward, chunk_gla_segment_state_grads, chunk_gla_segment_states
 
 __all__ = ["CPContext", "build_cp_context", "exchange_halo", "conv_with_halo", "gather_keys_values", "cp_mean_loss",
-           "attention_layout", "check_cp_context", "shift_labels", "local_slice"]
+           "attention_layout", "check_cp_context", "next_token_targets", "local_slice"]
 
 # torch 2.13 renamed all_gather_into_tensor (older releases have only that name).
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -646,17 +646,26 @@ def cp_mean_loss(loss_sum: Tensor, count: Tensor, group) -> Tensor:
 
 # ---- data layout helpers ----------------------------------------------------------------------------------
 
-def shift_labels(input_ids: Tensor, cu_seqlens: Optional[Tensor] = None, ignore_index: int = -100) -> Tensor:
-    """Next-token targets of a whole batch, shifted *before* it is split over CP ranks:
-    labels[:, t] = input_ids[:, t + 1], ignore_index at each sequence's last token (each row's last
-    token without cu_seqlens; each packed sequence's with cu_seqlens [N+1] and B == 1)."""
-    labels = torch.full_like(input_ids, ignore_index)
-    labels[:, :-1] = input_ids[:, 1:]
-    if cu_seqlens is not None:
-        # An empty sequence's "last token" is the previous sequence's (or, at the start, index -1:
-        # the batch's last token), which is ignored anyway: no filtering, no host sync.
-        labels[:, cu_seqlens[1:].long() - 1] = ignore_index
-    return labels
+def next_token_targets(labels: Tensor, ctx: CPContext, ignore_index: int = -100) -> Tensor:
+    """The targets of a rank's positions from its slice [B, T/P] of labels aligned with the input ids
+    (labels = input_ids, as without CP): target[:, t] = labels[:, t + 1] within a sequence, the next
+    rank's first label at the rank's last position when its sequence goes on there, ignore_index at
+    each sequence's last token. Collective: one all-gather of [B] labels over ctx.group, so every
+    rank of the group must call it."""
+    if labels.dim() != 2 or labels.shape[1] != ctx.local_tokens:
+        raise ValueError(f"flashgla: labels: expected this rank's slice [B, {ctx.local_tokens}] of labels aligned "
+                         f"with the input ids, got shape {list(labels.shape)}")
+    firsts = _all_gather_stacked(labels[:, 0], ctx.group, ctx.world_size)  # [P, B]
+    targets = torch.full_like(labels, ignore_index)
+    targets[:, :-1] = labels[:, 1:]
+    if ctx.continues_into_next:
+        targets[:, -1] = firsts[ctx.rank + 1]
+    bounds = ctx.cu_seqlens_cpu.long()
+    ends = bounds[1:][bounds[1:] > bounds[:-1]] - 1  # last token of every non-empty local sequence
+    if ctx.continues_into_next:
+        ends = ends[ends != ctx.local_tokens - 1]
+    targets[:, ends.to(labels.device)] = ignore_index
+    return targets
 
 
 def local_slice(tensor: Tensor, ctx, dim: int = 1) -> Tensor:

@@ -213,7 +213,7 @@ def test_short_convolution_halo_equals_one_process():
 
 
 def _cp_model_worker(rank, world_size, config, batch, bounds, chunk, fsdp_steps):
-    from flashgla.distributed import build_cp_context, local_slice, shift_labels
+    from flashgla.distributed import build_cp_context, local_slice
     from flashgla.parallel import parallelize
 
     g = torch.Generator().manual_seed(5)
@@ -230,8 +230,7 @@ def _cp_model_worker(rank, world_size, config, batch, bounds, chunk, fsdp_steps)
 
     ctx = build_cp_context(cu if batch == 1 else torch.tensor([0, total], dtype=torch.int32),
                            conv1d_kernel_size=config.conv_size if config.use_short_conv else None)
-    labels = shift_labels(ids, cu if packed else None)
-    local_ids, local_labels = local_slice(ids, ctx), local_slice(labels, ctx)
+    local_ids = local_labels = local_slice(ids, ctx)  # labels = input_ids, as in one process
     if fsdp_steps == 0:
         loss = model(local_ids, labels=local_labels, cp_context=ctx).loss
         assert_close(loss, ref_loss, 1e-12, f"rank {rank}: loss")

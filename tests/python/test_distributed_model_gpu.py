@@ -32,7 +32,7 @@ def _grads_of(model, loss):
 
 
 def _cp_bf16_worker(rank, world_size, attn_layers, bounds, device_type="cuda"):
-    from flashgla.distributed import build_cp_context, local_slice, shift_labels
+    from flashgla.distributed import build_cp_context, local_slice
 
     device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
     config = GLAConfig(attn_layers=attn_layers, **CONFIG)
@@ -50,8 +50,8 @@ def _cp_bf16_worker(rank, world_size, attn_layers, bounds, device_type="cuda"):
 
     cp_model = copy.deepcopy(reference).to(device, torch.bfloat16)
     ctx = build_cp_context(cu.to(device), conv1d_kernel_size=config.conv_size, cu_seqlens_cpu=cu)
-    labels = shift_labels(ids, cu)
-    loss_cp = cp_model(local_slice(ids, ctx).to(device), labels=local_slice(labels, ctx).to(device),
+    local_ids = local_slice(ids, ctx).to(device)
+    loss_cp = cp_model(local_ids, labels=local_ids,  # labels = input_ids, as in one process
                        cp_context=ctx).loss
     grads_cp = _grads_of(cp_model, loss_cp)
     for grad in grads_cp:

@@ -57,6 +57,9 @@ class SwiGLU(nn.Module):
 
 
 class GLABlock(nn.Module):
+    """One block of the model: x + mixer(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)); the mixer is
+    GatedLinearAttention, or softmax Attention when layer_idx is in config.attn_layers (a hybrid)."""
+
     def __init__(self, config: GLAConfig, layer_idx: int):
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, config.norm_eps)
@@ -92,6 +95,8 @@ class Cache:
 
 @dataclass
 class CausalLMOutput:
+    """What GLAForCausalLM.forward returns: logits, the loss when labels are given, the cache with use_cache."""
+
     logits: Optional[Tensor]        # [B, T, vocab_size] (zeros at padding); None with model.loss_chunk_size
     loss: Optional[Tensor] = None   # mean next-token cross-entropy, when labels are given
     cache: Optional[Cache] = None   # with use_cache
@@ -177,6 +182,14 @@ class _GraphDecoder:
 
 
 class GLAForCausalLM(nn.Module):
+    """A GLA Transformer language model: token embeddings, config.num_hidden_layers GLABlocks, a final
+    RMSNorm and the LM head (tied to the embeddings with config.tie_word_embeddings).
+
+    forward(input_ids, labels=...) gives logits and the next-token loss (padded, packed or
+    context-parallel batches); generate() continues prompts with the chunked prefill and the decode
+    kernel; save_pretrained / from_pretrained write and read config.json + model.pt (and read
+    flash-linear-attention checkpoints)."""
+
     def __init__(self, config: GLAConfig):
         super().__init__()
         self.config = config
@@ -206,14 +219,16 @@ class GLAForCausalLM(nn.Module):
                 cache: Optional[Cache] = None, use_cache: bool = False, logits_to_keep: int = 0,
                 cp_context=None) -> CausalLMOutput:
         """input_ids [B, T]; attention_mask [B, T] (1: token, 0: padding) or cu_seqlens [N+1] with B == 1;
-        labels [B, T] (the loss predicts labels[:, t+1] from position t; -100 and padding are ignored);
+        labels [B, T] (the loss predicts labels[:, t+1] from position t, never across a sequence boundary:
+        labels=input_ids trains next-token prediction; -100 and padding are ignored);
         cache: the previous call's, continued (and updated) by this one; logits_to_keep n > 0: only the
         logits of the last n positions (generation needs the last one; ignored with labels).
 
         cp_context (context parallelism, flashgla.distributed.build_cp_context): input_ids is this
-        rank's slice [1, T/P] of the packed batch (or [B, T/P] with a context of [0, T]); labels are
-        the targets of these positions, shifted over the whole batch *before* the split (-100 at
-        each sequence's last token); the loss is the mean over the valid tokens of all ranks."""
+        rank's slice [1, T/P] of the packed batch (or [B, T/P] with a context of [0, T]) and labels the
+        same slice of the labels, by the same rule as without CP (the shift across the ranks' edges is
+        done inside, flashgla.distributed.next_token_targets); the loss is the mean over the valid
+        tokens of all ranks, equal to the one process's."""
         if cp_context is not None:
             return self._forward_cp(input_ids, attention_mask, cu_seqlens, labels, cache, use_cache, cp_context)
         if input_ids.dim() != 2:
@@ -277,7 +292,7 @@ class GLAForCausalLM(nn.Module):
         return CausalLMOutput(logits, loss, cache if use_cache else None)
 
     def _forward_cp(self, input_ids, attention_mask, cu_seqlens, labels, cache, use_cache, cp_context):
-        from ..distributed import cp_mean_loss
+        from ..distributed import cp_mean_loss, next_token_targets
 
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids: expected [B, T], got shape {list(input_ids.shape)}")
@@ -285,8 +300,8 @@ class GLAForCausalLM(nn.Module):
             raise ValueError("flashgla: cp_context: the model takes the boundaries from the context: pass no "
                              "attention_mask, cu_seqlens or cache, and use_cache=False")
         if labels is not None and labels.shape != input_ids.shape:
-            raise ValueError(f"labels: expected the shape of input_ids {list(input_ids.shape)} (targets shifted "
-                             f"before the split), got {list(labels.shape)}")
+            raise ValueError(f"labels: expected the shape of input_ids {list(input_ids.shape)} (the rank's slice "
+                             f"of labels aligned with the input ids), got {list(labels.shape)}")
         x = self.embeddings(input_ids)
         for layer in self.layers:
             x, _ = layer(x, None, None, False, cp_context)
@@ -295,7 +310,7 @@ class GLAForCausalLM(nn.Module):
         logits = None if chunked else self.lm_head(hidden)
         loss = None
         if labels is not None:
-            targets = labels.reshape(-1)
+            targets = next_token_targets(labels, cp_context).reshape(-1)
             if chunked:
                 loss_sum, count = chunked_lm_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight,
                                                            targets, self.loss_chunk_size)

@@ -12,6 +12,8 @@ from torch import Tensor
 
 
 class Packing(NamedTuple):
+    """Where the tokens of a padded batch [B, T] lie in the packed sequence (made by packing())."""
+
     indices: Tensor     # [total] flat positions (b * T + t) of the tokens, in order
     cu_seqlens: Tensor  # [B + 1] int32 boundaries of the packed sequences
     batch: int
