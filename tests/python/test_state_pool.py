@@ -40,8 +40,7 @@ def inputs(gen, gate, lengths, H=2, K=16, V=8, dtype=torch.float32, device="cpu"
         cu_seqlens = None
         q, k, v, g, _ = gla_inputs(gen, len(lengths), lengths[0], H, K, V, gate="vector" if gate == "vector" else
                                    ("scalar" if gate in ("scalar", "gamma") else None), dtype=dtype)
-    move = lambda t: None if t is None else t.to(device)  # noqa: E731
-    return move(q), move(k), move(v), move(g), move(cu_seqlens)
+    return tuple(None if t is None else t.to(device) for t in (q, k, v, g, cu_seqlens))
 
 
 def one_sequence(x, span):
@@ -198,8 +197,13 @@ def small_case(gen):
 
 def test_bad_indices(gen):
     q, k, v, g, cu_seqlens, pool = small_case(gen)
-    run = lambda **kw: flashgla.fused_recurrent_gla(q, k, v, g, initial_state=pool, cu_seqlens=cu_seqlens, **kw)  # noqa: E731
-    i32 = lambda rows: torch.tensor(rows, dtype=torch.int32)  # noqa: E731
+
+    def run(**kwargs):
+        return flashgla.fused_recurrent_gla(q, k, v, g, initial_state=pool, cu_seqlens=cu_seqlens, **kwargs)
+
+    def i32(rows):
+        return torch.tensor(rows, dtype=torch.int32)
+
     before = pool.clone()
     with raises(ValueError, "ssm_state_indices", "< P = 5", "got 5 at [1]"):
         run(ssm_state_indices=i32([0, 5, 1]))
