@@ -47,7 +47,8 @@ RecurrentLayout recurrent_layout(const RecurrentParams& p) {
   return L;
 }
 
-template <class E>
+// kPool: vLLM's state pools (p.pool_rows set); a separate instantiation, so the plain path keeps its registers.
+template <class E, bool kPool>
 __global__ void __launch_bounds__(kMaxThreads) recurrent_forward_kernel(const RecurrentParams p,
                                                                         const RecurrentLayout L) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_forward_kernel(const Re
   // With a state pool, h0's row is the sequence's start row; a padded slot (a start row outside the pool,
   // or an accepted count out of range) gets zero outputs and touches no pool row. The branch is per CTA.
   int64_t h0_row = n;
-  if (p.pool_rows) {
+  if constexpr (kPool) {
     const int64_t first = p.accepted ? int64_t(p.accepted[n * p.accepted_stride]) - 1 : 0;
     const bool in_range = first >= 0 && first < max(p.pool_cols, 1);
     h0_row = in_range ? int64_t(p.pool_rows[n * p.pool_row_stride + first * p.pool_col_stride]) : -1;
@@ -152,7 +153,7 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_forward_kernel(const Re
       }
       for (int m = 1; m < groups; m <<= 1) part += __shfl_xor_sync(0xffffffffu, part, m);
       if (kg == 0 && vcol < V) out[row_offset(p.o, b * TS + t) + vcol * p.o.stride[3]] = from_float<E>(p.scale * part);
-      if (p.pool_rows) {  // the state after this token: to its pool row (inplace), else to its packed row of ht
+      if constexpr (kPool) {  // the state after this token: to its pool row (inplace), else to its packed row of ht
         const int64_t token = b * TS + t;
         if (p.inplace) {
           if (token < p.pool_cols) {
@@ -166,19 +167,26 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_forward_kernel(const Re
     }
   }
 
-  if (!p.pool_rows) {
+  if constexpr (!kPool) {
     if (p.ht.data) store_state(p.ht, n);
   } else if (p.inplace && p.pool_cols == 0 && seq.len > 0) {
     store_state(p.h0, h0_row);  // [N] indices: the final state back to the start row
   }
 }
 
+template <class E, bool kPool>
+void launch_as(const RecurrentParams& p, const RecurrentLayout& L, dim3 grid, int threads, cudaStream_t stream) {
+  check_cuda(cudaFuncSetAttribute(recurrent_forward_kernel<E, kPool>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  L.bytes),
+             "cudaFuncSetAttribute (GLA recurrent kernel)");
+  recurrent_forward_kernel<E, kPool><<<grid, threads, L.bytes, stream>>>(p, L);
+  check_cuda(cudaGetLastError(), "GLA recurrent kernel launch");
+}
+
 template <class E>
 void launch(const RecurrentParams& p, const RecurrentLayout& L, dim3 grid, int threads, cudaStream_t stream) {
-  check_cuda(cudaFuncSetAttribute(recurrent_forward_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, L.bytes),
-             "cudaFuncSetAttribute (GLA recurrent kernel)");
-  recurrent_forward_kernel<E><<<grid, threads, L.bytes, stream>>>(p, L);
-  check_cuda(cudaGetLastError(), "GLA recurrent kernel launch");
+  if (p.pool_rows) return launch_as<E, true>(p, L, grid, threads, stream);
+  launch_as<E, false>(p, L, grid, threads, stream);
 }
 
 }  // namespace
