@@ -274,3 +274,12 @@ def test_indices_on_another_device(gen):
                                      ssm_state_indices=torch.tensor([[0, 1], [2, 3], [4, -1]], dtype=torch.int32,
                                                                     device="cuda"),
                                      num_accepted_tokens=torch.ones(3, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("inplace", [True, False], ids=["inplace", "token_states"])
+def test_opcheck(gen, inplace):
+    """The op's schema (the pool is mutated), its fake implementation and its dispatch (torch.compile)."""
+    q, k, v, g, cu_seqlens, rows, accepted, pool = speculative_case(gen, "vector", "cpu")
+    torch.library.opcheck(torch.ops.flashgla.gla_recurrent_pooled.default,
+                          (q, k, v, g, None, pool, rows, accepted, cu_seqlens, None, None, False, False, inplace,
+                           not inplace))
