@@ -257,6 +257,9 @@ def test_bad_combinations(gen):
     with raises(TypeError, "inplace_final_state", "bool"):
         flashgla.fused_recurrent_gla(q, k, v, g, initial_state=pool, cu_seqlens=cu_seqlens, ssm_state_indices=rows,
                                      inplace_final_state=rows)
+    with raises(TypeError, "inplace_final_state", "bool"):
+        flashgla.fused_recurrent_gla(q, k, v, g, initial_state=pool[:3], cu_seqlens=cu_seqlens,
+                                     inplace_final_state=rows)
     with raises(NotImplementedError, "ssm_state_indices", "inference"):
         flashgla.fused_recurrent_gla(q.requires_grad_(), k, v, g, initial_state=pool, cu_seqlens=cu_seqlens,
                                      ssm_state_indices=rows)

@@ -586,7 +586,8 @@ def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = 
 
 def _pooled(ssm_state_indices, num_accepted_tokens, inplace_final_state):
     """Whether a call takes the state-pool path (any of its arguments given; the C++ checks say what is missing)."""
-    return ssm_state_indices is not None or num_accepted_tokens is not None or bool(inplace_final_state)
+    return (ssm_state_indices is not None or num_accepted_tokens is not None
+            or not (inplace_final_state is None or inplace_final_state is False))
 
 
 def _token_states_shape(q, v, state_v_first):
