@@ -13,6 +13,10 @@ generation) and divides by the number of calls; the median of the replays is rep
   writes rows from DRAM, as a serving step whose states were evicted by the other layers would.
 - "T=4", "T=4+states": four tokens per call (speculative decoding), dense, without and with the
   per-token states output (which writes 4 more states).
+- "ssm": vLLM's path, fused_recurrent_gla with ssm_state_indices [N] (inplace_final_state) on the
+  same > L2 pool, one token per sequence ([N, 1, H, *] inputs); "ssm % of copy" is pool copy / ssm.
+- "ssm T=4": ssm_state_indices [N, 4] with num_accepted_tokens (speculative decoding): each sequence
+  reads one pool row and writes four (one per draft token), so its traffic is 5 states, not 2.
 "copy" copies the state bytes once (read + write, the decode's own traffic); "% of copy" is
 copy time / decode time. Targets (issue 18): >= 90% of copy at N = 64, <= 4 us at N = 1.
 """
@@ -82,9 +86,27 @@ def bench_batch(N):
     pool_src = pool.view(cycle, -1)
     pool_dst = torch.empty_like(pool_src[0])
     row["pool_copy"] = graph_us(lambda j: pool_dst.copy_(pool_src[j % cycle]), calls=max(cycle, 20))
-    del pool, pool_src, pool_dst
+    del pool_src, pool_dst
+
+    q1, k1, v1, g1 = (x[:, None] for x in (q, k, v, g))  # [N, 1, H, *]: fused_recurrent's layout
+    row["ssm"] = graph_us(lambda j: flashgla.fused_recurrent_gla(q1, k1, v1, g1, initial_state=pool,
+                                                                 ssm_state_indices=rows[j % cycle],
+                                                                 inplace_final_state=True), calls=max(cycle, 20))
+    del pool, rows
 
     q4, k4, v4, g4 = inputs(N, 4)
+    cycle4 = max(2, -(-POOL_BYTES // (4 * N * slice_bytes)))
+    pool4 = torch.randn(cycle4 * 4 * N, H, K, V, device="cuda")
+    rows4 = [torch.arange(j * 4 * N, (j + 1) * 4 * N, device="cuda", dtype=torch.int32).view(N, 4)
+             for j in range(cycle4)]
+    accepted = torch.randint(1, 5, (N,), device="cuda", dtype=torch.int32)
+    row["ssm_t4"] = graph_us(lambda j: flashgla.fused_recurrent_gla(q4, k4, v4, g4, initial_state=pool4,
+                                                                    ssm_state_indices=rows4[j % cycle4],
+                                                                    num_accepted_tokens=accepted,
+                                                                    inplace_final_state=True),
+                             calls=max(cycle4, 20))
+    del pool4, rows4
+
     row["t4"] = graph_us(lambda j: flashgla.gla_decode_step(q4, k4, v4, g4, state), calls=20)
     row["t4_states"] = graph_us(
         lambda j: flashgla.gla_decode_step(q4, k4, v4, g4, state, output_token_states=True), calls=20)
@@ -99,17 +121,19 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_decode.py needs a CUDA GPU")
+    torch.set_grad_enabled(False)  # the state-pool path is inference only
     card = torch.cuda.get_device_name()
     lines = ["| N | state MB | dense us | copy us | % of copy | TB/s | pool us | pool copy us | pool % of copy | "
-             "T=4 us | T=4+states us | target |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ssm us | ssm % of copy | ssm T=4 us | T=4 us | T=4+states us | target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for N in (int(x) for x in args.batches.split(",")):
         r = bench_batch(N)
         target = {1: "<= 4 us", 64: ">= 90% of copy"}.get(N, "-")
         lines.append(
             f"| {N} | {r['bytes'] / 2 / 1e6:.1f} | {r['dense']:.2f} | {r['copy']:.2f} | {r['copy'] / r['dense']:.0%} | "
             f"{r['bytes'] / (r['dense'] * 1e-6) / 1e12:.2f} | {r['pool']:.2f} | {r['pool_copy']:.2f} | "
-            f"{r['pool_copy'] / r['pool']:.0%} | {r['t4']:.2f} | {r['t4_states']:.2f} | {target} |")
+            f"{r['pool_copy'] / r['pool']:.0%} | {r['ssm']:.2f} | {r['pool_copy'] / r['ssm']:.0%} | "
+            f"{r['ssm_t4']:.2f} | {r['t4']:.2f} | {r['t4_states']:.2f} | {target} |")
         print(lines[-1], flush=True)
     heading = (f"{card}, H{H} K{K} V{V}, fp32 state, bf16 inputs, CUDA-graph replays "
                f"(torch {torch.__version__}, flashgla {flashgla.__version__})")

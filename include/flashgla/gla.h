@@ -59,6 +59,24 @@ struct GlaForwardArgs {
   TensorView initial_state_indices;
   TensorView final_state_indices;
 
+  // Serving state pools under vLLM's names (FLA's fused_recurrent_kda_fwd): the recurrent
+  // algorithm, forward in time, reads and writes pool rows directly (no dense copies).
+  // ssm_state_indices (i32 [N] or [N, T_max]) makes initial_state a pool [P,H,K,V]. Sequence n
+  // starts from row ssm_state_indices[n] ([N]) or ssm_state_indices[n, a_n - 1] ([N, T_max]),
+  // with a_n = num_accepted_tokens[n] (i32 [N], 1 ≤ a_n ≤ T_max; needs [N, T_max]) or 1 without
+  // it. A negative start row is a padded slot: zero outputs, no pool row read or written.
+  // inplace_final_state: states go back into the pool initial_state (final_state stays empty):
+  // with [N] the final state to the start row (not for an empty sequence); with [N, T_max] the
+  // state after token t < T_max to row ssm_state_indices[n, t] (negative: not written). Without
+  // it, final_state (optional, f32 [B*T, H, K, V]) gets the state after every token at the
+  // token's row of the packed batch (b*T + t, or c_n + t with cu_seqlens); a padded slot's rows
+  // are not written. Rows are checked (< P, non-negative ones distinct, a_n in range) for CPU
+  // tensors only; on CUDA a start row ≥ P or an a_n out of range counts as padded and a write
+  // row ≥ P is not written; duplicates are undefined there.
+  TensorView ssm_state_indices;
+  TensorView num_accepted_tokens;
+  bool inplace_final_state = false;
+
   void* stream = nullptr;    // cudaStream_t for CUDA tensors (nullptr: the default stream)
   // Device scratch of at least gla_*_workspace_bytes(args) bytes. Left null, a
   // CUDA backend that needs scratch asks allocate_workspace for it, else takes it

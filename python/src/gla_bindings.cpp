@@ -45,7 +45,10 @@ void bind_gla(nb::module_& m) {
   tensor_fields<GlaForwardArgs>(forward, {{"o", &GlaForwardArgs::o},
                                           {"final_state", &GlaForwardArgs::final_state},
                                           {"initial_state_indices", &GlaForwardArgs::initial_state_indices},
-                                          {"final_state_indices", &GlaForwardArgs::final_state_indices}});
+                                          {"final_state_indices", &GlaForwardArgs::final_state_indices},
+                                          {"ssm_state_indices", &GlaForwardArgs::ssm_state_indices},
+                                          {"num_accepted_tokens", &GlaForwardArgs::num_accepted_tokens}});
+  forward.def_rw("inplace_final_state", &GlaForwardArgs::inplace_final_state);
   m.def(
       "gla_forward",
       [](const GlaForwardArgs& a, nb::handle allocate_workspace) {

@@ -128,11 +128,95 @@ void check_rows(const TensorView& idx, const char* name, int64_t num_seqs, int64
   }
 }
 
+// vLLM's state-pool arguments (ssm_state_indices, num_accepted_tokens, inplace_final_state); see gla.h.
+void check_ssm_pool(const GlaForwardArgs& a, const GlaProblem& p) {
+  const TensorView& idx = a.ssm_state_indices;
+  const Device dev = a.q.device;
+  const int64_t N = p.num_seqs;
+  FLASHGLA_REQUIRE(a.algorithm == GlaAlgorithm::recurrent, ErrorKind::value, "ssm_state_indices",
+                   "needs the recurrent algorithm (fused_recurrent_gla / fused_recurrent_simple_gla)");
+  FLASHGLA_REQUIRE(!a.reverse, ErrorKind::value, "reverse",
+                   "is not supported with ssm_state_indices (pool states run forward in time)");
+  FLASHGLA_REQUIRE(!a.initial_state_indices.defined() && !a.final_state_indices.defined(), ErrorKind::value,
+                   "ssm_state_indices", "given with initial_state_indices / final_state_indices: pass one kind of pool rows");
+  FLASHGLA_REQUIRE(a.initial_state.defined(), ErrorKind::value, "initial_state",
+                   "is required with ssm_state_indices: the state pool [P, H, K, V] they index");
+  FLASHGLA_REQUIRE(idx.defined() && (idx.ndim == 1 || idx.ndim == 2), ErrorKind::value, "ssm_state_indices",
+                   "expected [N] or [N, T_max] (pool rows per sequence, or per sequence and token), got shape " +
+                       idx.shape_str());
+  const bool per_token = idx.ndim == 2;
+  if (per_token) {
+    check::shape(idx, "ssm_state_indices", {N, idx.shape[1]}, "[N, T_max]");
+    FLASHGLA_REQUIRE(idx.shape[1] >= 1, ErrorKind::value, "ssm_state_indices",
+                     "expected T_max >= 1 columns, got shape " + idx.shape_str());
+  } else {
+    check::shape(idx, "ssm_state_indices", {N}, "[N]");
+  }
+  check::dtype(idx, "ssm_state_indices", DType::i32);
+  check::device(idx, "ssm_state_indices", dev, "q");
+  const TensorView& accepted = a.num_accepted_tokens;
+  if (accepted.defined()) {
+    FLASHGLA_REQUIRE(per_token, ErrorKind::value, "num_accepted_tokens",
+                     "needs ssm_state_indices [N, T_max] (a pool row per draft token), got ssm_state_indices " +
+                         idx.shape_str());
+    check::shape(accepted, "num_accepted_tokens", {N}, "[N]");
+    check::dtype(accepted, "num_accepted_tokens", DType::i32);
+    check::device(accepted, "num_accepted_tokens", dev, "q");
+  }
+  const bool v_first = a.state_v_first;
+  const char* token_dims = v_first ? "[B*T, H, V, K] (the state after every token; state_v_first)"
+                                   : "[B*T, H, K, V] (the state after every token)";
+  if (a.inplace_final_state) {
+    FLASHGLA_REQUIRE(!a.final_state.defined(), ErrorKind::value, "final_state",
+                     "must be left empty with inplace_final_state: the states go back into initial_state (the pool)");
+  } else if (a.final_state.defined()) {
+    check::shape(a.final_state, "final_state",
+                 {p.batch * p.seq_len, p.heads, v_first ? p.value_dim : p.key_dim, v_first ? p.key_dim : p.value_dim},
+                 token_dims, /*is_output=*/true);
+    check::dtype(a.final_state, "final_state", DType::f32);
+    check::device(a.final_state, "final_state", dev, "q");
+  }
+  if (dev.type != DeviceType::cpu) return;  // device indices are not read back (no sync)
+  const int64_t pool = a.initial_state.shape[0], cols = per_token ? idx.shape[1] : 1;
+  const int64_t col_stride = per_token ? idx.stride[1] : 0;
+  const auto* rows = static_cast<const int32_t*>(idx.data);
+  for (int64_t n = 0; accepted.defined() && n < N; ++n) {
+    const int32_t count = static_cast<const int32_t*>(accepted.data)[n * accepted.stride[0]];
+    FLASHGLA_REQUIRE(count >= 1 && count <= cols, ErrorKind::value, "num_accepted_tokens",
+                     "expected 1 to T_max = " + std::to_string(cols) + " accepted tokens per sequence, got " +
+                         std::to_string(count) + " at position " + std::to_string(n));
+  }
+  std::vector<bool> used(size_t(pool), false);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t t = 0; t < cols; ++t) {
+      const int32_t row = rows[n * idx.stride[0] + t * col_stride];
+      if (row < 0) continue;
+      const std::string at = per_token ? "[" + std::to_string(n) + ", " + std::to_string(t) + "]"
+                                       : "[" + std::to_string(n) + "]";
+      FLASHGLA_REQUIRE(row < pool, ErrorKind::value, "ssm_state_indices",
+                       "expected rows of the state pool initial_state (< P = " + std::to_string(pool) +
+                           ") or -1 (padded slot), got " + std::to_string(row) + " at " + at);
+      FLASHGLA_REQUIRE(!used[size_t(row)], ErrorKind::value, "ssm_state_indices",
+                       "expected distinct pool rows within one call, got row " + std::to_string(row) +
+                           " twice (again at " + at + ")");
+      used[size_t(row)] = true;
+    }
+}
+
 GlaProblem check_forward(const GlaForwardArgs& a) {
-  const bool h0_pool = a.initial_state_indices.defined(), ht_pool = a.final_state_indices.defined();
+  const bool ssm_pool = a.ssm_state_indices.defined();
+  const bool h0_pool = a.initial_state_indices.defined() || ssm_pool, ht_pool = a.final_state_indices.defined();
   const GlaProblem p = check_inputs(a.q, a.k, a.v, a.g, a.initial_state, a.cu_seqlens, a.cu_seqlens_host, a.scale,
                                     a.algorithm, a.reverse, a.g_gamma, a.state_v_first, h0_pool);
   check_like(a.o, "o", a.v, "[B, T, H, V]", a.q.dtype, a.q.device, true);
+  if (ssm_pool) {
+    check_ssm_pool(a, p);
+    return p;
+  }
+  FLASHGLA_REQUIRE(!a.num_accepted_tokens.defined(), ErrorKind::value, "num_accepted_tokens",
+                   "needs ssm_state_indices [N, T_max] (the pool rows it picks from)");
+  FLASHGLA_REQUIRE(!a.inplace_final_state, ErrorKind::value, "inplace_final_state",
+                   "needs ssm_state_indices (the pool rows the states go back to)");
   check_state_output(a.final_state, "final_state", p, a.q.device, a.q, a.state_v_first, ht_pool);
   if (h0_pool) {
     FLASHGLA_REQUIRE(a.initial_state.defined(), ErrorKind::value, "initial_state",

@@ -4,6 +4,7 @@ FLA 0.6's signatures; the errors of misuse."""
 
 import inspect
 import re
+import warnings
 
 import pytest
 import torch
@@ -362,6 +363,28 @@ def test_fla_keywords(gen):
         flashgla.chunk_simple_gla(q, k, v, g, chunk_size=48)
     h0_vk = h0.transpose(-1, -2).contiguous()
     for op in (flashgla.fused_recurrent_gla, flashgla.fused_recurrent_simple_gla):
-        _, ht = op(q, k, v, g, initial_state=h0_vk, output_final_state=True, transpose_state_layout=True)
+        with pytest.warns(DeprecationWarning, match="transpose_state_layout"):
+            _, ht = op(q, k, v, g, initial_state=h0_vk, output_final_state=True, transpose_state_layout=True)
         _, ht_ref = op(q, k, v, g, initial_state=h0, output_final_state=True)
         torch.testing.assert_close(ht, ht_ref.transpose(-1, -2))
+
+
+@pytest.mark.parametrize("op", ["fused_recurrent_gla", "fused_recurrent_simple_gla"])
+def test_transpose_state_layout_is_deprecated_as_in_fla(gen, op):
+    """FLA 0.6: transpose_state_layout given at all warns (DeprecationWarning, pointing at the caller) and is
+    state_v_first; given with a true state_v_first, ValueError; without it, no warning."""
+    q, k, v, g, h0 = gla_inputs(gen, 1, 6, 2, 4, 4, gate="scalar", dtype=torch.float32)
+    run = getattr(flashgla, op)
+    with pytest.warns(DeprecationWarning, match="transpose_state_layout.*state_v_first") as record:
+        _, ht = run(q, k, v, g, initial_state=h0, output_final_state=True, transpose_state_layout=False)
+    assert record[0].filename == __file__, "the warning should point at the caller"
+    torch.testing.assert_close(ht, run(q, k, v, g, initial_state=h0, output_final_state=True)[1], rtol=0, atol=0)
+    with pytest.warns(DeprecationWarning):
+        run(q, k, v, g, transpose_state_layout=True)
+    with raises(ValueError, "transpose_state_layout", "state_v_first"):
+        run(q, k, v, g, state_v_first=True, transpose_state_layout=True)
+    with raises(ValueError, "transpose_state_layout", "state_v_first"):
+        run(q, k, v, g, state_v_first=True, transpose_state_layout=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run(q, k, v, g, state_v_first=True)

@@ -6,6 +6,7 @@ implementation for torch.compile and an autograd formula that calls the
 matching "<name>_backward" op. All checking and computing happens in C++.
 """
 
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -309,12 +310,26 @@ def _host_seqlens(cu_seqlens_cpu, cu_seqlens_host):
     return cu_seqlens_cpu
 
 
+class _NotGiven:
+    """The default of an argument whose mere presence matters (FLA reads it from **kwargs)."""
+
+    def __repr__(self):
+        return "<not given>"
+
+
+_NOT_GIVEN = _NotGiven()
+
+
 def _renamed_state_v_first(state_v_first, transpose_state_layout):
-    """FLA's recurrent ops still take state_v_first's deprecated name transpose_state_layout."""
-    if transpose_state_layout is None:
+    """FLA 0.6's recurrent ops take state_v_first's deprecated name transpose_state_layout as FLA does: given at
+    all, it warns (DeprecationWarning) and its value is state_v_first; given with a true state_v_first, ValueError."""
+    if transpose_state_layout is _NOT_GIVEN:
         return state_v_first
     if state_v_first:
-        raise ValueError("flashgla: transpose_state_layout: given with state_v_first (its new name); pass one")
+        raise ValueError("flashgla: transpose_state_layout: cannot pass both state_v_first and the deprecated "
+                         "transpose_state_layout (its old name); pass state_v_first only")
+    warnings.warn("flashgla: transpose_state_layout: deprecated and renamed to state_v_first (as in FLA 0.6)",
+                  DeprecationWarning, stacklevel=3)
     return transpose_state_layout
 
 
@@ -404,14 +419,22 @@ def fused_recurrent_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tens
                                reverse: bool = False, state_v_first: bool = False,
                                cu_seqlens: Optional[Tensor] = None, *, cu_seqlens_cpu: Optional[Tensor] = None,
                                cu_seqlens_host: Optional[Tensor] = None,
-                               transpose_state_layout: Optional[bool] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                               transpose_state_layout=_NOT_GIVEN, ssm_state_indices: Optional[Tensor] = None,
+                               num_accepted_tokens: Optional[Tensor] = None,
+                               inplace_final_state: Optional[bool] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """Token-by-token simple GLA (FLA 0.6's signature): g [B,T,H] and/or g_gamma [H] as in chunk_simple_gla,
-    reverse as in fused_recurrent_gla."""
+    reverse as in fused_recurrent_gla. ssm_state_indices, num_accepted_tokens, inplace_final_state: state pools
+    as in fused_recurrent_gla."""
     state_v_first = _renamed_state_v_first(state_v_first, transpose_state_layout)
     state_v_first = _simple_gla_inputs("fused_recurrent_simple_gla", q, g, g_gamma, state_v_first, False)
     cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
     require_tensors(q=q, k=k, v=v, g=g, g_gamma=g_gamma, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                    cu_seqlens_host=cu_seqlens_host)
+                    cu_seqlens_host=cu_seqlens_host, ssm_state_indices=ssm_state_indices,
+                    num_accepted_tokens=num_accepted_tokens)
+    if _pooled(ssm_state_indices, num_accepted_tokens, inplace_final_state):
+        return _fused_recurrent_pooled("fused_recurrent_simple_gla", q, k, v, g, g_gamma, scale, initial_state,
+                                       output_final_state, reverse, state_v_first, cu_seqlens, cu_seqlens_host,
+                                       ssm_state_indices, num_accepted_tokens, inplace_final_state)
     o, final_state = _fused_recurrent_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
                                           as_scale(scale, "fused_recurrent_simple_gla"), _reverse(reverse, "fused_recurrent_simple_gla"),
                                           output_final_state, g_gamma, state_v_first)
@@ -518,10 +541,25 @@ def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = 
                         output_final_state: bool = False, reverse: bool = False, state_v_first: bool = False,
                         cu_seqlens: Optional[Tensor] = None, *, cu_seqlens_cpu: Optional[Tensor] = None,
                         cu_seqlens_host: Optional[Tensor] = None,
-                        transpose_state_layout: Optional[bool] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                        transpose_state_layout=_NOT_GIVEN, ssm_state_indices: Optional[Tensor] = None,
+                        num_accepted_tokens: Optional[Tensor] = None,
+                        inplace_final_state: Optional[bool] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """Token-by-token GLA (FLA 0.6's signature); gk [B,T,H,K] (or a scalar gate [B,T,H], or None). reverse runs
     each sequence from its last token to its first. gv (FLA's value gate) is not supported. On the CPU this is the
-    fp64-accumulating reference."""
+    fp64-accumulating reference.
+
+    State pools, vLLM's arguments (those of FLA 0.6's fused_recurrent_kda_fwd; inference only): with
+    ssm_state_indices (int32 [N] or [N, T_max], device of q) initial_state is a pool [P,H,K,V] fp32 ([P,H,V,K]
+    with state_v_first). Sequence n starts from row ssm_state_indices[n], or ssm_state_indices[n, a - 1] with
+    a = num_accepted_tokens[n] (int32 [N], 1 <= a <= T_max; speculative decoding: the state after the accepted
+    draft tokens; without it a = 1). A start row of -1 is a padded slot: zero outputs, no pool row read or
+    written. inplace_final_state (the default with ssm_state_indices) writes the states back into the pool: the
+    final state to the start row with [N]; the state after token t < T_max to row ssm_state_indices[n, t] with
+    [N, T_max] (-1: not written); the pool is returned as the final state. inplace_final_state=False leaves the
+    pool as it is and, with output_final_state, returns the state after every token, fp32 [B*T,H,K,V] (row:
+    the token's position in the packed batch; zeros for padded slots). Rows are checked on the CPU (< P,
+    distinct, a in range); on CUDA they are not read back: a start row >= P counts as padded, a write row
+    >= P is not written, duplicates are undefined. Same results as running each sequence alone."""
     if gv is not None:
         if not isinstance(gv, Tensor):
             raise TypeError(f"flashgla: gv: fused_recurrent_gla expects a tensor or None, got {type(gv).__name__} "
@@ -531,11 +569,80 @@ def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = 
     state_v_first = _flag(state_v_first, "state_v_first", "fused_recurrent_gla", _STATE_V_FIRST_HINT)
     cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
     require_tensors(q=q, k=k, v=v, gk=gk, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                    cu_seqlens_host=cu_seqlens_host)
+                    cu_seqlens_host=cu_seqlens_host, ssm_state_indices=ssm_state_indices,
+                    num_accepted_tokens=num_accepted_tokens)
+    if _pooled(ssm_state_indices, num_accepted_tokens, inplace_final_state):
+        return _fused_recurrent_pooled("fused_recurrent_gla", q, k, v, gk, None, scale, initial_state,
+                                       output_final_state, reverse, state_v_first, cu_seqlens, cu_seqlens_host,
+                                       ssm_state_indices, num_accepted_tokens, inplace_final_state)
     o, final_state = _fused_recurrent_gla(q, k, v, gk, initial_state, cu_seqlens, cu_seqlens_host,
                                           as_scale(scale, "fused_recurrent_gla"), _reverse(reverse, "fused_recurrent_gla"),
                                           output_final_state, None, state_v_first)
     return o, final_state if output_final_state else None
+
+
+# ---- state pools under vLLM's names (fused_recurrent_* with ssm_state_indices) ------------------------
+
+
+def _pooled(ssm_state_indices, num_accepted_tokens, inplace_final_state):
+    """Whether a call takes the state-pool path (any of its arguments given; the C++ checks say what is missing)."""
+    return (ssm_state_indices is not None or num_accepted_tokens is not None
+            or not (inplace_final_state is None or inplace_final_state is False))
+
+
+def _token_states_shape(q, v, state_v_first):
+    """[B*T, H, K, V] ([B*T, H, V, K] with state_v_first): the state after every token; (0,) when malformed."""
+    if q.dim() != 4 or v.dim() != 4:
+        return (0,)
+    inner = (v.shape[3], q.shape[3]) if state_v_first else (q.shape[3], v.shape[3])
+    return (q.shape[0] * q.shape[1], q.shape[2], *inner)
+
+
+@torch.library.custom_op("flashgla::gla_recurrent_pooled", mutates_args=("pool",))
+def _gla_recurrent_pooled(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], g_gamma: Optional[Tensor],
+                          pool: Tensor, ssm_state_indices: Optional[Tensor], num_accepted_tokens: Optional[Tensor],
+                          cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], scale: Optional[float],
+                          reverse: bool, state_v_first: bool, inplace_final_state: bool,
+                          output_token_states: bool) -> Tuple[Tensor, Tensor]:
+    o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    token_states = (torch.zeros(_token_states_shape(q, v, state_v_first), dtype=torch.float32, device=q.device)
+                    if output_token_states else _absent(q))
+    args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g, g_gamma=g_gamma, initial_state=pool,
+                     cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, scale=scale,
+                     algorithm=_C.GlaAlgorithm.recurrent, reverse=reverse, o=o, state_v_first=state_v_first,
+                     final_state=token_states if output_token_states else None, ssm_state_indices=ssm_state_indices,
+                     num_accepted_tokens=num_accepted_tokens, inplace_final_state=inplace_final_state)
+    run_op(_C.gla_forward, args, q.device)
+    return o, token_states
+
+
+@_gla_recurrent_pooled.register_fake
+def _(q, k, v, g, g_gamma, pool, ssm_state_indices, num_accepted_tokens, cu_seqlens, cu_seqlens_host, scale,
+      reverse, state_v_first, inplace_final_state, output_token_states):
+    require_same_device(q, k=k, v=v, g=g, g_gamma=g_gamma, initial_state=pool, ssm_state_indices=ssm_state_indices,
+                        num_accepted_tokens=num_accepted_tokens, cu_seqlens=cu_seqlens)
+    o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    token_states = (torch.empty(_token_states_shape(q, v, state_v_first), dtype=torch.float32, device=q.device)
+                    if output_token_states else _absent(q))
+    return o, token_states
+
+
+def _fused_recurrent_pooled(op, q, k, v, g, g_gamma, scale, initial_state, output_final_state, reverse, state_v_first,
+                            cu_seqlens, cu_seqlens_host, ssm_state_indices, num_accepted_tokens, inplace_final_state):
+    if initial_state is None:
+        raise ValueError(f"flashgla: initial_state: {op} with ssm_state_indices needs the state pool [P, H, K, V] "
+                         "(fp32) as initial_state")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, g_gamma, initial_state)):
+        raise NotImplementedError(f"flashgla: ssm_state_indices: {op} with state pools has no gradient (inference "
+                                  "only, as in vLLM); call it without ssm_state_indices for training")
+    inplace = True if inplace_final_state is None else _flag(inplace_final_state, "inplace_final_state", op, "")
+    o, token_states = _gla_recurrent_pooled(q, k, v, g, g_gamma, initial_state, ssm_state_indices,
+                                            num_accepted_tokens, cu_seqlens, cu_seqlens_host, as_scale(scale, op),
+                                            _reverse(reverse, op), state_v_first, inplace,
+                                            bool(output_final_state) and not inplace)
+    if inplace:
+        return o, initial_state
+    return o, token_states if output_final_state else None
 
 
 def _decode_outputs(q, v, state, output_token_states):

@@ -265,6 +265,7 @@ static bool forward_pooled(const GlaForwardArgs& a, const GlaProblem& p) {
 }
 
 void gla_forward(const GlaForwardArgs& a, const GlaProblem& p) {
+  if (a.ssm_state_indices.defined()) return gla::recurrent_forward_pooled(a, p);
   if (forward_pooled(a, p)) return;
   if (a.algorithm == GlaAlgorithm::recurrent) {
     forward_each_head<double>(a, p, [&](const HeadInputs<double>& in, double* state, double* o) {

@@ -9,6 +9,10 @@
 #include "core/gla_chunk.h"
 #include "core/problem.h"
 
+namespace flashgla {
+struct GlaForwardArgs;
+}
+
 namespace flashgla::cpu::gla {
 
 // Inputs of one (sequence, head) pair, or of a range of its tokens that starts
@@ -36,6 +40,9 @@ void recurrent_forward(const HeadInputs<double>& in, bool reverse, double* state
 // initial state out. dq, dk, dg: [len, K]; dv: [len, V] (dq w.r.t. the scaled q).
 void recurrent_backward(const HeadInputs<double>& in, bool reverse, const double* h0, const double* d_o,
                         double* d_state, double* dq, double* dk, double* dv, double* dg);
+
+// The reference forward with vLLM's state pools (GlaForwardArgs::ssm_state_indices).
+void recurrent_forward_pooled(const GlaForwardArgs& a, const GlaProblem& p);
 
 // The chunked algorithm (chunks of 64 tokens, 16-wide sub-chunks), forward
 // only in time; same arguments as the recurrent versions, and the backward's scratch `states` of

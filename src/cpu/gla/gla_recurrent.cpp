@@ -12,7 +12,10 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu/common/parallel.h"
+#include "cpu/gla/gla_io.h"
 #include "cpu/gla/gla_kernels.h"
+#include "flashgla/gla.h"
 
 namespace flashgla::cpu::gla {
 namespace {
@@ -107,6 +110,62 @@ void recurrent_backward(const HeadInputs<double>& in, bool reverse, const double
         for (int64_t j = 0; j < V; ++j) d_state[i * V + j] *= decay;
       }
     }
+  }
+}
+
+// vLLM's state pools (ssm_state_indices; see flashgla/gla.h): the reference
+// recurrence with its start state read from a pool row and its states written
+// back to pool rows (or to the per-token final_state), token by token.
+void recurrent_forward_pooled(const GlaForwardArgs& a, const GlaProblem& p) {
+  const int64_t H = p.heads, K = p.key_dim, V = p.value_dim;
+  const TensorView& idx = a.ssm_state_indices;
+  const TensorView& pool = a.initial_state;
+  const bool per_token = idx.ndim == 2;
+  const int64_t cols = per_token ? idx.shape[1] : 1;
+  auto row = [&](int64_t n, int64_t t) {
+    return int64_t(static_cast<const int32_t*>(idx.data)[n * idx.stride[0] + (per_token ? t * idx.stride[1] : 0)]);
+  };
+  auto first_token = [&](int64_t n) {  // the column of the start row: after the accepted draft tokens
+    if (!a.num_accepted_tokens.defined()) return int64_t(0);
+    const TensorView& acc = a.num_accepted_tokens;
+    return int64_t(static_cast<const int32_t*>(acc.data)[n * acc.stride[0]]) - 1;
+  };
+  auto run = [&](int64_t item) {
+    const int64_t n = item / H, head = item % H;
+    const SeqRange s = sequence(p, a.cu_seqlens, n);
+    std::vector<double> o(size_t(s.len * V), 0.0);
+    const int64_t first = first_token(n);
+    const int64_t start = first >= 0 && first < cols ? row(n, first) : -1;
+    if (start < 0) {  // padded slot: zero outputs, no pool row touched
+      scatter_head_rows(a.o, s, head, o.data());
+      return;
+    }
+    std::vector<double> q(size_t(s.len * K)), k(size_t(s.len * K)), v(size_t(s.len * V)), g(size_t(s.len * K));
+    gather_head_rows(a.q, s, head, q.data());
+    for (double& x : q) x *= p.scale;
+    gather_head_rows(a.k, s, head, k.data());
+    gather_head_rows(a.v, s, head, v.data());
+    gather_head_gate(a.g, p.gate, s, head, K, g.data());
+    std::vector<double> state(size_t(K * V));
+    gather_state(pool, start, head, K, V, state.data());
+    for (int64_t t = 0; t < s.len; ++t) {
+      const HeadInputs<double> token{1, K, V, q.data() + t * K, k.data() + t * K, v.data() + t * V,
+                                     g.data() + t * K, p.gate};
+      recurrent_forward(token, false, state.data(), o.data() + t * V);
+      if (a.inplace_final_state && per_token && t < cols && row(n, t) >= 0)
+        scatter_state(pool, row(n, t), head, K, V, state.data());
+      if (!a.inplace_final_state)  // the state after this token at its row of the packed batch
+        scatter_state(a.final_state, s.batch * p.seq_len + s.begin + t, head, K, V, state.data());
+    }
+    if (a.inplace_final_state && !per_token && s.len > 0) scatter_state(pool, start, head, K, V, state.data());
+    scatter_head_rows(a.o, s, head, o.data());
+  };
+  // Pool rows are distinct across sequences and heads own disjoint slices: items are independent.
+  const int64_t items = p.num_seqs * H;
+  if (p.batch * p.seq_len * K * V < (int64_t(1) << 18)) {
+    for (int64_t i = 0; i < items; ++i) run(i);
+  } else {
+    parallel_for(items, run);
   }
 }
 

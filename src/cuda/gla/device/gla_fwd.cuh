@@ -97,6 +97,14 @@ struct RecurrentParams {
   GateByte gate = Gate::none;
   float scale = 1.f;
   bool reverse = false;
+  // vLLM's state pools (GlaForwardArgs::ssm_state_indices): h0 is the pool [P,H,K,V], written in place
+  // (inplace), else ht is [B*T,H,K,V], the state after every token. Null pool_rows: no pool.
+  const int32_t* pool_rows = nullptr;  // [N] (pool_cols 0) or [N, pool_cols]
+  const int32_t* accepted = nullptr;   // num_accepted_tokens [N] (null: the start row is column 0)
+  int64_t pool_row_stride = 1, pool_col_stride = 0, accepted_stride = 1;
+  int64_t pool_size = 0;               // P: a start row outside [0, P) is a padded slot, a write row is skipped
+  int pool_cols = 0;
+  bool inplace = false;
   // Launch shape (chosen by the launcher).
   int key_groups = 1;   // threads sharing one value column, 16 keys each (a power of two ≤ 32)
   int columns = 1;      // value columns per CTA

@@ -160,6 +160,18 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
     r.gate = problem.gate;
     r.scale = float(problem.scale);
     r.reverse = args.reverse;
+    if (args.ssm_state_indices.defined()) {  // vLLM's state pools (checked in src/api/gla.cpp)
+      const TensorView& idx = args.ssm_state_indices;
+      r.pool_rows = static_cast<const int32_t*>(idx.data);
+      r.pool_row_stride = idx.stride[0];
+      if (idx.ndim == 2) r.pool_cols = int(idx.shape[1]), r.pool_col_stride = idx.stride[1];
+      if (args.num_accepted_tokens.defined()) {
+        r.accepted = static_cast<const int32_t*>(args.num_accepted_tokens.data);
+        r.accepted_stride = args.num_accepted_tokens.stride[0];
+      }
+      r.pool_size = args.initial_state.shape[0];
+      r.inplace = args.inplace_final_state;
+    }
     gla::launch_recurrent_forward(r, int(problem.num_seqs), stream);
     return;
   }

@@ -47,7 +47,8 @@ RecurrentLayout recurrent_layout(const RecurrentParams& p) {
   return L;
 }
 
-template <class E>
+// kPool: vLLM's state pools (p.pool_rows set); a separate instantiation, so the plain path keeps its registers.
+template <class E, bool kPool>
 __global__ void __launch_bounds__(kMaxThreads) recurrent_forward_kernel(const RecurrentParams p,
                                                                         const RecurrentLayout L) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -64,15 +65,37 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_forward_kernel(const Re
   float* alpha = reinterpret_cast<float*>(smem + L.alpha);
   float* scalar = reinterpret_cast<float*>(smem + L.scalar);
 
+  // With a state pool, h0's row is the sequence's start row; a padded slot (a start row outside the pool,
+  // or an accepted count out of range) gets zero outputs and touches no pool row. The branch is per CTA.
+  int64_t h0_row = n;
+  if constexpr (kPool) {
+    const int64_t first = p.accepted ? int64_t(p.accepted[n * p.accepted_stride]) - 1 : 0;
+    const bool in_range = first >= 0 && first < max(p.pool_cols, 1);
+    h0_row = in_range ? int64_t(p.pool_rows[n * p.pool_row_stride + first * p.pool_col_stride]) : -1;
+    if (h0_row < 0 || h0_row >= p.pool_size) {
+      if (kg == 0 && vcol < V)
+        for (int64_t t = 0; t < seq.len; ++t)
+          static_cast<E*>(p.o.data)[row_offset(p.o, t) + vcol * p.o.stride[3]] = from_float<E>(0.f);
+      return;
+    }
+  }
   float s[kKeysPerThread];
 #pragma unroll
   for (int i = 0; i < kKeysPerThread; ++i) {
     const int kk = k0 + i;
     s[i] = p.h0.data && kk < K && vcol < V
-               ? static_cast<const float*>(p.h0.data)[n * p.h0.stride[0] + h * p.h0.stride[1] + kk * p.h0.stride[2] +
-                                                       vcol * p.h0.stride[3]]
+               ? static_cast<const float*>(p.h0.data)[h0_row * p.h0.stride[0] + h * p.h0.stride[1] +
+                                                       kk * p.h0.stride[2] + vcol * p.h0.stride[3]]
                : 0.f;
   }
+  // This thread's keys of column vcol of the state, to row `row` of `dst` (ht, or the pool h0).
+  auto store_state = [&](const View& dst, int64_t row) {
+    if (vcol >= V) return;
+    float* base = static_cast<float*>(dst.data) + row * dst.stride[0] + h * dst.stride[1] + vcol * dst.stride[3];
+#pragma unroll
+    for (int i = 0; i < kKeysPerThread; ++i)
+      if (k0 + i < K) base[(k0 + i) * dst.stride[2]] = s[i];
+  };
   if (p.gate == Gate::none)
     for (int e = tid; e < TS * Kp; e += threads) alpha[e] = 1.f;
 
@@ -130,24 +153,40 @@ __global__ void __launch_bounds__(kMaxThreads) recurrent_forward_kernel(const Re
       }
       for (int m = 1; m < groups; m <<= 1) part += __shfl_xor_sync(0xffffffffu, part, m);
       if (kg == 0 && vcol < V) out[row_offset(p.o, b * TS + t) + vcol * p.o.stride[3]] = from_float<E>(p.scale * part);
+      if constexpr (kPool) {  // the state after this token: to its pool row (inplace), else to its packed row of ht
+        const int64_t token = b * TS + t;
+        if (p.inplace) {
+          if (token < p.pool_cols) {
+            const int64_t row = p.pool_rows[n * p.pool_row_stride + token * p.pool_col_stride];
+            if (row >= 0 && row < p.pool_size) store_state(p.h0, row);
+          }
+        } else if (p.ht.data) {
+          store_state(p.ht, seq.batch * p.seqs.total_len + seq.begin + token);
+        }
+      }
     }
   }
 
-  if (p.ht.data && vcol < V) {
-    float* ht = static_cast<float*>(p.ht.data);
-#pragma unroll
-    for (int i = 0; i < kKeysPerThread; ++i)
-      if (k0 + i < K)
-        ht[n * p.ht.stride[0] + h * p.ht.stride[1] + (k0 + i) * p.ht.stride[2] + vcol * p.ht.stride[3]] = s[i];
+  if constexpr (!kPool) {
+    if (p.ht.data) store_state(p.ht, n);
+  } else if (p.inplace && p.pool_cols == 0 && seq.len > 0) {
+    store_state(p.h0, h0_row);  // [N] indices: the final state back to the start row
   }
+}
+
+template <class E, bool kPool>
+void launch_as(const RecurrentParams& p, const RecurrentLayout& L, dim3 grid, int threads, cudaStream_t stream) {
+  check_cuda(cudaFuncSetAttribute(recurrent_forward_kernel<E, kPool>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  L.bytes),
+             "cudaFuncSetAttribute (GLA recurrent kernel)");
+  recurrent_forward_kernel<E, kPool><<<grid, threads, L.bytes, stream>>>(p, L);
+  check_cuda(cudaGetLastError(), "GLA recurrent kernel launch");
 }
 
 template <class E>
 void launch(const RecurrentParams& p, const RecurrentLayout& L, dim3 grid, int threads, cudaStream_t stream) {
-  check_cuda(cudaFuncSetAttribute(recurrent_forward_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, L.bytes),
-             "cudaFuncSetAttribute (GLA recurrent kernel)");
-  recurrent_forward_kernel<E><<<grid, threads, L.bytes, stream>>>(p, L);
-  check_cuda(cudaGetLastError(), "GLA recurrent kernel launch");
+  if (p.pool_rows) return launch_as<E, true>(p, L, grid, threads, stream);
+  launch_as<E, false>(p, L, grid, threads, stream);
 }
 
 }  // namespace
