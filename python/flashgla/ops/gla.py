@@ -13,6 +13,7 @@ from torch import Tensor
 
 from .. import _C
 from .._torch import as_scale, forbid_double_backward, make_args, require_same_device, require_tensors, run_op, view
+from ._memory import require_outputs
 
 __all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "fused_recurrent_simple_gla", "chunk_linear_attn",
            "fused_chunk_linear_attn", "fused_recurrent_linear_attn", "gla_decode_step", "chunk_gla_segment_states",
@@ -37,32 +38,64 @@ def _absent(like):
     return like.new_empty(0, dtype=torch.float32)
 
 
-def _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype=torch.float32, state_v_first=False):
+def _state_dtype(q):
+    """The dtype of final states and of the initial state's gradient: fp32, fp64 for fp64 inputs (an fp64
+    computation keeps fp64 accuracy through its states; the C++ API takes f64 states with f64 inputs)."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype=None, state_v_first=False):
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     if output_final_state:
-        final_state = torch.empty(_state_shape(q, v, cu_seqlens, state_v_first), dtype=state_dtype, device=q.device)
+        final_state = torch.empty(_state_shape(q, v, cu_seqlens, state_v_first),
+                                  dtype=state_dtype or _state_dtype(q), device=q.device)
     else:
         final_state = _absent(q)
     return o, final_state
 
 
-def _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype=torch.float32, g_gamma=None,
+def _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype=None, g_gamma=None,
                       state_v_first=False):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     dg = torch.empty(g.shape, dtype=g.dtype, device=q.device) if g is not None else _absent(q)
     if need_dh0:
-        dh0 = torch.empty(_state_shape(q, v, cu_seqlens, state_v_first), dtype=state_dtype, device=q.device)
+        dh0 = torch.empty(_state_shape(q, v, cu_seqlens, state_v_first), dtype=state_dtype or _state_dtype(q),
+                          device=q.device)
     else:
         dh0 = _absent(q)
     d_g_gamma = torch.empty(g_gamma.shape, dtype=torch.float32, device=q.device) if g_gamma is not None else _absent(q)
     return dq, dk, dv, dg, dh0, d_g_gamma
 
 
+_CPU_PATH = {_C.GlaAlgorithm.chunked: "chunked", _C.GlaAlgorithm.recurrent: "recurrent"}
+
+
+def _require_forward_memory(op, algorithm, q, v, cu_seqlens, output_final_state, state_dtype, state_v_first):
+    if not (isinstance(q, Tensor) and isinstance(v, Tensor)):
+        return  # the C++ checks say what is wrong
+    outputs = [("o", v.shape, q.dtype)]
+    if output_final_state:
+        outputs.append(("final_state", _state_shape(q, v, cu_seqlens, state_v_first), state_dtype or _state_dtype(q)))
+    require_outputs(op, q.device, outputs, cpu_path=_CPU_PATH.get(algorithm, "chunked") + "_forward", q=q, v=v)
+
+
+def _require_backward_memory(op, algorithm, q, k, v, g, cu_seqlens, need_dh0, state_dtype, state_v_first):
+    if not all(isinstance(t, Tensor) for t in (q, k, v)):
+        return
+    outputs = [("dq", q.shape, q.dtype), ("dk", k.shape, q.dtype), ("dv", v.shape, q.dtype)]
+    if isinstance(g, Tensor):
+        outputs.append(("dg", g.shape, g.dtype))
+    if need_dh0:
+        outputs.append(("dh0", _state_shape(q, v, cu_seqlens, state_v_first), state_dtype or _state_dtype(q)))
+    require_outputs(op, q.device, outputs, cpu_path=_CPU_PATH.get(algorithm, "chunked") + "_backward", q=q, v=v)
+
+
 def _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse,
-                 output_final_state, state_dtype=torch.float32, *, g_gamma=None, state_v_first=False):
-    """state_dtype: of the final state (float64 is allowed with float64 inputs)."""
+                 output_final_state, state_dtype=None, *, g_gamma=None, state_v_first=False, op="gla_forward"):
+    """state_dtype: of the final state (default _state_dtype(q)). op: the op's name in errors."""
+    _require_forward_memory(op, algorithm, q, v, cu_seqlens, output_final_state, state_dtype, state_v_first)
     o, final_state = _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype, state_v_first)
     args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
                      cu_seqlens_host=cu_seqlens_host, scale=scale, algorithm=algorithm, reverse=reverse, o=o,
@@ -73,8 +106,9 @@ def _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_ho
 
 
 def _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse,
-                      need_dh0, state_dtype=torch.float32, g_gamma=None, state_v_first=False):
+                      need_dh0, state_dtype=None, g_gamma=None, state_v_first=False, op="gla_backward"):
     """dq, dk, dv, dg, dh0 and d_g_gamma (empty stand-ins for what was not asked for)."""
+    _require_backward_memory(op, algorithm, q, k, v, g, cu_seqlens, need_dh0, state_dtype, state_v_first)
     dq, dk, dv, dg, dh0, d_g_gamma = _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype, g_gamma,
                                                        state_v_first)
     args = make_args(_C.GlaBackwardArgs, q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
@@ -87,7 +121,7 @@ def _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqle
 
 
 def _run_backward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse,
-                  need_dh0, state_dtype=torch.float32):
+                  need_dh0, state_dtype=None):
     return _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale,
                              reverse, need_dh0, state_dtype)[:5]
 
@@ -100,14 +134,15 @@ def _define_gla_op(name, algorithm):
                 reverse: bool, output_final_state: bool, g_gamma: Optional[Tensor] = None,
                 state_v_first: bool = False) -> Tuple[Tensor, Tensor]:
         return _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse,
-                            output_final_state, g_gamma=g_gamma, state_v_first=state_v_first)
+                            output_final_state, g_gamma=g_gamma, state_v_first=state_v_first, op=name)
 
     def backward(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], initial_state: Optional[Tensor],
                  cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], do: Tensor, dht: Optional[Tensor],
                  scale: Optional[float], reverse: bool, need_dh0: bool, g_gamma: Optional[Tensor] = None,
                  state_v_first: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         return _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale,
-                                 reverse, need_dh0, g_gamma=g_gamma, state_v_first=state_v_first)
+                                 reverse, need_dh0, g_gamma=g_gamma, state_v_first=state_v_first,
+                                 op=f"{name} (backward)")
 
     forward_op = torch.library.custom_op(f"flashgla::{name}", forward, mutates_args=())
     backward_op = torch.library.custom_op(f"flashgla::{name}_backward", backward, mutates_args=())
@@ -140,7 +175,9 @@ def _define_gla_op(name, algorithm):
         dq, dk, dv, dg, dh0, d_g_gamma = backward_op(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do,
                                                      dht if ctx.output_final_state else None, ctx.scale, ctx.reverse,
                                                      need_dh0, g_gamma, ctx.state_v_first)
-        return (dq, dk, dv, dg if need_dg else None, dh0 if need_dh0 else None, None, None, None, None, None,
+        # dh0 is fp32 (fp64 for fp64 inputs); an fp32 initial_state of fp64 inputs gets its gradient in fp32.
+        dh0 = dh0.to(initial_state.dtype) if need_dh0 else None
+        return (dq, dk, dv, dg if need_dg else None, dh0, None, None, None, None, None,
                 d_g_gamma if need_dgamma else None, None)
 
     forward_op.register_autograd(gradients, setup_context=setup_context)
@@ -186,6 +223,8 @@ def _normalize_outputs(o_raw, q, cu_seqlens):
 def _linear_attn_normalize(o_raw: Tensor, q: Tensor, k: Tensor, z_init: Optional[Tensor], cu_seqlens: Optional[Tensor],
                            cu_seqlens_host: Optional[Tensor], scale: Optional[float],
                            reverse: bool) -> Tuple[Tensor, Tensor]:
+    require_outputs("chunk_linear_attn (normalize)", q.device,
+                    [("o", o_raw.shape, q.dtype), ("z_state", _z_shape(q, cu_seqlens), _summary_dtype(q))])
     o, z = _normalize_outputs(o_raw, q, cu_seqlens)
     args = make_args(_C.GlaNormalizeArgs, o_raw=o_raw, q=q, k=k, z_init=_z_view(z_init, "z_init"),
                      cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, scale=scale, reverse=reverse, o=o,
@@ -213,6 +252,8 @@ def _linear_attn_normalize_backward(o_raw: Tensor, q: Tensor, k: Tensor, z_init:
                                     cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], do: Tensor,
                                     dz: Optional[Tensor], scale: Optional[float],
                                     reverse: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    require_outputs("chunk_linear_attn (normalize, backward)", q.device,
+                    [("d_o_raw", o_raw.shape, q.dtype), ("dq", q.shape, q.dtype), ("dk", q.shape, q.dtype)])
     d_o_raw, dq, dk, dz_init = _normalize_backward_outputs(o_raw, q, z_init)
     args = make_args(_C.GlaNormalizeBackwardArgs, o_raw=o_raw, q=q, k=k, z_init=_z_view(z_init, "z_init"),
                      cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, scale=scale, reverse=reverse, d_o=do,
@@ -538,23 +579,29 @@ def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = 
     return o, final_state if output_final_state else None
 
 
+def _token_states_shape(q, v, state):
+    if q.dim() == 4 and v.dim() == 4 and state.dim() == 4:  # [N, T, H, K, V]
+        return (q.shape[0], q.shape[1], q.shape[2], q.shape[3], v.shape[3])
+    if q.dim() == 3 and v.dim() == 3 and state.dim() == 4:  # one token: [N, H, K, V]
+        return (q.shape[0], q.shape[1], q.shape[2], v.shape[2])
+    return (0,)  # malformed: the C++ checks say why
+
+
 def _decode_outputs(q, v, state, output_token_states):
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     if not output_token_states:
         return o, _absent(q)
-    if q.dim() == 4 and v.dim() == 4 and state.dim() == 4:  # [N, T, H, K, V]
-        shape = (q.shape[0], q.shape[1], q.shape[2], q.shape[3], v.shape[3])
-    elif q.dim() == 3 and v.dim() == 3 and state.dim() == 4:  # one token: [N, H, K, V]
-        shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[2])
-    else:
-        shape = (0,)  # malformed: the C++ checks say why
-    return o, torch.empty(shape, dtype=torch.float32, device=q.device)
+    return o, torch.empty(_token_states_shape(q, v, state), dtype=torch.float32, device=q.device)
 
 
 @torch.library.custom_op("flashgla::gla_decode_step", mutates_args=("state",))
 def _gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state: Tensor,
                      scale: Optional[float], state_indices: Optional[Tensor],
                      output_token_states: bool) -> Tuple[Tensor, Tensor]:
+    outputs = [("o", v.shape, q.dtype)]
+    if output_token_states:
+        outputs.append(("token_states", _token_states_shape(q, v, state), torch.float32))
+    require_outputs("gla_decode_step", q.device, outputs)
     o, token_states = _decode_outputs(q, v, state, output_token_states)
     rows = None
     if output_token_states:  # the C++ API takes them as [N*T, H, K, V], row n*T + t
@@ -597,6 +644,7 @@ def gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state:
 def _gla_prefill(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state: Tensor,
                  final_state_indices: Tensor, initial_state_indices: Optional[Tensor],
                  cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], scale: Optional[float]) -> Tensor:
+    require_outputs("gla_prefill", q.device, [("o", v.shape, q.dtype)], cpu_path="chunked_forward", q=q, v=v)
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     pool = view(state, "state")  # read (with initial_state_indices) and written
     args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g,
@@ -655,6 +703,8 @@ def _segment_states_outputs(k, v, cu_seqlens):
 @torch.library.custom_op("flashgla::chunk_gla_segment_states", mutates_args=())
 def _chunk_gla_segment_states(k: Tensor, v: Tensor, g: Optional[Tensor], cu_seqlens: Optional[Tensor],
                               cu_seqlens_host: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    require_outputs("chunk_gla_segment_states", k.device,
+                    [("states", _state_shape(k, v, cu_seqlens), _summary_dtype(k))], argument="k")
     states, log_decay = _segment_states_outputs(k, v, cu_seqlens)
     args = make_args(_C.GlaSegmentStatesArgs, k=k, v=v, g=g, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host,
                      states=states, log_decay=log_decay)
@@ -671,6 +721,8 @@ def _(k, v, g, cu_seqlens, cu_seqlens_host):
 @torch.library.custom_op("flashgla::chunk_gla_segment_state_grads", mutates_args=())
 def _chunk_gla_segment_state_grads(q: Tensor, do: Tensor, g: Optional[Tensor], scale: Optional[float],
                                    cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor]) -> Tensor:
+    require_outputs("chunk_gla_segment_state_grads", q.device,
+                    [("d_states", _state_shape(q, do, cu_seqlens), _summary_dtype(q))])
     d_states = torch.empty(_state_shape(q, do, cu_seqlens), dtype=_summary_dtype(q), device=q.device)
     args = make_args(_C.GlaSegmentStateGradsArgs, q=q, d_o=do, g=g, scale=scale, cu_seqlens=cu_seqlens,
                      cu_seqlens_host=cu_seqlens_host, d_states=d_states)
