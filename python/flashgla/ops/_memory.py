@@ -69,7 +69,7 @@ def require_memory(op, device, need_bytes, what, argument="q"):
     """MemoryError (torch.OutOfMemoryError on CUDA, a subclass of RuntimeError) when `need_bytes` exceed what
     `device` can still allocate. `what` says what the bytes are, in the caller's terms (shapes, dtypes,
     scratch); `argument` is the argument whose size decides them."""
-    if need_bytes < CHECK_FROM_BYTES or torch.compiler.is_compiling():
+    if need_bytes < CHECK_FROM_BYTES:
         return
     available = available_bytes(device)
     if available is None or need_bytes <= available:

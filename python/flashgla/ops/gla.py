@@ -375,8 +375,11 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float]
     state_v_first=True, as is the final state), cu_seqlens [N+1] int32/int64 with B == 1.
     cu_seqlens_cpu (FLA's name) or cu_seqlens_host: a CPU copy of a CUDA cu_seqlens, to have its values checked
     without a sync.
-    check_gate: raise ValueError when a gate is above 0 or NaN (reads g: a synchronisation on CUDA).
-    Returns o [B,T,H,V] (dtype of q) and the final state fp32 (None unless output_final_state).
+    The gate contract: a gate above 0 (a growing state) is outside the model and not checked by default (the
+    check is an extra pass over g, and a synchronisation on CUDA); the chunked kernels may then return Inf/NaN.
+    check_gate=True raises ValueError naming g when a gate is above 0 or NaN.
+    Returns o [B,T,H,V] (dtype of q) and the final state fp32, fp64 for fp64 inputs (None unless
+    output_final_state).
     cp_context: a flashgla.distributed.build_cp_context(...) context: q, k, v, g are this rank's slice of
     the sequence dimension (context parallelism; see flashgla.distributed); the final states are then
     those of the local sequences.
@@ -421,7 +424,9 @@ def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None
     log decay g_gamma [H] (RetNet style; with g, the gate of step t is g[:, t] + g_gamma, as in FLA). g_gamma gets a
     gradient too (the sum of the gate's gradient over every token; FLA gives it none). chunk_size (FLA's tuning
     keyword) is checked as FLA does (a power of 2) and otherwise ignored: the result does not depend on it and the
-    kernels pick their own chunking. Else as chunk_gla."""
+    kernels pick their own chunking. Gates (g, g_gamma) in [-inf, 0], as in chunk_gla: a gate above 0 is
+    outside the contract and unchecked unless check_gate=True (ValueError naming g or g_gamma). Else as
+    chunk_gla."""
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
                                    or chunk_size & (chunk_size - 1)):
         raise ValueError(f"flashgla: chunk_size: a power of 2 (as FLA requires), got {chunk_size!r}")
@@ -618,6 +623,36 @@ def _(q, k, v, g, state, scale, state_indices, output_token_states):
     return _decode_outputs(q, v, state, output_token_states)
 
 
+def _refuse_gradients(op, **tensors):
+    """NotImplementedError naming the first tensor that requires grad (with grad mode on) for an op without a
+    backward: torch would otherwise return an output that claims a gradient it cannot give, and update a
+    state that requires grad in place."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if t is not None and t.requires_grad:
+            what = "is updated in place and " if name == "state" else ""
+            raise NotImplementedError(
+                f"flashgla: {name}: {op} has no backward (inference only), but {name} {what}requires grad: call it "
+                "under torch.no_grad() or pass detached tensors (for training use chunk_gla or fused_recurrent_gla)")
+
+
+def _check_one_token_shapes(q, k, v, g):
+    """The shapes of the one-token form (q [N, H, K]) in the caller's terms: the C++ API checks them after
+    adding a token dimension, which its messages would show."""
+    if q.dim() != 3:
+        return
+    N, H, K = q.shape
+    expected = [("k", k, (N, H, K), "[N, H, K]")]
+    if v.dim() == 3 and v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"flashgla: v: expected shape [N, H, V] = [{N}, {H}, V] (N, H of q), got {list(v.shape)}")
+    if isinstance(g, Tensor):
+        expected.append(("g", g, (N, H, K), "[N, H, K]") if g.dim() == 3 else ("g", g, (N, H), "[N, H]"))
+    for name, t, shape, label in expected:
+        if t.dim() == len(shape) and tuple(t.shape) != shape:
+            raise ValueError(f"flashgla: {name}: expected shape {label} = {list(shape)}, got {list(t.shape)}")
+
+
 def gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state: Tensor,
                     scale: Optional[float] = None, state_indices: Optional[Tensor] = None, *,
                     output_token_states: bool = False):
@@ -632,9 +667,12 @@ def gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state:
     Returns o [N,H,V] (or [N,T,H,V]) in the dtype of q; with output_token_states=True also the state
     after each token, fp32 [N,T,H,K,V] ([N,H,K,V] without a token dimension), so a verifier that
     accepts tokens 0..a of sequence i rolls back with state[state_indices[i]] = token_states[i, a].
-    Padded slots' token states are zeros. No gradient.
+    Padded slots' token states are zeros. No gradient: with grad mode on, an input (or state) that requires
+    grad is a NotImplementedError (call it under torch.no_grad(), or pass detached tensors).
     """
     require_tensors(q=q, k=k, v=v, g=g, state=state, state_indices=state_indices)
+    _refuse_gradients("gla_decode_step", q=q, k=k, v=v, g=g, state=state)
+    _check_one_token_shapes(q, k, v, g)
     o, token_states = _gla_decode_step(q, k, v, g, state, as_scale(scale, "gla_decode_step"), state_indices,
                                        bool(output_token_states))
     return (o, token_states) if output_token_states else o
