@@ -15,9 +15,9 @@ def raises(kind, *fragments):
     return pytest.raises(kind, match="(?s)" + "".join(f"(?=.*{re.escape(f)})" for f in fragments))
 
 
-def huge(*shape, device="cpu"):
+def huge(*shape, device="cpu", dtype=torch.float32):
     """A tensor of any size that costs no memory (one element, expanded)."""
-    return torch.zeros(1, dtype=torch.float32, device=device).expand(*shape)
+    return torch.zeros(1, dtype=dtype, device=device).expand(*shape)
 
 
 # ---- outputs that cannot fit ------------------------------------------------------------------------------
@@ -84,12 +84,21 @@ def test_small_calls_do_not_look_at_the_memory(monkeypatch, gen):
     assert o.shape == v.shape
 
 
+def test_on_cuda_the_error_is_torch_out_of_memory(monkeypatch):
+    # The CUDA branch without a GPU: free memory pinned at 1 GiB.
+    monkeypatch.setattr(_memory, "_cuda_available", lambda device: 1 << 30)
+    with raises(torch.OutOfMemoryError, "flashgla: q: chunk_gla needs about 5.0 GiB", "cuda:0 has 1.0 GiB available"):
+        _memory.require_memory("chunk_gla", torch.device("cuda", 0), 5 << 30, "o")
+    _memory.require_memory("chunk_gla", torch.device("cuda", 0), 1 << 30, "o")  # checked, and fits
+
+
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device")
 def test_cuda_outputs_that_cannot_fit_name_q_and_the_device():
-    x = huge(64, 2 ** 20, 64, 128, device="cuda")
-    with raises(torch.OutOfMemoryError, "flashgla: q:", "chunk_gla needs about", "o [64, 1048576, 64, 128]",
-                "cuda"):
-        flashgla.chunk_gla(x.bfloat16(), x.bfloat16(), x.bfloat16(), x)
+    x = huge(64, 2 ** 20, 64, 128, device="cuda", dtype=torch.bfloat16)
+    g = huge(64, 2 ** 20, 64, 128, device="cuda")
+    with raises(torch.OutOfMemoryError, "flashgla: q:", "chunk_gla needs about",
+                "o [64, 1048576, 64, 128] bfloat16 (1024.0 GiB)", "cuda"):
+        flashgla.chunk_gla(x, x, x, g)
 
 
 # ---- gla_decode_step ----------------------------------------------------------------------------------

@@ -51,7 +51,10 @@ def _cpu_available():
 
 
 def _cuda_available(device):
-    """Free device memory plus what torch's caching allocator holds unused (it reuses that first)."""
+    """Free device memory plus what torch's caching allocator holds unused (it reuses that first); None while
+    a CUDA graph is being captured (no driver queries there: the capture's memory is torch's private pool)."""
+    if torch.cuda.is_current_stream_capturing():
+        return None
     free, _ = torch.cuda.mem_get_info(device)
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
