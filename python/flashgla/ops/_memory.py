@@ -14,9 +14,10 @@ import torch
 CHECK_FROM_BYTES = 1 << 30
 
 # What the CPU backend needs beyond its inputs, as a multiple of the fp32 bytes of q plus v (one tensor of
-# keys and one of values), outputs included. Measured from ru_maxrss on one thread (T = 2^18, H = 2,
-# K, V in {32, 64, 128}; the chunked forward of K = V = 64 peaks at about 5.5x its output), rounded to the
-# lower fits so that a call that fits is never refused; update them when the CPU path's scratch changes.
+# keys and one of values), outputs included: the growth of ru_maxrss over a call at T = 2^18, H = 2, K = V = 64
+# on a 2-core machine (the chunked forward then peaks at about 5.5x its output, as the issue measured at
+# T = 2^21); with K/V from 1/4 to 4 the need differs by up to about 25% either way, so a call within that
+# much of the limit may pass or be refused. Update them when the CPU path's scratch changes.
 CPU_SCRATCH_FACTOR = {
     "chunked_forward": 2.75,
     "chunked_backward": 4.5,
