@@ -126,12 +126,14 @@ def forbid_double_backward(backward_op, op_name):
 
 
 def as_scale(scale, op_name, hint=""):
-    """The optional float `scale`; a tensor in its place (a positional argument one slot off) is a TypeError."""
+    """The optional float `scale`; a tensor is a TypeError: in its place it is a positional argument one slot
+    off, and a 0-d one would get no gradient (and, on CUDA, be read back with a synchronisation)."""
     if scale is None:
         return None
     if isinstance(scale, torch.Tensor):
-        if scale.dim() == 0 and scale.is_floating_point():
-            return float(scale)
+        if scale.dim() == 0:
+            raise TypeError(f"flashgla: scale: {op_name} expects a number (or None), got a 0-d tensor: pass "
+                            "float(scale) (scale gets no gradient)")
         raise TypeError(f"flashgla: scale: {op_name} expects a number (or None), got a tensor of shape "
                         f"{list(scale.shape)}{hint}")
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):

@@ -399,9 +399,7 @@ class _ChunkGlaCP(torch.autograd.Function):
         fctx.scale, fctx.cp, fctx.varlen, fctx.state_dtype = scale, cp, varlen, state_dtype
         fctx.output_final_state = output_final_state
         fctx.set_materialize_grads(False)
-        if not output_final_state:
-            return o, ht
-        return o, ht.float()
+        return o, ht  # the ops' state dtype: fp32, fp64 for fp64 inputs
 
     @staticmethod
     def backward(fctx, do, dht):

@@ -199,13 +199,14 @@ def test_padded_batch_equals_packed_batch_equals_each_sequence(use_short_conv):
         assert torch.all(padded[~mask] == 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("mode", ["chunk", "fused_recurrent"])
 @pytest.mark.parametrize("use_short_conv", [False, True])
-def test_cache_continues_a_sequence(mode, use_short_conv):
-    chunk, recurrent = layer_pair(use_short_conv=use_short_conv, num_kv_heads=1)
+def test_cache_continues_a_sequence(mode, use_short_conv, dtype):
+    chunk, recurrent = layer_pair(use_short_conv=use_short_conv, num_kv_heads=1, dtype=dtype)
     layer = chunk if mode == "chunk" else recurrent
     torch.manual_seed(6)
-    x = torch.randn(3, 29, 32, dtype=torch.float64)
+    x = torch.randn(3, 29, 32, dtype=dtype)
     with torch.no_grad():
         full, _ = layer(x)
         # prefill 12 tokens, a second piece of 9, then one token at a time (the decode kernel)
@@ -216,8 +217,10 @@ def test_cache_continues_a_sequence(mode, use_short_conv):
             out, state = layer(x[:, t:t + 1], state=state, use_cache=True)
             steps.append(out)
     pieces = torch.cat([first, second, *steps], dim=1)
-    assert rel_error(pieces, full) < 1e-6  # the decode kernel keeps its state in fp32
-    assert state.recurrent.dtype == torch.float32 and state.recurrent.shape == (3, 2, 8, 16)
+    # fp32: the decode kernel, its state fp32; fp64: states stay fp64 (the decode kernel's are fp32 only, so
+    # single tokens take the chunked op)
+    assert rel_error(pieces, full) < 1e-6
+    assert state.recurrent.dtype == dtype and state.recurrent.shape == (3, 2, 8, 16)
 
 
 def test_cache_with_packed_sequences():

@@ -54,10 +54,9 @@ def test_tensor_in_the_scale_slot_is_a_type_error_naming_scale(gen):
         flashgla.chunk_gla(q, k, v, g, torch.zeros(1, 2, 3))
     with raises(TypeError, "flashgla: scale:", "str"):
         flashgla.chunk_gla(q, k, v, g, scale="0.5")
-    # A number (or a 0-d float tensor) is still a scale.
-    o, _ = flashgla.chunk_linear_attn(q, k, v, 0.25)
-    o_tensor, _ = flashgla.chunk_linear_attn(q, k, v, torch.tensor(0.25))
-    assert torch.equal(o, o_tensor)
+    # A scale is a number; a 0-d tensor too is refused (it would get no gradient).
+    with raises(TypeError, "flashgla: scale:", "0-d tensor", "float(scale)"):
+        flashgla.chunk_linear_attn(q, k, v, torch.tensor(0.25))
 
 
 # ---- cu_seqlens_host that contradicts cu_seqlens --------------------------------------------------------

@@ -5,8 +5,10 @@ Generation prefills the prompt with the chunked GLA op (keeping each layer's fin
 decodes one token per step with flashgla's decode kernel; attention blocks keep a KV cache.
 """
 
-import json
+import numbers
 import os
+import sys
+import time
 import warnings
 from dataclasses import dataclass, fields
 from typing import List, Optional, Union
@@ -20,8 +22,9 @@ from ..nn.gla import GatedLinearAttention, GLAState
 from ..nn.loss import chunked_lm_cross_entropy
 from ..nn.norm import RMSNorm
 from ..nn.padding import check_mask, has_padding, pack, packing, unpack
-from .checkpoint import FLA_MODEL_TYPE, HF_MODEL_TYPE, config_from_fla, load_weights, state_dict_from_fla
-from .config import GLAConfig
+from .checkpoint import (FLA_MODEL_TYPE, HF_MODEL_TYPE, config_from_fla, load_torch_file, load_weights,
+                         state_dict_from_fla)
+from .config import GLAConfig, read_json
 
 __all__ = ["GLAForCausalLM", "GLABlock", "SwiGLU", "Cache", "CausalLMOutput"]
 
@@ -181,6 +184,26 @@ class _GraphDecoder:
         return logits
 
 
+class _Progress:
+    """generate(progress=True)'s lines on stderr: tokens so far of the total, and the rate since the start."""
+
+    def __init__(self, total: int, batch: int, every: int):
+        self.total, self.batch, self.every, self.start = total, batch, every, time.perf_counter()
+
+    def _line(self, tokens: int) -> None:
+        seconds = time.perf_counter() - self.start
+        rate = tokens / seconds if seconds > 0 else float("inf")
+        print(f"generate: {tokens}/{self.total} tokens ({self.batch} sequences, {seconds:.1f} s, {rate:.1f} "
+              "tokens/s per sequence)", file=sys.stderr, flush=True)
+
+    def step(self, step: int) -> None:
+        if step > 0 and step % self.every == 0:
+            self._line(step)
+
+    def done(self, tokens: int) -> None:
+        self._line(tokens)
+
+
 class GLAForCausalLM(nn.Module):
     """A GLA Transformer language model: token embeddings, config.num_hidden_layers GLABlocks, a final
     RMSNorm and the LM head (tied to the embeddings with config.tie_word_embeddings).
@@ -328,7 +351,7 @@ class GLAForCausalLM(nn.Module):
     def generate(self, input_ids: Tensor, max_new_tokens: int, attention_mask: Optional[Tensor] = None,
                  do_sample: bool = False, temperature: float = 1.0, top_k: Optional[int] = None,
                  eos_token_id: Optional[int] = None, generator: Optional[torch.Generator] = None,
-                 cuda_graph: Optional[bool] = None) -> Tensor:
+                 cuda_graph: Optional[bool] = None, progress: bool = False) -> Tensor:
         """Continues each prompt by max_new_tokens tokens: greedy, or sampled (temperature, top-k).
 
         input_ids [B, T]; a batch of prompts of different lengths is padded on the left, with
@@ -339,13 +362,29 @@ class GLAForCausalLM(nn.Module):
         graph after one eager warm-up step and replayed (None: automatically on CUDA when at least
         GRAPH_MIN_TOKENS tokens are generated; False: always eager; True: always; on the CPU, True runs
         the same static-shape step eagerly).
+
+        progress: print a line to stderr every PROGRESS_EVERY tokens (and at the end): tokens so far and
+        tokens per second.
         """
+        vocab = self.config.vocab_size
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+            raise TypeError(f"flashgla: max_new_tokens: expected an int >= 0, got {max_new_tokens!r} "
+                            f"({type(max_new_tokens).__name__})")
+        max_new_tokens = int(max_new_tokens)
         if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be ≥ 0, got {max_new_tokens}")
+            raise ValueError(f"flashgla: max_new_tokens: expected an int >= 0, got {max_new_tokens}")
         if do_sample and not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be at least 1, got {top_k}")
+            raise ValueError(f"flashgla: temperature: expected a number > 0, got {temperature}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
+            raise ValueError(f"flashgla: top_k: expected an int >= 1 (or None), got {top_k!r}")
+        if eos_token_id is not None:
+            if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, numbers.Integral):
+                raise TypeError(f"flashgla: eos_token_id: expected one token id (an int) or None, got "
+                                f"{eos_token_id!r} ({type(eos_token_id).__name__})")
+            if not 0 <= eos_token_id < vocab:
+                raise ValueError(f"flashgla: eos_token_id: {eos_token_id} is outside the vocabulary: ids must lie "
+                                 f"in [0, {vocab}) (config.vocab_size = {vocab})")
+            eos_token_id = int(eos_token_id)
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"flashgla: input_ids: generate needs a prompt of at least one token per sequence "
                              f"[B, T] with T >= 1, got shape {list(input_ids.shape)}")
@@ -361,7 +400,7 @@ class GLAForCausalLM(nn.Module):
             # (flashgla's attention keeps one length per sequence and takes them in one batch).
             new_tokens = [self.generate(input_ids[b:b + 1][:, attention_mask[b].bool()], max_new_tokens, None,
                                         do_sample, temperature, top_k, eos_token_id, generator,
-                                        cuda_graph)[:, -max_new_tokens:]
+                                        cuda_graph, progress)[:, -max_new_tokens:]
                           for b in range(input_ids.shape[0])]
             return torch.cat([input_ids, torch.cat(new_tokens)[:, :max_new_tokens]], dim=1)
 
@@ -377,7 +416,10 @@ class GLAForCausalLM(nn.Module):
                 return self(token.unsqueeze(1), cache=cache, use_cache=True).logits[:, -1]
         tokens = [input_ids]
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        report = _Progress(max_new_tokens, input_ids.shape[0], self.PROGRESS_EVERY) if progress else None
         for step in range(max_new_tokens):
+            if report is not None:
+                report.step(step)
             next_token = self._pick(logits.float(), do_sample, temperature, top_k, generator)
             if eos_token_id is not None:
                 next_token = next_token.masked_fill(finished, eos_token_id)
@@ -386,12 +428,15 @@ class GLAForCausalLM(nn.Module):
             if step + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
                 break
             logits = decode(next_token)
+        if report is not None:
+            report.done(len(tokens) - 1)
         result = torch.cat(tokens, dim=1)
         if result.shape[1] < input_ids.shape[1] + max_new_tokens:  # everyone stopped early
             result = F.pad(result, (0, input_ids.shape[1] + max_new_tokens - result.shape[1]), value=eos_token_id)
         return result
 
     GRAPH_MIN_TOKENS = 4  # below this many new tokens, capturing a graph costs more than it saves
+    PROGRESS_EVERY = 32   # generate(progress=True): a line per this many tokens
 
     @staticmethod
     def _pick(logits: Tensor, do_sample: bool, temperature: float, top_k: Optional[int],
@@ -421,14 +466,17 @@ class GLAForCausalLM(nn.Module):
         config_path = os.path.join(directory, CONFIG_FILE)
         if not os.path.exists(config_path):
             raise FileNotFoundError(f"flashgla: {directory}: no {CONFIG_FILE} in this directory")
-        with open(config_path) as f:
-            values = json.load(f)
+        values = read_json(config_path)
+        if not isinstance(values, dict):
+            raise ValueError(f"flashgla: {config_path}: expected a JSON object of config fields, got "
+                             f"{type(values).__name__}")
         model_type = values.get("model_type")
         if model_type == FLA_MODEL_TYPE:
-            config = config_from_fla(values)
+            config = config_from_fla(values, config_path)
             state = state_dict_from_fla(load_weights(directory), config)
         elif model_type == HF_MODEL_TYPE:
-            config = GLAConfig.from_dict({f.name: values[f.name] for f in fields(GLAConfig) if f.name in values})
+            config = GLAConfig.from_dict({f.name: values[f.name] for f in fields(GLAConfig) if f.name in values},
+                                         config_path)
             state = {k[len("model."):]: v for k, v in load_weights(directory).items() if k.startswith("model.")}
             if config.tie_word_embeddings and "lm_head.weight" not in state and "embeddings.weight" in state:
                 state["lm_head.weight"] = state["embeddings.weight"]
@@ -436,8 +484,14 @@ class GLAForCausalLM(nn.Module):
             raise ValueError(f"flashgla: {config_path}: model_type {model_type!r} is not a GLA model "
                              f"(expected {HF_MODEL_TYPE!r}, FLA's {FLA_MODEL_TYPE!r} or none)")
         else:
-            config = GLAConfig.from_dict(values)
-            state = torch.load(os.path.join(directory, WEIGHTS_FILE), map_location="cpu", weights_only=True)
+            config = GLAConfig.from_dict(values, config_path)
+            weights_path = os.path.join(directory, WEIGHTS_FILE)
+            if not os.path.exists(weights_path):
+                raise FileNotFoundError(f"flashgla: {directory}: no {WEIGHTS_FILE} next to {CONFIG_FILE}")
+            state = load_torch_file(weights_path)
+            if not isinstance(state, dict):
+                raise ValueError(f"flashgla: {weights_path}: expected a state dict (name -> tensor), got "
+                                 f"{type(state).__name__}")
         model = cls(config)
         if dtype is not None:  # before loading, so weights stored in that dtype arrive unrounded
             model = model.to(dtype)

@@ -38,8 +38,8 @@ from ..nn.conv import ShortConvolution
 from ..nn.gla import GLAState
 from ..nn.norm import GatedRMSNorm, RMSNorm
 from ..nn.padding import has_padding
-from .checkpoint import HF_MODEL_TYPE
-from .config import GLAConfig
+from .checkpoint import HF_MODEL_TYPE, weights_problem
+from .config import GLAConfig, config_source
 from .gla_lm import Cache as _CoreCache
 from .gla_lm import GLAForCausalLM, _GraphDecoder
 
@@ -59,7 +59,9 @@ class FlashGLAConfig(_HFConfig):
     keys_to_ignore_at_inference = ["past_key_values"]
 
     def __init__(self, **kwargs):
-        core = GLAConfig(**{name: kwargs.pop(name) for name in _CORE_FIELDS if name in kwargs})
+        # transformers does not say which file the values come from: the errors name the config class and file.
+        with config_source(f"FlashGLAConfig ({HF_MODEL_TYPE}, config.json)"):
+            core = GLAConfig(**{name: kwargs.pop(name) for name in _CORE_FIELDS if name in kwargs})
         for name, value in core.to_dict().items():
             setattr(self, name, value)
         kwargs.setdefault("tie_word_embeddings", core.tie_word_embeddings)
@@ -159,6 +161,19 @@ class FlashGLAForCausalLM(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = GLAForCausalLM(config.to_core())
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' from_pretrained; when it fails on a local directory whose weight files are truncated,
+        corrupt or of another format, a ValueError naming the file says so (transformers' safetensors reader
+        names none)."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except Exception:
+            problem = weights_problem(str(pretrained_model_name_or_path))
+            if problem is None:
+                raise
+        raise ValueError(problem)
 
     # ---- what transformers asks of a model ------------------------------------------------------------
 

@@ -33,7 +33,7 @@ _GATE_FNS = ("swish", "silu", "sigmoid")
 class GLAState:
     """What a GLA layer carries from one call to the next in generation (updated in place by decoding)."""
 
-    recurrent: Tensor                                   # [N, H, K, V] fp32
+    recurrent: Tensor                                   # [N, H, K, V] fp32 (fp64 in an fp64 model)
     conv: Optional[Tuple[Tensor, Tensor, Tensor]] = None  # last conv_size-1 inputs of q, k, v: [N, W-1, C]
 
 
@@ -171,6 +171,8 @@ class GatedLinearAttention(nn.Module):
     def _forward(self, x: Tensor, cu_seqlens: Optional[Tensor], state: Optional[GLAState],
                  use_cache: bool, cp_context=None) -> Tuple[Tensor, Optional[GLAState]]:
         batch, seq_len, _ = x.shape
+        if state is not None:
+            self._check_state(state, cu_seqlens.shape[0] - 1 if cu_seqlens is not None else batch)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         conv_state = None
         if self.use_short_conv and cp_context is not None:
@@ -196,8 +198,9 @@ class GatedLinearAttention(nn.Module):
         initial = None if state is None else state.recurrent
         if cp_context is not None:  # the boundaries and the entering states come from the context
             o, final = chunk_gla(q, k, v, g, cp_context=cp_context)
-        elif initial is not None and seq_len == 1 and cu_seqlens is None and not self._needs_grad(q, k, v, g, initial):
-            # One token per sequence: the decode kernel updates the state in place.
+        elif (initial is not None and seq_len == 1 and cu_seqlens is None and initial.dtype == torch.float32
+              and not self._needs_grad(q, k, v, g, initial)):
+            # One token per sequence: the decode kernel updates the (fp32) state in place.
             final = initial if use_cache else initial.clone()
             o = gla_decode_step(q, k, v, g, final)
         else:
@@ -210,6 +213,19 @@ class GatedLinearAttention(nn.Module):
             o = self.g_norm(o)
         out = self.o_proj(o.reshape(batch, seq_len, self.value_dim))
         return out, (GLAState(final, conv_state) if use_cache else None)
+
+    def _check_state(self, state, num_seqs: int) -> None:
+        """ValueError naming `state` when it is not a GLAState of this layer for num_seqs sequences (e.g. the
+        state of a call with another batch size), before any op sees it under its own argument names."""
+        if not isinstance(state, GLAState) or not isinstance(state.recurrent, Tensor):
+            raise TypeError(f"flashgla: state: expected a GLAState (the state a previous call returned with "
+                            f"use_cache=True), got {type(state).__name__}")
+        expected = (num_seqs, self.num_heads, self.head_k_dim, self.head_v_dim)
+        if tuple(state.recurrent.shape) != expected:
+            held = state.recurrent.shape[0] if state.recurrent.dim() == 4 else "?"
+            raise ValueError(f"flashgla: state: expected state.recurrent of shape [N, H, K, V] = {list(expected)} "
+                             f"for this call's {num_seqs} sequences, got {list(state.recurrent.shape)} (a state "
+                             f"of {held} sequences: pass the state of a call with the same batch, or none)")
 
     @staticmethod
     def _needs_grad(*tensors: Tensor) -> bool:

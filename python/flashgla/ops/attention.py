@@ -7,17 +7,24 @@ import torch
 from torch import Tensor
 
 from .. import _C
-from .._torch import forbid_double_backward, make_args, require_same_device, require_tensors, run_op
+from .._torch import as_scale, forbid_double_backward, make_args, require_same_device, require_tensors, run_op
+from ._memory import require_outputs
 
 __all__ = ["flash_attention"]
 
 _TILED = _C.AttentionAlgorithm.tiled
 
 
-def _forward_outputs(q, v):
-    o = torch.empty((*q.shape[:3], v.shape[-1]) if q.dim() == 4 else v.shape, dtype=q.dtype, device=q.device)
+def _output_shapes(q, v):
+    o_shape = (*q.shape[:3], v.shape[-1]) if q.dim() == 4 else v.shape
     lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if q.dim() == 4 else (0,)
-    return o, torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    return o_shape, lse_shape
+
+
+def _forward_outputs(q, v):
+    o_shape, lse_shape = _output_shapes(q, v)
+    return (torch.empty(o_shape, dtype=q.dtype, device=q.device),
+            torch.empty(lse_shape, dtype=torch.float32, device=q.device))
 
 
 def _backward_outputs(q, k, v):
@@ -27,6 +34,8 @@ def _backward_outputs(q, k, v):
 @torch.library.custom_op("flashgla::flash_attention", mutates_args=())
 def _flash_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
                      cu_seqlens_k: Optional[Tensor], causal: bool, scale: Optional[float]) -> Tuple[Tensor, Tensor]:
+    o_shape, lse_shape = _output_shapes(q, v)
+    require_outputs("flash_attention", q.device, [("o", o_shape, q.dtype), ("lse", lse_shape, torch.float32)])
     o, lse = _forward_outputs(q, v)
     args = make_args(_C.AttentionForwardArgs, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                      causal=causal, scale=scale, algorithm=_TILED, o=o, lse=lse)
@@ -44,6 +53,8 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale):
 def _flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
                               cu_seqlens_k: Optional[Tensor], o: Tensor, lse: Tensor, do: Tensor, causal: bool,
                               scale: Optional[float]) -> Tuple[Tensor, Tensor, Tensor]:
+    require_outputs("flash_attention (backward)", q.device,
+                    [("dq", q.shape, q.dtype), ("dk", k.shape, q.dtype), ("dv", v.shape, q.dtype)])
     dq, dk, dv = _backward_outputs(q, k, v)
     args = make_args(_C.AttentionBackwardArgs, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                      causal=causal, scale=scale, algorithm=_TILED, o=o, lse=lse, d_o=do, dq=dq, dk=dk, dv=dv)
@@ -89,5 +100,5 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale:
     if cu_seqlens_k is not None and cu_seqlens is None:
         raise ValueError("flash_attention: cu_seqlens_k needs cu_seqlens (the queries' boundaries) too")
     cu_seqlens_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
-    o, _ = _flash_attention(q, k, v, cu_seqlens, cu_seqlens_k, bool(causal), None if scale is None else float(scale))
+    o, _ = _flash_attention(q, k, v, cu_seqlens, cu_seqlens_k, bool(causal), as_scale(scale, "flash_attention"))
     return o

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from .. import _C
 from .._torch import as_scale, forbid_double_backward, make_args, require_same_device, require_tensors, run_op, view
+from ._memory import require_outputs
 
 __all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "fused_recurrent_simple_gla", "chunk_linear_attn",
            "fused_chunk_linear_attn", "fused_recurrent_linear_attn", "gla_decode_step", "chunk_gla_segment_states",
@@ -38,32 +39,64 @@ def _absent(like):
     return like.new_empty(0, dtype=torch.float32)
 
 
-def _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype=torch.float32, state_v_first=False):
+def _state_dtype(q):
+    """The dtype of final states and of the initial state's gradient: fp32, fp64 for fp64 inputs (an fp64
+    computation keeps fp64 accuracy through its states; the C++ API takes f64 states with f64 inputs)."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype=None, state_v_first=False):
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     if output_final_state:
-        final_state = torch.empty(_state_shape(q, v, cu_seqlens, state_v_first), dtype=state_dtype, device=q.device)
+        final_state = torch.empty(_state_shape(q, v, cu_seqlens, state_v_first),
+                                  dtype=state_dtype or _state_dtype(q), device=q.device)
     else:
         final_state = _absent(q)
     return o, final_state
 
 
-def _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype=torch.float32, g_gamma=None,
+def _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype=None, g_gamma=None,
                       state_v_first=False):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     dg = torch.empty(g.shape, dtype=g.dtype, device=q.device) if g is not None else _absent(q)
     if need_dh0:
-        dh0 = torch.empty(_state_shape(q, v, cu_seqlens, state_v_first), dtype=state_dtype, device=q.device)
+        dh0 = torch.empty(_state_shape(q, v, cu_seqlens, state_v_first), dtype=state_dtype or _state_dtype(q),
+                          device=q.device)
     else:
         dh0 = _absent(q)
     d_g_gamma = torch.empty(g_gamma.shape, dtype=torch.float32, device=q.device) if g_gamma is not None else _absent(q)
     return dq, dk, dv, dg, dh0, d_g_gamma
 
 
+_CPU_PATH = {_C.GlaAlgorithm.chunked: "chunked", _C.GlaAlgorithm.recurrent: "recurrent"}
+
+
+def _require_forward_memory(op, algorithm, q, v, cu_seqlens, output_final_state, state_dtype, state_v_first):
+    if not (isinstance(q, Tensor) and isinstance(v, Tensor)):
+        return  # the C++ checks say what is wrong
+    outputs = [("o", v.shape, q.dtype)]
+    if output_final_state:
+        outputs.append(("final_state", _state_shape(q, v, cu_seqlens, state_v_first), state_dtype or _state_dtype(q)))
+    require_outputs(op, q.device, outputs, cpu_path=_CPU_PATH.get(algorithm, "chunked") + "_forward", q=q, v=v)
+
+
+def _require_backward_memory(op, algorithm, q, k, v, g, cu_seqlens, need_dh0, state_dtype, state_v_first):
+    if not all(isinstance(t, Tensor) for t in (q, k, v)):
+        return
+    outputs = [("dq", q.shape, q.dtype), ("dk", k.shape, q.dtype), ("dv", v.shape, q.dtype)]
+    if isinstance(g, Tensor):
+        outputs.append(("dg", g.shape, g.dtype))
+    if need_dh0:
+        outputs.append(("dh0", _state_shape(q, v, cu_seqlens, state_v_first), state_dtype or _state_dtype(q)))
+    require_outputs(op, q.device, outputs, cpu_path=_CPU_PATH.get(algorithm, "chunked") + "_backward", q=q, v=v)
+
+
 def _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse,
-                 output_final_state, state_dtype=torch.float32, *, g_gamma=None, state_v_first=False):
-    """state_dtype: of the final state (float64 is allowed with float64 inputs)."""
+                 output_final_state, state_dtype=None, *, g_gamma=None, state_v_first=False, op="gla_forward"):
+    """state_dtype: of the final state (default _state_dtype(q)). op: the op's name in errors."""
+    _require_forward_memory(op, algorithm, q, v, cu_seqlens, output_final_state, state_dtype, state_v_first)
     o, final_state = _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype, state_v_first)
     args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
                      cu_seqlens_host=cu_seqlens_host, scale=scale, algorithm=algorithm, reverse=reverse, o=o,
@@ -74,8 +107,9 @@ def _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_ho
 
 
 def _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse,
-                      need_dh0, state_dtype=torch.float32, g_gamma=None, state_v_first=False):
+                      need_dh0, state_dtype=None, g_gamma=None, state_v_first=False, op="gla_backward"):
     """dq, dk, dv, dg, dh0 and d_g_gamma (empty stand-ins for what was not asked for)."""
+    _require_backward_memory(op, algorithm, q, k, v, g, cu_seqlens, need_dh0, state_dtype, state_v_first)
     dq, dk, dv, dg, dh0, d_g_gamma = _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype, g_gamma,
                                                        state_v_first)
     args = make_args(_C.GlaBackwardArgs, q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
@@ -88,7 +122,7 @@ def _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqle
 
 
 def _run_backward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse,
-                  need_dh0, state_dtype=torch.float32):
+                  need_dh0, state_dtype=None):
     return _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale,
                              reverse, need_dh0, state_dtype)[:5]
 
@@ -101,14 +135,15 @@ def _define_gla_op(name, algorithm):
                 reverse: bool, output_final_state: bool, g_gamma: Optional[Tensor] = None,
                 state_v_first: bool = False) -> Tuple[Tensor, Tensor]:
         return _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse,
-                            output_final_state, g_gamma=g_gamma, state_v_first=state_v_first)
+                            output_final_state, g_gamma=g_gamma, state_v_first=state_v_first, op=name)
 
     def backward(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], initial_state: Optional[Tensor],
                  cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], do: Tensor, dht: Optional[Tensor],
                  scale: Optional[float], reverse: bool, need_dh0: bool, g_gamma: Optional[Tensor] = None,
                  state_v_first: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         return _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale,
-                                 reverse, need_dh0, g_gamma=g_gamma, state_v_first=state_v_first)
+                                 reverse, need_dh0, g_gamma=g_gamma, state_v_first=state_v_first,
+                                 op=f"{name} (backward)")
 
     forward_op = torch.library.custom_op(f"flashgla::{name}", forward, mutates_args=())
     backward_op = torch.library.custom_op(f"flashgla::{name}_backward", backward, mutates_args=())
@@ -141,7 +176,9 @@ def _define_gla_op(name, algorithm):
         dq, dk, dv, dg, dh0, d_g_gamma = backward_op(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do,
                                                      dht if ctx.output_final_state else None, ctx.scale, ctx.reverse,
                                                      need_dh0, g_gamma, ctx.state_v_first)
-        return (dq, dk, dv, dg if need_dg else None, dh0 if need_dh0 else None, None, None, None, None, None,
+        # dh0 is fp32 (fp64 for fp64 inputs); an fp32 initial_state of fp64 inputs gets its gradient in fp32.
+        dh0 = dh0.to(initial_state.dtype) if need_dh0 else None
+        return (dq, dk, dv, dg if need_dg else None, dh0, None, None, None, None, None,
                 d_g_gamma if need_dgamma else None, None)
 
     forward_op.register_autograd(gradients, setup_context=setup_context)
@@ -187,6 +224,8 @@ def _normalize_outputs(o_raw, q, cu_seqlens):
 def _linear_attn_normalize(o_raw: Tensor, q: Tensor, k: Tensor, z_init: Optional[Tensor], cu_seqlens: Optional[Tensor],
                            cu_seqlens_host: Optional[Tensor], scale: Optional[float],
                            reverse: bool) -> Tuple[Tensor, Tensor]:
+    require_outputs("chunk_linear_attn (normalize)", q.device,
+                    [("o", o_raw.shape, q.dtype), ("z_state", _z_shape(q, cu_seqlens), _summary_dtype(q))])
     o, z = _normalize_outputs(o_raw, q, cu_seqlens)
     args = make_args(_C.GlaNormalizeArgs, o_raw=o_raw, q=q, k=k, z_init=_z_view(z_init, "z_init"),
                      cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, scale=scale, reverse=reverse, o=o,
@@ -214,6 +253,8 @@ def _linear_attn_normalize_backward(o_raw: Tensor, q: Tensor, k: Tensor, z_init:
                                     cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], do: Tensor,
                                     dz: Optional[Tensor], scale: Optional[float],
                                     reverse: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    require_outputs("chunk_linear_attn (normalize, backward)", q.device,
+                    [("d_o_raw", o_raw.shape, q.dtype), ("dq", q.shape, q.dtype), ("dk", q.shape, q.dtype)])
     d_o_raw, dq, dk, dz_init = _normalize_backward_outputs(o_raw, q, z_init)
     args = make_args(_C.GlaNormalizeBackwardArgs, o_raw=o_raw, q=q, k=k, z_init=_z_view(z_init, "z_init"),
                      cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, scale=scale, reverse=reverse, d_o=do,
@@ -349,8 +390,11 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float]
     state_v_first=True, as is the final state), cu_seqlens [N+1] int32/int64 with B == 1.
     cu_seqlens_cpu (FLA's name) or cu_seqlens_host: a CPU copy of a CUDA cu_seqlens, to have its values checked
     without a sync.
-    check_gate: raise ValueError when a gate is above 0 or NaN (reads g: a synchronisation on CUDA).
-    Returns o [B,T,H,V] (dtype of q) and the final state fp32 (None unless output_final_state).
+    The gate contract: a gate above 0 (a growing state) is outside the model and not checked by default (the
+    check is an extra pass over g, and a synchronisation on CUDA); the chunked kernels may then return Inf/NaN.
+    check_gate=True raises ValueError naming g when a gate is above 0 or NaN.
+    Returns o [B,T,H,V] (dtype of q) and the final state fp32, fp64 for fp64 inputs (None unless
+    output_final_state).
     cp_context: a flashgla.distributed.build_cp_context(...) context: q, k, v, g are this rank's slice of
     the sequence dimension (context parallelism; see flashgla.distributed); the final states are then
     those of the local sequences.
@@ -395,7 +439,9 @@ def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None
     log decay g_gamma [H] (RetNet style; with g, the gate of step t is g[:, t] + g_gamma, as in FLA). g_gamma gets a
     gradient too (the sum of the gate's gradient over every token; FLA gives it none). chunk_size (FLA's tuning
     keyword) is checked as FLA does (a power of 2) and otherwise ignored: the result does not depend on it and the
-    kernels pick their own chunking. Else as chunk_gla."""
+    kernels pick their own chunking. Gates (g, g_gamma) in [-inf, 0], as in chunk_gla: a gate above 0 is
+    outside the contract and unchecked unless check_gate=True (ValueError naming g or g_gamma). Else as
+    chunk_gla."""
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
                                    or chunk_size & (chunk_size - 1)):
         raise ValueError(f"flashgla: chunk_size: a power of 2 (as FLA requires), got {chunk_size!r}")
@@ -590,7 +636,7 @@ def _pooled(ssm_state_indices, num_accepted_tokens, inplace_final_state):
             or not (inplace_final_state is None or inplace_final_state is False))
 
 
-def _token_states_shape(q, v, state_v_first):
+def _pooled_token_states_shape(q, v, state_v_first):
     """[B*T, H, K, V] ([B*T, H, V, K] with state_v_first): the state after every token; (0,) when malformed."""
     if q.dim() != 4 or v.dim() != 4:
         return (0,)
@@ -605,7 +651,7 @@ def _gla_recurrent_pooled(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], 
                           reverse: bool, state_v_first: bool, inplace_final_state: bool,
                           output_token_states: bool) -> Tuple[Tensor, Tensor]:
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    token_states = (torch.zeros(_token_states_shape(q, v, state_v_first), dtype=torch.float32, device=q.device)
+    token_states = (torch.zeros(_pooled_token_states_shape(q, v, state_v_first), dtype=torch.float32, device=q.device)
                     if output_token_states else _absent(q))
     args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g, g_gamma=g_gamma, initial_state=pool,
                      cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, scale=scale,
@@ -622,7 +668,7 @@ def _(q, k, v, g, g_gamma, pool, ssm_state_indices, num_accepted_tokens, cu_seql
     require_same_device(q, k=k, v=v, g=g, g_gamma=g_gamma, initial_state=pool, ssm_state_indices=ssm_state_indices,
                         num_accepted_tokens=num_accepted_tokens, cu_seqlens=cu_seqlens)
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    token_states = (torch.empty(_token_states_shape(q, v, state_v_first), dtype=torch.float32, device=q.device)
+    token_states = (torch.empty(_pooled_token_states_shape(q, v, state_v_first), dtype=torch.float32, device=q.device)
                     if output_token_states else _absent(q))
     return o, token_states
 
@@ -645,23 +691,30 @@ def _fused_recurrent_pooled(op, q, k, v, g, g_gamma, scale, initial_state, outpu
     return o, token_states if output_final_state else None
 
 
+def _token_states_shape(q, v, state):
+    """gla_decode_step's per-token states: [N, T, H, K, V], or [N, H, K, V] for one token."""
+    if q.dim() == 4 and v.dim() == 4 and state.dim() == 4:  # [N, T, H, K, V]
+        return (q.shape[0], q.shape[1], q.shape[2], q.shape[3], v.shape[3])
+    if q.dim() == 3 and v.dim() == 3 and state.dim() == 4:  # one token: [N, H, K, V]
+        return (q.shape[0], q.shape[1], q.shape[2], v.shape[2])
+    return (0,)  # malformed: the C++ checks say why
+
+
 def _decode_outputs(q, v, state, output_token_states):
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     if not output_token_states:
         return o, _absent(q)
-    if q.dim() == 4 and v.dim() == 4 and state.dim() == 4:  # [N, T, H, K, V]
-        shape = (q.shape[0], q.shape[1], q.shape[2], q.shape[3], v.shape[3])
-    elif q.dim() == 3 and v.dim() == 3 and state.dim() == 4:  # one token: [N, H, K, V]
-        shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[2])
-    else:
-        shape = (0,)  # malformed: the C++ checks say why
-    return o, torch.empty(shape, dtype=torch.float32, device=q.device)
+    return o, torch.empty(_token_states_shape(q, v, state), dtype=torch.float32, device=q.device)
 
 
 @torch.library.custom_op("flashgla::gla_decode_step", mutates_args=("state",))
 def _gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state: Tensor,
                      scale: Optional[float], state_indices: Optional[Tensor],
                      output_token_states: bool) -> Tuple[Tensor, Tensor]:
+    outputs = [("o", v.shape, q.dtype)]
+    if output_token_states:
+        outputs.append(("token_states", _token_states_shape(q, v, state), torch.float32))
+    require_outputs("gla_decode_step", q.device, outputs)
     o, token_states = _decode_outputs(q, v, state, output_token_states)
     rows = None
     if output_token_states:  # the C++ API takes them as [N*T, H, K, V], row n*T + t
@@ -678,6 +731,36 @@ def _(q, k, v, g, state, scale, state_indices, output_token_states):
     return _decode_outputs(q, v, state, output_token_states)
 
 
+def _refuse_gradients(op, **tensors):
+    """NotImplementedError naming the first tensor that requires grad (with grad mode on) for an op without a
+    backward: torch would otherwise return an output that claims a gradient it cannot give, and update a
+    state that requires grad in place."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if t is not None and t.requires_grad:
+            what = "is updated in place and " if name == "state" else ""
+            raise NotImplementedError(
+                f"flashgla: {name}: {op} has no backward (inference only), but {name} {what}requires grad: call it "
+                "under torch.no_grad() or pass detached tensors (for training use chunk_gla or fused_recurrent_gla)")
+
+
+def _check_one_token_shapes(q, k, v, g):
+    """The shapes of the one-token form (q [N, H, K]) in the caller's terms: the C++ API checks them after
+    adding a token dimension, which its messages would show."""
+    if q.dim() != 3:
+        return
+    N, H, K = q.shape
+    expected = [("k", k, (N, H, K), "[N, H, K]")]
+    if v.dim() == 3 and v.shape[:2] != q.shape[:2]:
+        raise ValueError(f"flashgla: v: expected shape [N, H, V] = [{N}, {H}, V] (N, H of q), got {list(v.shape)}")
+    if isinstance(g, Tensor):
+        expected.append(("g", g, (N, H, K), "[N, H, K]") if g.dim() == 3 else ("g", g, (N, H), "[N, H]"))
+    for name, t, shape, label in expected:
+        if t.dim() == len(shape) and tuple(t.shape) != shape:
+            raise ValueError(f"flashgla: {name}: expected shape {label} = {list(shape)}, got {list(t.shape)}")
+
+
 def gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state: Tensor,
                     scale: Optional[float] = None, state_indices: Optional[Tensor] = None, *,
                     output_token_states: bool = False):
@@ -692,9 +775,12 @@ def gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state:
     Returns o [N,H,V] (or [N,T,H,V]) in the dtype of q; with output_token_states=True also the state
     after each token, fp32 [N,T,H,K,V] ([N,H,K,V] without a token dimension), so a verifier that
     accepts tokens 0..a of sequence i rolls back with state[state_indices[i]] = token_states[i, a].
-    Padded slots' token states are zeros. No gradient.
+    Padded slots' token states are zeros. No gradient: with grad mode on, an input (or state) that requires
+    grad is a NotImplementedError (call it under torch.no_grad(), or pass detached tensors).
     """
     require_tensors(q=q, k=k, v=v, g=g, state=state, state_indices=state_indices)
+    _refuse_gradients("gla_decode_step", q=q, k=k, v=v, g=g, state=state)
+    _check_one_token_shapes(q, k, v, g)
     o, token_states = _gla_decode_step(q, k, v, g, state, as_scale(scale, "gla_decode_step"), state_indices,
                                        bool(output_token_states))
     return (o, token_states) if output_token_states else o
@@ -704,6 +790,7 @@ def gla_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state:
 def _gla_prefill(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], state: Tensor,
                  final_state_indices: Tensor, initial_state_indices: Optional[Tensor],
                  cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], scale: Optional[float]) -> Tensor:
+    require_outputs("gla_prefill", q.device, [("o", v.shape, q.dtype)], cpu_path="chunked_forward", q=q, v=v)
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     pool = view(state, "state")  # read (with initial_state_indices) and written
     args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g,
@@ -762,6 +849,8 @@ def _segment_states_outputs(k, v, cu_seqlens):
 @torch.library.custom_op("flashgla::chunk_gla_segment_states", mutates_args=())
 def _chunk_gla_segment_states(k: Tensor, v: Tensor, g: Optional[Tensor], cu_seqlens: Optional[Tensor],
                               cu_seqlens_host: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    require_outputs("chunk_gla_segment_states", k.device,
+                    [("states", _state_shape(k, v, cu_seqlens), _summary_dtype(k))], argument="k")
     states, log_decay = _segment_states_outputs(k, v, cu_seqlens)
     args = make_args(_C.GlaSegmentStatesArgs, k=k, v=v, g=g, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host,
                      states=states, log_decay=log_decay)
@@ -778,6 +867,8 @@ def _(k, v, g, cu_seqlens, cu_seqlens_host):
 @torch.library.custom_op("flashgla::chunk_gla_segment_state_grads", mutates_args=())
 def _chunk_gla_segment_state_grads(q: Tensor, do: Tensor, g: Optional[Tensor], scale: Optional[float],
                                    cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor]) -> Tensor:
+    require_outputs("chunk_gla_segment_state_grads", q.device,
+                    [("d_states", _state_shape(q, do, cu_seqlens), _summary_dtype(q))])
     d_states = torch.empty(_state_shape(q, do, cu_seqlens), dtype=_summary_dtype(q), device=q.device)
     args = make_args(_C.GlaSegmentStateGradsArgs, q=q, d_o=do, g=g, scale=scale, cu_seqlens=cu_seqlens,
                      cu_seqlens_host=cu_seqlens_host, d_states=d_states)

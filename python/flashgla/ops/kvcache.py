@@ -9,6 +9,7 @@ from torch import Tensor
 
 from .. import _C
 from .._torch import as_scale, make_args, require_same_device, require_tensors, run_op
+from ._memory import require_outputs
 
 __all__ = ["flash_attention_with_kvcache"]
 
@@ -23,6 +24,9 @@ def _flash_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, c
                                   block_table: Optional[Tensor], k: Optional[Tensor], v: Optional[Tensor],
                                   causal: bool, scale: Optional[float], max_seqlen_k: Optional[int],
                                   num_splits: int) -> Tuple[Tensor, Tensor]:
+    require_outputs("flash_attention_with_kvcache", q.device,
+                    [("o", (*q.shape[:3], v_cache.shape[-1]), q.dtype),
+                     ("lse", (q.shape[0], q.shape[2], q.shape[1]), torch.float32)])
     o, lse = _outputs(q, v_cache)
     args = make_args(_C.AttentionKvCacheArgs, q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
                      block_table=block_table, k=k, v=v, causal=causal, scale=scale, max_seqlen_k=max_seqlen_k,

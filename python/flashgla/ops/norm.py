@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .. import _C
 from .._torch import forbid_double_backward, make_args, run_op
+from ._memory import require_outputs
 
 __all__ = ["rms_norm", "rms_norm_gated", "logsigmoid_gate"]
 
@@ -42,6 +43,7 @@ def _empty_like(t: Tensor, dtype=None) -> Tensor:
 @torch.library.custom_op("flashgla::rms_norm_gated", mutates_args=())
 def _rms_norm_gated(x: Tensor, weight: Optional[Tensor], gate: Optional[Tensor], eps: float,
                     activation: str) -> Tensor:
+    require_outputs("rms_norm_gated", x.device, [("y", x.shape, x.dtype)], argument="x")
     y = _empty_like(x)
     args = make_args(_C.RmsNormForwardArgs, x=x, weight=weight, gate=gate, activation=_activation(activation), eps=eps,
                      y=y)
@@ -57,6 +59,9 @@ def _(x, weight, gate, eps, activation):
 @torch.library.custom_op("flashgla::rms_norm_gated_backward", mutates_args=())
 def _rms_norm_gated_backward(x: Tensor, weight: Optional[Tensor], gate: Optional[Tensor], dy: Tensor, eps: float,
                              activation: str, need_dweight: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    require_outputs("rms_norm_gated (backward)", x.device,
+                    [("dx", x.shape, x.dtype)] + ([("dgate", gate.shape, gate.dtype)] if gate is not None else []),
+                    argument="x")
     dx = _empty_like(x)
     dgate = _empty_like(gate) if gate is not None else x.new_empty(0)
     need_dweight = need_dweight and weight is not None
@@ -113,6 +118,8 @@ def rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6) -> T
 
 @torch.library.custom_op("flashgla::logsigmoid_gate", mutates_args=())
 def _logsigmoid_gate(x: Tensor, normalizer: float, clamp_min: Optional[float], float32_output: bool) -> Tensor:
+    require_outputs("logsigmoid_gate", x.device, [("g", x.shape, torch.float32 if float32_output else x.dtype)],
+                    argument="x")
     g = _empty_like(x, torch.float32 if float32_output else None)
     args = make_args(_C.LogSigmoidGateForwardArgs, x=x, normalizer=normalizer, clamp_min=clamp_min, g=g)
     run_op(_C.logsigmoid_gate_forward, args, x.device, scratch=False)
@@ -126,6 +133,7 @@ def _(x, normalizer, clamp_min, float32_output):
 
 @torch.library.custom_op("flashgla::logsigmoid_gate_backward", mutates_args=())
 def _logsigmoid_gate_backward(x: Tensor, dg: Tensor, normalizer: float, clamp_min: Optional[float]) -> Tensor:
+    require_outputs("logsigmoid_gate (backward)", x.device, [("dx", x.shape, x.dtype)], argument="x")
     dx = _empty_like(x)
     args = make_args(_C.LogSigmoidGateBackwardArgs, x=x, normalizer=normalizer, clamp_min=clamp_min, dg=dg, dx=dx)
     run_op(_C.logsigmoid_gate_backward, args, x.device, scratch=False)
