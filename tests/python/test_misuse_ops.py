@@ -30,13 +30,23 @@ def test_outputs_that_cannot_fit_name_q_the_op_and_the_sizes():
 
 
 def test_the_fatal_cpu_case_is_a_memory_error_before_allocating(monkeypatch):
-    # [1, 2^24, 2, 64]: 8 GiB of output, more than 40 GiB with the CPU backend's scratch; killed by the
-    # kernel's OOM before the check. Available memory is pinned so the test does not depend on this machine.
-    monkeypatch.setattr(_memory, "_cpu_available", lambda: 16 << 30)
+    # [1, 2^24, 2, 64]: 8 GiB of output (the chunked CPU path's scratch is per range of tokens, so that is its
+    # need); once killed by the kernel's OOM. Available memory is pinned so the test does not depend on this
+    # machine.
+    monkeypatch.setattr(_memory, "_cpu_available", lambda: 4 << 30)
     x = huge(1, 2 ** 24, 2, 64)
     with raises(MemoryError, "flashgla: q:", "chunk_gla", "o [1, 16777216, 2, 64] float32 (8.0 GiB)",
-                "CPU backend's scratch", "the CPU has 16.0 GiB available"):
+                "the CPU has 4.0 GiB available"):
         flashgla.chunk_gla(x, x, x, x)
+
+
+def test_the_recurrent_cpu_reference_counts_its_scratch(monkeypatch):
+    # The recurrent reference copies whole sequences in fp64: more than its 8 GiB of output.
+    monkeypatch.setattr(_memory, "_cpu_available", lambda: 16 << 30)
+    x = huge(1, 2 ** 24, 2, 64)
+    with raises(MemoryError, "flashgla: q:", "o [1, 16777216, 2, 64] float32 (8.0 GiB)", "CPU backend's scratch",
+                "the CPU has 16.0 GiB available"):
+        flashgla.fused_recurrent_gla(x, x, x, x)
 
 
 @pytest.mark.parametrize("op", ["chunk_simple_gla", "chunk_linear_attn", "fused_recurrent_gla",

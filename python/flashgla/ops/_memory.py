@@ -14,13 +14,15 @@ import torch
 CHECK_FROM_BYTES = 1 << 30
 
 # What the CPU backend needs beyond its inputs, as a multiple of the fp32 bytes of q plus v (one tensor of
-# keys and one of values), outputs included: the growth of ru_maxrss over a call at T = 2^18, H = 2, K = V = 64
-# on a 2-core machine (the chunked forward then peaks at about 5.5x its output, as the issue measured at
-# T = 2^21); with K/V from 1/4 to 4 the need differs by up to about 25% either way, so a call within that
-# much of the limit may pass or be refused. Update them when the CPU path's scratch changes.
+# keys and one of values), outputs included. The recurrent reference copies whole sequences in fp64: the growth
+# of ru_maxrss over a call at T = 2^18, H = 2, K = V = 64 on a 2-core machine (with K/V from 1/4 to 4 the need
+# differs by up to about 25% either way, so a call within that much of the limit may pass or be refused). The
+# chunked path works one range of tokens per thread at a time (src/cpu/gla/gla.cpp; tens of MiB in all,
+# bench/notes_gla_cpu.md): its need is its outputs, so its factor is 0. Update them when the CPU path's
+# scratch changes.
 CPU_SCRATCH_FACTOR = {
-    "chunked_forward": 2.75,
-    "chunked_backward": 4.5,
+    "chunked_forward": 0.0,
+    "chunked_backward": 0.0,
     "recurrent_forward": 5.2,
     "recurrent_backward": 6.5,
 }
