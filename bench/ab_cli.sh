@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Same-process-style A/B of two builds of the `flashgla` command:
-#   [AB_GPUS="0 1 2 3"] bash bench/ab_cli.sh BASE_BIN NEW_BIN [ROUNDS]
+#   [AB_GPUS="0 1 2 3"] [AB_ONLY=regex] bash bench/ab_cli.sh BASE_BIN NEW_BIN [ROUNDS]
 # Times each shape with BASE and NEW alternately on one GPU (ROUNDS rounds, default 3) through
 # `flashgla bench` (CUDA events, median of 50 after 10 warm-ups; same seed, same inputs)
 # and prints one row per shape and pass: the median over rounds of each side and NEW/BASE.
@@ -22,6 +22,12 @@ shapes=(
   "attention B8 T2048 H16 d64|--ops attention -B 8 -T 2048 -H 16 -K 64 -V 64 --pass fwd,fwdbwd"
   "attention B4 T8192 H16 d128|--ops attention -B 4 -T 8192 -H 16 -K 128 -V 128 --pass fwd,fwdbwd"
 )
+# AB_ONLY: an extended regular expression; only the shapes whose label matches it run.
+if [ -n "${AB_ONLY:-}" ]; then
+  kept=()
+  for s in "${shapes[@]}"; do [[ ${s%%|*} =~ $AB_ONLY ]] && kept+=("$s"); done
+  shapes=("${kept[@]}")
+fi
 # The table of what was measured (also when the run is cut short: TERM).
 print_table() {
   echo "== $1"

@@ -109,6 +109,7 @@ def main():
     for shape in args.shapes.split(","):
         B, T, H, D = (int(x) for x in shape.split("x"))
         ours = {name: times(*case) for name, case in cases(B, T, H, D, ours_ops).items()}
+        print(f"B{B} T{T} H{H} d{D} flashgla: {ours}", flush=True)  # before FLA's autotuning, in case time runs out
         theirs = ({name: times(*case) for name, case in cases(B, T, H, D, fla_ops).items()} if fla_ops
                   else {name: (None, None) for name in ours})
         vec_f, vec_b = ours["vector g (chunk_gla)"]
