@@ -2,10 +2,15 @@
 fp64 reference), and keeps stdout the table alone."""
 
 import pathlib
+import shutil
 import subprocess
 import sysconfig
 
+# The package's command; where the package is unpacked onto PYTHONPATH instead of installed (the GPU runs of
+# scripts/gpu_session.sh), the one on PATH.
 COMMAND = pathlib.Path(sysconfig.get_path("scripts")) / "flashgla"
+if not COMMAND.exists() and shutil.which("flashgla"):
+    COMMAND = pathlib.Path(shutil.which("flashgla"))
 
 
 def run_check(*flags):
