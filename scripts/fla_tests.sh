@@ -9,7 +9,9 @@
 #   pip download flash-linear-attention==0.6.0 fla-core==0.6.0 --no-deps -d .deps/fla
 # and FLA's test files, which those PyPI archives do not hold: the source archive of the v0.6.0 tag of
 # the fla-org/flash-linear-attention repository (its tests/ops folder is what runs), saved as a
-# .tar.gz in .deps/fla (or unpacked there as a folder holding tests/ops). FLA needs einops, and
+# .tar.gz in .deps/fla (or unpacked there as a folder holding tests/ops). Without GitHub, a stored mirror's
+# tests serve (`git -C MIRROR archive --prefix=fla/ HEAD tests | gzip > .deps/fla/fla-tests.tar.gz`): they are
+# another version's files, so say which beside the table (bench/results_fla_tests.md). FLA needs einops, and
 # flash-linear-attention needs transformers: as the other device scripts, wheels of those in
 # .deps/wheels are installed when present (bench/device_generate.sh). Then (device tool, carry
 # [".deps"]):
@@ -177,9 +179,14 @@ for path in sorted(glob.glob(os.path.join(out, "junit", "*.xml"))):
     listed = failures[:SHOWN] + ([f"... and {len(failures) - SHOWN} more"] if len(failures) > SHOWN else [])
     rows.append(f"| {name}.py ({k}) | {len(run) - len(failures)}/{len(run)} | "
                 f"{'<br>'.join(listed).replace('|', '/')} |")
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 gpu = open(os.path.join(out, "gpu.txt")).read().strip() if os.path.exists(os.path.join(out, "gpu.txt")) else "?"
-heading = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {gpu}, flashgla at {commit}"
+if os.environ.get("SKIP_BUILD") == "1":  # the flashgla that was importable, not necessarily this tree's
+    import flashgla
+    tested = f"flashgla {flashgla.__version__} from {os.path.dirname(flashgla.__file__)}"
+else:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    tested = f"flashgla built from {commit}"
+heading = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {gpu}, {tested}"
 text = "\n".join([heading, ""] + rows) + "\n"
 print(text)
 open(os.path.join(out, "fla_tests.md"), "w").write(text)
