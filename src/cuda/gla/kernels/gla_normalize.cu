@@ -110,6 +110,26 @@ __device__ __forceinline__ void store_vec(const Rows<E>& r, int64_t b, int64_t t
   }
 }
 
+// dst[b, t, h, :] = src[b, t, h, :] / den over this lane's vectors of the row (lanes apart); `first` holds its
+// first vector (v = lane), loaded early for latency.
+template <int VV, class E>
+__device__ __forceinline__ void store_row_over(const Rows<E>& src, const Rows<E>& dst, int64_t b, int64_t t,
+                                               int64_t h, int64_t V, int lane, int lanes, const float (&first)[VV],
+                                               float den) {
+  for (int64_t v = lane; v * VV < V; v += lanes) {
+    float x[VV];
+    if (v == lane) {
+#pragma unroll
+      for (int i = 0; i < VV; ++i) x[i] = first[i];
+    } else {
+      load_vec<VV>(src, b, t, h, v * VV, x);
+    }
+#pragma unroll
+    for (int i = 0; i < VV; ++i) x[i] /= den;
+    store_vec<VV>(dst, b, t, h, v * VV, x);
+  }
+}
+
 template <class E>
 struct Params {
   Rows<E> q, k, o_raw, o;                 // forward
@@ -308,18 +328,7 @@ __global__ void normalize_chunks_kernel(Params<E> p) {
     if (active && int64_t(lane) * VV < p.V) load_vec<VV>(p.o_raw, c.seq.batch, t, h, int64_t(lane) * VV, first);
     const float den = p.scale * advance_and_dot<VK>(p, c, h, t, active, z) + kNormalizeEps;
     if (!active) continue;
-    for (int64_t v = lane; v * VV < p.V; v += p.lanes) {
-      float x[VV];
-      if (v == lane) {
-#pragma unroll
-        for (int i = 0; i < VV; ++i) x[i] = first[i];
-      } else {
-        load_vec<VV>(p.o_raw, c.seq.batch, t, h, v * VV, x);
-      }
-#pragma unroll
-      for (int i = 0; i < VV; ++i) x[i] /= den;
-      store_vec<VV>(p.o, c.seq.batch, t, h, v * VV, x);
-    }
+    store_row_over<VV>(p.o_raw, p.o, c.seq.batch, t, h, p.V, lane, p.lanes, first, den);
   }
 }
 
@@ -359,18 +368,7 @@ __global__ void backward_chunks_kernel(Params<E> p) {
     const float den = p.scale * advance_and_dot<VK>(p, c, h, t, active, z) + kNormalizeEps;
     dot = team_sum(dot, p.lanes);
     if (!active) continue;
-    for (int64_t v = lane; v * VV < p.V; v += p.lanes) {
-      float dout[VV];
-      if (v == lane) {
-#pragma unroll
-        for (int i = 0; i < VV; ++i) dout[i] = first[i];
-      } else {
-        load_vec<VV>(p.d_o, c.seq.batch, t, h, v * VV, dout);
-      }
-#pragma unroll
-      for (int i = 0; i < VV; ++i) dout[i] /= den;
-      store_vec<VV>(p.d_o_raw, c.seq.batch, t, h, v * VV, dout);
-    }
+    store_row_over<VV>(p.d_o, p.d_o_raw, c.seq.batch, t, h, p.V, lane, p.lanes, first, den);
     const float d_den = -dot / (den * den);
     if (lane == 0) d_den_out[step - c.step0] = d_den;
     const float dq_factor = d_den * p.scale;
