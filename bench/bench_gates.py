@@ -8,7 +8,7 @@ At B8 T4096 H16 d128 and B32 T2048 H16 d64, bf16 q, k, v, forward and forward+ba
 - chunk_linear_attn, no gate, normalize=False.
 "vs vector" is the vector gate's time over the row's (above 1: faster than the vector gate). FLA's columns
 are the same ops of fla.ops (flash-linear-attention 0.6.0, imported from the environment or FLA_PATH), timed in
-the same call after one warm-up call each (its autotuning); "n/a" where FLA is not importable.
+the same call after one warm-up call each (its autotuning); "n/i" where FLA is not importable.
 
     python bench/bench_gates.py [--shapes 8x4096x16x128,32x2048x16x64] [--no-append]
 
@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 import flashgla
-from bench_ops import append_results, median_ms
+from bench_fla_api import fwd_bwd
+from bench_ops import append_results, fmt, median_ms, ratio
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_gates.md")
 
@@ -38,7 +39,7 @@ def import_fla():
         from fla.ops.linear_attn import chunk_linear_attn
         from fla.ops.simple_gla import chunk_simple_gla
     except ImportError as error:
-        print(f"bench_gates: FLA not importable ({error}); its columns read n/a", file=sys.stderr)
+        print(f"bench_gates: FLA not importable ({error}); its columns read n/i", file=sys.stderr)
         return None, "n/a"
     ops = {"chunk_gla": chunk_gla, "chunk_simple_gla": chunk_simple_gla, "chunk_linear_attn": chunk_linear_attn}
     return ops, getattr(fla, "__version__", "?")
@@ -69,29 +70,18 @@ def cases(B, T, H, D, lib):
 
 
 def times(forward, leaves):
-    """(forward ms, forward+backward ms); None where the library refuses the call (e.g. FLA without a gradient
-    for g_gamma)."""
-    def fwd_bwd():
-        o = forward()
-        torch.autograd.grad(o, [x for x in leaves if x.requires_grad], torch.ones_like(o), allow_unused=True)
+    """(forward ms, forward+backward ms); None where the library refuses the call ("n/i" in the table)."""
+    both = fwd_bwd(forward, leaves)
     try:
         with torch.no_grad():
             forward()  # warm-up (FLA's autotuning)
-        fwd_bwd()
+        both()
     except Exception as error:  # noqa: BLE001 - reported in the table
         print(f"bench_gates: {error}", file=sys.stderr)
         return None, None
     with torch.no_grad():
         f = median_ms(forward)
-    return f, median_ms(fwd_bwd)
-
-
-def fmt(x):
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-def ratio(a, b):
-    return "n/a" if a is None or b is None else f"{a / b:.2f}"
+    return f, median_ms(both)
 
 
 def main():
