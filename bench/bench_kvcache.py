@@ -14,11 +14,14 @@ write; capped at 4 GiB), their ratio (the target: ≥ 0.8 at B ≥ 8, L ≥ 4K),
 cache (its default backend choice on [B, H, 1, D] queries against the cache's transposed views; with
 --gqa it repeats nothing: enable_gqa). Times are medians of triton.testing.do_bench. Each shape is first
 checked against SDPA in fp32 on the same bf16 data: the relative RMS error, and FlashAttention's rule
-(max abs error at most 2x that of SDPA's math backend run in bf16, plus 1e-5).
+(max abs error at most 2x that of SDPA's math backend run in bf16, plus 1e-5). The fp32 reference is computed
+a few batch rows at a time (whole, its K and V copies would be 4x the bf16 cache: 16 GiB at B 64, L 16K);
+`python bench/bench_kvcache.py --check-reference` checks that on the CPU against the whole-batch reference.
 """
 
 import argparse
 import datetime
+import math
 import os
 import sys
 
@@ -51,6 +54,61 @@ except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
         return sorted(times)[len(times) // 2]
 
 
+# fp32 K and V of one piece of batch rows of the reference, counted at Hq heads (what a GQA repeat makes).
+REFERENCE_PIECE_BYTES = 1 << 30
+
+
+def sdpa(q, k, v):
+    """torch SDPA on [B, 1, Hq, D] queries against a [B, L, Hkv, D] cache; returns [B, 1, Hq, D]."""
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          enable_gqa=q.shape[2] != k.shape[2]).transpose(1, 2)
+
+
+def reference_errors(out, q, k, v, piece_bytes=REFERENCE_PIECE_BYTES):
+    """Errors of out ([B, 1, Hq, D]) against SDPA in fp32 on the same q ([B, 1, Hq, D]), k and v ([B, L, Hkv, D]),
+    computed over pieces of batch rows whose fp32 K and V take at most piece_bytes (one row at least).
+    Returns (relative RMS error over the whole batch, max abs error of out, max abs error of SDPA's math
+    backend in the inputs' dtype): the square sums add over pieces, so the figures are the whole batch's."""
+    B, L, _, D = k.shape
+    rows = max(1, piece_bytes // (2 * L * q.shape[2] * D * 4))
+    diff_sq = ref_sq = max_out = max_same_dtype = 0.0
+    for b in range(0, B, rows):
+        piece = slice(b, b + rows)
+        ref = sdpa(q[piece].float(), k[piece].float(), v[piece].float())
+        diff = out[piece].float() - ref
+        diff_sq += diff.double().square().sum().item()
+        ref_sq += ref.double().square().sum().item()
+        max_out = max(max_out, diff.abs().max().item())
+        with sdpa_kernel(SDPBackend.MATH):
+            same_dtype = sdpa(q[piece], k[piece], v[piece]).float()
+        max_same_dtype = max(max_same_dtype, (same_dtype - ref).abs().max().item())
+        del ref, diff, same_dtype
+    return math.sqrt(diff_sq / ref_sq), max_out, max_same_dtype
+
+
+def check_reference():
+    """On the CPU: reference_errors in pieces of 2, 2 and 1 rows gives the whole-batch figures (MHA and GQA)."""
+    torch.manual_seed(0)
+    for Hq, Hkv in ((4, 4), (8, 2)):
+        B, L, D = 5, 300, 32
+        q = torch.randn(B, 1, Hq, D, dtype=torch.bfloat16)
+        k, v = (torch.randn(B, L, Hkv, D, dtype=torch.bfloat16) for _ in range(2))
+        out = (sdpa(q.float(), k.float(), v.float()) + 1e-3 * torch.randn(B, 1, Hq, D)).to(torch.bfloat16)
+        ref = sdpa(q.float(), k.float(), v.float())
+        with sdpa_kernel(SDPBackend.MATH):
+            same_dtype = sdpa(q, k, v).float()
+        whole = (((out.float() - ref).norm() / ref.norm()).item(), (out.float() - ref).abs().max().item(),
+                 (same_dtype - ref).abs().max().item())
+        pieces = reference_errors(out, q, k, v, piece_bytes=2 * (2 * L * Hq * D * 4))
+        one_piece = reference_errors(out, q, k, v)
+        print(f"Hq {Hq} / Hkv {Hkv}: whole {whole}, pieces of 2 rows {pieces}, one piece {one_piece}")
+        # The figures are of order 1e-3..1e-2; fp32 rounding of the reference moves them by ~1e-7.
+        for got in (pieces, one_piece):
+            assert abs(got[0] - whole[0]) <= 1e-4 * whole[0], (got, whole)
+            assert all(abs(a - b) <= 1e-6 for a, b in zip(got[1:], whole[1:])), (got, whole)
+    print("check_reference: ok")
+
+
 def run_shape(B, L, Hq, Hkv, D, paged, copy_cache):
     dtype, device = torch.bfloat16, DEVICE
     q = torch.randn(B, 1, Hq, D, dtype=dtype, device=device)
@@ -71,19 +129,11 @@ def run_shape(B, L, Hq, Hkv, D, paged, copy_cache):
     def ours():
         return flashgla.flash_attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table, max_seqlen_k=L)
 
-    def sdpa(qq=q, kk=k_dense, vv=v_dense):
-        return F.scaled_dot_product_attention(qq.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2),
-                                              enable_gqa=Hq != Hkv).transpose(1, 2)
-
-    ref = sdpa(q.float(), k_dense.float(), v_dense.float())
-    out = ours().float()
-    err = ((out - ref).norm() / ref.norm()).item()
+    err, max_ours, max_same_dtype = reference_errors(ours(), q, k_dense, v_dense)
     # FlashAttention's rule: max abs error at most 2x that of PyTorch's attention in the same dtype (+1e-5).
-    with sdpa_kernel(SDPBackend.MATH):
-        same_dtype = sdpa().float()
-    rule = (out - ref).abs().max().item() <= 2 * (same_dtype - ref).abs().max().item() + 1e-5
+    rule = max_ours <= 2 * max_same_dtype + 1e-5
     t_ours = bench_ms(ours) * 1e3
-    t_sdpa = bench_ms(sdpa) * 1e3
+    t_sdpa = bench_ms(lambda: sdpa(q, k_dense, v_dense)) * 1e3
     kv_bytes = 2 * B * L * Hkv * D * 2
     n = min(kv_bytes, 4 << 30) // 2
     src = copy_cache.get(n)
@@ -106,7 +156,12 @@ def main():
     parser.add_argument("--paged", type=int, default=0, help="block size of a paged cache (0: contiguous)")
     parser.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "results_kvcache.md"))
     parser.add_argument("--no-append", action="store_true", help="print only")
+    parser.add_argument("--check-reference", action="store_true",
+                        help="check the fp32 reference in pieces against the whole-batch one on the CPU, then exit")
     args = parser.parse_args()
+    if args.check_reference:
+        check_reference()
+        return
     if not flashgla.cuda_available():
         raise SystemExit("bench_kvcache: needs a CUDA build of flashgla and a GPU")
     Hq, Hkv, D = (32, 8, 128) if args.gqa else (16, 16, 128)

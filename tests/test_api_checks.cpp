@@ -340,6 +340,38 @@ TEST(ApiChecks, Decode) {
   expect_error([&] { gla_decode(a); }, ErrorKind::value, "o", "overlap");
 }
 
+// One-token calls: the messages give the caller's [N, H, ...] shapes, not the internal [N, 1, H, ...] ones.
+TEST(ApiChecks, DecodeOneTokenShapesInCallersLayout) {
+  const int64_t N = 3, H = 2, K = 16, V = 6;
+  Buffer q(DType::f32, {N, H, K}), k(DType::f32, {N, H, K}), v(DType::f32, {N, H, V}), g(DType::f32, {N, H, K});
+  Buffer state(DType::f32, {N, H, K, V}), o(DType::f32, {N, H, V});
+  auto valid = [&] {
+    GlaDecodeArgs a;
+    a.q = q.view(), a.k = k.view(), a.v = v.view(), a.g = g.view(), a.state = state.view(), a.o = o.view();
+    return a;
+  };
+  Buffer g17(DType::f32, {N, H, 17});
+  auto a = valid();
+  a.g = g17.view();
+  expect_error([&] { gla_decode(a); }, ErrorKind::value, "g", "expected shape [N, H, K] = [3, 2, 16], got [3, 2, 17]");
+  Buffer g_scalar(DType::f32, {N, 4});
+  a = valid();
+  a.g = g_scalar.view();
+  expect_error([&] { gla_decode(a); }, ErrorKind::value, "g", "expected shape [N, H] = [3, 2], got [3, 4]");
+  Buffer k8(DType::f32, {N, H, 8});
+  a = valid();
+  a.k = k8.view();
+  expect_error([&] { gla_decode(a); }, ErrorKind::value, "k", "expected shape [N, H, K] = [3, 2, 16], got [3, 2, 8]");
+  Buffer v_bad(DType::f32, {N, 1, V});
+  a = valid();
+  a.v = v_bad.view();
+  expect_error([&] { gla_decode(a); }, ErrorKind::value, "v", "expected shape [N, H, V] = [3, 2, 6], got [3, 1, 6]");
+  Buffer o_bad(DType::f32, {N, H, 5});
+  a = valid();
+  a.o = o_bad.view();
+  expect_error([&] { gla_decode(a); }, ErrorKind::value, "o", "expected shape [N, H, V] = [3, 2, 6], got [3, 2, 5]");
+}
+
 TEST(ApiChecks, DecodeTokensAndPool) {
   const int64_t N = 3, T = 2, H = 2, K = 8, V = 6, P = 5;
   Buffer q(DType::f32, {N, T, H, K}), k(DType::f32, {N, T, H, K}), v(DType::f32, {N, T, H, V});

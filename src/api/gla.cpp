@@ -478,13 +478,16 @@ void gla_decode(const GlaDecodeArgs& args) {
                    "expected 1 to " + std::to_string(kMaxDecodeTokens) + " tokens per sequence, got T = " +
                        std::to_string(p.seq_len) + " (use gla_forward for longer inputs)");
   const int64_t N = p.num_seqs, T = p.seq_len, H = p.heads, K = p.key_dim;
-  check::shape(a.k, "k", {N, T, H, K}, dims_k);
+  // Shapes are named in the caller's layout: a one-token call sees [N, H, K], not the internal [N, 1, H, K].
+  if (tokens) check::shape(a.k, "k", {N, T, H, K}, dims_k);
+  else check::shape(args.k, "k", {N, H, K}, dims_k);
   check::dtype(a.k, "k", a.q.dtype);
   check::device(a.k, "k", dev, "q");
   check::tensor(a.v, "v", 4, dims_v);
   p.value_dim = a.v.shape[3];
   const int64_t V = p.value_dim;
-  check::shape(a.v, "v", {N, T, H, V}, dims_v);
+  if (tokens) check::shape(a.v, "v", {N, T, H, V}, dims_v);
+  else check::shape(args.v, "v", {N, H, V}, dims_v);
   FLASHGLA_REQUIRE(V >= 1, ErrorKind::value, "v", "V must be at least 1, got shape " + args.v.shape_str());
   check::dtype(a.v, "v", a.q.dtype);
   check::device(a.v, "v", dev, "q");
@@ -494,10 +497,12 @@ void gla_decode(const GlaDecodeArgs& args) {
                                                           "[N, H, K] (vector gate) or [N, H]") +
                          " (scalar gate), got shape " + args.g.shape_str());
     if (a.g.ndim == 4) {
-      check::shape(a.g, "g", {N, T, H, K}, dims_k);
+      if (tokens) check::shape(a.g, "g", {N, T, H, K}, dims_k);
+      else check::shape(args.g, "g", {N, H, K}, dims_k);
       p.gate = GateKind::vector;
     } else {
-      check::shape(a.g, "g", {N, T, H}, tokens ? "[N, T, H]" : "[N, H]");
+      if (tokens) check::shape(a.g, "g", {N, T, H}, "[N, T, H]");
+      else check::shape(args.g, "g", {N, H}, "[N, H]");
       p.gate = GateKind::scalar;
     }
     check::floating(a.g, "g");
@@ -510,7 +515,8 @@ void gla_decode(const GlaDecodeArgs& args) {
   check::dtype(a.state, "state", DType::f32);
   check::device(a.state, "state", dev, "q");
   if (a.state_indices.defined()) check_rows(a.state_indices, "state_indices", N, p.state_rows, true, dev);
-  check::shape(a.o, "o", {N, T, H, V}, dims_v, /*is_output=*/true);
+  if (tokens) check::shape(a.o, "o", {N, T, H, V}, dims_v, /*is_output=*/true);
+  else check::shape(args.o, "o", {N, H, V}, dims_v, /*is_output=*/true);
   check::dtype(a.o, "o", a.q.dtype);
   check::device(a.o, "o", dev, "q");
   if (a.token_states.defined()) {
