@@ -111,7 +111,7 @@ def reference(gate, q, k, v, g, do, bounds, world, local, dhts, scale):
 
 
 def check_case(name, rank, world, dtype, device, gate, bounds, B=1, H=2, K=16, V=12, neg_inf_at=(),
-               use_final_state=True, with_cpu_copy=False, seed=0, report=None):
+               use_final_state=True, with_cpu_copy=False, seed=0, report=None, state_v_first=False):
     from flashgla.distributed import build_cp_context
     T = bounds[-1]
     local = T // world
@@ -128,7 +128,11 @@ def check_case(name, rank, world, dtype, device, gate, bounds, B=1, H=2, K=16, V
     assert ctx.rank == rank and ctx.world_size == world and ctx.local_tokens == local
     sl = slice(ctx.token_offset, ctx.token_offset + local)
     mine = [x[:, sl].detach().clone().requires_grad_() if x is not None else None for x in (q, k, v, g)]
-    o, ht = run_op(gate, *mine, scale=scale, output_final_state=use_final_state, cp_context=ctx)
+    layout = dict(state_v_first=True) if state_v_first else {}
+    o, ht = run_op(gate, *mine, scale=scale, output_final_state=use_final_state, cp_context=ctx, **layout)
+    if state_v_first and use_final_state:  # [N, H, V, K]: back to the reference's layout
+        assert ht.shape == (state_rows[rank], H, V, K), f"state_v_first: final state of shape {tuple(ht.shape)}"
+        ht = ht.transpose(-1, -2)
     loss = (o.double() * do[:, sl].double()).sum()
     if use_final_state:
         loss = loss + (ht.double() * dhts[rank].double()).sum()
@@ -159,6 +163,8 @@ def numerics_cases(world):
         ("reset gate across a rank edge", dict(bounds=[0, 5, T], neg_inf_at=(L - 1, L + 2))),
         ("no final state", dict(bounds=[0, 30, T], use_final_state=False)),
         ("cu_seqlens_cpu given", dict(bounds=[0, L + 7, T], with_cpu_copy=True)),
+        ("state_v_first", dict(bounds=[0, 9, L + 20, T - 5, T], state_v_first=True)),
+        ("state_v_first, fixed length B = 2", dict(bounds=[0, T], B=2, state_v_first=True)),
     ]
     if world >= 4:
         cases.append(("a sequence crossing three ranks", dict(bounds=[0, 5, 2 * L + 9, T])))
@@ -176,7 +182,7 @@ def numerics(rank, world, device, dtypes):
     for dtype in dtypes:
         for gate in ("vector", "scalar", "none"):
             for name, kw in numerics_cases(world):
-                if gate == "none" and kw.get("neg_inf_at"):
+                if gate == "none" and (kw.get("neg_inf_at") or kw.get("state_v_first")):
                     continue
                 label = f"{dtype} {gate} gate: {name}"
                 try:
@@ -214,7 +220,8 @@ def bf16_check(label, rank, world, device, gate, kw, report):
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
     o1, _ = run_op(gate, *one, scale=scale, cu_seqlens=cu if B == 1 else None)
     o1.backward(dod)
-    ctx = build_cp_context(cu, None, cu_seqlens_cpu=cu.cpu())
+    # agree_on_errors=False: the error agreement's read of the gathered flags would synchronise.
+    ctx = build_cp_context(cu, None, cu_seqlens_cpu=cu.cpu(), agree_on_errors=False)
     sl = slice(ctx.token_offset, ctx.token_offset + local)
     mine = [x[:, sl].detach().clone().requires_grad_() if x is not None else None for x in (*to, gd)]
     d_local = dod[:, sl].contiguous()
@@ -281,6 +288,7 @@ def errors_suite(rank, world, device):
                  lambda: flashgla.chunk_gla(q[:, :L - 1], q[:, :L - 1], q[:, :L - 1], g[:, :L - 1], cp_context=ctx))
     expect_error(failures, "cu_seqlens given to the op", ValueError, "cu_seqlens",
                  lambda: flashgla.chunk_gla(q, q, q, g, cu_seqlens=cu, cp_context=ctx))
+    failures += one_rank_fails_suite(rank, world, device, ctx, q, g, L)
     # After the errors the group still works: one op call on every rank, and passing ctx.cu_seqlens is fine.
     o, _ = flashgla.chunk_gla(q, q, q, g, cu_seqlens=ctx.cu_seqlens, cp_context=ctx)
     if not torch.isfinite(o).all():
@@ -304,6 +312,73 @@ def errors_suite(rank, world, device):
     pos = ctx.position_ids()
     if rank > 0 and pos[0].item() != rank * L - L // 2:
         failures.append(f"position_ids: {pos.tolist()}")
+    return failures
+
+
+def expect_every_rank_raises(failures, label, rank, bad_rank, kind, own_fragment, call):
+    """call() fails on bad_rank alone: that rank raises its own error, every other rank `kind` naming bad_rank
+    and carrying its message; none waits in a collective (the caller's timeout turns a hang into a failure).
+    One call per rank, as the collectives inside must match."""
+    try:
+        call()
+    except kind as e:
+        text = str(e)
+        wanted = [own_fragment, "flashgla: "] + ([] if rank == bad_rank else [f"rank {bad_rank} of the group failed"])
+        missing = [f for f in wanted if f not in text]
+        if missing:
+            failures.append(f"{label} (rank {rank}): message {text!r} lacks {missing}")
+        return
+    except Exception as e:  # noqa: BLE001
+        failures.append(f"{label} (rank {rank}): expected {kind.__name__}, got {type(e).__name__}: {e}")
+        return
+    failures.append(f"{label} (rank {rank}): no error")
+
+
+def one_rank_fails_suite(rank, world, device, ctx, q, g, L):
+    """Bad input on one rank only, in the forward and in the backward: every rank raises."""
+    import flashgla
+    failures = []
+    last = world - 1
+    # A wrong local T on the last rank.
+    mine = q[:, :L - 1] if rank == last else q
+    mine_g = g[:, :L - 1] if rank == last else g
+    expect_every_rank_raises(failures, "wrong T on one rank", rank, last, ValueError, "each rank passes its",
+                             lambda: flashgla.chunk_gla(mine, mine, mine, mine_g, cp_context=ctx))
+    # initial_state on rank 0 only.
+    h0 = torch.zeros(ctx.num_local_seqs, 2, 8, 8, device=device) if rank == 0 else None
+    expect_every_rank_raises(failures, "initial_state on one rank", rank, 0, ValueError, "takes no initial_state",
+                             lambda: flashgla.chunk_gla(q, q, q, g, initial_state=h0, cp_context=ctx))
+    # A gate of the wrong shape on rank 1 (the op's own checks come first; the CP check names g).
+    bad_g = g[..., :4] if rank == 1 else g
+    expect_every_rank_raises(failures, "gate shape on one rank", rank, 1, ValueError, "g",
+                             lambda: flashgla.chunk_gla(q, q, q, bad_g, cp_context=ctx))
+    # v in another dtype on rank 0.
+    bad_v = q.double() if rank == 0 else q
+    expect_every_rank_raises(failures, "dtype on one rank", rank, 0, ValueError, "one dtype",
+                             lambda: flashgla.chunk_gla(q, q, bad_v, g, cp_context=ctx))
+    # An option the CP path refuses, on rank 0 only.
+    gamma = torch.full((2,), -0.1, device=device) if rank == 0 else None
+    sg = g[..., 0].contiguous()
+    expect_every_rank_raises(failures, "refused option on one rank", rank, 0, NotImplementedError, "g_gamma",
+                             lambda: flashgla.chunk_simple_gla(q, q, q, sg, g_gamma=gamma, cp_context=ctx))
+    # The backward: a fault injected into the last rank's pre-pass (user input cannot reach it: autograd
+    # checks the gradients' shapes first).
+    import flashgla.distributed as fd
+    ctx1 = fd.build_cp_context(torch.tensor([0, world * L], device=device))
+    xs = [x.detach().clone().requires_grad_() for x in (q, q, q)]
+    o, _ = flashgla.chunk_gla(*xs, g, cp_context=ctx1)
+    real = fd._segment_state_grads
+
+    def injected(*args, **kwargs):
+        raise RuntimeError("flashgla: injected fault in the pre-pass")
+
+    if rank == last:
+        fd._segment_state_grads = injected
+    try:
+        expect_every_rank_raises(failures, "fault in the backward on one rank", rank, last, RuntimeError,
+                                 "injected fault", lambda: o.backward(torch.ones_like(o), retain_graph=True))
+    finally:
+        fd._segment_state_grads = real
     return failures
 
 
