@@ -159,11 +159,11 @@ class CPContext:
         return self._position_ids[device]
 
     def run_chunked_op(self, op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
-                       cu_seqlens_host, state_v_first=False, refused=None):
+                       cu_seqlens_host, state_v_first=False, refused=None, g_gamma=None):
         """chunk_gla / chunk_simple_gla / chunk_linear_attn with cp_context=self: what those ops call (so that
         they need not import this module, which builds on them)."""
         return cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host,
-                        self, state_v_first=state_v_first, refused=refused)
+                        self, state_v_first=state_v_first, refused=refused, g_gamma=g_gamma)
 
 
 def _group_device(group):
@@ -448,6 +448,29 @@ def _check_local_inputs(op_name, q, k, v, g, initial_state, cu_seqlens, cu_seqle
             raise ValueError("flashgla: cu_seqlens_host: with cp_context leave it out or pass ctx.cu_seqlens_cpu")
 
 
+def _check_gamma(g_gamma, q):
+    if g_gamma is None:
+        return
+    if g_gamma.dim() != 1 or q.dim() != 4 or g_gamma.shape[0] != q.shape[2]:
+        raise ValueError(f"flashgla: g_gamma: expected one log decay per head [H] (H = {q.shape[2]}), got shape "
+                         f"{list(g_gamma.shape)}")
+    if g_gamma.device != q.device:
+        raise ValueError(f"flashgla: g_gamma: expected the device of q ({q.device}), got {g_gamma.device}")
+
+
+def _gate_of(g, g_gamma, begin, end, q):
+    """The gate of tokens [begin, end) for the summaries: g; with g_gamma the fp32 gate g + g_gamma the C++ op
+    stages for its kernels (gla_gamma_gate: summed in fp64, stored in fp32), so that the summaries see the
+    local op's gate bit for bit; g_gamma alone as a stride-0 view. None for no gate."""
+    piece = None if g is None else g[:, begin:end]
+    if g_gamma is None:
+        return piece
+    if piece is not None:
+        return (piece.double() + g_gamma.double()).float()
+    length = len(range(*slice(begin, end).indices(q.shape[1])))
+    return g_gamma.float().view(1, 1, -1).expand(q.shape[0], length, g_gamma.shape[0])
+
+
 def _payload_dims(q, v):
     """(B, H, K, V) of the pass's summary. From q and v alone, so that a rank whose other inputs are wrong still
     sends what the others expect (only q or v of another rank's dimensions would make the sizes differ)."""
@@ -460,7 +483,7 @@ class _ChunkGlaCP(torch.autograd.Function):
     """chunk_gla on this rank's slice, with the state carried across ranks (see the module docstring)."""
 
     @staticmethod
-    def forward(fctx, q, k, v, g, scale, cp, output_final_state, state_v_first, op_name, checks):
+    def forward(fctx, q, k, v, g, g_gamma, scale, cp, output_final_state, state_v_first, op_name, checks):
         B, H, K, V = _payload_dims(q, v)
         varlen = B == 1
         state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -475,16 +498,17 @@ class _ChunkGlaCP(torch.autograd.Function):
         with _phase("prepass"):
             try:
                 _check_local_inputs(op_name, q, k, v, g, *checks, cp)
+                _check_gamma(g_gamma, q)
                 if cp.continues_into_next:  # else no rank folds it: send zeros
                     s0 = cp.last_seq_start
-                    states, log_decay = _segment_states(k[:, s0:], v[:, s0:], None if g is None else g[:, s0:])
+                    states, log_decay = _segment_states(k[:, s0:], v[:, s0:], _gate_of(g, g_gamma, s0, None, q))
                     summary[..., :V].copy_(states)
                     summary[..., V].copy_(log_decay)
                     if s0 == 0:
                         first_decay = log_decay
                 if output_final_state and cp.continues_from_prev and first_decay is None:
                     e = cp.first_seq_end
-                    _, first_decay = _segment_states(k[:, :e], v[:, :e], None if g is None else g[:, :e])
+                    _, first_decay = _segment_states(k[:, :e], v[:, :e], _gate_of(g, g_gamma, 0, e, q))
             except Exception as exc:  # noqa: BLE001 - raised after the all-gather, on every rank
                 error = exc
                 _write_status(send[n:], error)
@@ -507,9 +531,9 @@ class _ChunkGlaCP(torch.autograd.Function):
         cu_host = cp.cu_seqlens_cpu if (varlen and q.is_cuda) else None
         with _phase("local"):
             o, ht = _run_forward(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, scale, False,
-                                 output_final_state, state_dtype, state_v_first=state_v_first)
+                                 output_final_state, state_dtype, g_gamma=g_gamma, state_v_first=state_v_first)
 
-        fctx.save_for_backward(q, k, v, g, h0)
+        fctx.save_for_backward(q, k, v, g, h0, g_gamma)
         fctx.log_decay = packed[..., V].clone()  # [P, B·H, K]: the backward's decays (no second gather)
         fctx.first_decay = None if first_decay is None else first_decay.reshape(1, B * H, K)
         fctx.scale, fctx.cp, fctx.varlen, fctx.state_dtype = scale, cp, varlen, state_dtype
@@ -519,7 +543,7 @@ class _ChunkGlaCP(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx, do, dht):
-        q, k, v, g, h0 = fctx.saved_tensors
+        q, k, v, g, h0, g_gamma = fctx.saved_tensors
         cp, varlen, state_dtype, vfirst = fctx.cp, fctx.varlen, fctx.state_dtype, fctx.state_v_first
         B, T, H, K = q.shape
         V = v.shape[3]
@@ -540,8 +564,7 @@ class _ChunkGlaCP(torch.autograd.Function):
                     dht = _kv(dht, vfirst).to(state_dtype)  # [N, H, K, V] (a view where it can be)
                 if cp.continues_from_prev:  # else no rank folds it: send zeros
                     e = cp.first_seq_end
-                    d_states = _segment_state_grads(q[:, :e], do[:, :e], None if g is None else g[:, :e],
-                                                    fctx.scale)
+                    d_states = _segment_state_grads(q[:, :e], do[:, :e], _gate_of(g, g_gamma, 0, e, q), fctx.scale)
                     if dht is not None:
                         M = B * H
                         _fold(d_states.reshape(1, M, K, V), fctx.first_decay, 0, 1, False, summary.view(M, K, V),
@@ -572,19 +595,22 @@ class _ChunkGlaCP(torch.autograd.Function):
         cu = cp.local_cu_seqlens(q.device) if varlen else None
         cu_host = cp.cu_seqlens_cpu if (varlen and q.is_cuda) else None
         with _phase("local"):
-            dq, dk, dv, dg, _, _ = _run_backward_all(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, do,
-                                                     d_end, fctx.scale, False, False, state_dtype,
-                                                     state_v_first=vfirst)
-        return dq, dk, dv, (dg if g is not None else None), None, None, None, None, None, None
+            dq, dk, dv, dg, _, d_gamma = _run_backward_all(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, do,
+                                                           d_end, fctx.scale, False, False, state_dtype,
+                                                           g_gamma=g_gamma, state_v_first=vfirst)
+        # d_g_gamma: this rank's tokens' share (the paths through the other ranks included, as for dg); the
+        # full gradient is the sum over the group, as for any parameter shared by the ranks.
+        d_gamma = d_gamma.to(g_gamma.dtype) if g_gamma is not None else None
+        return dq, dk, dv, (dg if g is not None else None), d_gamma, None, None, None, None, None, None
 
 
 def cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp, *,
-             state_v_first=False, refused=None):
+             state_v_first=False, refused=None, g_gamma=None):
     """The CP path of chunk_gla / chunk_simple_gla / chunk_linear_attn. The argument checks run inside the
     Function, before its all-gather, so that a rank's error is raised on every rank (agree_on_errors)."""
     if not isinstance(cp, CPContext):
         raise TypeError(f"flashgla: cp_context: expected a CPContext from build_cp_context, got {type(cp).__name__}")
-    o, ht = _ChunkGlaCP.apply(q, k, v, g, scale, cp, bool(output_final_state), bool(state_v_first), op_name,
+    o, ht = _ChunkGlaCP.apply(q, k, v, g, g_gamma, scale, cp, bool(output_final_state), bool(state_v_first), op_name,
                               (initial_state, cu_seqlens, cu_seqlens_host, dict(refused or {})))
     return o, ht if output_final_state else None
 

@@ -34,8 +34,10 @@ def rel_rms_error(out, ref):
 OPS = {"vector": "chunk_gla", "scalar": "chunk_simple_gla", "none": "chunk_linear_attn"}
 
 
-def run_op(gate, q, k, v, g, **kw):
+def run_op(gate, q, k, v, g, gamma=None, **kw):
     import flashgla
+    if gamma is not None:  # "gamma" (g is None) and "scalar+gamma"
+        return flashgla.chunk_simple_gla(q, k, v, g, g_gamma=gamma, **kw)
     if gate == "vector":
         return flashgla.chunk_gla(q, k, v, g, **kw)
     if gate == "scalar":
@@ -51,7 +53,7 @@ def make_inputs(seed, B, T, H, K, V, gate, dtype, device, neg_inf_at=()):
     g = None
     if gate == "vector":
         g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64) + 2.0)
-    elif gate == "scalar":
+    elif gate in ("scalar", "scalar+gamma"):
         g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, dtype=torch.float64) + 2.0)
     # A full reset of the state (some keys / one head) at token t: in fp64 exp(-1e4) is exactly 0, as
     # exp(-inf); in fp32 -60 (exp(-60) is far below fp32's resolution) keeps the one-process chunked
@@ -62,12 +64,20 @@ def make_inputs(seed, B, T, H, K, V, gate, dtype, device, neg_inf_at=()):
     for t in neg_inf_at:
         if gate == "vector":
             g[:, t, :, ::2] = reset
-        elif gate == "scalar":
+        elif gate in ("scalar", "scalar+gamma"):
             g[:, t, 0] = reset
     do = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
     cast = [x.to(device=device, dtype=dtype) if x is not None else None for x in (q, k, v)]
     g = g.to(device=device, dtype=torch.float32 if dtype != torch.float64 else dtype) if g is not None else None
     return cast[0], cast[1], cast[2], g, do.to(device=device, dtype=dtype), gen
+
+
+def make_gamma(seed, H, gate, device):
+    """chunk_simple_gla's per-head log decay g_gamma [H] fp32 for the "gamma" gates, else None."""
+    if "gamma" not in gate:
+        return None
+    gen = torch.Generator().manual_seed(seed)
+    return (-0.02 - 0.3 * torch.rand(H, generator=gen, dtype=torch.float64)).to(device=device, dtype=torch.float32)
 
 
 def local_pieces(bounds, world, local):
@@ -86,21 +96,21 @@ def local_pieces(bounds, world, local):
     return pieces
 
 
-def reference(gate, q, k, v, g, do, bounds, world, local, dhts, scale):
+def reference(gate, q, k, v, g, do, bounds, world, local, dhts, scale, gamma=None):
     """One process: the op on the whole batch plus every rank's local final states; gradients of
-    <o, do> + Σ <ht, dht>."""
-    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (q, k, v, g)]
-    q, k, v, g = leaves
+    <o, do> + Σ <ht, dht> (of q, k, v, g and g_gamma)."""
+    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (q, k, v, g, gamma)]
+    q, k, v, g, gamma = leaves
     B = q.shape[0]
     cu = torch.tensor(bounds, dtype=torch.int64, device=q.device) if B == 1 else None
-    o, _ = run_op(gate, q, k, v, g, cu_seqlens=cu, scale=scale)
+    o, _ = run_op(gate, q, k, v, g, gamma, cu_seqlens=cu, scale=scale)
     loss = (o.double() * do.double()).sum()
     states = []
     for r, rank_pieces in enumerate(local_pieces(bounds, world, local)):
         rank_states = []
         for (s, e) in rank_pieces:
             sl = slice(s, e)
-            _, ht = run_op(gate, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
+            _, ht = run_op(gate, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl], gamma,
                            output_final_state=True, scale=scale)
             rank_states.append(ht)
         ht = torch.cat(rank_states, 0)
@@ -116,12 +126,13 @@ def check_case(name, rank, world, dtype, device, gate, bounds, B=1, H=2, K=16, V
     T = bounds[-1]
     local = T // world
     q, k, v, g, do, gen = make_inputs(1000 + seed, B, T, H, K, V, gate, dtype, device, neg_inf_at)
+    gamma = make_gamma(2000 + seed, H, gate, device)
     scale = 0.3
     pieces = local_pieces(bounds, world, local)
     state_rows = [len(p) if B == 1 else B for p in pieces]
     dhts = [torch.randn(n, H, K, V, generator=gen, dtype=torch.float64).to(device=device, dtype=torch.float32)
             if use_final_state else torch.zeros(n, H, K, V, device=device) for n in state_rows]
-    ref_o, ref_states, ref_grads = reference(gate, q, k, v, g, do, bounds, world, local, dhts, scale)
+    ref_o, ref_states, ref_grads = reference(gate, q, k, v, g, do, bounds, world, local, dhts, scale, gamma)
 
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
     ctx = build_cp_context(cu, None, cu_seqlens_cpu=cu.cpu() if with_cpu_copy else None)
@@ -129,7 +140,8 @@ def check_case(name, rank, world, dtype, device, gate, bounds, B=1, H=2, K=16, V
     sl = slice(ctx.token_offset, ctx.token_offset + local)
     mine = [x[:, sl].detach().clone().requires_grad_() if x is not None else None for x in (q, k, v, g)]
     layout = dict(state_v_first=True) if state_v_first else {}
-    o, ht = run_op(gate, *mine, scale=scale, output_final_state=use_final_state, cp_context=ctx, **layout)
+    my_gamma = gamma.detach().clone().requires_grad_() if gamma is not None else None
+    o, ht = run_op(gate, *mine, my_gamma, scale=scale, output_final_state=use_final_state, cp_context=ctx, **layout)
     if state_v_first and use_final_state:  # [N, H, V, K]: back to the reference's layout
         assert ht.shape == (state_rows[rank], H, V, K), f"state_v_first: final state of shape {tuple(ht.shape)}"
         ht = ht.transpose(-1, -2)
@@ -144,6 +156,10 @@ def check_case(name, rank, world, dtype, device, gate, bounds, B=1, H=2, K=16, V
     for label, x, ref in zip("qkvg", mine, ref_grads):
         if x is not None:
             errors["d" + label] = rel_rms_error(x.grad, ref[:, sl])
+    if my_gamma is not None:  # each rank's share; the group's sum is the gradient
+        total = my_gamma.grad.double().clone()
+        dist.all_reduce(total)
+        errors["d_g_gamma"] = rel_rms_error(total, ref_grads[4])
     if report is not None:
         report(name, errors)
     return errors
@@ -180,16 +196,24 @@ def numerics(rank, world, device, dtypes):
         lines.append(f"  {name}: " + ", ".join(f"{k} {v:.2e}" for k, v in errors.items()))
 
     for dtype in dtypes:
-        for gate in ("vector", "scalar", "none"):
+        for gate in ("vector", "scalar", "none", "gamma", "scalar+gamma"):
             for name, kw in numerics_cases(world):
-                if gate == "none" and (kw.get("neg_inf_at") or kw.get("state_v_first")):
+                if gate in ("none", "gamma") and kw.get("neg_inf_at"):
                     continue
+                if gate == "none" and kw.get("state_v_first"):
+                    continue
+                if "gamma" in gate and dtype not in (torch.float64, torch.float32):
+                    continue  # the bf16 check covers the gate kinds of chunk_gla's CP path
                 label = f"{dtype} {gate} gate: {name}"
                 try:
                     if dtype in (torch.float64, torch.float32):
                         tol = 1e-10 if dtype == torch.float64 else 2e-5
                         errors = check_case(label, rank, world, dtype, device, gate, report=report, **kw)
-                        bad = {k: e for k, e in errors.items() if not e <= tol}
+                        # With g_gamma the op stages the gate g + g_gamma and its gradient in fp32 (C++ api,
+                        # gla_gamma_gate / gla_gamma_grad) even for fp64 inputs: dg and d_g_gamma then carry fp32
+                        # rounding in the one-process reference as under CP (measured ≤ 1.6e-7).
+                        staged = ("dg", "d_g_gamma") if "gamma" in gate and dtype == torch.float64 else ()
+                        bad = {k: e for k, e in errors.items() if not e <= (1e-6 if k in staged else tol)}
                         if bad:
                             failures.append(f"{label}: {bad} > {tol}")
                     else:  # bf16 on GPUs: CP vs fp64 within 2x of one GPU vs fp64
@@ -357,9 +381,12 @@ def one_rank_fails_suite(rank, world, device, ctx, q, g, L):
     expect_every_rank_raises(failures, "dtype on one rank", rank, 0, ValueError, "one dtype",
                              lambda: flashgla.chunk_gla(q, q, bad_v, g, cp_context=ctx))
     # An option the CP path refuses, on rank 0 only.
-    gamma = torch.full((2,), -0.1, device=device) if rank == 0 else None
+    expect_every_rank_raises(failures, "refused option on one rank", rank, 0, NotImplementedError, "normalize",
+                             lambda: flashgla.chunk_linear_attn(q, q, q, normalize=rank == 0, cp_context=ctx))
+    # g_gamma of the wrong length on rank 1.
+    gamma = torch.full((3 if rank == 1 else 2,), -0.1, device=device)
     sg = g[..., 0].contiguous()
-    expect_every_rank_raises(failures, "refused option on one rank", rank, 0, NotImplementedError, "g_gamma",
+    expect_every_rank_raises(failures, "g_gamma on one rank", rank, 1, ValueError, "g_gamma",
                              lambda: flashgla.chunk_simple_gla(q, q, q, sg, g_gamma=gamma, cp_context=ctx))
     # The backward: a fault injected into the last rank's pre-pass (user input cannot reach it: autograd
     # checks the gradients' shapes first).

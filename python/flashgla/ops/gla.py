@@ -289,7 +289,7 @@ forbid_double_backward(_linear_attn_normalize_backward, "chunk_linear_attn")
 
 
 def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context,
-        state_v_first=False, refused=None):
+        state_v_first=False, refused=None, g_gamma=None):
     """The context-parallel path: the context (a flashgla.distributed.CPContext, which builds on these ops) runs
     the op across its group. refused: {option: value} the CP path does not take yet; it raises inside the op's
     error agreement (_cp_refuses), so that a rank passing one alone makes every rank fail, not wait."""
@@ -298,7 +298,7 @@ def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlen
         raise TypeError(f"flashgla: cp_context: expected a CPContext from build_cp_context, got "
                         f"{type(cp_context).__name__}")
     return run(op_name, q, k, v, g, as_scale(scale, op_name), initial_state, output_final_state, cu_seqlens,
-               cu_seqlens_host, state_v_first=bool(state_v_first), refused=refused or {})
+               cu_seqlens_host, state_v_first=bool(state_v_first), refused=refused or {}, g_gamma=g_gamma)
 
 
 def _cp_refuses(op_name, **options):
@@ -452,7 +452,7 @@ def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None
                     cu_seqlens_host=cu_seqlens_host)
     if cp_context is not None:
         return _cp("chunk_simple_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
-                   cu_seqlens_host, cp_context, state_v_first, refused={"g_gamma": g_gamma})
+                   cu_seqlens_host, cp_context, state_v_first, g_gamma=g_gamma)
     o, final_state = _chunk_simple_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
                                        as_scale(scale, "chunk_simple_gla"), False, output_final_state, g_gamma,
                                        state_v_first)
