@@ -159,11 +159,16 @@ class CPContext:
         return self._position_ids[device]
 
     def run_chunked_op(self, op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
-                       cu_seqlens_host, state_v_first=False, refused=None, g_gamma=None):
+                       cu_seqlens_host, state_v_first=False, refused=None, g_gamma=None, normalize=False):
         """chunk_gla / chunk_simple_gla / chunk_linear_attn with cp_context=self: what those ops call (so that
         they need not import this module, which builds on them)."""
         return cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host,
-                        self, state_v_first=state_v_first, refused=refused, g_gamma=g_gamma)
+                        self, state_v_first=state_v_first, refused=refused, g_gamma=g_gamma, normalize=normalize)
+
+    def run_normalize(self, o_raw, q, k, scale):
+        """chunk_linear_attn(normalize=True) with cp_context=self: the normaliser over the group's running key
+        sums, (o, z_state of the local sequences [N_local, 1, H, K])."""
+        return _NormalizeCP.apply(o_raw, q, k, scale, self)
 
 
 def _group_device(group):
@@ -333,21 +338,30 @@ def _all_gather(out, tensor, group):
     _all_gather_single(out.view(-1, *tensor.shape[1:]), tensor, group=group)
 
 
-# Every pass's all-gather carries, after the summary, a status: a flag and the first bytes of the error
-# message of a rank that failed before the collective (bytes are exact as fp32/fp64 values).
+# Every pass's all-gather carries, after the summary, a status: a flag, the options that decide what the ranks
+# do next (they must agree: normalize adds a collective), and the first bytes of the error message of a rank
+# that failed before the collective (bytes are exact as fp32/fp64 values).
 _MESSAGE_BYTES = 480
-_STATUS = 1 + _MESSAGE_BYTES
+_STATUS = 2 + _MESSAGE_BYTES
+# (a rank's state layout or final states are its own affair; these change the computation or its collectives)
+_OPTIONS = ("gate g", "g_gamma", "normalize")
+
+
+def _options_code(**given):
+    """The options as bits, in _OPTIONS' order (given by name, spaces as underscores)."""
+    return sum(1 << i for i, name in enumerate(_OPTIONS) if given.get(name.replace(" ", "_")))
 _ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "NotImplementedError": NotImplementedError}
 
 
-def _write_status(status, error):
-    """status [_STATUS] (zeros) <- the flag and message of `error` (None: leave it zero)."""
+def _write_status(status, error, options=0):
+    """status [_STATUS] (zeros) <- the flag and message of `error` (None: no error) and the options' code."""
+    status[1] = options
     if error is None:
         return
     text = f"{type(error).__name__}: {error}".encode("utf-8", "replace")[:_MESSAGE_BYTES]
     status[0] = 1
     if text:
-        status[1:1 + len(text)].copy_(torch.tensor(list(text), dtype=status.dtype))
+        status[2:2 + len(text)].copy_(torch.tensor(list(text), dtype=status.dtype))
 
 
 def _agree(statuses, cp, op_name, own_error):
@@ -357,12 +371,21 @@ def _agree(statuses, cp, op_name, own_error):
         raise own_error
     if not cp.agree_on_errors:
         return
-    flags = statuses[:, 0].cpu()
-    failed = [j for j in range(flags.numel()) if flags[j] != 0]
+    heads = statuses[:, :2].cpu().tolist()
+    failed = [j for j, (flag, _) in enumerate(heads) if flag != 0]
     if not failed:
+        codes = [int(code) for _, code in heads]
+        if any(c != codes[0] for c in codes):
+            j = next(j for j, c in enumerate(codes) if c != codes[0])
+
+            def named(code):
+                return ", ".join(n for i, n in enumerate(_OPTIONS) if code >> i & 1) or "none of them"
+            raise ValueError(f"flashgla: cp_context: the ranks of the group called {op_name} with different options "
+                             f"(of {', '.join(_OPTIONS)}): rank 0 with {named(codes[0])}, rank {j} with "
+                             f"{named(codes[j])}; every rank must pass the same")
         return
     j = failed[0]
-    raw = bytes(int(x) for x in statuses[j, 1:].cpu().tolist() if x != 0).decode("utf-8", "replace")
+    raw = bytes(int(x) for x in statuses[j, 2:].cpu().tolist() if x != 0).decode("utf-8", "replace")
     kind, _, message = raw.partition(": ")
     others = f" (and ranks {failed[1:]})" if len(failed) > 1 else ""
     raise _ERROR_TYPES.get(kind, RuntimeError)(
@@ -483,7 +506,7 @@ class _ChunkGlaCP(torch.autograd.Function):
     """chunk_gla on this rank's slice, with the state carried across ranks (see the module docstring)."""
 
     @staticmethod
-    def forward(fctx, q, k, v, g, g_gamma, scale, cp, output_final_state, state_v_first, op_name, checks):
+    def forward(fctx, q, k, v, g, g_gamma, scale, cp, output_final_state, state_v_first, op_name, checks, normalize):
         B, H, K, V = _payload_dims(q, v)
         varlen = B == 1
         state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -511,7 +534,8 @@ class _ChunkGlaCP(torch.autograd.Function):
                     _, first_decay = _segment_states(k[:, :e], v[:, :e], _gate_of(g, g_gamma, 0, e, q))
             except Exception as exc:  # noqa: BLE001 - raised after the all-gather, on every rank
                 error = exc
-                _write_status(send[n:], error)
+        _write_status(send[n:], error, _options_code(gate_g=g is not None, g_gamma=g_gamma is not None,
+                                                     normalize=normalize))
         # 2. One all-gather, on every rank, then the error agreement.
         gathered = torch.empty(P, n + _STATUS, dtype=state_dtype, device=q.device)
         with _phase("allgather"):
@@ -601,17 +625,101 @@ class _ChunkGlaCP(torch.autograd.Function):
         # d_g_gamma: this rank's tokens' share (the paths through the other ranks included, as for dg); the
         # full gradient is the sum over the group, as for any parameter shared by the ranks.
         d_gamma = d_gamma.to(g_gamma.dtype) if g_gamma is not None else None
-        return dq, dk, dv, (dg if g is not None else None), d_gamma, None, None, None, None, None, None
+        return dq, dk, dv, (dg if g is not None else None), d_gamma, None, None, None, None, None, None, None
+
+
+class _NormalizeCP(torch.autograd.Function):
+    """linear attention's normaliser o = o_raw / (scale q·z + 1e-10) on this rank's slice, with the running key
+    sum z carried across ranks: the same all-gather and fold as the state's, of the key sum [B, H, K] of the last
+    local sequence (a summary with V = 1 and no decay)."""
+
+    @staticmethod
+    def forward(fctx, o_raw, q, k, scale, cp):
+        from .ops.gla import _linear_attn_normalize, _summary_dtype
+        B, T, H, K = q.shape
+        varlen = B == 1
+        dtype = _summary_dtype(q)
+        P, n = cp.world_size, B * H * K
+        send = torch.zeros(n + _STATUS, dtype=dtype, device=q.device)
+        error = None
+        with _phase("prepass"):
+            try:
+                if cp.continues_into_next:  # Σ k of the last local sequence: its summary against a value of ones
+                    s0 = cp.last_seq_start
+                    ones = torch.ones(B, T - s0, H, 1, dtype=k.dtype, device=k.device)
+                    sums, _ = _segment_states(k[:, s0:], ones, None)
+                    send[:n].view(B, H, K).copy_(sums[..., 0])
+            except Exception as exc:  # noqa: BLE001 - raised after the all-gather, on every rank
+                error = exc
+                _write_status(send[n:], error)
+        gathered = torch.empty(P, n + _STATUS, dtype=dtype, device=q.device)
+        with _phase("allgather"):
+            _all_gather(gathered, send, cp.group)
+        _agree(gathered[:, n:], cp, "chunk_linear_attn (normalize)", error)
+        rows = cp.num_local_seqs if varlen else B
+        z_init = torch.zeros(rows, 1, H, K, dtype=dtype, device=q.device)
+        zero_decay = torch.zeros(P, B * H, K, dtype=dtype, device=q.device)
+        begin, end = cp.fold_forward
+        if begin < end:
+            with _phase("fold"):
+                _fold(gathered[:, :n].view(P, B * H, K, 1), zero_decay, begin, end, False,
+                      _first_rows(z_init.view(rows, H, K, 1), varlen))
+        cu = cp.local_cu_seqlens(q.device) if varlen else None
+        cu_host = cp.cu_seqlens_cpu if (varlen and q.is_cuda) else None
+        with _phase("local"):
+            o, z = _linear_attn_normalize(o_raw, q, k, z_init, cu, cu_host, scale, False)
+        fctx.save_for_backward(o_raw, q, k, z_init)
+        fctx.zero_decay, fctx.scale, fctx.cp, fctx.varlen = zero_decay, scale, cp, varlen
+        fctx.set_materialize_grads(False)
+        return o, z
+
+    @staticmethod
+    def backward(fctx, do, dz):
+        from .ops.gla import _linear_attn_normalize_backward
+        o_raw, q, k, z_init = fctx.saved_tensors
+        cp, varlen = fctx.cp, fctx.varlen
+        B, T, H, K = q.shape
+        P, n = cp.world_size, B * H * K
+        cu = cp.local_cu_seqlens(q.device) if varlen else None
+        cu_host = cp.cu_seqlens_cpu if (varlen and q.is_cuda) else None
+        # The local backward first: its dz_init of the first local sequence is what this rank sends (the
+        # gradient reaching z from its own outputs and its z_state's gradient, for a zero gradient from later
+        # ranks); what the later ranks send is added to dk below.
+        send = torch.zeros(n + _STATUS, dtype=z_init.dtype, device=q.device)
+        error = None
+        with _phase("local"):
+            try:
+                if do is None:
+                    do = torch.zeros(o_raw.shape, dtype=q.dtype, device=q.device)
+                d_o_raw, dq, dk, dz_init = _linear_attn_normalize_backward(o_raw, q, k, z_init, cu, cu_host, do, dz,
+                                                                           fctx.scale, False)
+                if cp.continues_from_prev:
+                    send[:n].view(B, H, K).copy_((dz_init[:1] if varlen else dz_init)[:, 0])
+            except Exception as exc:  # noqa: BLE001 - raised after the all-gather, on every rank
+                error = exc
+                _write_status(send[n:], error)
+        gathered = torch.empty(P, n + _STATUS, dtype=z_init.dtype, device=q.device)
+        with _phase("allgather"):
+            _all_gather(gathered, send, cp.group)
+        _agree(gathered[:, n:], cp, "chunk_linear_attn (normalize, backward)", error)
+        begin, end = cp.fold_backward
+        if begin < end:
+            with _phase("fold"):
+                d_end = torch.zeros(B * H, K, 1, dtype=z_init.dtype, device=q.device)
+                _fold(gathered[:, :n].view(P, B * H, K, 1), fctx.zero_decay, begin, end, True, d_end)
+                # z at the local end is z_init + Σ k of the last local sequence: each of its keys gets d_end.
+                dk[:, cp.last_seq_start:] += d_end.view(B, 1, H, K).to(dk.dtype)
+        return d_o_raw, dq, dk, None, None
 
 
 def cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp, *,
-             state_v_first=False, refused=None, g_gamma=None):
+             state_v_first=False, refused=None, g_gamma=None, normalize=False):
     """The CP path of chunk_gla / chunk_simple_gla / chunk_linear_attn. The argument checks run inside the
     Function, before its all-gather, so that a rank's error is raised on every rank (agree_on_errors)."""
     if not isinstance(cp, CPContext):
         raise TypeError(f"flashgla: cp_context: expected a CPContext from build_cp_context, got {type(cp).__name__}")
     o, ht = _ChunkGlaCP.apply(q, k, v, g, g_gamma, scale, cp, bool(output_final_state), bool(state_v_first), op_name,
-                              (initial_state, cu_seqlens, cu_seqlens_host, dict(refused or {})))
+                              (initial_state, cu_seqlens, cu_seqlens_host, dict(refused or {})), bool(normalize))
     return o, ht if output_final_state else None
 
 

@@ -36,6 +36,9 @@ OPS = {"vector": "chunk_gla", "scalar": "chunk_simple_gla", "none": "chunk_linea
 
 def run_op(gate, q, k, v, g, gamma=None, **kw):
     import flashgla
+    if gate == "normalize":  # the final state and z_state as one [N, H·K·V + H·K] tensor (None without a state)
+        o, (ht, z) = flashgla.chunk_linear_attn(q, k, v, normalize=True, **kw)
+        return o, (torch.cat([ht.flatten(1), z.flatten(1).to(ht.dtype)], 1) if ht is not None else None)
     if gamma is not None:  # "gamma" (g is None) and "scalar+gamma"
         return flashgla.chunk_simple_gla(q, k, v, g, g_gamma=gamma, **kw)
     if gate == "vector":
@@ -67,6 +70,8 @@ def make_inputs(seed, B, T, H, K, V, gate, dtype, device, neg_inf_at=()):
         elif gate in ("scalar", "scalar+gamma"):
             g[:, t, 0] = reset
     do = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
+    if gate == "normalize":  # positive features, as linear attention's feature maps give (q·z well away from 0)
+        q, k = q.abs() + 0.1, k.abs() + 0.1
     cast = [x.to(device=device, dtype=dtype) if x is not None else None for x in (q, k, v)]
     g = g.to(device=device, dtype=torch.float32 if dtype != torch.float64 else dtype) if g is not None else None
     return cast[0], cast[1], cast[2], g, do.to(device=device, dtype=dtype), gen
@@ -130,8 +135,9 @@ def check_case(name, rank, world, dtype, device, gate, bounds, B=1, H=2, K=16, V
     scale = 0.3
     pieces = local_pieces(bounds, world, local)
     state_rows = [len(p) if B == 1 else B for p in pieces]
-    dhts = [torch.randn(n, H, K, V, generator=gen, dtype=torch.float64).to(device=device, dtype=torch.float32)
-            if use_final_state else torch.zeros(n, H, K, V, device=device) for n in state_rows]
+    state_dims = (H * K * V + H * K,) if gate == "normalize" else (H, K, V)
+    dhts = [torch.randn(n, *state_dims, generator=gen, dtype=torch.float64).to(device=device, dtype=torch.float32)
+            if use_final_state else torch.zeros(n, *state_dims, device=device) for n in state_rows]
     ref_o, ref_states, ref_grads = reference(gate, q, k, v, g, do, bounds, world, local, dhts, scale, gamma)
 
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
@@ -196,13 +202,13 @@ def numerics(rank, world, device, dtypes):
         lines.append(f"  {name}: " + ", ".join(f"{k} {v:.2e}" for k, v in errors.items()))
 
     for dtype in dtypes:
-        for gate in ("vector", "scalar", "none", "gamma", "scalar+gamma"):
+        for gate in ("vector", "scalar", "none", "gamma", "scalar+gamma", "normalize"):
             for name, kw in numerics_cases(world):
-                if gate in ("none", "gamma") and kw.get("neg_inf_at"):
+                if gate in ("none", "gamma", "normalize") and kw.get("neg_inf_at"):
                     continue
-                if gate == "none" and kw.get("state_v_first"):
+                if gate in ("none", "normalize") and kw.get("state_v_first"):
                     continue
-                if "gamma" in gate and dtype not in (torch.float64, torch.float32):
+                if gate in ("gamma", "scalar+gamma", "normalize") and dtype not in (torch.float64, torch.float32):
                     continue  # the bf16 check covers the gate kinds of chunk_gla's CP path
                 label = f"{dtype} {gate} gate: {name}"
                 try:
@@ -380,9 +386,19 @@ def one_rank_fails_suite(rank, world, device, ctx, q, g, L):
     bad_v = q.double() if rank == 0 else q
     expect_every_rank_raises(failures, "dtype on one rank", rank, 0, ValueError, "one dtype",
                              lambda: flashgla.chunk_gla(q, q, bad_v, g, cp_context=ctx))
-    # An option the CP path refuses, on rank 0 only.
-    expect_every_rank_raises(failures, "refused option on one rank", rank, 0, NotImplementedError, "normalize",
-                             lambda: flashgla.chunk_linear_attn(q, q, q, normalize=rank == 0, cp_context=ctx))
+    # normalize on rank 0 only (it would add a collective there): every rank raises, naming the options.
+    text = None
+    try:
+        flashgla.chunk_linear_attn(q, q, q, normalize=rank == 0, cp_context=ctx)
+    except ValueError as e:
+        text = str(e)
+    if text is None or "different options" not in text or "rank 0 with normalize" not in text:
+        failures.append(f"normalize on one rank (rank {rank}): {text!r}")
+    # g_gamma on one rank only.
+    sg = g[..., 0].contiguous()
+    gamma = torch.full((2,), -0.1, device=device) if rank == world - 1 else None
+    expect_error(failures, "g_gamma on one rank", ValueError, "different options",
+                 lambda: flashgla.chunk_simple_gla(q, q, q, sg, g_gamma=gamma, cp_context=ctx))
     # g_gamma of the wrong length on rank 1.
     gamma = torch.full((3 if rank == 1 else 2,), -0.1, device=device)
     sg = g[..., 0].contiguous()

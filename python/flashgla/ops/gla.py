@@ -289,7 +289,7 @@ forbid_double_backward(_linear_attn_normalize_backward, "chunk_linear_attn")
 
 
 def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context,
-        state_v_first=False, refused=None, g_gamma=None):
+        state_v_first=False, refused=None, g_gamma=None, normalize=False):
     """The context-parallel path: the context (a flashgla.distributed.CPContext, which builds on these ops) runs
     the op across its group. refused: {option: value} the CP path does not take yet; it raises inside the op's
     error agreement (_cp_refuses), so that a rank passing one alone makes every rank fail, not wait."""
@@ -298,7 +298,8 @@ def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlen
         raise TypeError(f"flashgla: cp_context: expected a CPContext from build_cp_context, got "
                         f"{type(cp_context).__name__}")
     return run(op_name, q, k, v, g, as_scale(scale, op_name), initial_state, output_final_state, cu_seqlens,
-               cu_seqlens_host, state_v_first=bool(state_v_first), refused=refused or {}, g_gamma=g_gamma)
+               cu_seqlens_host, state_v_first=bool(state_v_first), refused=refused or {}, g_gamma=g_gamma,
+               normalize=normalize)
 
 
 def _cp_refuses(op_name, **options):
@@ -549,11 +550,16 @@ def chunk_linear_attn(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = 
     in chunk_gla."""
     cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
     if cp_context is not None:
+        normalize = _flag(normalize, "normalize", "chunk_linear_attn", _NORMALIZE_HINT)
         require_tensors(q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
                         cu_seqlens_host=cu_seqlens_host)
-        return _cp("chunk_linear_attn", q, k, v, None, as_scale(scale, "chunk_linear_attn", _NO_GATE_HINT),
-                   initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context,
-                   refused={"normalize": normalize})
+        scale = as_scale(scale, "chunk_linear_attn", _NO_GATE_HINT)
+        o, final_state = _cp("chunk_linear_attn", q, k, v, None, scale, initial_state, output_final_state, cu_seqlens,
+                             cu_seqlens_host, cp_context, normalize=normalize)
+        if not normalize:
+            return o, final_state
+        o, z = cp_context.run_normalize(o, q, k, scale)
+        return o, (final_state, z)  # as without cp_context: the pair even without output_final_state
     return _linear_attn("chunk_linear_attn", _chunk_linear_attn, q, k, v, scale, initial_state, output_final_state,
                         False, normalize, cu_seqlens, cu_seqlens_host, _NO_GATE_HINT)
 
