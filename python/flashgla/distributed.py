@@ -20,7 +20,10 @@ with that entering state (forward) or end-state gradient (backward).
 
 Every collective sits inside one autograd Function and communicates on every
 rank whatever the local data (same shapes everywhere, never an empty tensor),
-so no rank waits on another that skipped it; each rank must backpropagate
+so no rank waits on another that skipped it. A rank whose input is bad (or
+whose pre-pass fails) still takes part, with an error flag and its message
+after its summary, and every rank raises after the all-gather
+(``agree_on_errors``, docs/context_parallel.md "Faults"); each rank must backpropagate
 through the op's output (as with any collective in autograd). Given a
 ``cu_seqlens_cpu``, nothing reads device memory back, so the op's forward and
 backward can be captured in a CUDA graph (with the context built outside it).
