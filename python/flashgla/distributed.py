@@ -20,7 +20,10 @@ with that entering state (forward) or end-state gradient (backward).
 
 Every collective sits inside one autograd Function and communicates on every
 rank whatever the local data (same shapes everywhere, never an empty tensor),
-so no rank waits on another that skipped it; each rank must backpropagate
+so no rank waits on another that skipped it. A rank whose input is bad (or
+whose pre-pass fails) still takes part, with an error flag and its message
+after its summary, and every rank raises after the all-gather
+(``agree_on_errors``, docs/context_parallel.md "Faults"); each rank must backpropagate
 through the op's output (as with any collective in autograd). Given a
 ``cu_seqlens_cpu``, nothing reads device memory back, so the op's forward and
 backward can be captured in a CUDA graph (with the context built outside it).
@@ -52,7 +55,7 @@ from torch import Tensor
 
 from . import _C
 from ._torch import make_args, run_op
-from .ops.gla import _run_backward, _run_forward, chunk_gla_segment_state_grads, chunk_gla_segment_states
+from .ops.gla import _run_backward_all, _run_forward, chunk_gla_segment_state_grads, chunk_gla_segment_states
 
 __all__ = ["CPContext", "build_cp_context", "exchange_halo", "conv_with_halo", "gather_keys_values", "cp_mean_loss",
            "attention_layout", "check_cp_context", "next_token_targets", "local_slice"]
@@ -97,6 +100,9 @@ class CPContext:
       1, first_seq_offset) (0 when the first local sequence starts here).
     - ``fold_forward`` / ``fold_backward``: the ranks ``(begin, end)`` whose
       summaries the forward / backward folds (``begin == end``: none).
+    - ``agree_on_errors``: the CP ops read every rank's error flag after each
+      pass's all-gather, so that an error on one rank is raised on all (see
+      :func:`build_cp_context`).
     """
 
     group: object
@@ -122,6 +128,7 @@ class CPContext:
     pre_num_conv_tokens: int
     fold_forward: Tuple[int, int]
     fold_backward: Tuple[int, int]
+    agree_on_errors: bool = True
     _device_cu_seqlens: dict = field(default_factory=dict, repr=False)
     _position_ids: dict = field(default_factory=dict, repr=False)
 
@@ -155,11 +162,16 @@ class CPContext:
         return self._position_ids[device]
 
     def run_chunked_op(self, op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
-                       cu_seqlens_host):
+                       cu_seqlens_host, state_v_first=False, refused=None, g_gamma=None, normalize=False):
         """chunk_gla / chunk_simple_gla / chunk_linear_attn with cp_context=self: what those ops call (so that
         they need not import this module, which builds on them)."""
         return cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host,
-                        self)
+                        self, state_v_first=state_v_first, refused=refused, g_gamma=g_gamma, normalize=normalize)
+
+    def run_normalize(self, o_raw, q, k, scale):
+        """chunk_linear_attn(normalize=True) with cp_context=self: the normaliser over the group's running key
+        sums, (o, z_state of the local sequences [N_local, 1, H, K])."""
+        return _NormalizeCP.apply(o_raw, q, k, scale, self)
 
 
 def _group_device(group):
@@ -182,7 +194,8 @@ def _checksum(cu):
 
 
 def build_cp_context(cu_seqlens: Tensor, group=None, conv1d_kernel_size: Optional[int] = None,
-                     cu_seqlens_cpu: Optional[Tensor] = None, *, check: bool = True) -> CPContext:
+                     cu_seqlens_cpu: Optional[Tensor] = None, *, check: bool = True,
+                     agree_on_errors: bool = True) -> CPContext:
     """The context-parallel layout of one batch, for this rank of `group`.
 
     cu_seqlens: global boundaries ``[N + 1]`` int32/int64 of the packed batch
@@ -194,6 +207,15 @@ def build_cp_context(cu_seqlens: Tensor, group=None, conv1d_kernel_size: Optiona
     tokens. cu_seqlens_cpu: a CPU copy of a CUDA cu_seqlens (nothing is then
     read back from the device). check: compare cu_seqlens across the group
     (one small all-gather; a mismatch raises ValueError on every rank).
+    agree_on_errors: a CP op that fails on one rank (bad input there, an error
+    in its pre-pass) still takes part in the pass's all-gather with an error
+    flag and its message, and every rank raises after it (the others a
+    RuntimeError, or the same ValueError/TypeError/NotImplementedError, naming
+    the failing rank and its message) instead of waiting for it in a
+    collective. Free on gloo; on NCCL reading the P flags back is one small
+    device-to-host copy per pass, a stream synchronisation. False skips that
+    read (e.g. for CUDA-graph capture): then a rank that fails alone leaves
+    the others to the backend's timeout.
 
     A collective when `check` is true: call it on every rank of the group.
     """
@@ -298,7 +320,7 @@ def build_cp_context(cu_seqlens: Tensor, group=None, conv1d_kernel_size: Optiona
         continues_into_next=rank + 1 < world and not starts_at(rank + 1), pre_num_ranks=pre, post_num_ranks=post,
         first_seq_end=first_seq_end, last_seq_start=last_seq_start, num_local_seqs=len(local_bounds) - 1,
         num_seqs=len(bounds) - 1, conv1d_kernel_size=width, pre_num_conv_tokens=halo, fold_forward=fold_forward,
-        fold_backward=fold_backward)
+        fold_backward=fold_backward, agree_on_errors=bool(agree_on_errors))
 
 
 # ---- timing hook for benchmarks ------------------------------------------------------
@@ -317,6 +339,61 @@ def _phase(name):
 def _all_gather(out, tensor, group):
     """out [P, *tensor.shape] ← every rank's tensor (gloo wants the ranks stacked along dimension 0)."""
     _all_gather_single(out.view(-1, *tensor.shape[1:]), tensor, group=group)
+
+
+# Every pass's all-gather carries, after the summary, a status: a flag, the options that decide what the ranks
+# do next (they must agree: normalize adds a collective), and the first bytes of the error message of a rank
+# that failed before the collective (bytes are exact as fp32/fp64 values).
+_MESSAGE_BYTES = 480
+_STATUS = 2 + _MESSAGE_BYTES
+# (a rank's state layout or final states are its own affair; these change the computation or its collectives)
+_OPTIONS = ("gate g", "g_gamma", "normalize")
+
+
+def _options_code(**given):
+    """The options as bits, in _OPTIONS' order (given by name, spaces as underscores)."""
+    return sum(1 << i for i, name in enumerate(_OPTIONS) if given.get(name.replace(" ", "_")))
+_ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "NotImplementedError": NotImplementedError}
+
+
+def _write_status(status, error, options=0):
+    """status [_STATUS] (zeros) <- the flag and message of `error` (None: no error) and the options' code."""
+    status[1] = options
+    if error is None:
+        return
+    text = f"{type(error).__name__}: {error}".encode("utf-8", "replace")[:_MESSAGE_BYTES]
+    status[0] = 1
+    if text:
+        status[2:2 + len(text)].copy_(torch.tensor(list(text), dtype=status.dtype))
+
+
+def _agree(statuses, cp, op_name, own_error):
+    """After a pass's all-gather: this rank re-raises its own error; the others raise the first failed rank's
+    (statuses [P, _STATUS]). Reading the flags is a device-to-host copy on CUDA (see agree_on_errors)."""
+    if own_error is not None:
+        raise own_error
+    if not cp.agree_on_errors:
+        return
+    heads = statuses[:, :2].cpu().tolist()
+    failed = [j for j, (flag, _) in enumerate(heads) if flag != 0]
+    if not failed:
+        codes = [int(code) for _, code in heads]
+        if any(c != codes[0] for c in codes):
+            j = next(j for j, c in enumerate(codes) if c != codes[0])
+
+            def named(code):
+                return ", ".join(n for i, n in enumerate(_OPTIONS) if code >> i & 1) or "none of them"
+            raise ValueError(f"flashgla: cp_context: the ranks of the group called {op_name} with different options "
+                             f"(of {', '.join(_OPTIONS)}): rank 0 with {named(codes[0])}, rank {j} with "
+                             f"{named(codes[j])}; every rank must pass the same")
+        return
+    j = failed[0]
+    raw = bytes(int(x) for x in statuses[j, 2:].cpu().tolist() if x != 0).decode("utf-8", "replace")
+    kind, _, message = raw.partition(": ")
+    others = f" (and ranks {failed[1:]})" if len(failed) > 1 else ""
+    raise _ERROR_TYPES.get(kind, RuntimeError)(
+        f"flashgla: cp_context: rank {j}{others} of the group failed in {op_name}, so every rank stops here: "
+        f"{kind}: {message}")
 
 
 def _fold(states, log_decay, begin, end, reverse, out, initial=None, accumulate=False):
@@ -338,7 +415,8 @@ def _segment_state_grads(q, do, g, scale):
 
 
 def _first_rows(t, varlen):
-    """The state rows of the first local sequence(s) as [M, K, V]: row 0 (varlen) or all rows."""
+    """The state rows of the first local sequence(s) as [M, K, V]: row 0 (varlen) or all rows; a view (the fold
+    writes through it) when t's rows merge without a copy, as for t or its transpose when freshly allocated."""
     rows = t[:1] if varlen else t
     return rows.reshape(-1, t.shape[2], t.shape[3])
 
@@ -348,113 +426,21 @@ def _last_rows(t, varlen):
     return rows.reshape(-1, t.shape[2], t.shape[3])
 
 
-class _ChunkGlaCP(torch.autograd.Function):
-    """chunk_gla on this rank's slice, with the state carried across ranks (see the module docstring)."""
-
-    @staticmethod
-    def forward(fctx, q, k, v, g, scale, cp, output_final_state):
-        B, T, H, K = q.shape
-        V = v.shape[3]
-        varlen = B == 1
-        state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        P = cp.world_size
-
-        # 1. This rank's summary: S and a of its last local sequence, packed as [B, H, K, V+1].
-        send = torch.zeros(B, H, K, V + 1, dtype=state_dtype, device=q.device)
-        first_decay = None  # a of the first local sequence: carries its end state's gradient to its start
-        with _phase("prepass"):
-            if cp.continues_into_next:  # else no rank folds it: send zeros
-                s0 = cp.last_seq_start
-                states, log_decay = _segment_states(k[:, s0:], v[:, s0:], None if g is None else g[:, s0:])
-                send[..., :V].copy_(states)
-                send[..., V].copy_(log_decay)
-                if s0 == 0:
-                    first_decay = log_decay
-            if output_final_state and cp.continues_from_prev and first_decay is None:
-                e = cp.first_seq_end
-                _, first_decay = _segment_states(k[:, :e], v[:, :e], None if g is None else g[:, :e])
-        # 2. One all-gather, on every rank.
-        gathered = torch.empty(P, B, H, K, V + 1, dtype=state_dtype, device=q.device)
-        with _phase("allgather"):
-            _all_gather(gathered, send, cp.group)
-        packed = gathered.view(P, B * H, K, V + 1)
-        # 3. The state entering the first local sequence.
-        h0 = None
-        begin, end = cp.fold_forward
-        if begin < end:
-            with _phase("fold"):
-                rows = cp.num_local_seqs if varlen else B
-                h0 = torch.zeros(rows, H, K, V, dtype=state_dtype, device=q.device)
-                _fold(packed[..., :V], packed[..., V], begin, end, False, _first_rows(h0, varlen))
-        # 4. The ordinary chunked forward on the local slice.
-        cu = cp.local_cu_seqlens(q.device) if varlen else None
-        cu_host = cp.cu_seqlens_cpu if (varlen and q.is_cuda) else None
-        with _phase("local"):
-            o, ht = _run_forward(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, scale, False,
-                                 output_final_state, state_dtype)
-
-        fctx.save_for_backward(q, k, v, g, h0)
-        fctx.log_decay = packed[..., V].clone()  # [P, B·H, K]: the backward's decays (no second gather)
-        fctx.first_decay = None if first_decay is None else first_decay.reshape(1, B * H, K)
-        fctx.scale, fctx.cp, fctx.varlen, fctx.state_dtype = scale, cp, varlen, state_dtype
-        fctx.output_final_state = output_final_state
-        fctx.set_materialize_grads(False)
-        return o, ht  # the ops' state dtype: fp32, fp64 for fp64 inputs
-
-    @staticmethod
-    def backward(fctx, do, dht):
-        q, k, v, g, h0 = fctx.saved_tensors
-        cp, varlen, state_dtype = fctx.cp, fctx.varlen, fctx.state_dtype
-        B, T, H, K = q.shape
-        V = v.shape[3]
-        P = cp.world_size
-        if do is None:  # the output was unused here; the other ranks still need this rank's summary
-            do = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
-        if dht is not None:
-            dht = dht.to(state_dtype)
-        log_decay = fctx.log_decay
-
-        # 1. This rank's summary: B of its first local sequence, plus the gradient given to that
-        # sequence's local end state (an output when output_final_state) carried to its start.
-        send = torch.zeros(B, H, K, V, dtype=state_dtype, device=q.device)
-        with _phase("prepass"):
-            if cp.continues_from_prev:  # else no rank folds it: send zeros
-                e = cp.first_seq_end
-                d_states = _segment_state_grads(q[:, :e], do[:, :e], None if g is None else g[:, :e], fctx.scale)
-                if dht is not None:
-                    M = B * H
-                    _fold(d_states.reshape(1, M, K, V), fctx.first_decay, 0, 1, False, send.view(M, K, V),
-                          initial=_first_rows(dht, varlen))
-                else:
-                    send.copy_(d_states)
-        # 2. One all-gather, on every rank.
-        gathered = torch.empty(P, B, H, K, V, dtype=state_dtype, device=q.device)
-        with _phase("allgather"):
-            _all_gather(gathered, send, cp.group)
-        # 3. The gradient of the last local sequence's end state.
-        begin, end = fctx.cp.fold_backward
-        d_end = None
-        if begin < end or dht is not None:
-            with _phase("fold"):
-                rows = cp.num_local_seqs if varlen else B
-                d_end = (dht.clone() if dht is not None else
-                         torch.zeros(rows, H, K, V, dtype=state_dtype, device=q.device))
-                if begin < end:
-                    _fold(gathered.view(P, B * H, K, V), log_decay, begin, end, True, _last_rows(d_end, varlen),
-                          accumulate=True)
-        # 4. The ordinary chunked backward on the local slice.
-        cu = cp.local_cu_seqlens(q.device) if varlen else None
-        cu_host = cp.cu_seqlens_cpu if (varlen and q.is_cuda) else None
-        with _phase("local"):
-            dq, dk, dv, dg, _ = _run_backward(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, do, d_end,
-                                              fctx.scale, False, False, state_dtype)
-        return dq, dk, dv, (dg if g is not None else None), None, None, None
+def _kv(state, state_v_first):
+    """A state tensor in the fold's [..., K, V] layout (a view; the transpose of a V-first one)."""
+    return state.transpose(-1, -2) if state_v_first else state
 
 
-def cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp):
-    """The CP path of chunk_gla / chunk_simple_gla / chunk_linear_attn (argument checks, then the Function)."""
-    if not isinstance(cp, CPContext):
-        raise TypeError(f"flashgla: cp_context: expected a CPContext from build_cp_context, got {type(cp).__name__}")
+def _state_rows(rows, H, K, V, dtype, device, state_v_first):
+    """Zeros [rows, H, K, V] ([rows, H, V, K] with state_v_first), as the local op takes them."""
+    shape = (rows, H, V, K) if state_v_first else (rows, H, K, V)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def _check_local_inputs(op_name, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, refused, cp):
+    """What a rank can get wrong alone, checked before the pass's all-gather (so that its error is agreed on)."""
+    from .ops.gla import _cp_refuses
+    _cp_refuses(op_name, **refused)
     if initial_state is not None:
         raise ValueError(f"flashgla: initial_state: {op_name} with cp_context takes no initial_state (the state "
                          "entering each rank comes from the previous ranks); start each sequence from zero")
@@ -462,6 +448,19 @@ def cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_s
         raise ValueError(f"flashgla: q: expected q, k [B, T, H, K] and v [B, T, H, V], got shapes "
                          f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
     check_cp_context(cp, q, "q")
+    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"flashgla: k: expected k of q's shape {list(q.shape)} and v [B, T, H, V] with q's B, T, "
+                         f"H, got k {list(k.shape)}, v {list(v.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"flashgla: k: expected q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if g is not None:
+        gate_shape = q.shape if op_name == "chunk_gla" else q.shape[:3]
+        if g.shape != gate_shape:
+            raise ValueError(f"flashgla: g: {op_name} with cp_context expects g of shape {list(gate_shape)}, got "
+                             f"{list(g.shape)}")
+    for name, t in (("k", k), ("v", v), ("g", g)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"flashgla: {name}: expected the device of q ({q.device}), got {t.device}")
     if cu_seqlens is not None and cu_seqlens is not cp.cu_seqlens:
         local = cp.cu_seqlens_cpu
         given = cu_seqlens.detach().to("cpu", torch.int64)
@@ -473,7 +472,257 @@ def cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_s
         given = cu_seqlens_host.detach().to(torch.int64)
         if given.shape != cp.cu_seqlens_cpu.shape or not torch.equal(given, cp.cu_seqlens_cpu):
             raise ValueError("flashgla: cu_seqlens_host: with cp_context leave it out or pass ctx.cu_seqlens_cpu")
-    o, ht = _ChunkGlaCP.apply(q, k, v, g, scale, cp, bool(output_final_state))
+
+
+def _check_gamma(g_gamma, q):
+    if g_gamma is None:
+        return
+    if g_gamma.dim() != 1 or q.dim() != 4 or g_gamma.shape[0] != q.shape[2]:
+        raise ValueError(f"flashgla: g_gamma: expected one log decay per head [H] (H = {q.shape[2]}), got shape "
+                         f"{list(g_gamma.shape)}")
+    if g_gamma.device != q.device:
+        raise ValueError(f"flashgla: g_gamma: expected the device of q ({q.device}), got {g_gamma.device}")
+
+
+def _gate_of(g, g_gamma, begin, end, q):
+    """The gate of tokens [begin, end) for the summaries: g; with g_gamma the fp32 gate g + g_gamma the C++ op
+    stages for its kernels (gla_gamma_gate: summed in fp64, stored in fp32), so that the summaries see the
+    local op's gate bit for bit; g_gamma alone as a stride-0 view. None for no gate."""
+    piece = None if g is None else g[:, begin:end]
+    if g_gamma is None:
+        return piece
+    if piece is not None:
+        return (piece.double() + g_gamma.double()).float()
+    length = len(range(*slice(begin, end).indices(q.shape[1])))
+    return g_gamma.float().view(1, 1, -1).expand(q.shape[0], length, g_gamma.shape[0])
+
+
+def _payload_dims(q, v):
+    """(B, H, K, V) of the pass's summary. From q and v alone, so that a rank whose other inputs are wrong still
+    sends what the others expect (only q or v of another rank's dimensions would make the sizes differ)."""
+    if q.dim() == 4 and v.dim() == 4:
+        return q.shape[0], q.shape[2], q.shape[3], v.shape[3]
+    return 1, 1, 1, 1
+
+
+class _ChunkGlaCP(torch.autograd.Function):
+    """chunk_gla on this rank's slice, with the state carried across ranks (see the module docstring)."""
+
+    @staticmethod
+    def forward(fctx, q, k, v, g, g_gamma, scale, cp, output_final_state, state_v_first, op_name, checks, normalize):
+        B, H, K, V = _payload_dims(q, v)
+        varlen = B == 1
+        state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        P = cp.world_size
+
+        # 1. This rank's summary: S and a of its last local sequence, packed as [B, H, K, V+1], then the status.
+        n = B * H * K * (V + 1)
+        send = torch.zeros(n + _STATUS, dtype=state_dtype, device=q.device)
+        summary = send[:n].view(B, H, K, V + 1)
+        first_decay = None  # a of the first local sequence: carries its end state's gradient to its start
+        error = None
+        with _phase("prepass"):
+            try:
+                _check_local_inputs(op_name, q, k, v, g, *checks, cp)
+                _check_gamma(g_gamma, q)
+                if cp.continues_into_next:  # else no rank folds it: send zeros
+                    s0 = cp.last_seq_start
+                    states, log_decay = _segment_states(k[:, s0:], v[:, s0:], _gate_of(g, g_gamma, s0, None, q))
+                    summary[..., :V].copy_(states)
+                    summary[..., V].copy_(log_decay)
+                    if s0 == 0:
+                        first_decay = log_decay
+                if output_final_state and cp.continues_from_prev and first_decay is None:
+                    e = cp.first_seq_end
+                    _, first_decay = _segment_states(k[:, :e], v[:, :e], _gate_of(g, g_gamma, 0, e, q))
+            except Exception as exc:  # noqa: BLE001 - raised after the all-gather, on every rank
+                error = exc
+        _write_status(send[n:], error, _options_code(gate_g=g is not None, g_gamma=g_gamma is not None,
+                                                     normalize=normalize))
+        # 2. One all-gather, on every rank, then the error agreement.
+        gathered = torch.empty(P, n + _STATUS, dtype=state_dtype, device=q.device)
+        with _phase("allgather"):
+            _all_gather(gathered, send, cp.group)
+        _agree(gathered[:, n:], cp, op_name, error)
+        packed = gathered[:, :n].view(P, B * H, K, V + 1)
+        # 3. The state entering the first local sequence.
+        h0 = None
+        begin, end = cp.fold_forward
+        if begin < end:
+            with _phase("fold"):
+                rows = cp.num_local_seqs if varlen else B
+                h0 = _state_rows(rows, H, K, V, state_dtype, q.device, state_v_first)
+                _fold(packed[..., :V], packed[..., V], begin, end, False, _first_rows(_kv(h0, state_v_first), varlen))
+        # 4. The ordinary chunked forward on the local slice.
+        cu = cp.local_cu_seqlens(q.device) if varlen else None
+        cu_host = cp.cu_seqlens_cpu if (varlen and q.is_cuda) else None
+        with _phase("local"):
+            o, ht = _run_forward(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, scale, False,
+                                 output_final_state, state_dtype, g_gamma=g_gamma, state_v_first=state_v_first)
+
+        fctx.save_for_backward(q, k, v, g, h0, g_gamma)
+        fctx.log_decay = packed[..., V].clone()  # [P, B·H, K]: the backward's decays (no second gather)
+        fctx.first_decay = None if first_decay is None else first_decay.reshape(1, B * H, K)
+        fctx.scale, fctx.cp, fctx.varlen, fctx.state_dtype = scale, cp, varlen, state_dtype
+        fctx.output_final_state, fctx.state_v_first, fctx.op_name = output_final_state, state_v_first, op_name
+        fctx.set_materialize_grads(False)
+        return o, ht  # the ops' state dtype: fp32, fp64 for fp64 inputs
+
+    @staticmethod
+    def backward(fctx, do, dht):
+        q, k, v, g, h0, g_gamma = fctx.saved_tensors
+        cp, varlen, state_dtype, vfirst = fctx.cp, fctx.varlen, fctx.state_dtype, fctx.state_v_first
+        B, T, H, K = q.shape
+        V = v.shape[3]
+        P = cp.world_size
+        log_decay = fctx.log_decay
+
+        # 1. This rank's summary: B of its first local sequence, plus the gradient given to that
+        # sequence's local end state (an output when output_final_state) carried to its start; then the status.
+        n = B * H * K * V
+        send = torch.zeros(n + _STATUS, dtype=state_dtype, device=q.device)
+        summary = send[:n].view(B, H, K, V)
+        error = None
+        with _phase("prepass"):
+            try:
+                if do is None:  # the output was unused here; the other ranks still need this rank's summary
+                    do = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+                if dht is not None:
+                    dht = _kv(dht, vfirst).to(state_dtype)  # [N, H, K, V] (a view where it can be)
+                if cp.continues_from_prev:  # else no rank folds it: send zeros
+                    e = cp.first_seq_end
+                    d_states = _segment_state_grads(q[:, :e], do[:, :e], _gate_of(g, g_gamma, 0, e, q), fctx.scale)
+                    if dht is not None:
+                        M = B * H
+                        _fold(d_states.reshape(1, M, K, V), fctx.first_decay, 0, 1, False, summary.view(M, K, V),
+                              initial=_first_rows(dht, varlen))
+                    else:
+                        summary.copy_(d_states)
+            except Exception as exc:  # noqa: BLE001 - raised after the all-gather, on every rank
+                error = exc
+                _write_status(send[n:], error)
+        # 2. One all-gather, on every rank, then the error agreement.
+        gathered = torch.empty(P, n + _STATUS, dtype=state_dtype, device=q.device)
+        with _phase("allgather"):
+            _all_gather(gathered, send, cp.group)
+        _agree(gathered[:, n:], cp, fctx.op_name + " (backward)", error)
+        # 3. The gradient of the last local sequence's end state (in the local op's layout).
+        begin, end = fctx.cp.fold_backward
+        d_end = None
+        if begin < end or dht is not None:
+            with _phase("fold"):
+                rows = cp.num_local_seqs if varlen else B
+                d_end = _state_rows(rows, H, K, V, state_dtype, q.device, vfirst)
+                if dht is not None:
+                    _kv(d_end, vfirst).copy_(dht)
+                if begin < end:
+                    _fold(gathered[:, :n].view(P, B * H, K, V), log_decay, begin, end, True,
+                          _last_rows(_kv(d_end, vfirst), varlen), accumulate=True)
+        # 4. The ordinary chunked backward on the local slice.
+        cu = cp.local_cu_seqlens(q.device) if varlen else None
+        cu_host = cp.cu_seqlens_cpu if (varlen and q.is_cuda) else None
+        with _phase("local"):
+            dq, dk, dv, dg, _, d_gamma = _run_backward_all(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, do,
+                                                           d_end, fctx.scale, False, False, state_dtype,
+                                                           g_gamma=g_gamma, state_v_first=vfirst)
+        # d_g_gamma: this rank's tokens' share (the paths through the other ranks included, as for dg); the
+        # full gradient is the sum over the group, as for any parameter shared by the ranks.
+        d_gamma = d_gamma.to(g_gamma.dtype) if g_gamma is not None else None
+        return dq, dk, dv, (dg if g is not None else None), d_gamma, None, None, None, None, None, None, None
+
+
+class _NormalizeCP(torch.autograd.Function):
+    """linear attention's normaliser o = o_raw / (scale q·z + 1e-10) on this rank's slice, with the running key
+    sum z carried across ranks: the same all-gather and fold as the state's, of the key sum [B, H, K] of the last
+    local sequence (a summary with V = 1 and no decay)."""
+
+    @staticmethod
+    def forward(fctx, o_raw, q, k, scale, cp):
+        from .ops.gla import _linear_attn_normalize, _summary_dtype
+        B, T, H, K = q.shape
+        varlen = B == 1
+        dtype = _summary_dtype(q)
+        P, n = cp.world_size, B * H * K
+        send = torch.zeros(n + _STATUS, dtype=dtype, device=q.device)
+        error = None
+        with _phase("prepass"):
+            try:
+                if cp.continues_into_next:  # Σ k of the last local sequence: its summary against a value of ones
+                    s0 = cp.last_seq_start
+                    ones = torch.ones(B, T - s0, H, 1, dtype=k.dtype, device=k.device)
+                    sums, _ = _segment_states(k[:, s0:], ones, None)
+                    send[:n].view(B, H, K).copy_(sums[..., 0])
+            except Exception as exc:  # noqa: BLE001 - raised after the all-gather, on every rank
+                error = exc
+                _write_status(send[n:], error)
+        gathered = torch.empty(P, n + _STATUS, dtype=dtype, device=q.device)
+        with _phase("allgather"):
+            _all_gather(gathered, send, cp.group)
+        _agree(gathered[:, n:], cp, "chunk_linear_attn (normalize)", error)
+        rows = cp.num_local_seqs if varlen else B
+        z_init = torch.zeros(rows, 1, H, K, dtype=dtype, device=q.device)
+        zero_decay = torch.zeros(P, B * H, K, dtype=dtype, device=q.device)
+        begin, end = cp.fold_forward
+        if begin < end:
+            with _phase("fold"):
+                _fold(gathered[:, :n].view(P, B * H, K, 1), zero_decay, begin, end, False,
+                      _first_rows(z_init.view(rows, H, K, 1), varlen))
+        cu = cp.local_cu_seqlens(q.device) if varlen else None
+        cu_host = cp.cu_seqlens_cpu if (varlen and q.is_cuda) else None
+        with _phase("local"):
+            o, z = _linear_attn_normalize(o_raw, q, k, z_init, cu, cu_host, scale, False)
+        fctx.save_for_backward(o_raw, q, k, z_init)
+        fctx.zero_decay, fctx.scale, fctx.cp, fctx.varlen = zero_decay, scale, cp, varlen
+        fctx.set_materialize_grads(False)
+        return o, z
+
+    @staticmethod
+    def backward(fctx, do, dz):
+        from .ops.gla import _linear_attn_normalize_backward
+        o_raw, q, k, z_init = fctx.saved_tensors
+        cp, varlen = fctx.cp, fctx.varlen
+        B, T, H, K = q.shape
+        P, n = cp.world_size, B * H * K
+        cu = cp.local_cu_seqlens(q.device) if varlen else None
+        cu_host = cp.cu_seqlens_cpu if (varlen and q.is_cuda) else None
+        # The local backward first: its dz_init of the first local sequence is what this rank sends (the
+        # gradient reaching z from its own outputs and its z_state's gradient, for a zero gradient from later
+        # ranks); what the later ranks send is added to dk below.
+        send = torch.zeros(n + _STATUS, dtype=z_init.dtype, device=q.device)
+        error = None
+        with _phase("local"):
+            try:
+                if do is None:
+                    do = torch.zeros(o_raw.shape, dtype=q.dtype, device=q.device)
+                d_o_raw, dq, dk, dz_init = _linear_attn_normalize_backward(o_raw, q, k, z_init, cu, cu_host, do, dz,
+                                                                           fctx.scale, False)
+                if cp.continues_from_prev:
+                    send[:n].view(B, H, K).copy_((dz_init[:1] if varlen else dz_init)[:, 0])
+            except Exception as exc:  # noqa: BLE001 - raised after the all-gather, on every rank
+                error = exc
+                _write_status(send[n:], error)
+        gathered = torch.empty(P, n + _STATUS, dtype=z_init.dtype, device=q.device)
+        with _phase("allgather"):
+            _all_gather(gathered, send, cp.group)
+        _agree(gathered[:, n:], cp, "chunk_linear_attn (normalize, backward)", error)
+        begin, end = cp.fold_backward
+        if begin < end:
+            with _phase("fold"):
+                d_end = torch.zeros(B * H, K, 1, dtype=z_init.dtype, device=q.device)
+                _fold(gathered[:, :n].view(P, B * H, K, 1), fctx.zero_decay, begin, end, True, d_end)
+                # z at the local end is z_init + Σ k of the last local sequence: each of its keys gets d_end.
+                dk[:, cp.last_seq_start:] += d_end.view(B, 1, H, K).to(dk.dtype)
+        return d_o_raw, dq, dk, None, None
+
+
+def cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp, *,
+             state_v_first=False, refused=None, g_gamma=None, normalize=False):
+    """The CP path of chunk_gla / chunk_simple_gla / chunk_linear_attn. The argument checks run inside the
+    Function, before its all-gather, so that a rank's error is raised on every rank (agree_on_errors)."""
+    if not isinstance(cp, CPContext):
+        raise TypeError(f"flashgla: cp_context: expected a CPContext from build_cp_context, got {type(cp).__name__}")
+    o, ht = _ChunkGlaCP.apply(q, k, v, g, g_gamma, scale, cp, bool(output_final_state), bool(state_v_first), op_name,
+                              (initial_state, cu_seqlens, cu_seqlens_host, dict(refused or {})), bool(normalize))
     return o, ht if output_final_state else None
 
 

@@ -34,8 +34,13 @@ def rel_rms_error(out, ref):
 OPS = {"vector": "chunk_gla", "scalar": "chunk_simple_gla", "none": "chunk_linear_attn"}
 
 
-def run_op(gate, q, k, v, g, **kw):
+def run_op(gate, q, k, v, g, gamma=None, **kw):
     import flashgla
+    if gate == "normalize":  # the final state and z_state as one [N, H·K·V + H·K] tensor (None without a state)
+        o, (ht, z) = flashgla.chunk_linear_attn(q, k, v, normalize=True, **kw)
+        return o, (torch.cat([ht.flatten(1), z.flatten(1).to(ht.dtype)], 1) if ht is not None else None)
+    if gamma is not None:  # "gamma" (g is None) and "scalar+gamma"
+        return flashgla.chunk_simple_gla(q, k, v, g, g_gamma=gamma, **kw)
     if gate == "vector":
         return flashgla.chunk_gla(q, k, v, g, **kw)
     if gate == "scalar":
@@ -51,7 +56,7 @@ def make_inputs(seed, B, T, H, K, V, gate, dtype, device, neg_inf_at=()):
     g = None
     if gate == "vector":
         g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64) + 2.0)
-    elif gate == "scalar":
+    elif gate in ("scalar", "scalar+gamma"):
         g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, dtype=torch.float64) + 2.0)
     # A full reset of the state (some keys / one head) at token t: in fp64 exp(-1e4) is exactly 0, as
     # exp(-inf); in fp32 -60 (exp(-60) is far below fp32's resolution) keeps the one-process chunked
@@ -62,12 +67,22 @@ def make_inputs(seed, B, T, H, K, V, gate, dtype, device, neg_inf_at=()):
     for t in neg_inf_at:
         if gate == "vector":
             g[:, t, :, ::2] = reset
-        elif gate == "scalar":
+        elif gate in ("scalar", "scalar+gamma"):
             g[:, t, 0] = reset
     do = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
+    if gate == "normalize":  # positive features, as linear attention's feature maps give (q·z well away from 0)
+        q, k = q.abs() + 0.1, k.abs() + 0.1
     cast = [x.to(device=device, dtype=dtype) if x is not None else None for x in (q, k, v)]
     g = g.to(device=device, dtype=torch.float32 if dtype != torch.float64 else dtype) if g is not None else None
     return cast[0], cast[1], cast[2], g, do.to(device=device, dtype=dtype), gen
+
+
+def make_gamma(seed, H, gate, device):
+    """chunk_simple_gla's per-head log decay g_gamma [H] fp32 for the "gamma" gates, else None."""
+    if "gamma" not in gate:
+        return None
+    gen = torch.Generator().manual_seed(seed)
+    return (-0.02 - 0.3 * torch.rand(H, generator=gen, dtype=torch.float64)).to(device=device, dtype=torch.float32)
 
 
 def local_pieces(bounds, world, local):
@@ -86,21 +101,21 @@ def local_pieces(bounds, world, local):
     return pieces
 
 
-def reference(gate, q, k, v, g, do, bounds, world, local, dhts, scale):
+def reference(gate, q, k, v, g, do, bounds, world, local, dhts, scale, gamma=None):
     """One process: the op on the whole batch plus every rank's local final states; gradients of
-    <o, do> + Σ <ht, dht>."""
-    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (q, k, v, g)]
-    q, k, v, g = leaves
+    <o, do> + Σ <ht, dht> (of q, k, v, g and g_gamma)."""
+    leaves = [x.detach().clone().requires_grad_() if x is not None else None for x in (q, k, v, g, gamma)]
+    q, k, v, g, gamma = leaves
     B = q.shape[0]
     cu = torch.tensor(bounds, dtype=torch.int64, device=q.device) if B == 1 else None
-    o, _ = run_op(gate, q, k, v, g, cu_seqlens=cu, scale=scale)
+    o, _ = run_op(gate, q, k, v, g, gamma, cu_seqlens=cu, scale=scale)
     loss = (o.double() * do.double()).sum()
     states = []
     for r, rank_pieces in enumerate(local_pieces(bounds, world, local)):
         rank_states = []
         for (s, e) in rank_pieces:
             sl = slice(s, e)
-            _, ht = run_op(gate, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl],
+            _, ht = run_op(gate, q[:, sl], k[:, sl], v[:, sl], None if g is None else g[:, sl], gamma,
                            output_final_state=True, scale=scale)
             rank_states.append(ht)
         ht = torch.cat(rank_states, 0)
@@ -111,24 +126,31 @@ def reference(gate, q, k, v, g, do, bounds, world, local, dhts, scale):
 
 
 def check_case(name, rank, world, dtype, device, gate, bounds, B=1, H=2, K=16, V=12, neg_inf_at=(),
-               use_final_state=True, with_cpu_copy=False, seed=0, report=None):
+               use_final_state=True, with_cpu_copy=False, seed=0, report=None, state_v_first=False):
     from flashgla.distributed import build_cp_context
     T = bounds[-1]
     local = T // world
     q, k, v, g, do, gen = make_inputs(1000 + seed, B, T, H, K, V, gate, dtype, device, neg_inf_at)
+    gamma = make_gamma(2000 + seed, H, gate, device)
     scale = 0.3
     pieces = local_pieces(bounds, world, local)
     state_rows = [len(p) if B == 1 else B for p in pieces]
-    dhts = [torch.randn(n, H, K, V, generator=gen, dtype=torch.float64).to(device=device, dtype=torch.float32)
-            if use_final_state else torch.zeros(n, H, K, V, device=device) for n in state_rows]
-    ref_o, ref_states, ref_grads = reference(gate, q, k, v, g, do, bounds, world, local, dhts, scale)
+    state_dims = (H * K * V + H * K,) if gate == "normalize" else (H, K, V)
+    dhts = [torch.randn(n, *state_dims, generator=gen, dtype=torch.float64).to(device=device, dtype=torch.float32)
+            if use_final_state else torch.zeros(n, *state_dims, device=device) for n in state_rows]
+    ref_o, ref_states, ref_grads = reference(gate, q, k, v, g, do, bounds, world, local, dhts, scale, gamma)
 
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
     ctx = build_cp_context(cu, None, cu_seqlens_cpu=cu.cpu() if with_cpu_copy else None)
     assert ctx.rank == rank and ctx.world_size == world and ctx.local_tokens == local
     sl = slice(ctx.token_offset, ctx.token_offset + local)
     mine = [x[:, sl].detach().clone().requires_grad_() if x is not None else None for x in (q, k, v, g)]
-    o, ht = run_op(gate, *mine, scale=scale, output_final_state=use_final_state, cp_context=ctx)
+    layout = dict(state_v_first=True) if state_v_first else {}
+    my_gamma = gamma.detach().clone().requires_grad_() if gamma is not None else None
+    o, ht = run_op(gate, *mine, my_gamma, scale=scale, output_final_state=use_final_state, cp_context=ctx, **layout)
+    if state_v_first and use_final_state:  # [N, H, V, K]: back to the reference's layout
+        assert ht.shape == (state_rows[rank], H, V, K), f"state_v_first: final state of shape {tuple(ht.shape)}"
+        ht = ht.transpose(-1, -2)
     loss = (o.double() * do[:, sl].double()).sum()
     if use_final_state:
         loss = loss + (ht.double() * dhts[rank].double()).sum()
@@ -140,6 +162,10 @@ def check_case(name, rank, world, dtype, device, gate, bounds, B=1, H=2, K=16, V
     for label, x, ref in zip("qkvg", mine, ref_grads):
         if x is not None:
             errors["d" + label] = rel_rms_error(x.grad, ref[:, sl])
+    if my_gamma is not None:  # each rank's share; the group's sum is the gradient
+        total = my_gamma.grad.double().clone()
+        dist.all_reduce(total)
+        errors["d_g_gamma"] = rel_rms_error(total, ref_grads[4])
     if report is not None:
         report(name, errors)
     return errors
@@ -159,6 +185,8 @@ def numerics_cases(world):
         ("reset gate across a rank edge", dict(bounds=[0, 5, T], neg_inf_at=(L - 1, L + 2))),
         ("no final state", dict(bounds=[0, 30, T], use_final_state=False)),
         ("cu_seqlens_cpu given", dict(bounds=[0, L + 7, T], with_cpu_copy=True)),
+        ("state_v_first", dict(bounds=[0, 9, L + 20, T - 5, T], state_v_first=True)),
+        ("state_v_first, fixed length B = 2", dict(bounds=[0, T], B=2, state_v_first=True)),
     ]
     if world >= 4:
         cases.append(("a sequence crossing three ranks", dict(bounds=[0, 5, 2 * L + 9, T])))
@@ -174,16 +202,24 @@ def numerics(rank, world, device, dtypes):
         lines.append(f"  {name}: " + ", ".join(f"{k} {v:.2e}" for k, v in errors.items()))
 
     for dtype in dtypes:
-        for gate in ("vector", "scalar", "none"):
+        for gate in ("vector", "scalar", "none", "gamma", "scalar+gamma", "normalize"):
             for name, kw in numerics_cases(world):
-                if gate == "none" and kw.get("neg_inf_at"):
+                if gate in ("none", "gamma", "normalize") and kw.get("neg_inf_at"):
                     continue
+                if gate in ("none", "normalize") and kw.get("state_v_first"):
+                    continue
+                if gate in ("gamma", "scalar+gamma", "normalize") and dtype not in (torch.float64, torch.float32):
+                    continue  # the bf16 check covers the gate kinds of chunk_gla's CP path
                 label = f"{dtype} {gate} gate: {name}"
                 try:
                     if dtype in (torch.float64, torch.float32):
                         tol = 1e-10 if dtype == torch.float64 else 2e-5
                         errors = check_case(label, rank, world, dtype, device, gate, report=report, **kw)
-                        bad = {k: e for k, e in errors.items() if not e <= tol}
+                        # With g_gamma the op stages the gate g + g_gamma and its gradient in fp32 (C++ api,
+                        # gla_gamma_gate / gla_gamma_grad) even for fp64 inputs: dg and d_g_gamma then carry fp32
+                        # rounding in the one-process reference as under CP (measured ≤ 1.6e-7).
+                        staged = ("dg", "d_g_gamma") if "gamma" in gate and dtype == torch.float64 else ()
+                        bad = {k: e for k, e in errors.items() if not e <= (1e-6 if k in staged else tol)}
                         if bad:
                             failures.append(f"{label}: {bad} > {tol}")
                     else:  # bf16 on GPUs: CP vs fp64 within 2x of one GPU vs fp64
@@ -214,7 +250,8 @@ def bf16_check(label, rank, world, device, gate, kw, report):
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
     o1, _ = run_op(gate, *one, scale=scale, cu_seqlens=cu if B == 1 else None)
     o1.backward(dod)
-    ctx = build_cp_context(cu, None, cu_seqlens_cpu=cu.cpu())
+    # agree_on_errors=False: the error agreement's read of the gathered flags would synchronise.
+    ctx = build_cp_context(cu, None, cu_seqlens_cpu=cu.cpu(), agree_on_errors=False)
     sl = slice(ctx.token_offset, ctx.token_offset + local)
     mine = [x[:, sl].detach().clone().requires_grad_() if x is not None else None for x in (*to, gd)]
     d_local = dod[:, sl].contiguous()
@@ -281,6 +318,7 @@ def errors_suite(rank, world, device):
                  lambda: flashgla.chunk_gla(q[:, :L - 1], q[:, :L - 1], q[:, :L - 1], g[:, :L - 1], cp_context=ctx))
     expect_error(failures, "cu_seqlens given to the op", ValueError, "cu_seqlens",
                  lambda: flashgla.chunk_gla(q, q, q, g, cu_seqlens=cu, cp_context=ctx))
+    failures += one_rank_fails_suite(rank, world, device, ctx, q, g, L)
     # After the errors the group still works: one op call on every rank, and passing ctx.cu_seqlens is fine.
     o, _ = flashgla.chunk_gla(q, q, q, g, cu_seqlens=ctx.cu_seqlens, cp_context=ctx)
     if not torch.isfinite(o).all():
@@ -304,6 +342,86 @@ def errors_suite(rank, world, device):
     pos = ctx.position_ids()
     if rank > 0 and pos[0].item() != rank * L - L // 2:
         failures.append(f"position_ids: {pos.tolist()}")
+    return failures
+
+
+def expect_every_rank_raises(failures, label, rank, bad_rank, kind, own_fragment, call):
+    """call() fails on bad_rank alone: that rank raises its own error, every other rank `kind` naming bad_rank
+    and carrying its message; none waits in a collective (the caller's timeout turns a hang into a failure).
+    One call per rank, as the collectives inside must match."""
+    try:
+        call()
+    except kind as e:
+        text = str(e)
+        wanted = [own_fragment, "flashgla: "] + ([] if rank == bad_rank else [f"rank {bad_rank} of the group failed"])
+        missing = [f for f in wanted if f not in text]
+        if missing:
+            failures.append(f"{label} (rank {rank}): message {text!r} lacks {missing}")
+        return
+    except Exception as e:  # noqa: BLE001
+        failures.append(f"{label} (rank {rank}): expected {kind.__name__}, got {type(e).__name__}: {e}")
+        return
+    failures.append(f"{label} (rank {rank}): no error")
+
+
+def one_rank_fails_suite(rank, world, device, ctx, q, g, L):
+    """Bad input on one rank only, in the forward and in the backward: every rank raises."""
+    import flashgla
+    failures = []
+    last = world - 1
+    # A wrong local T on the last rank.
+    mine = q[:, :L - 1] if rank == last else q
+    mine_g = g[:, :L - 1] if rank == last else g
+    expect_every_rank_raises(failures, "wrong T on one rank", rank, last, ValueError, "each rank passes its",
+                             lambda: flashgla.chunk_gla(mine, mine, mine, mine_g, cp_context=ctx))
+    # initial_state on rank 0 only.
+    h0 = torch.zeros(ctx.num_local_seqs, 2, 8, 8, device=device) if rank == 0 else None
+    expect_every_rank_raises(failures, "initial_state on one rank", rank, 0, ValueError, "takes no initial_state",
+                             lambda: flashgla.chunk_gla(q, q, q, g, initial_state=h0, cp_context=ctx))
+    # A gate of the wrong shape on rank 1 (the op's own checks come first; the CP check names g).
+    bad_g = g[..., :4] if rank == 1 else g
+    expect_every_rank_raises(failures, "gate shape on one rank", rank, 1, ValueError, "g",
+                             lambda: flashgla.chunk_gla(q, q, q, bad_g, cp_context=ctx))
+    # v in another dtype on rank 0.
+    bad_v = q.double() if rank == 0 else q
+    expect_every_rank_raises(failures, "dtype on one rank", rank, 0, ValueError, "one dtype",
+                             lambda: flashgla.chunk_gla(q, q, bad_v, g, cp_context=ctx))
+    # normalize on rank 0 only (it would add a collective there): every rank raises, naming the options.
+    text = None
+    try:
+        flashgla.chunk_linear_attn(q, q, q, normalize=rank == 0, cp_context=ctx)
+    except ValueError as e:
+        text = str(e)
+    if text is None or "different options" not in text or "rank 0 with normalize" not in text:
+        failures.append(f"normalize on one rank (rank {rank}): {text!r}")
+    # g_gamma on one rank only.
+    sg = g[..., 0].contiguous()
+    gamma = torch.full((2,), -0.1, device=device) if rank == world - 1 else None
+    expect_error(failures, "g_gamma on one rank", ValueError, "different options",
+                 lambda: flashgla.chunk_simple_gla(q, q, q, sg, g_gamma=gamma, cp_context=ctx))
+    # g_gamma of the wrong length on rank 1.
+    gamma = torch.full((3 if rank == 1 else 2,), -0.1, device=device)
+    sg = g[..., 0].contiguous()
+    expect_every_rank_raises(failures, "g_gamma on one rank", rank, 1, ValueError, "g_gamma",
+                             lambda: flashgla.chunk_simple_gla(q, q, q, sg, g_gamma=gamma, cp_context=ctx))
+    # The backward: a fault injected into the last rank's pre-pass (user input cannot reach it: autograd
+    # checks the gradients' shapes first).
+    import flashgla.distributed as fd
+    ctx1 = fd.build_cp_context(torch.tensor([0, world * L], device=device))
+    xs = [x.detach().clone().requires_grad_() for x in (q, q, q)]
+    o, _ = flashgla.chunk_gla(*xs, g, cp_context=ctx1)
+    real = fd._segment_state_grads
+
+    def injected(*args, **kwargs):
+        raise RuntimeError("flashgla: injected fault in the pre-pass")
+
+    if rank == last:
+        fd._segment_state_grads = injected
+    try:
+        expect_every_rank_raises(failures, "fault in the backward on one rank", rank, last, RuntimeError,
+                                 "injected fault", lambda: o.backward(torch.ones_like(o), retain_graph=True))
+    finally:
+        fd._segment_state_grads = real
     return failures
 
 

@@ -35,7 +35,10 @@ def test_cp_matches_one_process_and_bad_input(tmp_path, world):
     sequences, local T = 70 and 128, B = 3 rows, reset gates next to a rank edge, and (4 ranks) a sequence
     crossing three ranks; bad input: T not divisible by the ranks, initial_state, cu_seqlens differing between
     ranks (all ranks raise, none hangs), too few tokens for the conv window, a wrong local T or cu_seqlens;
-    the context's layout fields."""
+    state_v_first (the final state and its gradient V-first); bad input on one rank only (a wrong local T,
+    initial_state, the gate's shape, v's dtype, a refused option) and a fault injected into one rank's backward
+    pre-pass: every rank raises with that rank's message, none hangs, and the group works afterwards; the
+    context's layout fields."""
     run_cases(tmp_path, world, "all")
 
 

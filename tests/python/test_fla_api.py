@@ -344,13 +344,15 @@ def test_g_gamma_through_the_c_api_rejects_a_per_key_gate(gen):
         flashgla.ops.gla._chunk_gla(q, k, v, g, None, None, None, None, False, False, torch.zeros(2), False)
 
 
-def test_context_parallel_refuses_what_it_does_not_take_yet(gen):
+def test_context_parallel_options_need_a_cp_context(gen):
+    """normalize, g_gamma and state_v_first go the CP path (tests/python/cp_cases.py); a cp_context that is no
+    CPContext is a TypeError naming it."""
     q, k, v, g, _ = gla_inputs(gen, 1, 8, 2, 4, 4, gate="scalar", dtype=torch.float32)
-    with raises(NotImplementedError, "normalize", "cp_context"):
+    with raises(TypeError, "cp_context", "build_cp_context"):
         flashgla.chunk_linear_attn(q, k, v, cp_context=object())
-    with raises(NotImplementedError, "g_gamma", "cp_context"):
+    with raises(TypeError, "cp_context", "build_cp_context"):
         flashgla.chunk_simple_gla(q, k, v, g, -torch.rand(2), cp_context=object())
-    with raises(NotImplementedError, "state_v_first", "cp_context"):
+    with raises(TypeError, "cp_context", "build_cp_context"):
         flashgla.chunk_gla(q, k, v, F.logsigmoid(q), state_v_first=True, cp_context=object())
 
 

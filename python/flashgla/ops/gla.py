@@ -288,15 +288,18 @@ _linear_attn_normalize.register_autograd(_normalize_gradients, setup_context=_no
 forbid_double_backward(_linear_attn_normalize_backward, "chunk_linear_attn")
 
 
-def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context):
+def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context,
+        state_v_first=False, refused=None, g_gamma=None, normalize=False):
     """The context-parallel path: the context (a flashgla.distributed.CPContext, which builds on these ops) runs
-    the op across its group."""
+    the op across its group. refused: {option: value} the CP path does not take yet; it raises inside the op's
+    error agreement (_cp_refuses), so that a rank passing one alone makes every rank fail, not wait."""
     run = getattr(cp_context, "run_chunked_op", None)
     if run is None:
         raise TypeError(f"flashgla: cp_context: expected a CPContext from build_cp_context, got "
                         f"{type(cp_context).__name__}")
     return run(op_name, q, k, v, g, as_scale(scale, op_name), initial_state, output_final_state, cu_seqlens,
-               cu_seqlens_host)
+               cu_seqlens_host, state_v_first=bool(state_v_first), refused=refused or {}, g_gamma=g_gamma,
+               normalize=normalize)
 
 
 def _cp_refuses(op_name, **options):
@@ -408,9 +411,8 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float]
     _gate_dims(q, g, 4, "g", "chunk_gla", "a per-key gate [B, T, H, K] (chunk_simple_gla takes [B, T, H])")
     _check_gate(g, check_gate)
     if cp_context is not None:
-        _cp_refuses("chunk_gla", state_v_first=state_v_first)
         return _cp("chunk_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host,
-                   cp_context)
+                   cp_context, state_v_first)
     o, final_state = _chunk_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, as_scale(scale, "chunk_gla"),
                                 False, output_final_state, None, state_v_first)
     return o, final_state if output_final_state else None
@@ -450,9 +452,8 @@ def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None
     require_tensors(q=q, k=k, v=v, g=g, g_gamma=g_gamma, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host)
     if cp_context is not None:
-        _cp_refuses("chunk_simple_gla", g_gamma=g_gamma, state_v_first=state_v_first)
         return _cp("chunk_simple_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
-                   cu_seqlens_host, cp_context)
+                   cu_seqlens_host, cp_context, state_v_first, g_gamma=g_gamma)
     o, final_state = _chunk_simple_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
                                        as_scale(scale, "chunk_simple_gla"), False, output_final_state, g_gamma,
                                        state_v_first)
@@ -549,11 +550,16 @@ def chunk_linear_attn(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float] = 
     in chunk_gla."""
     cu_seqlens_host = _host_seqlens(cu_seqlens_cpu, cu_seqlens_host)
     if cp_context is not None:
-        _cp_refuses("chunk_linear_attn", normalize=normalize)
+        normalize = _flag(normalize, "normalize", "chunk_linear_attn", _NORMALIZE_HINT)
         require_tensors(q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
                         cu_seqlens_host=cu_seqlens_host)
-        return _cp("chunk_linear_attn", q, k, v, None, as_scale(scale, "chunk_linear_attn", _NO_GATE_HINT),
-                   initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context)
+        scale = as_scale(scale, "chunk_linear_attn", _NO_GATE_HINT)
+        o, final_state = _cp("chunk_linear_attn", q, k, v, None, scale, initial_state, output_final_state, cu_seqlens,
+                             cu_seqlens_host, cp_context, normalize=normalize)
+        if not normalize:
+            return o, final_state
+        o, z = cp_context.run_normalize(o, q, k, scale)
+        return o, (final_state, z)  # as without cp_context: the pair even without output_final_state
     return _linear_attn("chunk_linear_attn", _chunk_linear_attn, q, k, v, scale, initial_state, output_final_state,
                         False, normalize, cu_seqlens, cu_seqlens_host, _NO_GATE_HINT)
 
