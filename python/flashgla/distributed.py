@@ -355,6 +355,15 @@ def _options_code(**given):
     return sum(1 << i for i, name in enumerate(_OPTIONS) if given.get(name.replace(" ", "_")))
 _ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "NotImplementedError": NotImplementedError}
 
+def _gather_and_agree(send, n, cp, op_name, error):
+    """A CP pass's one all-gather of every rank's row (n summary values, then the _STATUS values), on every rank,
+    then the error agreement: [P, n + _STATUS], or every rank raises."""
+    gathered = torch.empty(cp.world_size, n + _STATUS, dtype=send.dtype, device=send.device)
+    with _phase("allgather"):
+        _all_gather(gathered, send, cp.group)
+    _agree(gathered[:, n:], cp, op_name, error)
+    return gathered
+
 
 def _write_status(status, error, options=0):
     """status [_STATUS] (zeros) <- the flag and message of `error` (None: no error) and the options' code."""
@@ -540,10 +549,7 @@ class _ChunkGlaCP(torch.autograd.Function):
         _write_status(send[n:], error, _options_code(gate_g=g is not None, g_gamma=g_gamma is not None,
                                                      normalize=normalize))
         # 2. One all-gather, on every rank, then the error agreement.
-        gathered = torch.empty(P, n + _STATUS, dtype=state_dtype, device=q.device)
-        with _phase("allgather"):
-            _all_gather(gathered, send, cp.group)
-        _agree(gathered[:, n:], cp, op_name, error)
+        gathered = _gather_and_agree(send, n, cp, op_name, error)
         packed = gathered[:, :n].view(P, B * H, K, V + 1)
         # 3. The state entering the first local sequence.
         h0 = None
@@ -602,10 +608,7 @@ class _ChunkGlaCP(torch.autograd.Function):
                 error = exc
                 _write_status(send[n:], error)
         # 2. One all-gather, on every rank, then the error agreement.
-        gathered = torch.empty(P, n + _STATUS, dtype=state_dtype, device=q.device)
-        with _phase("allgather"):
-            _all_gather(gathered, send, cp.group)
-        _agree(gathered[:, n:], cp, fctx.op_name + " (backward)", error)
+        gathered = _gather_and_agree(send, n, cp, fctx.op_name + " (backward)", error)
         # 3. The gradient of the last local sequence's end state (in the local op's layout).
         begin, end = fctx.cp.fold_backward
         d_end = None
@@ -655,10 +658,7 @@ class _NormalizeCP(torch.autograd.Function):
             except Exception as exc:  # noqa: BLE001 - raised after the all-gather, on every rank
                 error = exc
                 _write_status(send[n:], error)
-        gathered = torch.empty(P, n + _STATUS, dtype=dtype, device=q.device)
-        with _phase("allgather"):
-            _all_gather(gathered, send, cp.group)
-        _agree(gathered[:, n:], cp, "chunk_linear_attn (normalize)", error)
+        gathered = _gather_and_agree(send, n, cp, "chunk_linear_attn (normalize)", error)
         rows = cp.num_local_seqs if varlen else B
         z_init = torch.zeros(rows, 1, H, K, dtype=dtype, device=q.device)
         zero_decay = torch.zeros(P, B * H, K, dtype=dtype, device=q.device)
@@ -701,10 +701,7 @@ class _NormalizeCP(torch.autograd.Function):
             except Exception as exc:  # noqa: BLE001 - raised after the all-gather, on every rank
                 error = exc
                 _write_status(send[n:], error)
-        gathered = torch.empty(P, n + _STATUS, dtype=z_init.dtype, device=q.device)
-        with _phase("allgather"):
-            _all_gather(gathered, send, cp.group)
-        _agree(gathered[:, n:], cp, "chunk_linear_attn (normalize, backward)", error)
+        gathered = _gather_and_agree(send, n, cp, "chunk_linear_attn (normalize, backward)", error)
         begin, end = cp.fold_backward
         if begin < end:
             with _phase("fold"):
