@@ -588,6 +588,31 @@ void backward_typed(const GlaNormalizeBackwardArgs& a, const GlaProblem& p, floa
   else backward_launch<1, 1>(a, p, c, shape, stream);
 }
 
+template <class T>
+struct ElementType {
+  using type = T;
+};
+
+// Either pass on the tensors' device: nothing to do without (sequence, head) pairs; the heads' limit (grid y);
+// its workspace (`bytes` of it, named `bytes_name` in errors); then `typed(ElementType<E>{}, workspace)` with
+// the inputs' element type E.
+template <class Args, class Typed>
+void run_pass(const Args& a, const GlaProblem& p, size_t (*bytes)(const Args&, const GlaProblem&),
+              const char* bytes_name, Typed typed) {
+  DeviceGuard guard(a.q.device.index);
+  if (p.num_seqs * p.heads == 0) return;
+  FLASHGLA_REQUIRE(p.heads <= 65535, ErrorKind::unsupported, "q",
+                   "the CUDA normaliser takes at most 65535 heads, got " + std::to_string(p.heads));
+  const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+  Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, bytes(a, p), stream, bytes_name, "workspace",
+                  alignof(float));
+  switch (a.q.dtype) {
+    case DType::bf16: typed(ElementType<__nv_bfloat16>{}, scratch.floats()); break;
+    case DType::f16: typed(ElementType<__half>{}, scratch.floats()); break;
+    default: typed(ElementType<float>{}, scratch.floats()); break;
+  }
+}
+
 }  // namespace
 
 size_t gla_normalize_forward_workspace_bytes(const GlaNormalizeArgs& a, const GlaProblem& p) {
@@ -600,34 +625,14 @@ size_t gla_normalize_backward_workspace_bytes(const GlaNormalizeBackwardArgs& a,
 
 void gla_normalize_forward(const GlaNormalizeArgs& a, const GlaProblem& p) {
   require_dtype(a.q, "q"), require_dtype(a.z_init, "z_init");
-  DeviceGuard guard(a.q.device.index);
-  if (p.num_seqs * p.heads == 0) return;
-  FLASHGLA_REQUIRE(p.heads <= 65535, ErrorKind::unsupported, "q",
-                   "the CUDA normaliser takes at most 65535 heads, got " + std::to_string(p.heads));
-  const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
-  Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, gla_normalize_forward_workspace_bytes(a, p),
-                  stream, "gla_normalize_forward_workspace_bytes", "workspace", alignof(float));
-  switch (a.q.dtype) {
-    case DType::bf16: forward_typed<__nv_bfloat16>(a, p, scratch.floats()); break;
-    case DType::f16: forward_typed<__half>(a, p, scratch.floats()); break;
-    default: forward_typed<float>(a, p, scratch.floats()); break;
-  }
+  run_pass(a, p, gla_normalize_forward_workspace_bytes, "gla_normalize_forward_workspace_bytes",
+           [&](auto element, float* workspace) { forward_typed<typename decltype(element)::type>(a, p, workspace); });
 }
 
 void gla_normalize_backward(const GlaNormalizeBackwardArgs& a, const GlaProblem& p) {
   require_dtype(a.q, "q"), require_dtype(a.z_init, "z_init"), require_dtype(a.d_z_final, "d_z_final");
-  DeviceGuard guard(a.q.device.index);
-  if (p.num_seqs * p.heads == 0) return;
-  FLASHGLA_REQUIRE(p.heads <= 65535, ErrorKind::unsupported, "q",
-                   "the CUDA normaliser takes at most 65535 heads, got " + std::to_string(p.heads));
-  const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
-  Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, gla_normalize_backward_workspace_bytes(a, p),
-                  stream, "gla_normalize_backward_workspace_bytes", "workspace", alignof(float));
-  switch (a.q.dtype) {
-    case DType::bf16: backward_typed<__nv_bfloat16>(a, p, scratch.floats()); break;
-    case DType::f16: backward_typed<__half>(a, p, scratch.floats()); break;
-    default: backward_typed<float>(a, p, scratch.floats()); break;
-  }
+  run_pass(a, p, gla_normalize_backward_workspace_bytes, "gla_normalize_backward_workspace_bytes",
+           [&](auto element, float* workspace) { backward_typed<typename decltype(element)::type>(a, p, workspace); });
 }
 
 }  // namespace flashgla::cuda
