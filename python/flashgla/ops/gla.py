@@ -478,13 +478,21 @@ def fused_recurrent_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tens
     require_tensors(q=q, k=k, v=v, g=g, g_gamma=g_gamma, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host, ssm_state_indices=ssm_state_indices,
                     num_accepted_tokens=num_accepted_tokens)
+    return _fused_recurrent("fused_recurrent_simple_gla", q, k, v, g, g_gamma, scale, initial_state,
+                            output_final_state, reverse, state_v_first, cu_seqlens, cu_seqlens_host,
+                            ssm_state_indices, num_accepted_tokens, inplace_final_state)
+
+
+def _fused_recurrent(op, q, k, v, g, g_gamma, scale, initial_state, output_final_state, reverse, state_v_first,
+                     cu_seqlens, cu_seqlens_host, ssm_state_indices, num_accepted_tokens, inplace_final_state):
+    """The recurrent ops after their own argument checks: through the state pools when any pool argument is
+    given, else the token-by-token op."""
     if _pooled(ssm_state_indices, num_accepted_tokens, inplace_final_state):
-        return _fused_recurrent_pooled("fused_recurrent_simple_gla", q, k, v, g, g_gamma, scale, initial_state,
-                                       output_final_state, reverse, state_v_first, cu_seqlens, cu_seqlens_host,
-                                       ssm_state_indices, num_accepted_tokens, inplace_final_state)
-    o, final_state = _fused_recurrent_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
-                                          as_scale(scale, "fused_recurrent_simple_gla"), _reverse(reverse, "fused_recurrent_simple_gla"),
-                                          output_final_state, g_gamma, state_v_first)
+        return _fused_recurrent_pooled(op, q, k, v, g, g_gamma, scale, initial_state, output_final_state, reverse,
+                                       state_v_first, cu_seqlens, cu_seqlens_host, ssm_state_indices,
+                                       num_accepted_tokens, inplace_final_state)
+    o, final_state = _fused_recurrent_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, as_scale(scale, op),
+                                          _reverse(reverse, op), output_final_state, g_gamma, state_v_first)
     return o, final_state if output_final_state else None
 
 
@@ -623,14 +631,9 @@ def fused_recurrent_gla(q: Tensor, k: Tensor, v: Tensor, gk: Optional[Tensor] = 
     require_tensors(q=q, k=k, v=v, gk=gk, initial_state=initial_state, cu_seqlens=cu_seqlens,
                     cu_seqlens_host=cu_seqlens_host, ssm_state_indices=ssm_state_indices,
                     num_accepted_tokens=num_accepted_tokens)
-    if _pooled(ssm_state_indices, num_accepted_tokens, inplace_final_state):
-        return _fused_recurrent_pooled("fused_recurrent_gla", q, k, v, gk, None, scale, initial_state,
-                                       output_final_state, reverse, state_v_first, cu_seqlens, cu_seqlens_host,
-                                       ssm_state_indices, num_accepted_tokens, inplace_final_state)
-    o, final_state = _fused_recurrent_gla(q, k, v, gk, initial_state, cu_seqlens, cu_seqlens_host,
-                                          as_scale(scale, "fused_recurrent_gla"), _reverse(reverse, "fused_recurrent_gla"),
-                                          output_final_state, None, state_v_first)
-    return o, final_state if output_final_state else None
+    return _fused_recurrent("fused_recurrent_gla", q, k, v, gk, None, scale, initial_state, output_final_state,
+                            reverse, state_v_first, cu_seqlens, cu_seqlens_host, ssm_state_indices,
+                            num_accepted_tokens, inplace_final_state)
 
 
 # ---- state pools under vLLM's names (fused_recurrent_* with ssm_state_indices) ------------------------
