@@ -162,11 +162,11 @@ class CPContext:
         return self._position_ids[device]
 
     def run_chunked_op(self, op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
-                       cu_seqlens_host, state_v_first=False, refused=None, g_gamma=None, normalize=False):
+                       cu_seqlens_host, state_v_first=False, g_gamma=None, normalize=False):
         """chunk_gla / chunk_simple_gla / chunk_linear_attn with cp_context=self: what those ops call (so that
         they need not import this module, which builds on them)."""
         return cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host,
-                        self, state_v_first=state_v_first, refused=refused, g_gamma=g_gamma, normalize=normalize)
+                        self, state_v_first=state_v_first, g_gamma=g_gamma, normalize=normalize)
 
     def run_normalize(self, o_raw, q, k, scale):
         """chunk_linear_attn(normalize=True) with cp_context=self: the normaliser over the group's running key
@@ -446,10 +446,8 @@ def _state_rows(rows, H, K, V, dtype, device, state_v_first):
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
-def _check_local_inputs(op_name, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, refused, cp):
+def _check_local_inputs(op_name, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, cp):
     """What a rank can get wrong alone, checked before the pass's all-gather (so that its error is agreed on)."""
-    from .ops.gla import _cp_refuses
-    _cp_refuses(op_name, **refused)
     if initial_state is not None:
         raise ValueError(f"flashgla: initial_state: {op_name} with cp_context takes no initial_state (the state "
                          "entering each rank comes from the previous ranks); start each sequence from zero")
@@ -713,13 +711,13 @@ class _NormalizeCP(torch.autograd.Function):
 
 
 def cp_chunk(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp, *,
-             state_v_first=False, refused=None, g_gamma=None, normalize=False):
+             state_v_first=False, g_gamma=None, normalize=False):
     """The CP path of chunk_gla / chunk_simple_gla / chunk_linear_attn. The argument checks run inside the
     Function, before its all-gather, so that a rank's error is raised on every rank (agree_on_errors)."""
     if not isinstance(cp, CPContext):
         raise TypeError(f"flashgla: cp_context: expected a CPContext from build_cp_context, got {type(cp).__name__}")
     o, ht = _ChunkGlaCP.apply(q, k, v, g, g_gamma, scale, cp, bool(output_final_state), bool(state_v_first), op_name,
-                              (initial_state, cu_seqlens, cu_seqlens_host, dict(refused or {})), bool(normalize))
+                              (initial_state, cu_seqlens, cu_seqlens_host), bool(normalize))
     return o, ht if output_final_state else None
 
 

@@ -36,7 +36,7 @@ def test_cp_matches_one_process_and_bad_input(tmp_path, world):
     crossing three ranks; bad input: T not divisible by the ranks, initial_state, cu_seqlens differing between
     ranks (all ranks raise, none hangs), too few tokens for the conv window, a wrong local T or cu_seqlens;
     state_v_first (the final state and its gradient V-first); bad input on one rank only (a wrong local T,
-    initial_state, the gate's shape, v's dtype, a refused option) and a fault injected into one rank's backward
+    initial_state, the gate's shape, v's dtype, g_gamma or normalize) and a fault injected into one rank's backward
     pre-pass: every rank raises with that rank's message, none hangs, and the group works afterwards; the
     context's layout fields."""
     run_cases(tmp_path, world, "all")

@@ -289,24 +289,16 @@ forbid_double_backward(_linear_attn_normalize_backward, "chunk_linear_attn")
 
 
 def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context,
-        state_v_first=False, refused=None, g_gamma=None, normalize=False):
+        state_v_first=False, g_gamma=None, normalize=False):
     """The context-parallel path: the context (a flashgla.distributed.CPContext, which builds on these ops) runs
-    the op across its group. refused: {option: value} the CP path does not take yet; it raises inside the op's
-    error agreement (_cp_refuses), so that a rank passing one alone makes every rank fail, not wait."""
+    the op across its group."""
     run = getattr(cp_context, "run_chunked_op", None)
     if run is None:
         raise TypeError(f"flashgla: cp_context: expected a CPContext from build_cp_context, got "
                         f"{type(cp_context).__name__}")
     return run(op_name, q, k, v, g, as_scale(scale, op_name), initial_state, output_final_state, cu_seqlens,
-               cu_seqlens_host, state_v_first=bool(state_v_first), refused=refused or {}, g_gamma=g_gamma,
+               cu_seqlens_host, state_v_first=bool(state_v_first), g_gamma=g_gamma,
                normalize=normalize)
-
-
-def _cp_refuses(op_name, **options):
-    """Options the context-parallel path does not take yet: NotImplementedError naming the first one set."""
-    for name, value in options.items():
-        if value is not None and value is not False:
-            raise NotImplementedError(f"flashgla: {name}: {op_name} with cp_context does not take {name} yet")
 
 
 def _gate_dims(q, g, expected, name, op, hint):
