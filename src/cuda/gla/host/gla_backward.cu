@@ -123,12 +123,11 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
     p.chunks_per_split = sizes.chunks_per_split;
     p.split_summaries = reinterpret_cast<float*>(take(sizes.split_summaries));
     p.chunk_decays = reinterpret_cast<float*>(take(sizes.chunk_decays));
-    p.gamma_chunk_sums = reinterpret_cast<float*>(take(sizes.gamma_chunk_sums));
-    if (a.d_g_gamma.defined())
+    if (a.d_g_gamma.defined()) {  // the plan sized it (gamma_grad)
+      p.gamma_chunk_sums = reinterpret_cast<float*>(take(sizes.gamma_chunk_sums));
       check_cuda(cudaMemsetAsync(p.gamma_chunk_sums, 0, sizes.gamma_chunk_sums, stream),
                  "cudaMemsetAsync (g_gamma's chunk sums)");
-    else
-      p.gamma_chunk_sums = nullptr;
+    }
     gla::launch_bwd_state_scan(p, c, sizes.scans, stream);  // also writes dh0
     if (p.num_slots > 0 && pr.seq_len > 0) gla::launch_bwd_chunk(p, sizes.chunk_kernel, sizes.overlap, stream);
     if (a.d_g_gamma.defined()) {  // d_g_gamma[h]: the chunk sums added over the slots, in a fixed order
