@@ -366,12 +366,14 @@ def _gather_and_agree(send, n, cp, op_name, error):
 
 
 def _write_status(status, error, options=0):
-    """status [_STATUS] (zeros) <- the flag and message of `error` (None: no error) and the options' code."""
-    status[1] = options
+    """status [_STATUS] (zeros) <- the flag and message of `error` (None: no error) and the options' code.
+    fill_ with a number is a kernel launch; an item assignment would copy from the host (a sync on CUDA)."""
+    if options:
+        status[1:2].fill_(options)
     if error is None:
         return
     text = f"{type(error).__name__}: {error}".encode("utf-8", "replace")[:_MESSAGE_BYTES]
-    status[0] = 1
+    status[0:1].fill_(1)
     if text:
         status[2:2 + len(text)].copy_(torch.tensor(list(text), dtype=status.dtype))
 
