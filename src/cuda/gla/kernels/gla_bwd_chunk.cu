@@ -43,6 +43,7 @@
 namespace flashgla::cuda::gla {
 namespace {
 
+// T: the operands' type, fp32, bf16 or fp16 (gla_bwd.cuh, Compute).
 // kPlain (bf16 only): every tile of q, k, v, dO and of the outputs is whole
 // aligned 16-byte rows of bf16 (BwdChunkKernel::plain, plan.cpp), so the kernel holds only the
 // asynchronous copies and vector stores, none of the converting or
@@ -204,6 +205,7 @@ bool bf16_rows(const View& t, int D) {
 }
 
 size_t bwd_chunk_smem_bytes(Compute c) {
+  static_assert(ChunkSmem<__half, float>::bytes == ChunkSmem<bf16, float>::bytes, "fp16 lays out as bf16");
   return c == Compute::f32 ? ChunkSmem<float, double>::bytes : ChunkSmem<bf16, float>::bytes;
 }
 
@@ -212,6 +214,7 @@ void launch_bwd_chunk(const BwdParams& p, BwdChunkKernel kernel, bool overlap_sc
     case BwdChunkKernel::f32: launch<float, double, false>(p, overlap_scans, stream); break;
     case BwdChunkKernel::general: launch<bf16, float, false>(p, overlap_scans, stream); break;
     case BwdChunkKernel::plain: launch<bf16, float, true>(p, overlap_scans, stream); break;
+    case BwdChunkKernel::f16: launch<__half, float, false>(p, overlap_scans, stream); break;
   }
 }
 

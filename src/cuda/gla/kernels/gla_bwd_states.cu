@@ -54,6 +54,12 @@ __device__ __forceinline__ void load8(const bf16* at, float (&x)[8]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
 }
+__device__ __forceinline__ void load8(const __half* at, float (&x)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(at);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[2 * j] = widen<__half>(w[j] & 0xffffu), x[2 * j + 1] = widen<__half>(w[j] >> 16);
+}
 __device__ __forceinline__ void store8(float* at, const float (&x)[8]) {
   reinterpret_cast<float4*>(at)[0] = {x[0], x[1], x[2], x[3]};
   reinterpret_cast<float4*>(at)[1] = {x[4], x[5], x[6], x[7]};
@@ -61,6 +67,10 @@ __device__ __forceinline__ void store8(float* at, const float (&x)[8]) {
 __device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
   *reinterpret_cast<uint4*>(at) = {pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]),
                                    pack_bf16(x[6], x[7])};
+}
+__device__ __forceinline__ void store8(__half* at, const float (&x)[8]) {
+  *reinterpret_cast<uint4*>(at) = {pack_f16(x[0], x[1]), pack_f16(x[2], x[3]), pack_f16(x[4], x[5]),
+                                   pack_f16(x[6], x[7])};
 }
 
 // kPair = 2 (an even number of value tiles): one block of 16 warps covers two
@@ -443,6 +453,7 @@ void launch(const BwdParams& p, BwdScanKernel scans, cudaStream_t stream) {
 
 void launch_bwd_state_scan(const BwdParams& p, Compute c, BwdScanKernel scans, cudaStream_t stream) {
   if (c == Compute::f32) launch<float, double>(p, scans, stream);
+  else if (c == Compute::f16) launch<__half, float>(p, scans, stream);  // one_tile or paired (plan.cpp)
   else launch<bf16, float>(p, scans, stream);
 }
 
