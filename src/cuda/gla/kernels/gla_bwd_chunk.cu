@@ -73,6 +73,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
   const int K = p.key_dim, V = p.value_dim;
   const float scale = p.scale;
   const GT* gamma = sG + (kChunk - 1) * LDF;  // γ: the last row of Γ
+  const bool has_next = seq.len > (chunk + 1) * kChunk;  // fp16: E of the scaled dS (gate_tile.cuh)
 
   // ---- phase A: dA --------------------------------------------------------------
   // (The stages' register arrays are declared here, in the kernel: see stages/chunk_bwd.cuh.)
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
   {
     float acc[Smem::kValueGroup][4][4];
     GateTile<GT, kBwdChunkThreads> gate;
-    chunk_bwd_dv<T, GT, kPlain>(p, gamma, b, t0, slot, rows, h, s, hc, K, V, acc, gate);
+    chunk_bwd_dv<T, GT, kPlain>(p, gamma, b, t0, slot, rows, h, s, hc, K, V, acc, gate, has_next);
   }
 
   // ---- phase C: dq, dk, dg, one key tile at a time ------------------------------------
@@ -106,13 +107,16 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
   for (int kt = 0; kt < p.key_tiles; ++kt) {
     const int col = 32 * hc + lane;  // this lane's column in the element-wise steps
     auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+    if constexpr (kScaledDStates<T>)
+      store_next_gates(p, reinterpret_cast<float*>(smem + Smem::next_gates), b, t0, h, kt * kTile, has_next);
     load_tile_async<T, kBwdChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
     load_tile_async<T, kBwdChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
     cp_async_commit_and_wait_all();
     finish_gate_tile<GT, kPlain>(p, sG, gate);
 
     // ---- dq, dk between sub-chunks, on the products (accumulators kept until chunk_bwd_dqk):
-    //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J).
+    //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J)
+    //   (fp16: against rows 16I − 1 and 16J + 16, between_key_ref in stages/chunk_bwd.cuh).
     float acc_qa[4][4], acc_ka[4][4];
     zero(acc_qa);
     zero(acc_ka);
@@ -120,11 +124,11 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
       T* sKStage = R;
       T* sQStage = R + kBetweenRows * LD;
       map_rows<T, kBwdChunkThreads, kBetweenRows, kPlain>(sKStage, sK, between_key_key, [&](int row, int c, float x) {
-        return x * exp2_of(sG[kSub * between_key_sub(row) * LDF + c] - sG[between_key_key(row) * LDF + c]);
+        return x * exp2_of(sG[between_key_ref<T>(between_key_sub(row)) * LDF + c] - sG[between_key_key(row) * LDF + c]);
       });
       map_rows<T, kBwdChunkThreads, kBetweenRows, kPlain>(
           sQStage, sQ, between_query_query, [&](int row, int c, float x) {
-            const int i = between_query_query(row), ref = kSub * between_query_sub(row) + kSub - 1;
+            const int i = between_query_query(row), ref = between_query_ref<T>(between_query_sub(row));
             return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
           });
       __syncthreads();
@@ -205,8 +209,11 @@ bool bf16_rows(const View& t, int D) {
 }
 
 size_t bwd_chunk_smem_bytes(Compute c) {
-  static_assert(ChunkSmem<__half, float>::bytes == ChunkSmem<bf16, float>::bytes, "fp16 lays out as bf16");
-  return c == Compute::f32 ? ChunkSmem<float, double>::bytes : ChunkSmem<bf16, float>::bytes;
+  switch (c) {
+    case Compute::f32: return ChunkSmem<float, double>::bytes;
+    case Compute::f16: return ChunkSmem<__half, float>::bytes;
+    default: return ChunkSmem<bf16, float>::bytes;
+  }
 }
 
 void launch_bwd_chunk(const BwdParams& p, BwdChunkKernel kernel, bool overlap_scans, cudaStream_t stream) {
