@@ -146,6 +146,20 @@ TEST(CudaGlaBackwardF16, GatesOfMinus20WithSplitScans) {
   }
 }
 
+// Gates anywhere in [-inf, 0] (edge_gate_sets: -inf once, over a chunk, at chunk boundaries and t = 0; -1e3 ..
+// -1e30): the scaled dS meets weights that flush to 0 (exp2 of -127 and below) without inf or NaN. The 16-bit
+// tolerance of CudaGlaBackward.EdgeGatesChunked; dg in fp32 (gradients near e^-20 are below fp16's range).
+TEST(CudaGlaBackwardF16, EdgeGates) {
+  SKIP_WITHOUT_GPU();
+  for (Gate gate : {Gate::vector, Gate::scalar}) {
+    const Case c = f16_case(gate, 200, 64, 128, 3700 + int(gate));
+    for (const EdgeGates& e : edge_gate_sets()) {
+      SCOPED_TRACE(e.name);
+      check(c, make_edge_inputs(c, e), 1e-2, 1e-2);
+    }
+  }
+}
+
 // fp16 keeps the scratch states in fp16 as FLA keeps h (gla_bwd.cuh, Compute): a state entry beyond 65504 is
 // stored as inf, and the gradients that read it are not finite, where bf16 (range 3e38) stays finite. Here
 // k = v = 16 everywhere: S grows by 256 per token and passes 65504 after 256 tokens (before chunk 4), while
