@@ -30,6 +30,12 @@
 // with ' = without the diagonal term, dk^{(A)} the intra-chunk part of dk and
 // dk^{(S)} the part through dS. Every term then carries the decay of the gates
 // it differentiates, so gates of −20 per step give tiny, accurate dg.
+//
+// fp16 inputs run on fp16 operands (gla_bwd.cuh, Compute): the stored dS is
+// scaled by exp(−E) and multiplied back here in fp32 (gate_tile.cuh,
+// kScaledDStates), and the stages between sub-chunks use other reference rows
+// (between_key_ref in stages/chunk_bwd.cuh), so that weights of e^-20 stay out
+// of the operands.
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/elements.cuh"
 #include "cuda/gla/device/launch.cuh"
