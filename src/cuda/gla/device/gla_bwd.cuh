@@ -93,7 +93,9 @@ struct BwdParams {
 // same bytes as bf16, and the state is an operand of the chunk kernel's products
 // either way. A state entry beyond fp16's range (65504; an ungated state grows
 // with T) is stored as inf, and the gradients that read it are not finite, as
-// FLA's are (CudaGlaBackward.F16StateBeyondRange); bf16 reaches 3e38.
+// FLA's are (CudaGlaBackwardF16.StateBeyondRangeGivesNonFiniteDq); bf16 reaches 3e38.
+// (A scale per key row, as the gates' one of dS, would have to come from the
+// state's values, and a row's value tiles are scanned by different blocks.)
 enum class Compute { f32, bf16, f16 };
 
 // Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16,
