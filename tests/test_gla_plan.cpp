@@ -306,7 +306,7 @@ TEST(GlaPlan, ForwardTuningForcesChoices) {
 
 BwdProblem backward(int64_t B, int64_t T, int H, int K, int V, bool f32 = false) {
   BwdProblem p;
-  p.chunked = true, p.f32 = f32;
+  p.chunked = true, p.compute = f32 ? Elem::f32 : Elem::bf16;
   p.batch = p.num_seqs = B, p.seq_len = T;
   p.heads = H, p.key_dim = K, p.value_dim = V;
   p.gate = Gate::vector, p.gate_dtype = f32 ? Elem::f32 : Elem::bf16;
@@ -432,6 +432,43 @@ TEST(GlaPlan, BackwardChunkKernel) {
   q.gate = Gate::none;
   EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
   EXPECT_EQ(kernel(backward(2, 1000, 2, 128, 128, true)), BwdChunkKernel::f32);
+}
+
+// fp16 inputs compute with fp16 operands (bf16 ones cost 3 bits: dq ~3e-3 against FLA's 1e-3): the general
+// kernel's fp16 instantiation whatever the layout, paired or one-tile scans (the pipelined scans copy bf16
+// rows), fp16 states of the same size as bf16's, and A's factored diagonal blocks only within 2^±4, which fp16
+// holds.
+TEST(GlaPlan, BackwardF16Operands) {
+  BwdProblem p = backward(8, 4096, 16, 128, 128);
+  p.compute = Elem::f16, p.gate_dtype = Elem::f16;
+  // bf16_rows (gla_bwd_chunk.cu) is false for any fp16 tensor.
+  p.q_bf16_rows = p.k_bf16_rows = p.v_bf16_rows = p.do_bf16_rows = p.g_bf16_rows = false;
+  p.dq_bf16_rows = p.dk_bf16_rows = p.dv_bf16_rows = p.dg_bf16_rows = false;
+  const BwdPlan plan = plan_backward(p, h100(), GlaTuning{});
+  EXPECT_EQ(plan.chunk_kernel, BwdChunkKernel::f16);
+  EXPECT_EQ(plan.scans, BwdScanKernel::paired);
+  EXPECT_EQ(plan.states, state_bytes(p, 2));
+  EXPECT_EQ(plan.dstates, state_bytes(p, 2));
+  EXPECT_EQ(plan.diag_factor_limit, kDiagFactorLimitF16);
+  EXPECT_LE(kDiagFactorLimitF16, 4.f);  // 4094 · 2^4 < 65504
+  EXPECT_EQ(plan_backward(backward(8, 4096, 16, 128, 128), h100(), GlaTuning{}).diag_factor_limit, kDiagFactorLimit);
+  GlaTuning elementwise;
+  elementwise.bwd_diag_elementwise = true;
+  EXPECT_EQ(plan_backward(p, h100(), elementwise).diag_factor_limit, -1.f);
+  // Whatever the layout and the gate: the one fp16 instantiation.
+  BwdProblem scalar = p;
+  scalar.gate = Gate::scalar, scalar.gate_dtype = Elem::f32;
+  EXPECT_EQ(plan_backward(scalar, h100(), GlaTuning{}).chunk_kernel, BwdChunkKernel::f16);
+  GlaTuning general;
+  general.bwd_general_layout = true;
+  EXPECT_EQ(plan_backward(p, h100(), general).chunk_kernel, BwdChunkKernel::f16);
+  // Scan blocks per SM as bf16's (same element size): a split as bf16 gets at the same shape.
+  BwdProblem small = backward(1, 16384, 4, 128, 128), small_f16 = small;
+  small_f16.compute = Elem::f16;
+  small_f16.q_bf16_rows = small_f16.k_bf16_rows = small_f16.v_bf16_rows = small_f16.do_bf16_rows = false;
+  small.q_bf16_rows = false;  // unpipelined bf16, as fp16 is
+  EXPECT_EQ(plan_backward(small_f16, h100(), GlaTuning{}).scan_splits,
+            plan_backward(small, h100(), GlaTuning{}).scan_splits);
 }
 
 TEST(GlaPlan, BackwardTuningForcesChoices) {

@@ -99,9 +99,18 @@ __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
   return uint32_t(__half_as_ushort(__float2half_rn(lo))) | (uint32_t(__half_as_ushort(__float2half_rn(hi))) << 16);
 }
 
+// Two floats rounded to E (bf16 or fp16), packed into one word (lo in the low half).
+template <class E>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  static_assert(std::is_same_v<E, bf16> || std::is_same_v<E, __half>, "a 16-bit float");
+  if constexpr (std::is_same_v<E, bf16>) return pack_bf16(lo, hi);
+  else return pack_f16(lo, hi);
+}
+
 // Two neighbouring elements of a row in shared memory, in one store.
 __device__ __forceinline__ void store_pair(float* at, float a, float b) { *reinterpret_cast<float2*>(at) = {a, b}; }
 __device__ __forceinline__ void store_pair(bf16* at, float a, float b) { *reinterpret_cast<uint32_t*>(at) = pack_bf16(a, b); }
+__device__ __forceinline__ void store_pair(__half* at, float a, float b) { *reinterpret_cast<uint32_t*>(at) = pack_f16(a, b); }
 
 // The element offset of [b, s, h, d] in a [B,T,H,D] view.
 __device__ __forceinline__ int64_t offset4(const View& t, int64_t b, int64_t s, int64_t h, int64_t d) {

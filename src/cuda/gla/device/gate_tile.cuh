@@ -92,6 +92,25 @@ __device__ __forceinline__ GateTile<GT, kThreads> load_gate_tile(const BwdParams
   return g;
 }
 
+// The gate of token t (absolute), key `key`, in log2 units, as load_gate_tile reads it: 0 without a gate and
+// for keys past K.
+template <class GT>
+__device__ __forceinline__ GT gate_at(const BwdParams& p, int64_t b, int64_t t, int64_t h, int key) {
+  if (p.gate == GateKind::none || key >= p.key_dim) return GT(0);
+  const float decay = p.gate == GateKind::scalar ? head_decay(p.g_gamma, int(h)) : 0.f;
+  const int64_t off = offset4(p.g, b, t, h, p.gate == GateKind::vector ? key : 0);
+  if (p.g.dtype == Elem::f64) return gate_value<GT>(double(decay) + static_cast<const double*>(p.g.data)[off]);
+  return gate_value<GT>(decay + load_as<float>(p.g.data, off, p.g.dtype));
+}
+
+// fp16 operands (gla_bwd.cuh, Compute::f16) keep the backward state dS of the scratch scaled: the tile of slot
+// c holds dS_c exp2(−E_c) per key row, E_c = Γ_0 of chunk c + 1 (the gate of its first token, log2; 0 for a
+// sequence's last chunk), since every term of dS_c carries exp2(E_c): gates of −20 per step leave dS_c near
+// e^-20, below fp16's 6e-8, while dS_c exp2(−E_c) is of the inputs' size. The readers multiply by exp2(E_c)
+// in fp32. bf16 (3e38) and fp32 store dS_c itself.
+template <class T>
+inline constexpr bool kScaledDStates = std::is_same_v<T, __half>;
+
 // sG[r][c] = Γ, the chunk-local cumsum of the gate tile over rows 0..r. Flat
 // past the last valid row, so γ (the chunk's total) is always row 63.
 // Barriers of the whole block before and after.

@@ -62,7 +62,7 @@ struct BwdParams {
 
   // Chunked: chunk slot of chunk c of sequence n (see sequence() in
   // device/chunk_slots.cuh); the scratch states hold one 64x64 tile per
-  // (slot, head, key tile, value tile), of the compute type.
+  // (slot, head, key tile, value tile), of the compute type (fp32, bf16 or fp16).
   int64_t chunks_per_seq = 0;  // fixed length: ceil(T / 64)
   int64_t num_slots = 0;
   void* states = nullptr;   // S before each chunk
@@ -86,8 +86,17 @@ struct BwdParams {
 };
 
 // Compute types: fp32 inputs run in fp32 (SIMT products, fp64 gate cumsums);
-// bf16 and fp16 inputs run with bf16 tensor-core operands and fp32 accumulation.
-enum class Compute { f32, bf16 };
+// bf16 and fp16 inputs run with tensor-core operands of their own type and fp32
+// accumulation, as FLA does: fp16 rounded to bf16 would cost 3 bits (FLA's fp16
+// gradients are checked to 1e-3 relative, bf16 operands give ~3e-3).
+// fp16 keeps the scratch states in fp16 too, as FLA keeps h in k's dtype: the
+// same bytes as bf16, and the state is an operand of the chunk kernel's products
+// either way. A state entry beyond fp16's range (65504; an ungated state grows
+// with T) is stored as inf, and the gradients that read it are not finite, as
+// FLA's are (CudaGlaBackwardF16.StateBeyondRangeGivesNonFiniteDq); bf16 reaches 3e38.
+// (A scale per key row, as the gates' one of dS, would have to come from the
+// state's values, and a row's value tiles are scanned by different blocks.)
+enum class Compute { f32, bf16, f16 };
 
 // Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16,
 // with the rows of a chunk within 2^31 elements (32-bit offsets inside it).

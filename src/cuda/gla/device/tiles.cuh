@@ -2,7 +2,7 @@
 // * load_tile_unpadded / store_tile_unpadded / load_rows: any rows x cols, row-major in shared memory with
 //   the pitch the caller gives (the forward kernels; unordered cp.async).
 // * load_tile / load_tile_async / store_tile / copy_tile_in / copy_tile_out: 64-wide tiles with padded rows
-//   (kLd) and fp32 or bf16 compute types (the backward kernels; ordered cp.async).
+//   (kLd) and fp32, bf16 or fp16 compute types (the backward kernels; ordered cp.async).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -142,14 +142,14 @@ __device__ __forceinline__ void for_each_item(F f) {
 
 // s[r][c] = f(r, c, x[b, t0 + r, h, c0 + c]) for r < rows, c0 + c < D; zero
 // (f must keep zero at zero) elsewhere. 16-byte loads where the layout allows:
-// fp32 tiles from f32 inputs, bf16 tiles from bf16 or fp16 inputs. Inlined
+// fp32 tiles from f32 inputs, 16-bit tiles from bf16 or fp16 inputs. Inlined
 // (a call gave the chunk kernel a 952-byte stack frame and spills that miss L1),
 // with the element-wise fallback loop not unrolled: unrolled at every call
 // site it made up a third of the chunk kernel's code (instruction-cache misses).
 template <class T, class In, int kThreads, class F>
 __device__ __forceinline__ void load_tile_typed(T* s, const In* src, int64_t row_stride, int64_t col_stride, int rows,
                                                 int cols, F f) {
-  static_assert(sizeof(T) == sizeof(In), "fp32 <- f32, bf16 <- bf16 / fp16");
+  static_assert(sizeof(T) == sizeof(In), "fp32 <- f32, bf16 / fp16 <- bf16 / fp16");
   constexpr int kVec = 16 / sizeof(In);
   constexpr int kPerRow = kTile / kVec;
   const bool vector = col_stride == 1 && cols == kTile && row_stride % kVec == 0 &&
@@ -167,7 +167,7 @@ __device__ __forceinline__ void load_tile_typed(T* s, const In* src, int64_t row
         uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          w[i] = pack_bf16(f(r, c + 2 * i, widen<In>(w[i] & 0xffffu)), f(r, c + 2 * i + 1, widen<In>(w[i] >> 16)));
+          w[i] = pack_pair<T>(f(r, c + 2 * i, widen<In>(w[i] & 0xffffu)), f(r, c + 2 * i + 1, widen<In>(w[i] >> 16)));
         *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
       }
     }
@@ -182,7 +182,7 @@ __device__ __forceinline__ void load_tile_typed(T* s, const In* src, int64_t row
 }
 
 // A 64x64 tile of a [B,T,H,D] tensor: tokens t0.. (rows valid), columns c0..
-// fp32 tiles read f32 inputs; bf16 tiles read bf16 or fp16 inputs.
+// fp32 tiles read f32 inputs; bf16 and fp16 tiles read bf16 or fp16 inputs.
 template <class T, int kThreads, class F = Identity>
 __device__ __forceinline__ void load_tile(T* s, const View& x, int64_t b, int64_t t0, int rows, int64_t h, int c0,
                                           int D, F f = F()) {
@@ -201,7 +201,7 @@ __device__ __forceinline__ void load_tile(T* s, const View& x, int64_t b, int64_
 }
 
 // dst[r][c] = f(r, c, src[src_row(r)][c]) in fp32 for rows r < nrows of 64
-// columns in shared memory (dst == src allowed); 16 bytes (8 bf16 or 4 fp32
+// columns in shared memory (dst == src allowed); 16 bytes (8 bf16 / fp16 or 4 fp32
 // elements of one row) per step of a thread.
 // kOneBody: a loop of one body (smallest code; for kernels with registers to
 // spare: the general chunk kernel spills more with it), else unrolled by 2.
@@ -221,7 +221,7 @@ __device__ __forceinline__ void map_rows(T* dst, const T* src, RowOf src_row, F 
       uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        w[i] = pack_bf16(f(r, c + 2 * i, widen<bf16>(w[i] & 0xffffu)), f(r, c + 2 * i + 1, widen<bf16>(w[i] >> 16)));
+        w[i] = pack_pair<T>(f(r, c + 2 * i, widen<T>(w[i] & 0xffffu)), f(r, c + 2 * i + 1, widen<T>(w[i] >> 16)));
       *reinterpret_cast<uint4*>(to) = make_uint4(w[0], w[1], w[2], w[3]);
     }
   };
@@ -248,7 +248,8 @@ __device__ __forceinline__ void transform_tile(T* s, F f) {
 template <class T>
 __device__ __forceinline__ bool plain_tile(const View& x, int64_t b, int64_t t0, int64_t h, int c0, int D) {
   constexpr int kVec = 16 / sizeof(T);
-  const bool same_type = std::is_same_v<T, float> ? x.dtype == Elem::f32 : x.dtype == Elem::bf16;
+  const Elem own = std::is_same_v<T, float> ? Elem::f32 : (std::is_same_v<T, __half> ? Elem::f16 : Elem::bf16);
+  const bool same_type = x.dtype == own;
   const T* src = static_cast<const T*>(x.data) + offset4(x, b, t0, h, c0);
   return same_type && x.stride[3] == 1 && D - c0 >= kTile && x.stride[1] % kVec == 0 &&
          (reinterpret_cast<uintptr_t>(src) & 15) == 0;

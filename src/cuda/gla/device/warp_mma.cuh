@@ -1,5 +1,5 @@
 // Warp-level products with fp32 accumulation in the mma.sync layout: Mma<E> (forward: bf16/fp16 tensor
-// cores, fp32 as 3xTF32) and warp_gemm (backward: bf16 tensor cores from ldmatrix, fp32 as FMAs), plus
+// cores, fp32 as 3xTF32) and warp_gemm (backward: bf16 or fp16 tensor cores from ldmatrix, fp32 as FMAs), plus
 // the warp reductions of the backward.
 #pragma once
 
@@ -160,9 +160,9 @@ __device__ __forceinline__ int acc_col(int nt, int e) { return 8 * nt + 2 * (thr
 // A is stored row-major (a[m * lda + k]) or, with kATrans, as its transpose
 // (a[k * lda + m]); B is stored as b[n * ldb + k] (kBKMajor) or b[k * ldb + n].
 // kdim is a multiple of 16; pointers and strides keep 16-byte rows.
-template <int NT, bool kATrans, bool kBKMajor>
-__device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], const bf16* a, int lda, const bf16* b, int ldb,
-                                          int kdim) {
+// E: the operands' 16-bit type (bf16 or fp16; one mma.sync m16n8k16 each, fp32 accumulation).
+template <int NT, bool kATrans, bool kBKMajor, class E>
+__device__ __forceinline__ void warp_gemm16(float (&acc)[NT][4], const E* a, int lda, const E* b, int ldb, int kdim) {
   static_assert(NT % 2 == 0, "n tiles come in pairs");
   const int lane = threadIdx.x & 31, quad = lane >> 3, r = lane & 7;
   for (int k0 = 0; k0 < kdim; k0 += 16) {
@@ -174,10 +174,20 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], const bf16* a, in
       uint32_t bfr[4];
       if (kBKMajor) ldmatrix_x4_ordered(bfr, b + (16 * np + r + 8 * (quad >> 1)) * ldb + k0 + 8 * (quad & 1));
       else ldmatrix_x4_trans_ordered(bfr, b + (k0 + r + 8 * (quad & 1)) * ldb + 16 * np + 8 * (quad >> 1));
-      mma16816_volatile<bf16>(acc[2 * np], af, bfr[0], bfr[1]);
-      mma16816_volatile<bf16>(acc[2 * np + 1], af, bfr[2], bfr[3]);
+      mma16816_volatile<E>(acc[2 * np], af, bfr[0], bfr[1]);
+      mma16816_volatile<E>(acc[2 * np + 1], af, bfr[2], bfr[3]);
     }
   }
+}
+template <int NT, bool kATrans, bool kBKMajor>
+__device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], const bf16* a, int lda, const bf16* b, int ldb,
+                                          int kdim) {
+  warp_gemm16<NT, kATrans, kBKMajor>(acc, a, lda, b, ldb, kdim);
+}
+template <int NT, bool kATrans, bool kBKMajor>
+__device__ __forceinline__ void warp_gemm(float (&acc)[NT][4], const __half* a, int lda, const __half* b, int ldb,
+                                          int kdim) {
+  warp_gemm16<NT, kATrans, kBKMajor>(acc, a, lda, b, ldb, kdim);
 }
 
 // The same product in fp32 FMAs, same accumulator layout.

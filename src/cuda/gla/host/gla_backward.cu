@@ -20,8 +20,8 @@ using gla::BwdParams;
 Compute compute_type(const GlaBackwardArgs& a) {
   switch (a.q.dtype) {
     case DType::f32: return Compute::f32;
-    case DType::bf16:
-    case DType::f16: return Compute::bf16;
+    case DType::bf16: return Compute::bf16;
+    case DType::f16: return Compute::f16;
     default:
       check::fail(ErrorKind::unsupported, "q",
                   std::string("the CUDA GLA backward takes float32, bfloat16 or float16, got ") +
@@ -34,7 +34,8 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
   using gla::bf16_rows;
   gla::BwdProblem b;
   b.chunked = a.algorithm == GlaAlgorithm::chunked;
-  b.f32 = compute_type(a) == Compute::f32;
+  const Compute c = compute_type(a);
+  b.compute = c == Compute::f32 ? gla::Elem::f32 : (c == Compute::f16 ? gla::Elem::f16 : gla::Elem::bf16);
   b.varlen = pr.varlen;
   b.batch = pr.batch, b.seq_len = pr.seq_len, b.num_seqs = pr.num_seqs;
   b.heads = int(pr.heads), b.key_dim = int(pr.key_dim), b.value_dim = int(pr.value_dim);

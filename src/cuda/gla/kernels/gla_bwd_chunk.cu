@@ -30,6 +30,12 @@
 // with ' = without the diagonal term, dk^{(A)} the intra-chunk part of dk and
 // dk^{(S)} the part through dS. Every term then carries the decay of the gates
 // it differentiates, so gates of −20 per step give tiny, accurate dg.
+//
+// fp16 inputs run on fp16 operands (gla_bwd.cuh, Compute): the stored dS is
+// scaled by exp(−E) and multiplied back here in fp32 (gate_tile.cuh,
+// kScaledDStates), and the stages between sub-chunks use other reference rows
+// (between_key_ref in stages/chunk_bwd.cuh), so that weights of e^-20 stay out
+// of the operands.
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/elements.cuh"
 #include "cuda/gla/device/launch.cuh"
@@ -43,6 +49,7 @@
 namespace flashgla::cuda::gla {
 namespace {
 
+// T: the operands' type, fp32, bf16 or fp16 (gla_bwd.cuh, Compute).
 // kPlain (bf16 only): every tile of q, k, v, dO and of the outputs is whole
 // aligned 16-byte rows of bf16 (BwdChunkKernel::plain, plan.cpp), so the kernel holds only the
 // asynchronous copies and vector stores, none of the converting or
@@ -72,6 +79,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
   const int K = p.key_dim, V = p.value_dim;
   const float scale = p.scale;
   const GT* gamma = sG + (kChunk - 1) * LDF;  // γ: the last row of Γ
+  const bool has_next = seq.len > (chunk + 1) * kChunk;  // fp16: E of the scaled dS (gate_tile.cuh)
 
   // ---- phase A: dA --------------------------------------------------------------
   // (The stages' register arrays are declared here, in the kernel: see stages/chunk_bwd.cuh.)
@@ -97,7 +105,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
   {
     float acc[Smem::kValueGroup][4][4];
     GateTile<GT, kBwdChunkThreads> gate;
-    chunk_bwd_dv<T, GT, kPlain>(p, gamma, b, t0, slot, rows, h, s, hc, K, V, acc, gate);
+    chunk_bwd_dv<T, GT, kPlain>(p, gamma, b, t0, slot, rows, h, s, hc, K, V, acc, gate, has_next);
   }
 
   // ---- phase C: dq, dk, dg, one key tile at a time ------------------------------------
@@ -105,13 +113,16 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
   for (int kt = 0; kt < p.key_tiles; ++kt) {
     const int col = 32 * hc + lane;  // this lane's column in the element-wise steps
     auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+    if constexpr (kScaledDStates<T>)
+      store_next_gates(p, reinterpret_cast<float*>(smem + Smem::next_gates), b, t0, h, kt * kTile, has_next);
     load_tile_async<T, kBwdChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
     load_tile_async<T, kBwdChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
     cp_async_commit_and_wait_all();
     finish_gate_tile<GT, kPlain>(p, sG, gate);
 
     // ---- dq, dk between sub-chunks, on the products (accumulators kept until chunk_bwd_dqk):
-    //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J).
+    //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J)
+    //   (fp16: against rows 16I − 1 and 16J + 16, between_key_ref in stages/chunk_bwd.cuh).
     float acc_qa[4][4], acc_ka[4][4];
     zero(acc_qa);
     zero(acc_ka);
@@ -119,11 +130,11 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
       T* sKStage = R;
       T* sQStage = R + kBetweenRows * LD;
       map_rows<T, kBwdChunkThreads, kBetweenRows, kPlain>(sKStage, sK, between_key_key, [&](int row, int c, float x) {
-        return x * exp2_of(sG[kSub * between_key_sub(row) * LDF + c] - sG[between_key_key(row) * LDF + c]);
+        return x * exp2_of(sG[between_key_ref<T>(between_key_sub(row)) * LDF + c] - sG[between_key_key(row) * LDF + c]);
       });
       map_rows<T, kBwdChunkThreads, kBetweenRows, kPlain>(
           sQStage, sQ, between_query_query, [&](int row, int c, float x) {
-            const int i = between_query_query(row), ref = kSub * between_query_sub(row) + kSub - 1;
+            const int i = between_query_query(row), ref = between_query_ref<T>(between_query_sub(row));
             return x * exp2_of(sG[i * LDF + c] - sG[ref * LDF + c]);
           });
       __syncthreads();
@@ -204,7 +215,11 @@ bool bf16_rows(const View& t, int D) {
 }
 
 size_t bwd_chunk_smem_bytes(Compute c) {
-  return c == Compute::f32 ? ChunkSmem<float, double>::bytes : ChunkSmem<bf16, float>::bytes;
+  switch (c) {
+    case Compute::f32: return ChunkSmem<float, double>::bytes;
+    case Compute::f16: return ChunkSmem<__half, float>::bytes;
+    default: return ChunkSmem<bf16, float>::bytes;
+  }
 }
 
 void launch_bwd_chunk(const BwdParams& p, BwdChunkKernel kernel, bool overlap_scans, cudaStream_t stream) {
@@ -212,6 +227,7 @@ void launch_bwd_chunk(const BwdParams& p, BwdChunkKernel kernel, bool overlap_sc
     case BwdChunkKernel::f32: launch<float, double, false>(p, overlap_scans, stream); break;
     case BwdChunkKernel::general: launch<bf16, float, false>(p, overlap_scans, stream); break;
     case BwdChunkKernel::plain: launch<bf16, float, true>(p, overlap_scans, stream); break;
+    case BwdChunkKernel::f16: launch<__half, float, false>(p, overlap_scans, stream); break;
   }
 }
 

@@ -12,6 +12,11 @@
 //                    dS <- diag(exp γ) dS + scale (Q ⊙ exp Γ)^T dO
 //                    and writes dh0 = dS before the first chunk.
 // Γ is the chunk-local gate cumsum and γ its last row: every exponent is <= 0.
+// fp16 (kScaledDStates, gate_tile.cuh): the backward scan takes Γ_0 (its first
+// row) out of the operand, dS <- exp Γ_0 (diag(exp(γ − Γ_0)) dS + scale
+// (Q ⊙ exp(Γ − Γ_0))^T dO), so that the nearest row's weight is 1, not e^g_0
+// (below fp16's range for gates of −20), and stores dS exp(−E) (the decays it
+// records for the fold too).
 //
 // Sequence split (p.scan_splits > 1): blockIdx.y also picks a piece of
 // p.chunks_per_split chunks. The piece that comes first in its scan's order
@@ -54,6 +59,12 @@ __device__ __forceinline__ void load8(const bf16* at, float (&x)[8]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
 }
+__device__ __forceinline__ void load8(const __half* at, float (&x)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(at);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[2 * j] = widen<__half>(w[j] & 0xffffu), x[2 * j + 1] = widen<__half>(w[j] >> 16);
+}
 __device__ __forceinline__ void store8(float* at, const float (&x)[8]) {
   reinterpret_cast<float4*>(at)[0] = {x[0], x[1], x[2], x[3]};
   reinterpret_cast<float4*>(at)[1] = {x[4], x[5], x[6], x[7]};
@@ -61,6 +72,10 @@ __device__ __forceinline__ void store8(float* at, const float (&x)[8]) {
 __device__ __forceinline__ void store8(bf16* at, const float (&x)[8]) {
   *reinterpret_cast<uint4*>(at) = {pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]),
                                    pack_bf16(x[6], x[7])};
+}
+__device__ __forceinline__ void store8(__half* at, const float (&x)[8]) {
+  *reinterpret_cast<uint4*>(at) = {pack_f16(x[0], x[1]), pack_f16(x[2], x[3]), pack_f16(x[4], x[5]),
+                                   pack_f16(x[6], x[7])};
 }
 
 // kPair = 2 (an even number of value tiles): one block of 16 warps covers two
@@ -119,6 +134,9 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
   // Split: decay (log2) of this thread's two key rows since the piece's start.
   float decay_since_start[2] = {0.f, 0.f};
   const bool writes_decays = splitting && vt == 0 && col0 == 0 && threadIdx.x % 4 == 0;
+  // fp16 backward scan: E (log2) of the state the next step stores, for this thread's two key rows: Γ_0 of the
+  // chunk after it, or 0 after the sequence's last chunk (gate_tile.cuh, kScaledDStates).
+  float next_first[2] = {0.f, 0.f};
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -134,6 +152,15 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
   T* scratch = static_cast<T*>(backward ? p.dstates : p.states);
   auto chunk_at = [&](int64_t i) { return first + (backward ? chunks - 1 - i : i); };  // step i's chunk
   auto rows_of = [&](int64_t c) { return int(seq.len - c * kChunk < kChunk ? seq.len - c * kChunk : kChunk); };
+  constexpr bool kScaled = kScaledDStates<T>;
+  if constexpr (kScaled) {
+    if (backward && chunks > 0 && chunk_at(0) + 1 < num_chunks(seq.len)) {  // a piece after the sequence's last
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        next_first[half] = gate_at<float>(p, seq.batch, seq.begin + (chunk_at(0) + 1) * kChunk, h,
+                                          kt * kTile + row0 + acc_row(2 * half));
+    }
+  }
 
   // Lean: thread t copies the 16-byte piece of row t / 8, columns t % 8 * 8..
   // of each tile (x, the two y tiles, a vector gate's bf16 rows), from
@@ -195,11 +222,23 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
 
     // The state at this chunk's boundary goes to the scratch (via shared memory,
     // for whole-row stores).
+    if constexpr (kScaled) {
+      float unscale[2] = {1.f, 1.f};
+      if (backward) unscale[0] = exp2_of(-next_first[0]), unscale[1] = exp2_of(-next_first[1]);
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; e += 2)
-        store_pair(sStage + pair * kTileLd + (row0 + acc_row(e)) * LD + col0 + acc_col(nt, e), acc[nt][e], acc[nt][e + 1]);
+        for (int e = 0; e < 4; e += 2)
+          store_pair(sStage + pair * kTileLd + (row0 + acc_row(e)) * LD + col0 + acc_col(nt, e),
+                     acc[nt][e] * unscale[e / 2], acc[nt][e + 1] * unscale[e / 2]);
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2)
+          store_pair(sStage + pair * kTileLd + (row0 + acc_row(e)) * LD + col0 + acc_col(nt, e), acc[nt][e],
+                     acc[nt][e + 1]);
+    }
     // x is scaled by the gates below: copied now when plain, else loaded with
     // the scaling (one rounding to the compute type, e.g. for fp16 inputs).
     bool x_plain = true;
@@ -236,11 +275,14 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
       for (int half = 0; half < 2; ++half) {
         const int key = kt * kTile + row0 + acc_row(2 * half);
         p.chunk_decays[((int64_t(blockIdx.z) * p.num_slots + seq.slot0 + c) * p.heads + h) * (p.key_tiles * kTile) +
-                       key] = decay_since_start[half];
+                       key] = kScaled ? decay_since_start[half] - next_first[half] : decay_since_start[half];
       }
 
     const float scale = p.scale;
-    auto q_hat = [=](int r, int col, float x) { return scale * x * exp2_of(sG[r * kLdF + col]); };  // scale q ⊙ exp Γ
+    auto q_hat = [=](int r, int col, float x) {  // scale q ⊙ exp Γ (fp16: exp(Γ − Γ_0))
+      if constexpr (kScaled) return scale * x * exp2_of(sG[r * kLdF + col] - sG[col]);
+      else return scale * x * exp2_of(sG[r * kLdF + col]);
+    };
     auto k_hat = [=](int r, int col, float x) {  // k ⊙ exp(γ − Γ)
       return x * exp2_of(sG[(kChunk - 1) * kLdF + col] - sG[r * kLdF + col]);
     };
@@ -293,11 +335,15 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
       }
     }
 
+    float first[2] = {0.f, 0.f};  // fp16 backward: Γ_0 of this thread's key rows, out of x̂ and the decay
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const GT chunk_decay = sG[(kChunk - 1) * kLdF + row0 + acc_row(2 * half)];
       decay_since_start[half] += float(chunk_decay);
-      const float decay = exp2_of(chunk_decay);
+      if constexpr (kScaled) {
+        if (backward) first[half] = sG[row0 + acc_row(2 * half)];
+      }
+      const float decay = kScaled ? exp2_of(chunk_decay - first[half]) : exp2_of(chunk_decay);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         acc[nt][2 * half] *= decay;
@@ -306,6 +352,20 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
     }
     // acc += x̂^T y: the product's rows are x̂'s columns (key rows of the state).
     warp_gemm<4, true, false>(acc, sX + row0, LD, sY + pair * kTileLd + col0, LD, kChunk);
+    if constexpr (kScaled) {
+      if (backward) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float factor = exp2_of(first[half]);
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            acc[nt][2 * half] *= factor;
+            acc[nt][2 * half + 1] *= factor;
+          }
+          next_first[half] = first[half];
+        }
+      }
+    }
     if constexpr (kPipelined) cp_async_commit_and_wait_all();  // the next step's tiles, issued at the top of this one
     __syncthreads();
   }
@@ -443,6 +503,7 @@ void launch(const BwdParams& p, BwdScanKernel scans, cudaStream_t stream) {
 
 void launch_bwd_state_scan(const BwdParams& p, Compute c, BwdScanKernel scans, cudaStream_t stream) {
   if (c == Compute::f32) launch<float, double>(p, scans, stream);
+  else if (c == Compute::f16) launch<__half, float>(p, scans, stream);  // one_tile or paired (plan.cpp)
   else launch<bf16, float>(p, scans, stream);
 }
 

@@ -148,7 +148,8 @@ bool pipelined_scans(const BwdProblem& pr, const DeviceProps& device, const GlaT
 // usually fp32; only those two loaders are compiled there). tuning.bwd_general_layout: the general kernel
 // wherever bf16.
 BwdChunkKernel chunk_kernel(const BwdProblem& pr, const GlaTuning& tuning) {
-  if (pr.f32) return BwdChunkKernel::f32;
+  if (pr.compute == Elem::f32) return BwdChunkKernel::f32;
+  if (pr.compute == Elem::f16) return BwdChunkKernel::f16;
   const bool rows = pr.q_bf16_rows && pr.k_bf16_rows && pr.v_bf16_rows && pr.do_bf16_rows && pr.dq_bf16_rows &&
                     pr.dk_bf16_rows && pr.dv_bf16_rows;
   const bool gate =
@@ -175,7 +176,7 @@ int64_t scan_chunks_per_split(const BwdProblem& pr, const DeviceProps& device, c
   if (tuning.bwd_scan_split >= 0) {
     per_split = tuning.bwd_scan_split;
   } else {
-    const int blocks_per_sm = pr.f32 ? kScanBlocksPerSmOf<4> : kScanBlocksPerSmOf<2>;
+    const int blocks_per_sm = pr.compute == Elem::f32 ? kScanBlocksPerSmOf<4> : kScanBlocksPerSmOf<2>;
     const int64_t resident = int64_t(device.multiprocessors) * blocks_per_sm;
     const int64_t blocks = 2 * pr.num_seqs * pr.heads * tiles;
     const int64_t min_slots_per_block = pipelined_scans(pr, device, tuning) ? 4 : 2;
@@ -194,7 +195,7 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
   BwdPlan plan;
   if (pr.chunked) {
     const int64_t tiles = ((pr.key_dim + kTile - 1) / kTile) * ((pr.value_dim + kTile - 1) / kTile);
-    const size_t elem = pr.f32 ? 4 : 2;
+    const size_t elem = pr.compute == Elem::f32 ? 4 : 2;  // fp16 states as FLA's (gla_bwd.cuh, Compute)
     plan.states = plan.dstates = size_t(num_slots(pr) * pr.heads * tiles) * kTileElems * elem;
     plan.chunks_per_split = scan_chunks_per_split(pr, device, tuning);
     if (plan.chunks_per_split > 0) {
@@ -213,7 +214,9 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
   }
   // A's pairs inside a sub-chunk go through the products where the gates allow (see mark_wide_subchunks in
   // gla_bwd_chunk.cu); bwd_diag_elementwise sums them element by element everywhere.
-  plan.diag_factor_limit = tuning.bwd_diag_elementwise ? -1.f : kDiagFactorLimit;
+  plan.diag_factor_limit = tuning.bwd_diag_elementwise ? -1.f
+                           : pr.compute == Elem::f16   ? kDiagFactorLimitF16
+                                                       : kDiagFactorLimit;
   plan.chunk_kernel = chunk_kernel(pr, tuning);
   // The pipelined scans are the variant with fewer instructions per step ("lean"); the first pipelined variant
   // was never faster and is retired (bench/notes_gla_bwd.md).

@@ -81,7 +81,7 @@ size_t hopper_prep_bytes(const FwdProblem& p);
 // ---- backward -------------------------------------------------------------------------
 struct BwdProblem {
   bool chunked = true;        // else recurrent
-  bool f32 = false;           // compute type: fp32 inputs, else bf16 (bf16 and fp16 inputs)
+  Elem compute = Elem::bf16;  // the products' operand type (gla_bwd.cuh, Compute): the inputs' f32, bf16 or f16
   bool varlen = false;
   int64_t batch = 0, seq_len = 0, num_seqs = 0;
   int heads = 0, key_dim = 0, value_dim = 0;
@@ -97,9 +97,15 @@ struct BwdProblem {
 // The state scans' instantiation (gla_bwd_states.cu): one 64x64 state tile per block, two value tiles per
 // block (V / 64 even), or paired and pipelined (bf16 rows, two such blocks per SM).
 enum class BwdScanKernel : int8_t { one_tile, paired, pipelined };
-// The chunk kernel's instantiation (gla_bwd_chunk.cu): fp32, the general bf16 one, or the plain one (bf16,
-// every tile of the inputs and outputs whole aligned rows: no converting or element-wise fallbacks).
-enum class BwdChunkKernel : int8_t { f32, general, plain };
+// The chunk kernel's instantiation (gla_bwd_chunk.cu): fp32, the general bf16 one, the plain one (bf16,
+// every tile of the inputs and outputs whole aligned rows: no converting or element-wise fallbacks), or the
+// general one with fp16 operands (fp16 inputs).
+enum class BwdChunkKernel : int8_t { f32, general, plain, f16 };
+
+// diag_factor_limit with fp16 operands: the factored key operand k_j 2^(Γ_16I − Γ_j) stays finite in fp16
+// (65504) for |k| < 4094, and q̂ = q 2^(Γ_i − Γ_16I) in fp16's normal range for |q| >= 2^-10 (kDiagFactorLimit's
+// 2^±64 needs bf16's range).
+inline constexpr float kDiagFactorLimitF16 = 4.f;
 
 struct BwdPlan {
   BwdScanKernel scans = BwdScanKernel::one_tile;

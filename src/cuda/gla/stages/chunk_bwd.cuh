@@ -58,6 +58,15 @@ __device__ __forceinline__ int between_query_sub(int row) {
   return row < between_query_row(1) ? 0 : (row < between_query_row(2) ? 1 : 2);
 }
 __device__ __forceinline__ int between_key_key(int row) { return row - between_key_row(between_key_sub(row)); }
+// The reference rows of the stages: bf16 and fp32 scale sub-chunk I's keys against its first row 16 I and
+// sub-chunk J's queries against J's last row; fp16 against the nearest row of the other side (16 I − 1, the
+// last key before I; 16 (J + 1), the first query after J), so that the nearest pair's operand weight is 1 and
+// the others' are below it: against the far row, that pair's weight is exp g of one step, which a gate of −20
+// takes below fp16's range (6e-8), and with it dg's share of the pairs next to a sub-chunk boundary.
+template <class T>
+__device__ __forceinline__ int between_key_ref(int I) { return kScaledDStates<T> ? kSub * I - 1 : kSub * I; }
+template <class T>
+__device__ __forceinline__ int between_query_ref(int J) { return kScaledDStates<T> ? kSub * (J + 1) : kSub * J + kSub - 1; }
 __device__ __forceinline__ int between_query_query(int row) {
   const int J = between_query_sub(row);
   return kSub * (J + 1) + row - between_query_row(J);
@@ -123,8 +132,18 @@ struct ChunkSmem {
   static constexpr size_t state_term = totals + 2 * kSubs * kTile * sizeof(float);  // [64]
   static constexpr size_t row_sums = state_term + kTile * sizeof(float);           // [64], scalar gate
   static constexpr size_t wide = row_sums + kTile * sizeof(float);                 // [8] warps' flags
-  static constexpr size_t bytes = wide + 8 * sizeof(int);
+  // fp16: E of the key tile's columns (the scaled dS, gate_tile.cuh: kScaledDStates), [64]
+  static constexpr size_t next_gates = wide + 8 * sizeof(int);
+  static constexpr size_t bytes = next_gates + (kScaledDStates<T> ? kTile * sizeof(float) : 0);
 };
+
+// fp16: E (log2) of this chunk's stored dS for key columns c0.. into sNext (threads < 64): the gate of the next
+// chunk's first token, 0 after the sequence's last chunk. Read after the caller's next barrier.
+__device__ __forceinline__ void store_next_gates(const BwdParams& p, float* sNext, int64_t b, int64_t t0, int64_t h,
+                                                 int c0, bool has_next) {
+  if (threadIdx.x < kTile)
+    sNext[threadIdx.x] = has_next ? gate_at<float>(p, b, t0 + kChunk, h, c0 + int(threadIdx.x)) : 0.f;
+}
 
 // The rows of the diagonal block whose A entries warp half hc computes: an
 // interleaving that gives both halves 68 of the 136 pairs j <= i.
@@ -326,7 +345,7 @@ template <class T, class GT, bool kPlain>
 __device__ __forceinline__ void chunk_bwd_dv(const BwdParams& p, const GT* gamma, int64_t b, int64_t t0, int64_t slot,
                                              int rows, int h, int s, int hc, int K, int V,
                                              float (&acc)[ChunkSmem<T, GT>::kValueGroup][4][4],
-                                             GateTile<GT, kBwdChunkThreads>& gate) {
+                                             GateTile<GT, kBwdChunkThreads>& gate, bool has_next) {
   using Smem = ChunkSmem<T, GT>;
   constexpr int LD = kLd<T>;
   constexpr int LDF = kLdF;
@@ -354,6 +373,8 @@ __device__ __forceinline__ void chunk_bwd_dv(const BwdParams& p, const GT* gamma
     }
     for (int kt = 0; kt < p.key_tiles; ++kt) {
       gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+      if constexpr (kScaledDStates<T>)
+        store_next_gates(p, reinterpret_cast<float*>(smem + Smem::next_gates), b, t0, h, kt * kTile, has_next);
       const bool k_plain = kPlain || plain_tile<T>(p.k, b, t0, h, kt * kTile, K);  // else loaded scaled, below
       if (k_plain) load_tile_async<T, kBwdChunkThreads, kPlain>(sKHat, p.k, b, t0, rows, h, kt * kTile, K);
       for (int j = 0; j < group; ++j)
@@ -361,7 +382,11 @@ __device__ __forceinline__ void chunk_bwd_dv(const BwdParams& p, const GT* gamma
                                        static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
       cp_async_commit_and_wait_all();
       finish_gate_tile<GT, kPlain>(p, sG, gate);
-      auto k_hat = [=](int r, int col, float x) { return x * exp2_of(gamma[col] - sG[r * LDF + col]); };
+      const float* sNext = reinterpret_cast<const float*>(smem + Smem::next_gates);
+      auto k_hat = [=](int r, int col, float x) {  // k ⊙ exp(γ − Γ), times exp E for fp16's scaled dS
+        if constexpr (kScaledDStates<T>) return x * exp2_of(gamma[col] + sNext[col] - sG[r * LDF + col]);
+        else return x * exp2_of(gamma[col] - sG[r * LDF + col]);
+      };
       if (k_plain) transform_tile<T, kBwdChunkThreads, kPlain>(sKHat, k_hat);
       else load_tile<T, kBwdChunkThreads>(sKHat, p.k, b, t0, rows, h, kt * kTile, K, k_hat);
       __syncthreads();
@@ -456,16 +481,34 @@ __device__ __forceinline__ void chunk_bwd_dqk(const GT* gamma, int s, int hc, in
   float* sDQ = reinterpret_cast<float*>(R);  // dq without the diagonal block
   float* sDKS = sDQ + kTile * LDF;           // dk^{(S)}
   float* sDKA = sDKS + kTile * LDF;          // dk^{(A)} without the diagonal block
+  if constexpr (kScaledDStates<T>) {
+    // fp16: the stages' reference rows (between_key_ref, between_query_ref; sub-chunks 0 and 3 have none of
+    // one kind, their accumulators hold 0), and dS scaled by exp(−E).
+    const float* sNext = reinterpret_cast<const float*>(smem + Smem::next_gates);
+    const int key_ref = s > 0 ? between_key_ref<T>(s) : 0;
+    const int query_ref = s < kSubs - 1 ? between_query_ref<T>(s) : kChunk - 1;
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
-      const GT g = sG[i * LDF + c];
-      sDQ[i * LDF + c] = scale * acc_q[nt][e] * exp2_of(g) + acc_qa[nt][e] * exp2_of(g - sG[kSub * s * LDF + c]);
-      sDKS[i * LDF + c] = acc_k[nt][e] * exp2_of(gamma[c] - g);
-      sDKA[i * LDF + c] = acc_ka[nt][e] * exp2_of(sG[(kSub * s + kSub - 1) * LDF + c] - g);
-    }
+      for (int e = 0; e < 4; ++e) {
+        const int i = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
+        const GT g = sG[i * LDF + c];
+        sDQ[i * LDF + c] = scale * acc_q[nt][e] * exp2_of(g) + acc_qa[nt][e] * exp2_of(g - sG[key_ref * LDF + c]);
+        sDKS[i * LDF + c] = acc_k[nt][e] * exp2_of(gamma[c] + sNext[c] - g);
+        sDKA[i * LDF + c] = acc_ka[nt][e] * exp2_of(sG[query_ref * LDF + c] - g);
+      }
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
+        const GT g = sG[i * LDF + c];
+        sDQ[i * LDF + c] = scale * acc_q[nt][e] * exp2_of(g) + acc_qa[nt][e] * exp2_of(g - sG[kSub * s * LDF + c]);
+        sDKS[i * LDF + c] = acc_k[nt][e] * exp2_of(gamma[c] - g);
+        sDKA[i * LDF + c] = acc_ka[nt][e] * exp2_of(sG[(kSub * s + kSub - 1) * LDF + c] - g);
+      }
+  }
   __syncwarp();
 
   // Inside the sub-chunk, element by element (lanes over columns), then the
@@ -536,7 +579,11 @@ __device__ __forceinline__ void chunk_bwd_dg(const BwdParams& p, const GT* gamma
   float* sStateTerm = reinterpret_cast<float*>(smem + Smem::state_term);
   float* sRowSums = reinterpret_cast<float*>(smem + Smem::row_sums);
   if (p.gate != GateKind::none) {
-    float carry = exp2_of(gamma[col]) * sStateTerm[col];
+    float carry;
+    if constexpr (kScaledDStates<T>)  // fp16: dS scaled by exp(−E)
+      carry = exp2_of(gamma[col] + reinterpret_cast<const float*>(smem + Smem::next_gates)[col]) * sStateTerm[col];
+    else
+      carry = exp2_of(gamma[col]) * sStateTerm[col];
     for (int t = s + 1; t < kSubs; ++t) carry += sTotA[t * kTile + col];
     for (int t = 0; t < s; ++t) carry += sTotB[t * kTile + col];
     const int key = kt * kTile + col;
