@@ -445,6 +445,9 @@ TEST(GlaPlan, BackwardChunkKernel) {
   EXPECT_EQ(kernel(q), BwdChunkKernel::general);
   q.dg_f32_rows = true, q.g_f32_rows = false;  // g in another layout
   EXPECT_EQ(kernel(q), BwdChunkKernel::general);
+  q = p;
+  q.dg_bf16_rows = false, q.dg_f32_rows = true;  // a bf16 gate with its dg in fp32 (dg's dtype is the caller's)
+  EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
   q.gate = Gate::none;
   EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
   EXPECT_EQ(kernel(backward(2, 1000, 2, 128, 128, true)), BwdChunkKernel::f32);
