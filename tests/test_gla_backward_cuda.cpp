@@ -360,8 +360,8 @@ TEST(CudaGlaBackward, ChunkedScanPipelineOnAndOffMatchReference) {
 }
 
 // The plain instantiation on every kind of input it takes: bf16 in whole rows
-// (K, V multiples of 64), a vector gate and its dg in bf16, any gate kind and
-// range, fixed length and varlen, with and without h0 / dht.
+// (K, V multiples of 64), a vector gate and its dg in bf16 or fp32, any gate
+// kind and range, fixed length and varlen, with and without h0 / dht.
 TEST(CudaGlaBackward, ChunkedPlainLayoutMatchesReference) {
   SKIP_WITHOUT_GPU();
   struct Dims {
@@ -396,6 +396,20 @@ TEST(CudaGlaBackward, ChunkedPlainLayoutMatchesReference) {
   Case c = varlen_case(DType::bf16, Gate::scalar, 5300 + i++);
   c.gate_dtype = c.dg_dtype = DType::f32;
   check_against_reference(c, Call{});
+  // A vector gate in fp32 rows (copied raw like bf16's) with its dg in fp32, and a bf16 gate with an fp32 dg:
+  // the plain kernel's fp32 gate copies and dg stores, beside the pipelined scans' register loads of the gate.
+  for (int64_t T : {1, 65, 1000})
+    for (GateValues values : {GateValues(0), GateValues(1), GateValues(2)})
+      for (DType gate_dtype : {DType::f32, DType::bf16}) {
+        Case v;
+        v.B = T <= 200 ? 2 : 1, v.T = T, v.H = 2, v.K = 128, v.V = 128, v.dtype = DType::bf16;
+        v.gate = Gate::vector, v.gate_values = values, v.gate_dtype = gate_dtype, v.dg_dtype = DType::f32;
+        v.h0 = v.dht = T > 1, v.seed = 5400 + i++;
+        check_against_reference(v, Call{});
+      }
+  Case v = varlen_case(DType::bf16, Gate::vector, 5500 + i++);
+  v.K = v.V = 128, v.gate_dtype = v.dg_dtype = DType::f32;
+  check_against_reference(v, Call{});
 }
 
 TEST(CudaGlaBackward, StridedInputsWithAlignedRows) {

@@ -340,6 +340,16 @@ TEST(GlaPlan, BackwardAnchorD128) {
   EXPECT_EQ(on_a100.scans, BwdScanKernel::paired);
   EXPECT_FALSE(on_a100.overlap);
   EXPECT_EQ(on_a100.scan_splits, 1);
+
+  // A vector gate in fp32 (bench_cp.py's): the pipelined scans load it into registers at its step (only a bf16
+  // gate is copied raw a step ahead); a bf16 gate not in whole rows still runs them unpipelined.
+  BwdProblem f32_gate = p;
+  f32_gate.gate_dtype = Elem::f32;
+  f32_gate.g_bf16_rows = f32_gate.dg_bf16_rows = false;
+  EXPECT_EQ(plan_backward(f32_gate, h100(), GlaTuning{}).scans, BwdScanKernel::pipelined);
+  BwdProblem loose = p;
+  loose.g_bf16_rows = false;
+  EXPECT_EQ(plan_backward(loose, h100(), GlaTuning{}).scans, BwdScanKernel::paired);
 }
 
 // B2 T16384 H16 d128: 256 scan blocks fill half of the H100's 528 slots: the pipelined scans stay unsplit
@@ -407,7 +417,8 @@ TEST(GlaPlan, BackwardRecurrentScratch) {
 }
 
 // The chunk kernel: the plain instantiation only where every tile it reads or writes is whole aligned bf16
-// rows (a vector gate's dg too) and a scalar gate is bf16 or fp32 (its loaders there); else the general one.
+// rows (a vector gate and its dg: bf16 or fp32 rows) and a scalar gate is bf16 or fp32 (its loaders there); else
+// the general one.
 TEST(GlaPlan, BackwardChunkKernel) {
   const BwdProblem p = backward(2, 1000, 2, 128, 128);
   EXPECT_EQ(plan_backward(p, h100(), GlaTuning{}).chunk_kernel, BwdChunkKernel::plain);
@@ -426,9 +437,17 @@ TEST(GlaPlan, BackwardChunkKernel) {
   q.gate_dtype = Elem::f16;  // any other dtype: the general kernel
   EXPECT_EQ(kernel(q), BwdChunkKernel::general);
   q = p;
-  q.gate_dtype = Elem::f32;  // a vector gate in fp32 (its rows are not bf16)
-  q.g_bf16_rows = false;
+  q.gate_dtype = Elem::f32;  // a vector gate in fp32, and its dg: whole fp32 rows are copied and stored there too
+  q.g_bf16_rows = q.dg_bf16_rows = false;
+  q.g_f32_rows = q.dg_f32_rows = true;
+  EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
+  q.dg_f32_rows = false;  // dg in another layout
   EXPECT_EQ(kernel(q), BwdChunkKernel::general);
+  q.dg_f32_rows = true, q.g_f32_rows = false;  // g in another layout
+  EXPECT_EQ(kernel(q), BwdChunkKernel::general);
+  q = p;
+  q.dg_bf16_rows = false, q.dg_f32_rows = true;  // a bf16 gate with its dg in fp32 (dg's dtype is the caller's)
+  EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
   q.gate = Gate::none;
   EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
   EXPECT_EQ(kernel(backward(2, 1000, 2, 128, 128, true)), BwdChunkKernel::f32);

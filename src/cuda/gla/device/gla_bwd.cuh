@@ -98,9 +98,10 @@ struct BwdParams {
 // state's values, and a row's value tiles are scanned by different blocks.)
 enum class Compute { f32, bf16, f16 };
 
-// Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16,
+// Whether every tile of t (D columns) is whole aligned 16-byte rows of bf16 (f32_rows: of fp32),
 // with the rows of a chunk within 2^31 elements (32-bit offsets inside it).
 bool bf16_rows(const View& t, int D);
+bool f32_rows(const View& t, int D);
 size_t bwd_chunk_smem_bytes(Compute c);
 // The launchers run the instantiation the plan (plan.h) chose.
 void launch_bwd_state_scan(const BwdParams& p, Compute c, BwdScanKernel scans, cudaStream_t stream);

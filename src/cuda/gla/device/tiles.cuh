@@ -304,17 +304,31 @@ __device__ __forceinline__ void store_rows_16bit(const View& x, int64_t base, in
   });
 }
 
+// Rows 0..rows-1 of a 64x64 fp32 tile (row stride kLdF) into whole aligned fp32 rows of x from element base.
+template <int kThreads>
+__device__ __forceinline__ void store_rows_f32(const View& x, int64_t base, int64_t row_stride, int rows,
+                                               const float* s) {
+  for (int idx = threadIdx.x; idx < kTile * 16; idx += kThreads) {
+    const int r = idx / 16, c = (idx % 16) * 4;
+    if (r < rows)
+      *reinterpret_cast<float4*>(static_cast<float*>(x.data) + base + r * row_stride + c) =
+          *reinterpret_cast<const float4*>(s + r * kLdF + c);
+  }
+}
+
 // x[b, t0 + r, h, c0 + c] = s[r][c] for r < rows, c0 + c < D, from a 64x64
 // fp32 tile of shared memory (row stride kLdF): 16-byte stores where whole
 // aligned rows of a bf16, fp16 or f32 output allow, else element by element.
 // kKnownBf16Rows: the caller knows the output is bf16 in whole aligned 16-byte
 // rows (only that path is compiled).
-template <int kThreads, bool kKnownBf16Rows = false>
+template <int kThreads, bool kKnownBf16Rows = false, bool kKnownF32Rows = false>
 __device__ __forceinline__ void store_tile(const View& x, int64_t b, int64_t t0, int rows, int64_t h, int c0, int D,
                                            const float* s) {
   const int64_t base = offset4(x, b, t0, h, c0), row_stride = x.stride[1];
   if constexpr (kKnownBf16Rows) {
     store_rows_16bit<kThreads, true>(x, base, row_stride, rows, true, s);
+  } else if constexpr (kKnownF32Rows) {
+    store_rows_f32<kThreads>(x, base, row_stride, rows, s);
   } else {
     const int cols = D - c0 < kTile ? D - c0 : kTile;
     const bool half = x.dtype == Elem::bf16 || x.dtype == Elem::f16;
@@ -325,12 +339,7 @@ __device__ __forceinline__ void store_tile(const View& x, int64_t b, int64_t t0,
     if (vector && half) {
       store_rows_16bit<kThreads>(x, base, row_stride, rows, x.dtype == Elem::bf16, s);
     } else if (vector) {
-      for (int idx = threadIdx.x; idx < kTile * 16; idx += kThreads) {
-        const int r = idx / 16, c = (idx % 16) * 4;
-        if (r < rows)
-          *reinterpret_cast<float4*>(static_cast<float*>(x.data) + base + r * row_stride + c) =
-              *reinterpret_cast<const float4*>(s + r * kLdF + c);
-      }
+      store_rows_f32<kThreads>(x, base, row_stride, rows, s);
     } else {
       store_tile_elements<kThreads>(x, base, rows, cols, s);
     }

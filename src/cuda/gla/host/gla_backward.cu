@@ -52,6 +52,8 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
   b.dq_bf16_rows = bf16_rows(view_of(a.dq), K), b.dk_bf16_rows = bf16_rows(view_of(a.dk), K);
   b.dv_bf16_rows = bf16_rows(view_of(a.dv), V);
   b.dg_bf16_rows = vector_gate && bf16_rows(view_of(a.dg), K);
+  b.g_f32_rows = vector_gate && f32_rows(view_of(a.g), K);
+  b.dg_f32_rows = vector_gate && f32_rows(view_of(a.dg), K);
   return b;
 }
 

@@ -51,7 +51,8 @@ namespace {
 
 // T: the operands' type, fp32, bf16 or fp16 (gla_bwd.cuh, Compute).
 // kPlain (bf16 only): every tile of q, k, v, dO and of the outputs is whole
-// aligned 16-byte rows of bf16 (BwdChunkKernel::plain, plan.cpp), so the kernel holds only the
+// aligned 16-byte rows of bf16 (a vector gate and its dg: bf16 or fp32 rows;
+// BwdChunkKernel::plain, plan.cpp), so the kernel holds only the
 // asynchronous copies and vector stores, none of the converting or
 // element-wise fallbacks: half the code, fewer instruction-cache misses (a
 // large share of the general kernel's stalls in a profile: bench/notes_gla_bwd.md).
@@ -170,7 +171,10 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
     __syncthreads();
     store_tile<kBwdChunkThreads, kPlain>(p.dq, b, t0, rows, h, kt * kTile, K, sDQ);
     store_tile<kBwdChunkThreads, kPlain>(p.dk, b, t0, rows, h, kt * kTile, K, sDKA);
-    if (p.gate == GateKind::vector) store_tile<kBwdChunkThreads, kPlain>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
+    if (p.gate == GateKind::vector) {  // plain: dg in g's dtype, bf16 or fp32 rows
+      if (kPlain && p.dg.dtype == Elem::f32) store_tile<kBwdChunkThreads, false, true>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
+      else store_tile<kBwdChunkThreads, kPlain>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
+    }
     __syncthreads();  // R is read by the stores above
   }
 
@@ -207,12 +211,16 @@ void launch(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
 
 }  // namespace
 
-bool bf16_rows(const View& t, int D) {
-  constexpr int kVec = 8;
-  return t.dtype == Elem::bf16 && t.stride[3] == 1 && D % kTile == 0 && t.stride[0] % kVec == 0 &&
-         t.stride[1] % kVec == 0 && t.stride[2] % kVec == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 &&
-         t.stride[1] < (int64_t(1) << 31) / kChunk;
+namespace {
+bool whole_rows(const View& t, int D, Elem dtype, int per_16_bytes) {
+  return t.dtype == dtype && t.stride[3] == 1 && D % kTile == 0 && t.stride[0] % per_16_bytes == 0 &&
+         t.stride[1] % per_16_bytes == 0 && t.stride[2] % per_16_bytes == 0 &&
+         reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.stride[1] < (int64_t(1) << 31) / kChunk;
 }
+}  // namespace
+
+bool bf16_rows(const View& t, int D) { return whole_rows(t, D, Elem::bf16, 8); }
+bool f32_rows(const View& t, int D) { return whole_rows(t, D, Elem::f32, 4); }
 
 size_t bwd_chunk_smem_bytes(Compute c) {
   switch (c) {

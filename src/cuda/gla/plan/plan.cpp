@@ -139,14 +139,14 @@ bool paired_scans(const BwdProblem& pr, const GlaTuning& tuning) {
 
 bool pipelined_scans(const BwdProblem& pr, const DeviceProps& device, const GlaTuning& tuning) {
   return pr.chunked && paired_scans(pr, tuning) && tuning.bwd_scan_pipeline && pr.q_bf16_rows && pr.k_bf16_rows &&
-         pr.v_bf16_rows && pr.do_bf16_rows && (pr.gate != Gate::vector || pr.g_bf16_rows) &&
+         pr.v_bf16_rows && pr.do_bf16_rows && (pr.gate != Gate::vector || pr.gate_dtype != Elem::bf16 || pr.g_bf16_rows) &&
          two_pipelined_scans_per_sm(device);
 }
 
 // The plain chunk kernel: bf16, every tile of q, k, v, dO, dq, dk and dv whole aligned bf16 rows, a vector gate
-// and its dg too (dg in bf16 implies g in bf16), a scalar gate in bf16 or fp32 (FLA's simple GLA gate is
-// usually fp32; only those two loaders are compiled there). tuning.bwd_general_layout: the general kernel
-// wherever bf16.
+// and its dg in whole aligned bf16 or fp32 rows (each in either), a scalar gate in bf16 or fp32 (FLA's simple
+// GLA gate is usually fp32; only those two loaders are compiled there). tuning.bwd_general_layout: the general
+// kernel wherever bf16.
 BwdChunkKernel chunk_kernel(const BwdProblem& pr, const GlaTuning& tuning) {
   if (pr.compute == Elem::f32) return BwdChunkKernel::f32;
   if (pr.compute == Elem::f16) return BwdChunkKernel::f16;
@@ -155,7 +155,7 @@ BwdChunkKernel chunk_kernel(const BwdProblem& pr, const GlaTuning& tuning) {
   const bool gate =
       pr.gate == Gate::none ||
       (pr.gate == Gate::scalar && (pr.gate_dtype == Elem::bf16 || pr.gate_dtype == Elem::f32)) ||
-      (pr.gate == Gate::vector && pr.gate_dtype == Elem::bf16 && pr.g_bf16_rows && pr.dg_bf16_rows);
+      (pr.gate == Gate::vector && (pr.g_bf16_rows || pr.g_f32_rows) && (pr.dg_bf16_rows || pr.dg_f32_rows));
   return rows && gate && !tuning.bwd_general_layout ? BwdChunkKernel::plain : BwdChunkKernel::general;
 }
 

@@ -92,6 +92,9 @@ struct BwdProblem {
   // d_o, a vector gate g, and the outputs dq, dk, dv and a vector gate's dg.
   bool q_bf16_rows = false, k_bf16_rows = false, v_bf16_rows = false, do_bf16_rows = false, g_bf16_rows = false;
   bool dq_bf16_rows = false, dk_bf16_rows = false, dv_bf16_rows = false, dg_bf16_rows = false;
+  // A vector gate g and its dg in whole aligned fp32 rows (f32_rows): the plain chunk kernel copies and stores those
+  // too.
+  bool g_f32_rows = false, dg_f32_rows = false;
 };
 
 // The state scans' instantiation (gla_bwd_states.cu): one 64x64 state tile per block, two value tiles per

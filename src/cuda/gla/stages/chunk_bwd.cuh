@@ -125,8 +125,8 @@ struct ChunkSmem {
   static_assert(size_t(kStageRows + kChunk) * kLd<T> * sizeof(T) + size_t(kChunk) * kDiagLd * sizeof(float) <= r_bytes,
                 "phase A: key stage, q̂ and the diagonal blocks' element-wise sums in R");
   static_assert(kValueGroup * tile_f <= r_bytes, "phase B stages dv (fp32) in R");
-  static_assert(size_t(kTile) * kLdF * sizeof(GT) >= size_t(kTileElems) * sizeof(bf16),
-                "the gates' buffer holds a raw bf16 gate tile (start_gate_tile)");
+  static_assert(size_t(kTile) * kLdF * sizeof(GT) >= size_t(kTileElems) * sizeof(float),
+                "the gates' buffer holds a raw bf16 or fp32 gate tile (start_gate_tile)");
   static_assert(gates % 16 == 0, "cp.async into the gates' buffer");
   static constexpr size_t totals = r + r_bytes;                // dg: per sub-chunk sums, 2 x [4][64]
   static constexpr size_t state_term = totals + 2 * kSubs * kTile * sizeof(float);  // [64]
@@ -152,24 +152,31 @@ __device__ __forceinline__ int diagonal_row(int hc, int m) {
 }
 
 // The gate tile of key columns c0.. as Γ in sG, in two steps around the
-// caller's cp_async_commit_and_wait_all(): with kPlain and a vector gate (bf16 rows, as
-// its dg), its rows are copied asynchronously into sG itself, with the other
-// tiles, then read back and summed; else loaded into registers (load_gate_tile).
-// Waiting on the register loads of the gate was the largest single stall of the
-// general kernel in a profile, and in the plain kernel the copies are faster at
-// every shape measured (bench/notes_gla_bwd.md); they cost one more barrier.
-// sG must be free (no reader left) when start_gate_tile is called.
+// caller's cp_async_commit_and_wait_all(): with kPlain and a vector gate (bf16
+// or fp32 rows), its rows are copied asynchronously into sG itself, with the
+// other tiles, then read back and summed; else loaded into registers
+// (load_gate_tile). Waiting on the register loads of the gate was the largest
+// single stall of the general kernel in a profile, and in the plain kernel the
+// copies are faster at every shape measured (bench/notes_gla_bwd.md); they cost
+// one more barrier. sG must be free (no reader left) when start_gate_tile is called.
+template <class Raw>
+__device__ __forceinline__ void copy_raw_gate_rows(const BwdParams& p, void* sG, int64_t b, int64_t t0, int rows,
+                                                   int64_t h, int c0) {
+  constexpr int kPerPiece = 16 / sizeof(Raw), kPieces = kTile / kPerPiece;  // 16-byte pieces per row
+  const Raw* src = static_cast<const Raw*>(p.g.data) + offset4(p.g, b, t0, h, c0);
+  Raw* raw = static_cast<Raw*>(sG);
+  for_each_item<kBwdChunkThreads, kTile * kPieces>([&](int idx) {
+    const int r = idx / kPieces, c = idx % kPieces * kPerPiece;  // rows past `rows`: zero, a flat Γ
+    cp_async16_ordered(raw + r * kTile + c, r < rows ? src + (r * int(p.g.stride[1]) + c) : src, r < rows ? 16 : 0);
+  });
+}
+
 template <class GT, bool kPlain>
 __device__ __forceinline__ GateTile<GT, kBwdChunkThreads> start_gate_tile(const BwdParams& p, GT* sG, int64_t b,
                                                                           int64_t t0, int rows, int64_t h, int c0) {
   if (kPlain && p.gate == GateKind::vector) {
-    constexpr int kPieces = kTile * sizeof(bf16) / 16;  // 16-byte pieces per row
-    const bf16* src = static_cast<const bf16*>(p.g.data) + offset4(p.g, b, t0, h, c0);
-    bf16* raw = reinterpret_cast<bf16*>(sG);
-    for_each_item<kBwdChunkThreads, kTile * kPieces>([&](int idx) {
-      const int r = idx / kPieces, c = idx % kPieces * 8;  // rows past `rows`: zero, a flat Γ
-      cp_async16_ordered(raw + r * kTile + c, r < rows ? src + (r * int(p.g.stride[1]) + c) : src, r < rows ? 16 : 0);
-    });
+    if (p.g.dtype == Elem::bf16) copy_raw_gate_rows<bf16>(p, sG, b, t0, rows, h, c0);
+    else copy_raw_gate_rows<float>(p, sG, b, t0, rows, h, c0);
     return {};
   }
   return load_gate_tile<GT, kBwdChunkThreads, kPlain>(p, b, t0, rows, h, c0);
@@ -181,9 +188,15 @@ __device__ __forceinline__ void finish_gate_tile(const BwdParams& p, GT* sG, Gat
     __syncthreads();  // every thread's copies have landed
     using Tile = GateTile<GT, kBwdChunkThreads>;
     const int c = threadIdx.x % kTile, first = (threadIdx.x / kTile) * Tile::kRows;
-    const bf16* raw = reinterpret_cast<const bf16*>(sG);
+    if (p.g.dtype == Elem::bf16) {
+      const bf16* raw = reinterpret_cast<const bf16*>(sG);
 #pragma unroll
-    for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
+      for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
+    } else {
+      const float* raw = reinterpret_cast<const float*>(sG);
+#pragma unroll
+      for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
+    }
   }
   store_gate_cumsum<GT, kBwdChunkThreads>(sG, gate);  // its first barrier ends the reads above
 }
