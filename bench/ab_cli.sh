@@ -15,6 +15,7 @@ shapes=(
   "gla B2 T16384 H16 d128|--ops chunked -B 2 -T 16384 -H 16 -K 128 -V 128 --pass fwd,fwdbwd"
   "gla B4 T4096 H4 K256 V512|--ops chunked -B 4 -T 4096 -H 4 -K 256 -V 512 --pass fwd,fwdbwd"
   "gla B8 T2048 H4 K128 V256|--ops chunked -B 8 -T 2048 -H 4 -K 128 -V 256 --pass fwd,fwdbwd"
+  "gla f16 B8 T4096 H16 d128|--ops chunked --dtype f16 -B 8 -T 4096 -H 16 -K 128 -V 128 --pass fwd,fwdbwd"
   "simple gla B8 T4096 H16 d128|--ops chunked --gate scalar -B 8 -T 4096 -H 16 -K 128 -V 128 --pass fwd,fwdbwd"
   "recurrent B8 T2048 H16 d64|--ops recurrent -B 8 -T 2048 -H 16 -K 64 -V 64 --pass fwd"
   "decode N64 H16 d128|--ops decode -B 64 -H 16 -K 128 -V 128 --pass fwd"
