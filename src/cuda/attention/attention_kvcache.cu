@@ -545,24 +545,60 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
   }
 }
 
-// Merges the splits' partials of one (sequence, head, query): weights exp(lse_s − lse).
+constexpr int kCombineThreads = 128;
+
+// A CTA-wide reduction (every thread gets the result); `scratch` holds a float per warp.
+template <bool kMax>
+__device__ __forceinline__ float cta_reduce(float x, float* scratch) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, off);
+    x = kMax ? fmaxf(x, y) : x + y;
+  }
+  __syncthreads();  // scratch is free (a previous reduction has been read)
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
+  __syncthreads();
+  x = scratch[0];
+  for (int w = 1; w < kCombineThreads / 32; ++w) x = kMax ? fmaxf(x, scratch[w]) : x + scratch[w];
+  return x;
+}
+
+// Merges the splits' partials of one (sequence, head, query): weights exp(lse_s − lse). The max and the
+// denominator are reduced over the CTA; each column's sum reads 8 splits' partials before using them, so
+// their loads are in flight together rather than one split's latency after another.
 template <class E>
-__global__ void combine_kernel(Params p, int value_dim) {
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p, int value_dim) {
+  __shared__ float scratch[kCombineThreads / 32];
   const int64_t row = blockIdx.x;
   const int64_t total = int64_t(p.batch) * p.q_heads * p.q_len;
   const int i = int(row % p.q_len), h = int((row / p.q_len) % p.q_heads), b = int(row / (int64_t(p.q_len) * p.q_heads));
   float m = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) m = fmaxf(m, p.part_lse[s * total + row]);
+  for (int s = threadIdx.x; s < p.splits; s += kCombineThreads) m = fmaxf(m, p.part_lse[s * total + row]);
+  m = cta_reduce<true>(m, scratch);
   float denom = 0.f;
-  for (int s = 0; s < p.splits; ++s) {
+  for (int s = threadIdx.x; s < p.splits; s += kCombineThreads) {
     const float l = p.part_lse[s * total + row];
     denom += l == -INFINITY ? 0.f : __expf(l - m);
   }
+  denom = cta_reduce<false>(denom, scratch);
   E* o = static_cast<E*>(p.o);
-  for (int d = threadIdx.x; d < value_dim; d += blockDim.x) {
+  for (int d = threadIdx.x; d < value_dim; d += kCombineThreads) {
     float value = 0.f;
     if (denom > 0.f) {
-      for (int s = 0; s < p.splits; ++s) {
+      constexpr int kBatch = 8;
+      int s = 0;
+      for (; s + kBatch <= p.splits; s += kBatch) {
+        float l[kBatch], x[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          l[k] = p.part_lse[(s + k) * total + row];
+          x[k] = p.part_o[((s + k) * total + row) * value_dim + d];
+        }
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k)
+          if (l[k] != -INFINITY) value += __expf(l[k] - m) * x[k];
+      }
+      for (; s < p.splits; ++s) {
         const float l = p.part_lse[s * total + row];
         if (l != -INFINITY) value += __expf(l - m) * p.part_o[(s * total + row) * value_dim + d];
       }
@@ -690,7 +726,7 @@ void launch(const Params& prm, const KvCacheProblem& p, bool tensor_cores, cudaS
   }
   check_cuda(cudaGetLastError(), "attention_with_kvcache kernel launch");
   if (prm.splits > 1) {
-    combine_kernel<E><<<unsigned(p.batch * p.q_heads * p.q_len), 128, 0, stream>>>(prm, int(p.value_dim));
+    combine_kernel<E><<<unsigned(p.batch * p.q_heads * p.q_len), kCombineThreads, 0, stream>>>(prm, int(p.value_dim));
     check_cuda(cudaGetLastError(), "attention_with_kvcache combine kernel launch");
   }
 }
