@@ -82,6 +82,20 @@ __device__ __forceinline__ int64_t row_offset(const Params& p, const int64_t* st
   return int64_t(block) * stride[0] + int64_t(j % p.block_size) * stride[1];
 }
 
+// Both caches' offsets of key j with one block-table read; both −1 when its block is invalid.
+__device__ __forceinline__ void row_offsets(const Params& p, int b, int j, int64_t& k_off, int64_t& v_off) {
+  if (p.block_table == nullptr) {
+    k_off = b * p.kc_stride[0] + int64_t(j) * p.kc_stride[1];
+    v_off = b * p.vc_stride[0] + int64_t(j) * p.vc_stride[1];
+    return;
+  }
+  const int index = j / p.block_size, within = j - index * p.block_size;
+  const int block = p.block_table[b * p.table_stride[0] + int64_t(index) * p.table_stride[1]];
+  const bool ok = block >= 0 && block < p.num_blocks;
+  k_off = ok ? int64_t(block) * p.kc_stride[0] + int64_t(within) * p.kc_stride[1] : -1;
+  v_off = ok ? int64_t(block) * p.vc_stride[0] + int64_t(within) * p.vc_stride[1] : -1;
+}
+
 template <class E>
 __global__ void append_kernel(Params p, int head_dim, int value_dim) {
   const int b = blockIdx.x / p.q_len, i = blockIdx.x % p.q_len, h = blockIdx.y;
@@ -353,23 +367,6 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;  // fragment row and column pair (mma.cuh)
 
-  // Queries as they are (the scale is applied to the fp32 scores); padding rows are 0.
-  const E* q = static_cast<const E*>(p.q);
-  for (int idx = threadIdx.x; idx < kRows * D; idx += kThreads) {
-    const int r = idx / D, d = idx % D;
-    E value = from_float<E>(0.f);
-    if (r < rows) {
-      const int rr = row0 + r, i = rr / p.group, h = kv_head * p.group + rr % p.group;
-      value = q[b * p.q_stride[0] + i * p.q_stride[1] + h * p.q_stride[2] + d * p.q_stride[3]];
-    }
-    q_s[r * LD + d] = value;
-  }
-  __syncthreads();
-  uint32_t qf[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    ldmatrix_x4_ordered(qf[kk], q_s + (lane % 8 + ((lane / 8) % 2) * 8) * LD + kk * 16 + (lane / 16) * 8);
-
   // The last key each of the lane's two rows (g, g + 8) may see.
   int limit[2];
 #pragma unroll
@@ -390,10 +387,7 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
   auto issue = [&](int n, int stage) {
     const int j = begin + (warp + n * kWarps) * kChunk + lane % kChunk;
     int64_t koff = -1, voff = -1;
-    if (j < seen_end) {
-      koff = row_offset(p, p.kc_stride, b, j);
-      voff = koff < 0 ? -1 : row_offset(p, p.vc_stride, b, j);
-    }
+    if (j < seen_end) row_offsets(p, b, j, koff, voff);
     const unsigned valid = __ballot_sync(0xffffffffu, koff >= 0 && voff >= 0) & 0xffffu;
     if (lane == 0) valid_s[warp * S + stage] = valid;
     E* kt = my_stages + stage * Cfg::kStageElems;
@@ -421,6 +415,24 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
     if (s < mine) issue(s, s);
     cp_async_commit_ordered();  // a group per chunk, empty or not: the wait below counts them
   }
+  // Queries as they are (the scale is applied to the fp32 scores; padding rows are 0), read while the
+  // first chunks are on their way.
+  const E* q = static_cast<const E*>(p.q);
+  for (int idx = threadIdx.x; idx < kRows * D; idx += kThreads) {
+    const int r = idx / D, d = idx % D;
+    E value = from_float<E>(0.f);
+    if (r < rows) {
+      const int rr = row0 + r, i = rr / p.group, h = kv_head * p.group + rr % p.group;
+      value = q[b * p.q_stride[0] + i * p.q_stride[1] + h * p.q_stride[2] + d * p.q_stride[3]];
+    }
+    q_s[r * LD + d] = value;
+  }
+  __syncthreads();
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    ldmatrix_x4_ordered(qf[kk], q_s + (lane % 8 + ((lane / 8) % 2) * 8) * LD + kk * 16 + (lane / 16) * 8);
+
   for (int n = 0; n < mine; ++n) {
     if (n + S - 1 < mine) issue(n + S - 1, (n + S - 1) % S);  // into the stage chunk n − 1 used
     cp_async_commit_ordered();
