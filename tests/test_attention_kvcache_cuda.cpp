@@ -43,7 +43,12 @@ INSTANTIATE_TEST_SUITE_P(
                       kBf16.paged(16).lens({0, 33, 96, 5}), kBf16.paged(16).lens({0, 33, 96, 5}).splits(5),
                       kBf16.paged(16).appending().queries(3).lens({0, 13, 93}),
                       kD128.paged(8).queries(40).heads(6, 3).cap(160).lens({40, 160}).splits(2),
-                      kBf16.with(DType::f32).paged(32).appending().queries(4).cap(128)));
+                      kBf16.with(DType::f32).paged(32).appending().queries(4).cap(128),
+                      // Strided caches: rows padded by 8 elements keep 16-byte copies (the tensor-core kernel),
+                      // by 1 they do not (bf16 / fp16 then run the general kernel).
+                      kBf16.lens({0, 96, 37}).padded(8), kD128.paged(16).appending().queries(3).lens({0, 13, 93}).padded(8),
+                      kBf16.lens({0, 96, 37}).padded(1), kBf16.with(DType::f16).paged(16).appending().queries(3).lens({0, 13, 93}).padded(1),
+                      kD128.heads(8, 1).queries(2).lens({5, 96}).splits(3).padded(1)));
 
 // Long caches, small batches: the automatic plan splits the keys (and with a
 // max_seqlen_k below the real lengths, the last split still covers them).
