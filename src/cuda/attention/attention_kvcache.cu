@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(Params p) {
 // a private ring of kStages shared-memory stages filled by cp.async, so loads
 // for the next kStages − 1 chunks are in flight while one is computed and no
 // barrier of the CTA sits in the loop. The 16 query rows of the CTA are the A
-// operand of mma.m16n8k16: S = Q Kᵀ and O += P V cost 4·D/8 tensor-core
+// operand of mma.m16n8k16: S = Q Kᵀ and O += P V cost 2·D/8 tensor-core
 // instructions per chunk, whatever the group (rows that are padding cost
 // nothing extra). Each warp keeps its own online softmax; the 4 warps' (m, l, o)
 // are merged in shared memory at the end.
