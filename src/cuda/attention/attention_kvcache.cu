@@ -664,8 +664,16 @@ bool tensor_core_path(const AttentionKvCacheArgs& a) {
   return a.q.dtype != DType::f32 && vector_loads(a.k_cache) && vector_loads(a.v_cache);
 }
 
-// Sets the kernel's shared-memory limit on the current device and returns its resident CTAs per SM; both
-// are done once per device (host-side queries only, so a captured call may make them).
+// Lets the kernel use its shared memory (over the 48 KB default) on the current device; set before every
+// launch, as the other kernels do, so nothing depends on an earlier call.
+template <class E, int D>
+void allow_mma_smem() {
+  check_cuda(cudaFuncSetAttribute(mma_split_kernel<E, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(MmaConfig<D>::kSmemBytes)),
+             "cudaFuncSetAttribute (attention_with_kvcache)");
+}
+
+// The kernel's resident CTAs per SM, queried once per device (a host-side query: a captured call may make it).
 template <class E, int D>
 int mma_blocks_per_sm() {
   constexpr int kMaxDevices = 64;
@@ -673,12 +681,10 @@ int mma_blocks_per_sm() {
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   if (device < kMaxDevices && known[device].load(std::memory_order_acquire) > 0) return known[device].load();
-  const auto kernel = mma_split_kernel<E, D>;
-  const int bytes = int(MmaConfig<D>::kSmemBytes);
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-             "cudaFuncSetAttribute (attention_with_kvcache)");
+  allow_mma_smem<E, D>();
   int blocks = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, bytes),
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_split_kernel<E, D>, kThreads,
+                                                           MmaConfig<D>::kSmemBytes),
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   blocks = std::max(blocks, 1);
   if (device < kMaxDevices) known[device].store(blocks, std::memory_order_release);
@@ -723,11 +729,13 @@ void launch(const Params& prm, const KvCacheProblem& p, bool tensor_cores, cudaS
   const dim3 grid(unsigned(prm.splits), unsigned(p.kv_heads * prm.row_chunks), unsigned(p.batch));
   if constexpr (!std::is_same_v<E, float>) {
     if (tensor_cores) {
-      // mma_blocks_per_sm (run by the plan) set the kernels' shared-memory limit.
-      if (p.head_dim == 64)
+      if (p.head_dim == 64) {
+        allow_mma_smem<E, 64>();
         mma_split_kernel<E, 64><<<grid, kThreads, MmaConfig<64>::kSmemBytes, stream>>>(prm);
-      else
+      } else {
+        allow_mma_smem<E, 128>();
         mma_split_kernel<E, 128><<<grid, kThreads, MmaConfig<128>::kSmemBytes, stream>>>(prm);
+      }
     }
   }
   if (!tensor_cores) {
