@@ -1,7 +1,8 @@
 // Attention over a KV cache on CUDA (decoding; flash-decoding's split over keys).
 //
-// 1. With new k, v: an append kernel writes them into the cache at rows
-//    cache_seqlens[b] .. (through the block table when paged).
+// 1. With new k, v: they are written into the cache at rows cache_seqlens[b] ..
+//    (through the block table when paged), by an append kernel before the
+//    general split kernel, or by the tensor-core split kernel itself.
 // 2. The split kernel: one CTA per (key split, KV head × query-row chunk,
 //    sequence). Its 16 query rows are the (query, head) pairs of the KV head's
 //    group, so a key read from memory serves every query head sharing it. It
@@ -378,8 +379,8 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
   const int n_chunks = seen_end > begin ? (seen_end - begin + kChunk - 1) / kChunk : 0;
   const int mine = n_chunks > warp ? (n_chunks - warp + kWarps - 1) / kWarps : 0;
   E* my_stages = stages + warp * S * Cfg::kStageElems;
-  const E* kc = static_cast<const E*>(p.k_cache) + kv_head * p.kc_stride[2];
-  const E* vc = static_cast<const E*>(p.v_cache) + kv_head * p.vc_stride[2];
+  E* kc = static_cast<E*>(p.k_cache) + kv_head * p.kc_stride[2];
+  E* vc = static_cast<E*>(p.v_cache) + kv_head * p.vc_stride[2];
 
   // Starts the copies of the warp's n-th chunk into `stage`: lane l finds key l % 16's rows (one block-table
   // read per key), the lanes then copy whole rows, 16 bytes each (keys outside the split or in an invalid
@@ -409,6 +410,24 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
   for (int nd = 0; nd < D / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // m in log2 units of the scaled scores
   const float scale_log2 = p.scale * 1.4426950408889634f;
+
+  // New keys and values (append): the CTA writes those in its split's key range before reading it. Every
+  // key below L lies in one split's range; the CTAs of other row chunks write the same values.
+  if (p.append) {
+    const int start = min(max(p.cache_seqlens[b], 0), p.capacity);
+    const int lo = max(begin, start), hi = min(end, min(start + p.q_len, p.capacity));
+    const E* kn = static_cast<const E*>(p.k_new) + b * p.kn_stride[0] + kv_head * p.kn_stride[2];
+    const E* vn = static_cast<const E*>(p.v_new) + b * p.vn_stride[0] + kv_head * p.vn_stride[2];
+    for (int idx = threadIdx.x; idx < (hi - lo) * D; idx += kThreads) {
+      const int j = lo + idx / D, d = idx % D, i = j - start;
+      int64_t koff, voff;
+      row_offsets(p, b, j, koff, voff);
+      if (koff < 0) continue;  // an invalid block: neither written nor read
+      kc[koff + d] = kn[i * p.kn_stride[1] + d * p.kn_stride[3]];
+      vc[voff + d] = vn[i * p.vn_stride[1] + d * p.vn_stride[3]];
+    }
+    __syncthreads();  // written before any thread's copies read them
+  }
 
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
@@ -721,7 +740,7 @@ KvCachePlan plan_splits(const AttentionKvCacheArgs& a, const KvCacheProblem& p) 
 
 template <class E>
 void launch(const Params& prm, const KvCacheProblem& p, bool tensor_cores, cudaStream_t stream) {
-  if (p.append) {
+  if (p.append && !tensor_cores) {  // the tensor-core kernel appends by itself
     append_kernel<E><<<dim3(unsigned(p.batch * p.q_len), unsigned(p.kv_heads)), 128, 0, stream>>>(
         prm, int(p.head_dim), int(p.value_dim));
     check_cuda(cudaGetLastError(), "attention_with_kvcache append kernel launch");
