@@ -1,5 +1,6 @@
 """Decode attention over a KV cache: flashgla.flash_attention_with_kvcache at batch 1, 8, 64 and cache
-lengths 1K..32K (bf16, D 128; Hq 16 / Hkv 16, or --gqa for Hq 32 / Hkv 8), one new query per sequence.
+lengths 1K..32K (bf16, D 128; Hq 16 / Hkv 16, or --gqa for Hq 32 / Hkv 8, --gqa 8 for Hq 64 / Hkv 8), one new
+query per sequence.
 
 Run on a GPU machine with flashgla importable (`pip install .`):
 
@@ -152,7 +153,8 @@ def run_shape(B, L, Hq, Hkv, D, paged, copy_cache):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--gqa", action="store_true", help="Hq 32 / Hkv 8 instead of 16 / 16")
+    parser.add_argument("--gqa", type=int, nargs="?", const=4, default=0, metavar="GROUP",
+                        help="Hq = GROUP · 8 / Hkv 8 instead of 16 / 16 (GROUP 4 when left out)")
     parser.add_argument("--paged", type=int, default=0, help="block size of a paged cache (0: contiguous)")
     parser.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "results_kvcache.md"))
     parser.add_argument("--no-append", action="store_true", help="print only")
@@ -164,7 +166,9 @@ def main():
         return
     if not flashgla.cuda_available():
         raise SystemExit("bench_kvcache: needs a CUDA build of flashgla and a GPU")
-    Hq, Hkv, D = (32, 8, 128) if args.gqa else (16, 16, 128)
+    if args.gqa < 0:
+        raise SystemExit(f"bench_kvcache: --gqa: expected a group size >= 1, got {args.gqa}")
+    Hq, Hkv, D = (8 * args.gqa, 8, 128) if args.gqa else (16, 16, 128)
     batches = (1, 8, 64)
     lengths = (1024, 4096, 16384) if args.quick else (1024, 2048, 4096, 8192, 16384, 32768)
     props = torch.cuda.get_device_properties(0)

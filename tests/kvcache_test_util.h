@@ -33,6 +33,7 @@ struct Case {
   int num_splits = 0;
   std::optional<int64_t> max_seqlen_k;
   std::optional<double> scale;
+  int64_t cache_padding = 0;  // elements after each cache row (D) on the device: strided caches
 
   Case with(DType d) const { Case c = *this; c.dtype = d; return c; }
   Case lens(std::vector<int64_t> l) const { Case c = *this; c.seqlens = std::move(l); c.batch = int64_t(c.seqlens.size()); return c; }
@@ -44,6 +45,7 @@ struct Case {
   Case appending() const { Case c = *this; c.append = true; return c; }
   Case full() const { Case c = *this; c.causal = false; return c; }
   Case splits(int n) const { Case c = *this; c.num_splits = n; return c; }
+  Case padded(int64_t n) const { Case c = *this; c.cache_padding = n; return c; }
 };
 
 inline void PrintTo(const Case& c, std::ostream* os) {
@@ -53,6 +55,7 @@ inline void PrintTo(const Case& c, std::ostream* os) {
   if (c.append) *os << " append";
   *os << (c.causal ? " causal" : " full");
   if (c.num_splits) *os << " splits=" << c.num_splits;
+  if (c.cache_padding) *os << " cache padding=" << c.cache_padding;
   if (!c.seqlens.empty()) {
     *os << " lens:";
     for (int64_t l : c.seqlens) *os << " " << l;
@@ -112,10 +115,12 @@ inline Inputs make_inputs(const Case& c, uint64_t seed) {
   return in;
 }
 
-inline Inputs to_device(const Inputs& in, Device dev) {
+inline Inputs to_device(const Inputs& in, Device dev, int64_t cache_padding = 0) {
   Inputs out = in;
-  for (Buffer* t : {&out.q, &out.k_cache, &out.v_cache, &out.cache_seqlens, &out.block_table, &out.k, &out.v})
+  for (Buffer* t : {&out.q, &out.cache_seqlens, &out.block_table, &out.k, &out.v})
     if (t->defined()) *t = t->to(dev);
+  out.k_cache = in.k_cache.to(dev, cache_padding);
+  out.v_cache = in.v_cache.to(dev, cache_padding);
   return out;
 }
 
@@ -203,7 +208,7 @@ inline double tolerance(DType d, Device dev) {
 inline void check_case(const Case& c, Device dev, uint64_t seed) {
   const Inputs host = make_inputs(c, seed);
   const Expected e = reference(c, host);
-  Inputs in = to_device(host, dev);
+  Inputs in = to_device(host, dev, c.cache_padding);
   Buffer o(c.dtype, {c.batch, c.q_len, c.q_heads, c.value_dim}, dev), lse(DType::f32, {c.batch, c.q_heads, c.q_len}, dev);
   o.poison();
   lse.poison();

@@ -33,7 +33,8 @@ INSTANTIATE_TEST_SUITE_P(
                       kBase.paged(16).appending().queries(3).lens({0, 13, 93}),
                       kBase.paged(8).queries(40).heads(6, 3).cap(160).lens({40, 160}).with(DType::bf16),
                       kBase.paged(32).appending().queries(4).cap(128).with(DType::f64),
-                      kBase.cap(300).lens({300}).queries(2)));
+                      kBase.cap(300).lens({300}).queries(2),
+                      kBase.paged(16).appending().queries(3).lens({0, 13, 93}).padded(3)));  // strided cache rows
 
 // The checks name the argument and what was expected.
 struct Bad {

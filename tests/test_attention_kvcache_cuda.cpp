@@ -1,7 +1,8 @@
 // attention_with_kvcache on CUDA against the fp64 reference (skipped without a
 // GPU): contiguous and paged caches, GQA, one and several queries, appends,
 // empty and full caches, random block tables with invalid unused entries, one
-// split and many (flash-decoding, with the combine), long caches at batch 1.
+// split and many (flash-decoding, with the combine), long caches at batch 1,
+// and the tensor-core kernel at decode sizes (GQA 8:1, block sizes 16 and 256).
 // KvCacheCudaSmall.* is small enough for compute-sanitizer (scripts/gpu_check.sh).
 #include <gtest/gtest.h>
 
@@ -42,7 +43,12 @@ INSTANTIATE_TEST_SUITE_P(
                       kBf16.paged(16).lens({0, 33, 96, 5}), kBf16.paged(16).lens({0, 33, 96, 5}).splits(5),
                       kBf16.paged(16).appending().queries(3).lens({0, 13, 93}),
                       kD128.paged(8).queries(40).heads(6, 3).cap(160).lens({40, 160}).splits(2),
-                      kBf16.with(DType::f32).paged(32).appending().queries(4).cap(128)));
+                      kBf16.with(DType::f32).paged(32).appending().queries(4).cap(128),
+                      // Strided caches: rows padded by 8 elements keep 16-byte copies (the tensor-core kernel),
+                      // by 1 they do not (bf16 / fp16 then run the general kernel).
+                      kBf16.lens({0, 96, 37}).padded(8), kD128.paged(16).appending().queries(3).lens({0, 13, 93}).padded(8),
+                      kBf16.lens({0, 96, 37}).padded(1), kBf16.with(DType::f16).paged(16).appending().queries(3).lens({0, 13, 93}).padded(1),
+                      kD128.heads(8, 1).queries(2).lens({5, 96}).splits(3).padded(1)));
 
 // Long caches, small batches: the automatic plan splits the keys (and with a
 // max_seqlen_k below the real lengths, the last split still covers them).
@@ -56,6 +62,19 @@ INSTANTIATE_TEST_SUITE_P(Split, KvCacheCudaLong,
                          ::testing::Values(long_case(8192, {8192}), long_case(4096, {4000}).heads(16, 16), long_case(16384, {12345, 700}),
                                            long_case(8192, {5000}).heads(32, 4).appending(),
                                            long_case(8192, {8000}).paged(64).heads(8, 2), underestimated()));
+
+// The tensor-core kernel (bf16 / fp16) at decode sizes: many splits of a long cache, GQA 8:1, paged with
+// small and large blocks, several causal queries over row chunks, lengths from 0 to the capacity in one
+// batch, D 64, a forced split count that leaves splits empty, and keys that end mid-chunk.
+INSTANTIATE_TEST_SUITE_P(
+    Decode, KvCacheCudaLong,
+    ::testing::Values(kD128.heads(16, 16).cap(16384).lens({16384}), kD128.heads(16, 16).cap(16384).lens({16384}).with(DType::f16),
+                      long_case(8192, {8000, 3}).heads(32, 4), long_case(8192, {8000, 3}).heads(32, 4).with(DType::f16),
+                      long_case(4096, {4000, 0, 1500}).paged(16), long_case(4096, {4000, 0, 1500}).paged(256).heads(16, 2),
+                      long_case(4096, {3000, 17, 0}).heads(16, 2).queries(6), long_case(4096, {3000, 40}).heads(8, 8).queries(5).full(),
+                      long_case(8192, {0, 8192, 1, 4097, 63, 2048}), long_case(8192, {0, 8191, 1, 4097, 63, 2048}).paged(16).appending(),
+                      kBf16.heads(16, 2).cap(8192).lens({8191, 5000}), long_case(4096, {1000}).splits(37),
+                      long_case(1024, {1009, 15, 17}).queries(3).appending()));
 
 TEST(KvCacheCudaSmallApi, UnsupportedAndBounds) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";

@@ -1,14 +1,17 @@
 // Attention over a KV cache on CUDA (decoding; flash-decoding's split over keys).
 //
-// 1. With new k, v: an append kernel writes them into the cache at rows
-//    cache_seqlens[b] .. (through the block table when paged).
+// 1. With new k, v: they are written into the cache at rows cache_seqlens[b] ..
+//    (through the block table when paged), by an append kernel before the
+//    general split kernel, or by the tensor-core split kernel itself.
 // 2. The split kernel: one CTA per (key split, KV head × query-row chunk,
-//    sequence). Its query rows are the (query, head) pairs of the KV head's
-//    group, so a key tile read from memory serves every query head sharing it.
-//    It walks its split's key tiles (gathered through the block table, 16-byte
-//    loads where the layout allows), keeps the online softmax in fp32 and
-//    writes either the final o and lse (one split) or a partial (o, lse) to the
-//    workspace.
+//    sequence). Its 16 query rows are the (query, head) pairs of the KV head's
+//    group, so a key read from memory serves every query head sharing it. It
+//    walks its split's keys (gathered through the block table), keeps the
+//    online softmax in fp32 and writes either the final o and lse (one split)
+//    or a partial (o, lse) to the workspace. bf16 / fp16 caches that allow
+//    16-byte copies run the tensor-core kernel (mma_split_kernel: per-warp
+//    cp.async pipelines, mma.m16n8k16); fp32 and other layouts the general one
+//    (split_kernel). The split count comes from kvcache_plan.h.
 // 3. With several splits, the combine kernel merges the partials by their lse.
 //
 // Nothing is read back to the host (graph-capturable): the split plan comes
@@ -20,13 +23,19 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <climits>
 #include <string>
+#include <type_traits>
 
 #include "core/backend.h"
 #include "cuda/common/host.cuh"
+#include "cuda/attention/kvcache_plan.h"
+#include "cuda/common/copy.cuh"
 #include "cuda/common/dtype.cuh"
+#include "cuda/common/mma.cuh"
 
 namespace flashgla::cuda {
 namespace {
@@ -72,6 +81,20 @@ __device__ __forceinline__ int64_t row_offset(const Params& p, const int64_t* st
   const int block = p.block_table[b * p.table_stride[0] + int64_t(j / p.block_size) * p.table_stride[1]];
   if (block < 0 || block >= p.num_blocks) return -1;
   return int64_t(block) * stride[0] + int64_t(j % p.block_size) * stride[1];
+}
+
+// Both caches' offsets of key j with one block-table read; both −1 when its block is invalid.
+__device__ __forceinline__ void row_offsets(const Params& p, int b, int j, int64_t& k_off, int64_t& v_off) {
+  if (p.block_table == nullptr) {
+    k_off = b * p.kc_stride[0] + int64_t(j) * p.kc_stride[1];
+    v_off = b * p.vc_stride[0] + int64_t(j) * p.vc_stride[1];
+    return;
+  }
+  const int index = j / p.block_size, within = j - index * p.block_size;
+  const int block = p.block_table[b * p.table_stride[0] + int64_t(index) * p.table_stride[1]];
+  const bool ok = block >= 0 && block < p.num_blocks;
+  k_off = ok ? int64_t(block) * p.kc_stride[0] + int64_t(within) * p.kc_stride[1] : -1;
+  v_off = ok ? int64_t(block) * p.vc_stride[0] + int64_t(within) * p.vc_stride[1] : -1;
 }
 
 template <class E>
@@ -269,24 +292,344 @@ __global__ void __launch_bounds__(kThreads) split_kernel(Params p) {
   }
 }
 
-// Merges the splits' partials of one (sequence, head, query): weights exp(lse_s − lse).
+// ---- The tensor-core split kernel (bf16 / fp16 with 16-byte aligned caches) ----
+//
+// Decode reads every byte of K and V once and does two small products per key,
+// so it is bound by memory if the SM keeps enough bytes in flight and spends few
+// instructions per byte. Here each of the 4 warps walks its own chunks of 16
+// keys (chunks warp, warp + 4, …; neighbouring keys in flight together) through
+// a private ring of kStages shared-memory stages filled by cp.async, so loads
+// for the next kStages − 1 chunks are in flight while one is computed and no
+// barrier of the CTA sits in the loop. The 16 query rows of the CTA are the A
+// operand of mma.m16n8k16: S = Q Kᵀ and O += P V cost 2·D/8 tensor-core
+// instructions per chunk, whatever the group (rows that are padding cost
+// nothing extra). Each warp keeps its own online softmax; the 4 warps' (m, l, o)
+// are merged in shared memory at the end.
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunk = 16;  // keys per warp step
+
+template <int D>
+struct MmaConfig {
+  static constexpr int kStages = 3;
+  static constexpr int kLd = D + 8;       // padded rows: ldmatrix's 8 row addresses fall in distinct banks
+  static constexpr int kOutLd = D + 8;    // fp32 rows of the warps' merge, padded likewise
+  static constexpr int kStageElems = 2 * kChunk * kLd;  // K chunk, then V chunk
+  static constexpr size_t kQBytes = size_t(kRows) * kLd * 2;
+  static constexpr size_t kStageBytes = size_t(kWarps) * kStages * kStageElems * 2;
+  static constexpr size_t kMergeBytes = (size_t(kWarps) * kRows * kOutLd + 2 * kWarps * kRows) * 4;
+  static constexpr size_t kValidBytes = size_t(kWarps) * kStages * 4;
+  static constexpr size_t kSmemBytes = kQBytes + (kStageBytes > kMergeBytes ? kStageBytes : kMergeBytes) + kValidBytes;
+};
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait_pending() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {  // ex2.approx: 2^−inf = 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <class E>
-__global__ void combine_kernel(Params p, int value_dim) {
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+template <class E, int D>
+__global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
+  using Cfg = MmaConfig<D>;
+  constexpr int LD = Cfg::kLd, S = Cfg::kStages;
+  extern __shared__ __align__(16) unsigned char smem[];
+  E* q_s = reinterpret_cast<E*>(smem);
+  unsigned char* ring = smem + Cfg::kQBytes;
+  E* stages = reinterpret_cast<E*>(ring);
+  unsigned* valid_s = reinterpret_cast<unsigned*>(
+      ring + (Cfg::kStageBytes > Cfg::kMergeBytes ? Cfg::kStageBytes : Cfg::kMergeBytes));
+
+  const int split = blockIdx.x, b = blockIdx.z;
+  const int kv_head = blockIdx.y / p.row_chunks, chunk = blockIdx.y % p.row_chunks;
+  const int group_rows = p.q_len * p.group;  // rows of this KV head: r → query r / group, head r % group
+  const int row0 = chunk * kRows;
+  const int rows = min(kRows, group_rows - row0);
+  const int L = keys_of(p, b);
+  const int begin = split * p.keys_per_split;
+  // The last split runs to L even past the plan: a max_seqlen_k that was too small costs balance, not keys.
+  const int end = split + 1 == p.splits ? L : min(L, begin + p.keys_per_split);
+  const int last_query = (row0 + rows - 1) / p.group;
+  const int seen_end = p.causal ? min(end, max(0, last_query + L - p.q_len + 1)) : end;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;  // fragment row and column pair (mma.cuh)
+
+  // The last key each of the lane's two rows (g, g + 8) may see.
+  int limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = min(row0 + g + 8 * h, group_rows - 1) / p.group;
+    limit[h] = p.causal ? i + L - p.q_len : INT_MAX;
+  }
+
+  const int n_chunks = seen_end > begin ? (seen_end - begin + kChunk - 1) / kChunk : 0;
+  const int mine = n_chunks > warp ? (n_chunks - warp + kWarps - 1) / kWarps : 0;
+  E* my_stages = stages + warp * S * Cfg::kStageElems;
+  E* kc = static_cast<E*>(p.k_cache) + kv_head * p.kc_stride[2];
+  E* vc = static_cast<E*>(p.v_cache) + kv_head * p.vc_stride[2];
+
+  // Starts the copies of the warp's n-th chunk into `stage`: lane l finds key l % 16's rows (one block-table
+  // read per key), the lanes then copy whole rows, 16 bytes each (keys outside the split or in an invalid
+  // block are zero-filled and marked invalid).
+  auto issue = [&](int n, int stage) {
+    const int j = begin + (warp + n * kWarps) * kChunk + lane % kChunk;
+    int64_t koff = -1, voff = -1;
+    if (j < seen_end) row_offsets(p, b, j, koff, voff);
+    const unsigned valid = __ballot_sync(0xffffffffu, koff >= 0 && voff >= 0) & 0xffffu;
+    if (lane == 0) valid_s[warp * S + stage] = valid;
+    E* kt = my_stages + stage * Cfg::kStageElems;
+    E* vt = kt + kChunk * LD;
+    constexpr int kParts = D / 8;              // 16-byte pieces of a row
+    constexpr int kRowsPerPass = 32 / kParts;  // rows one instruction of the warp copies
+#pragma unroll
+    for (int it = 0; it < kChunk / kRowsPerPass; ++it) {
+      const int c = lane / kParts + it * kRowsPerPass, part = lane % kParts;
+      const int64_t ko = __shfl_sync(0xffffffffu, koff, c), vo = __shfl_sync(0xffffffffu, voff, c);
+      const bool ok = (valid >> c) & 1u;
+      cp_async16_ordered(kt + c * LD + part * 8, ok ? kc + ko + part * 8 : kc, ok ? 16 : 0);
+      cp_async16_ordered(vt + c * LD + part * 8, ok ? vc + vo + part * 8 : vc, ok ? 16 : 0);
+    }
+  };
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // m in log2 units of the scaled scores
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+
+  // New keys and values (append): the CTA writes those in its split's key range before reading it. Every
+  // key below L lies in one split's range; the CTAs of other row chunks write the same values.
+  if (p.append) {
+    const int start = min(max(p.cache_seqlens[b], 0), p.capacity);
+    const int lo = max(begin, start), hi = min(end, min(start + p.q_len, p.capacity));
+    const E* kn = static_cast<const E*>(p.k_new) + b * p.kn_stride[0] + kv_head * p.kn_stride[2];
+    const E* vn = static_cast<const E*>(p.v_new) + b * p.vn_stride[0] + kv_head * p.vn_stride[2];
+    for (int idx = threadIdx.x; idx < (hi - lo) * D; idx += kThreads) {
+      const int j = lo + idx / D, d = idx % D, i = j - start;
+      int64_t koff, voff;
+      row_offsets(p, b, j, koff, voff);
+      if (koff < 0) continue;  // an invalid block: neither written nor read
+      kc[koff + d] = kn[i * p.kn_stride[1] + d * p.kn_stride[3]];
+      vc[voff + d] = vn[i * p.vn_stride[1] + d * p.vn_stride[3]];
+    }
+    __syncthreads();  // written before any thread's copies read them
+  }
+
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < mine) issue(s, s);
+    cp_async_commit_ordered();  // a group per chunk, empty or not: the wait below counts them
+  }
+  // Queries as they are (the scale is applied to the fp32 scores; padding rows are 0), read while the
+  // first chunks are on their way.
+  const E* q = static_cast<const E*>(p.q);
+  for (int idx = threadIdx.x; idx < kRows * D; idx += kThreads) {
+    const int r = idx / D, d = idx % D;
+    E value = from_float<E>(0.f);
+    if (r < rows) {
+      const int rr = row0 + r, i = rr / p.group, h = kv_head * p.group + rr % p.group;
+      value = q[b * p.q_stride[0] + i * p.q_stride[1] + h * p.q_stride[2] + d * p.q_stride[3]];
+    }
+    q_s[r * LD + d] = value;
+  }
+  __syncthreads();
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    ldmatrix_x4_ordered(qf[kk], q_s + (lane % 8 + ((lane / 8) % 2) * 8) * LD + kk * 16 + (lane / 16) * 8);
+
+  for (int n = 0; n < mine; ++n) {
+    if (n + S - 1 < mine) issue(n + S - 1, (n + S - 1) % S);  // into the stage chunk n − 1 used
+    cp_async_commit_ordered();
+    cp_async_wait_pending<S - 1>();  // this lane's copies of chunk n have landed
+    __syncwarp();                    // and every lane's
+    const int stage = n % S;
+    const E* kt = my_stages + stage * Cfg::kStageElems;
+    const E* vt = kt + kChunk * LD;
+    const unsigned valid = valid_s[warp * S + stage];
+    const int j0 = begin + (warp + n * kWarps) * kChunk;
+
+    // S = Q Kᵀ: B fragments of keys 0-7 and 8-15 from one ldmatrix.x4 per 16 of D.
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t kf[4];
+      ldmatrix_x4_ordered(kf, kt + ((lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+      mma16816<E>(s[0], qf[kk], kf[0], kf[1]);
+      mma16816<E>(s[1], qf[kk], kf[2], kf[3]);
+    }
+
+    // Online softmax of rows g (h = 0) and g + 8 (h = 1); the row's max is shared by its quad.
+    float factor[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float chunk_max = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = nt * 8 + 2 * t + e;
+          const bool visible = ((valid >> key) & 1u) && j0 + key <= limit[h];
+          float& x = s[nt][2 * h + e];
+          x = visible ? x * scale_log2 : -INFINITY;
+          chunk_max = fmaxf(chunk_max, x);
+        }
+      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, 1));
+      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, 2));
+      const float new_max = fmaxf(m[h], chunk_max);
+      // A row that has seen nothing yet (new_max = −inf) keeps p = 0 and its stats.
+      const float base = new_max == -INFINITY ? 0.f : new_max;
+      factor[h] = m[h] == -INFINITY ? 0.f : exp2_approx(m[h] - new_max);
+      m[h] = new_max;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[nt][2 * h + e];
+          x = exp2_approx(x - base);
+          sum += x;
+        }
+      l[h] = l[h] * factor[h] + sum;  // this lane's columns; the quad's are summed at the end
+    }
+
+    // O = O · factor + P V: P's accumulators are the A fragment as they lie (mma.cuh's layouts).
+    const uint32_t pa[4] = {pack2<E>(s[0][0], s[0][1]), pack2<E>(s[0][2], s[0][3]), pack2<E>(s[1][0], s[1][1]),
+                            pack2<E>(s[1][2], s[1][3])};
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+      o[nd][0] *= factor[0], o[nd][1] *= factor[0];
+      o[nd][2] *= factor[1], o[nd][3] *= factor[1];
+    }
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd += 2) {
+      uint32_t vf[4];
+      ldmatrix_x4_trans_ordered(vf, vt + (((lane / 8) % 2) * 8 + lane % 8) * LD + (nd + lane / 16) * 8);
+      mma16816<E>(o[nd], pa, vf[0], vf[1]);
+      mma16816<E>(o[nd + 1], pa, vf[2], vf[3]);
+    }
+    __syncwarp();  // every lane is done with this stage before it is refilled
+  }
+  cp_async_wait_committed();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+
+  // Merge the warps: each leaves (m, l, o) of its keys in shared memory (over the stages).
+  __syncthreads();
+  constexpr int OLD = Cfg::kOutLd;
+  float* o_w = reinterpret_cast<float*>(ring);
+  float* m_w = o_w + kWarps * kRows * OLD;
+  float* l_w = m_w + kWarps * kRows;
+#pragma unroll
+  for (int nd = 0; nd < D / 8; ++nd) {
+    *reinterpret_cast<float2*>(o_w + (warp * kRows + g) * OLD + nd * 8 + 2 * t) = make_float2(o[nd][0], o[nd][1]);
+    *reinterpret_cast<float2*>(o_w + (warp * kRows + g + 8) * OLD + nd * 8 + 2 * t) = make_float2(o[nd][2], o[nd][3]);
+  }
+  if (t == 0) {
+    m_w[warp * kRows + g] = m[0], m_w[warp * kRows + g + 8] = m[1];
+    l_w[warp * kRows + g] = l[0], l_w[warp * kRows + g + 8] = l[1];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < rows * D; idx += kThreads) {
+    const int r = idx / D, col = idx % D;
+    float top = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) top = fmaxf(top, m_w[w * kRows + r]);
+    float sum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = m_w[w * kRows + r];
+      const float weight = mw == -INFINITY ? 0.f : exp2_approx(mw - top);
+      sum += weight * l_w[w * kRows + r];
+      acc += weight * o_w[(w * kRows + r) * OLD + col];
+    }
+    const float value = sum > 0.f ? acc / sum : 0.f;
+    const float lse = sum > 0.f ? (top + log2f(sum)) * 0.6931471805599453f : -INFINITY;
+    const int rr = row0 + r, i = rr / p.group, h = kv_head * p.group + rr % p.group;
+    if (p.splits == 1) {
+      E* out = static_cast<E*>(p.o);
+      out[b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] + col * p.o_stride[3]] = from_float<E>(value);
+      if (col == 0 && p.lse != nullptr) p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] = lse;
+    } else {
+      const int64_t row = (int64_t(b) * p.q_heads + h) * p.q_len + i;
+      const int64_t total = int64_t(p.batch) * p.q_heads * p.q_len;
+      p.part_o[(split * total + row) * D + col] = value;
+      if (col == 0) p.part_lse[split * total + row] = lse;
+    }
+  }
+}
+
+constexpr int kCombineThreads = 128;
+
+// A CTA-wide reduction (every thread gets the result); `scratch` holds a float per warp.
+template <bool kMax>
+__device__ __forceinline__ float cta_reduce(float x, float* scratch) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, off);
+    x = kMax ? fmaxf(x, y) : x + y;
+  }
+  __syncthreads();  // scratch is free (a previous reduction has been read)
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
+  __syncthreads();
+  x = scratch[0];
+  for (int w = 1; w < kCombineThreads / 32; ++w) x = kMax ? fmaxf(x, scratch[w]) : x + scratch[w];
+  return x;
+}
+
+// Merges the splits' partials of one (sequence, head, query): weights exp(lse_s − lse). The max and the
+// denominator are reduced over the CTA; each column's sum reads 8 splits' partials before using them, so
+// their loads are in flight together rather than one split's latency after another.
+template <class E>
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p, int value_dim) {
+  __shared__ float scratch[kCombineThreads / 32];
   const int64_t row = blockIdx.x;
   const int64_t total = int64_t(p.batch) * p.q_heads * p.q_len;
   const int i = int(row % p.q_len), h = int((row / p.q_len) % p.q_heads), b = int(row / (int64_t(p.q_len) * p.q_heads));
   float m = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) m = fmaxf(m, p.part_lse[s * total + row]);
+  for (int s = threadIdx.x; s < p.splits; s += kCombineThreads) m = fmaxf(m, p.part_lse[s * total + row]);
+  m = cta_reduce<true>(m, scratch);
   float denom = 0.f;
-  for (int s = 0; s < p.splits; ++s) {
+  for (int s = threadIdx.x; s < p.splits; s += kCombineThreads) {
     const float l = p.part_lse[s * total + row];
     denom += l == -INFINITY ? 0.f : __expf(l - m);
   }
+  denom = cta_reduce<false>(denom, scratch);
   E* o = static_cast<E*>(p.o);
-  for (int d = threadIdx.x; d < value_dim; d += blockDim.x) {
+  for (int d = threadIdx.x; d < value_dim; d += kCombineThreads) {
     float value = 0.f;
     if (denom > 0.f) {
-      for (int s = 0; s < p.splits; ++s) {
+      constexpr int kBatch = 8;
+      int s = 0;
+      for (; s + kBatch <= p.splits; s += kBatch) {
+        float l[kBatch], x[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          l[k] = p.part_lse[(s + k) * total + row];
+          x[k] = p.part_o[((s + k) * total + row) * value_dim + d];
+        }
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k)
+          if (l[k] != -INFINITY) value += __expf(l[k] - m) * x[k];
+      }
+      for (; s < p.splits; ++s) {
         const float l = p.part_lse[s * total + row];
         if (l != -INFINITY) value += __expf(l - m) * p.part_o[(s * total + row) * value_dim + d];
       }
@@ -325,18 +668,6 @@ int sm_count(int device) {
   return count;
 }
 
-// Key splits per (sequence, KV head, row chunk): enough CTAs to fill the SMs
-// (about four resident per SM, limited by shared memory), each split at least
-// 128 keys long so the partials stay small next to the keys.
-int plan_splits(const AttentionKvCacheArgs& a, const KvCacheProblem& p) {
-  if (a.num_splits > 0) return a.num_splits;
-  const int64_t row_chunks = ceil_div(p.q_len * (p.q_heads / p.kv_heads), kRows);
-  const int64_t ctas = p.batch * p.kv_heads * row_chunks;
-  const int64_t wanted = ceil_div(4 * int64_t(sm_count(a.q.device.index)), ctas);
-  const int64_t most = std::max<int64_t>(1, p.max_seqlen_k / 128);
-  return int(std::clamp<int64_t>(std::min(wanted, most), 1, 256));
-}
-
 // 16-byte loads need a unit stride along D and every other stride, and the pointer, 16-byte aligned.
 bool vector_loads(const TensorView& t) {
   const int64_t elems = 16 / int64_t(dtype_size(t.dtype));
@@ -346,21 +677,95 @@ bool vector_loads(const TensorView& t) {
   return true;
 }
 
+// The tensor-core kernel takes bf16 and fp16 caches that allow 16-byte copies; fp32 and other layouts take
+// the general kernel.
+bool tensor_core_path(const AttentionKvCacheArgs& a) {
+  return a.q.dtype != DType::f32 && vector_loads(a.k_cache) && vector_loads(a.v_cache);
+}
+
+// Lets the kernel use its shared memory (over the 48 KB default) on the current device; set before every
+// launch, as the other kernels do, so nothing depends on an earlier call.
+template <class E, int D>
+void allow_mma_smem() {
+  check_cuda(cudaFuncSetAttribute(mma_split_kernel<E, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(MmaConfig<D>::kSmemBytes)),
+             "cudaFuncSetAttribute (attention_with_kvcache)");
+}
+
+// The kernel's resident CTAs per SM, queried once per device (a host-side query: a captured call may make it).
+template <class E, int D>
+int mma_blocks_per_sm() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  if (device < kMaxDevices && known[device].load(std::memory_order_acquire) > 0) return known[device].load();
+  allow_mma_smem<E, D>();
+  int blocks = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_split_kernel<E, D>, kThreads,
+                                                           MmaConfig<D>::kSmemBytes),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  blocks = std::max(blocks, 1);
+  if (device < kMaxDevices) known[device].store(blocks, std::memory_order_release);
+  return blocks;
+}
+
 template <class E>
-void launch(const Params& prm, const KvCacheProblem& p, cudaStream_t stream) {
-  if (p.append) {
+int mma_blocks_per_sm(int64_t head_dim) {
+  return head_dim == 64 ? mma_blocks_per_sm<E, 64>() : mma_blocks_per_sm<E, 128>();
+}
+
+// Key splits per (sequence, KV head, row chunk) and keys per split (kvcache_plan.h), from the resident
+// CTAs of the kernel that will run. Reads nothing from the device.
+KvCachePlan plan_splits(const AttentionKvCacheArgs& a, const KvCacheProblem& p) {
+  DeviceGuard guard(a.q.device.index);
+  KvCachePlanInput in;
+  in.units = p.batch * p.kv_heads * ceil_div(p.q_len * (p.q_heads / p.kv_heads), kRows);
+  in.max_seqlen_k = p.max_seqlen_k;
+  in.forced = a.num_splits;
+  const int64_t sms = sm_count(a.q.device.index);
+  if (tensor_core_path(a)) {
+    // Splits of whole 64-key steps (4 warps × 16 keys); the plan's fixed cost keeps them from getting short.
+    in.tile = kWarps * kChunk;
+    in.min_keys = kWarps * kChunk;
+    in.slots = sms * (a.q.dtype == DType::bf16 ? mma_blocks_per_sm<__nv_bfloat16>(p.head_dim)
+                                               : mma_blocks_per_sm<__half>(p.head_dim));
+  } else {
+    in.tile = a.q.dtype == DType::f32 ? key_tile<float>() : key_tile<__nv_bfloat16>();
+    in.min_keys = 128;
+    in.slots = 4 * sms;  // about four resident per SM, limited by shared memory
+  }
+  return plan_kvcache(in);
+}
+
+template <class E>
+void launch(const Params& prm, const KvCacheProblem& p, bool tensor_cores, cudaStream_t stream) {
+  if (p.append && !tensor_cores) {  // the tensor-core kernel appends by itself
     append_kernel<E><<<dim3(unsigned(p.batch * p.q_len), unsigned(p.kv_heads)), 128, 0, stream>>>(
         prm, int(p.head_dim), int(p.value_dim));
     check_cuda(cudaGetLastError(), "attention_with_kvcache append kernel launch");
   }
   const dim3 grid(unsigned(prm.splits), unsigned(p.kv_heads * prm.row_chunks), unsigned(p.batch));
-  if (p.head_dim == 64)
-    split_kernel<E, 64><<<grid, kThreads, 0, stream>>>(prm);
-  else
-    split_kernel<E, 128><<<grid, kThreads, 0, stream>>>(prm);
+  if constexpr (!std::is_same_v<E, float>) {
+    if (tensor_cores) {
+      if (p.head_dim == 64) {
+        allow_mma_smem<E, 64>();
+        mma_split_kernel<E, 64><<<grid, kThreads, MmaConfig<64>::kSmemBytes, stream>>>(prm);
+      } else {
+        allow_mma_smem<E, 128>();
+        mma_split_kernel<E, 128><<<grid, kThreads, MmaConfig<128>::kSmemBytes, stream>>>(prm);
+      }
+    }
+  }
+  if (!tensor_cores) {
+    if (p.head_dim == 64)
+      split_kernel<E, 64><<<grid, kThreads, 0, stream>>>(prm);
+    else
+      split_kernel<E, 128><<<grid, kThreads, 0, stream>>>(prm);
+  }
   check_cuda(cudaGetLastError(), "attention_with_kvcache kernel launch");
   if (prm.splits > 1) {
-    combine_kernel<E><<<unsigned(p.batch * p.q_heads * p.q_len), 128, 0, stream>>>(prm, int(p.value_dim));
+    combine_kernel<E><<<unsigned(p.batch * p.q_heads * p.q_len), kCombineThreads, 0, stream>>>(prm, int(p.value_dim));
     check_cuda(cudaGetLastError(), "attention_with_kvcache combine kernel launch");
   }
 }
@@ -378,7 +783,7 @@ void copy_strides(const TensorView& t, int64_t* out, int n) {
 
 size_t attention_with_kvcache_workspace_bytes(const AttentionKvCacheArgs& a, const KvCacheProblem& p) {
   check_supported(a, p);
-  return workspace_for(p, plan_splits(a, p));
+  return workspace_for(p, plan_splits(a, p).splits);
 }
 
 void attention_with_kvcache(const AttentionKvCacheArgs& a, const KvCacheProblem& p) {
@@ -406,13 +811,12 @@ void attention_with_kvcache(const AttentionKvCacheArgs& a, const KvCacheProblem&
   prm.group = int(p.q_heads / p.kv_heads);
   prm.capacity = int(p.capacity), prm.block_size = int(p.block_size), prm.num_blocks = int(p.num_blocks);
   prm.row_chunks = ceil_div(p.q_len * prm.group, kRows);
-  prm.splits = plan_splits(a, p);
-  const int tile = a.q.dtype == DType::f32 ? key_tile<float>() : key_tile<__nv_bfloat16>();
-  // Split boundaries on tile multiples, so no split starts mid-tile.
-  prm.keys_per_split = ceil_div(ceil_div(std::max<int64_t>(p.max_seqlen_k, 1), prm.splits), tile) * tile;
+  const KvCachePlan plan = plan_splits(a, p);
+  prm.splits = plan.splits, prm.keys_per_split = plan.keys_per_split;
   prm.scale = float(p.scale);
   prm.causal = p.causal, prm.append = p.append;
   prm.vec_k = vector_loads(a.k_cache), prm.vec_v = vector_loads(a.v_cache);
+  const bool tensor_cores = tensor_core_path(a);
   const size_t needed = workspace_for(p, prm.splits);
   Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, needed, stream,
                   "attention_with_kvcache_workspace_bytes", "workspace", 16);
@@ -422,9 +826,9 @@ void attention_with_kvcache(const AttentionKvCacheArgs& a, const KvCacheProblem&
     prm.part_o = scratch.floats() + prm.splits * total;
   }
   switch (a.q.dtype) {
-    case DType::f32: launch<float>(prm, p, stream); break;
-    case DType::bf16: launch<__nv_bfloat16>(prm, p, stream); break;
-    case DType::f16: launch<__half>(prm, p, stream); break;
+    case DType::f32: launch<float>(prm, p, false, stream); break;
+    case DType::bf16: launch<__nv_bfloat16>(prm, p, tensor_cores, stream); break;
+    case DType::f16: launch<__half>(prm, p, tensor_cores, stream); break;
     default: break;  // f64 refused in check_supported
   }
 }
