@@ -440,13 +440,18 @@ TEST(GlaPlan, BackwardChunkKernel) {
   q.gate_dtype = Elem::f32;  // a vector gate in fp32, and its dg: whole fp32 rows are copied and stored there too
   q.g_bf16_rows = q.dg_bf16_rows = false;
   q.g_f32_rows = q.dg_f32_rows = true;
-  EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
+  EXPECT_EQ(kernel(q), BwdChunkKernel::plain_f32_dg);
   q.dg_f32_rows = false;  // dg in another layout
   EXPECT_EQ(kernel(q), BwdChunkKernel::general);
+  q.dg_bf16_rows = true;  // an fp32 gate with a bf16 dg: only the general kernel has both
+  EXPECT_EQ(kernel(q), BwdChunkKernel::general);
+  q.dg_bf16_rows = false;
   q.dg_f32_rows = true, q.g_f32_rows = false;  // g in another layout
   EXPECT_EQ(kernel(q), BwdChunkKernel::general);
   q = p;
   q.dg_bf16_rows = false, q.dg_f32_rows = true;  // a bf16 gate with its dg in fp32 (dg's dtype is the caller's)
+  EXPECT_EQ(kernel(q), BwdChunkKernel::plain_f32_dg);
+  q.gate = Gate::scalar;  // a scalar gate's dg is stored per token: the plain kernel whatever its dtype
   EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
   q.gate = Gate::none;
   EXPECT_EQ(kernel(q), BwdChunkKernel::plain);

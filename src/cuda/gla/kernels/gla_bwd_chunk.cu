@@ -51,12 +51,14 @@ namespace {
 
 // T: the operands' type, fp32, bf16 or fp16 (gla_bwd.cuh, Compute).
 // kPlain (bf16 only): every tile of q, k, v, dO and of the outputs is whole
-// aligned 16-byte rows of bf16 (a vector gate and its dg: bf16 or fp32 rows;
-// BwdChunkKernel::plain, plan.cpp), so the kernel holds only the
+// aligned 16-byte rows of bf16 (BwdChunkKernel::plain, plan.cpp; with kF32Dg,
+// plain_f32_dg: a vector gate's dg in fp32 rows and g in bf16 or fp32 rows, an
+// instantiation of its own because the fp32 branches made the plain kernel spill),
+// so the kernel holds only the
 // asynchronous copies and vector stores, none of the converting or
 // element-wise fallbacks: half the code, fewer instruction-cache misses (a
 // large share of the general kernel's stalls in a profile: bench/notes_gla_bwd.md).
-template <class T, class GT, bool kPlain>
+template <class T, class GT, bool kPlain, bool kF32Dg = false>
 __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdParams p) {
   using Smem = ChunkSmem<T, GT>;
   constexpr int LD = kLd<T>;
@@ -113,13 +115,13 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
   if (threadIdx.x < kTile) sRowSums[threadIdx.x] = 0.f;
   for (int kt = 0; kt < p.key_tiles; ++kt) {
     const int col = 32 * hc + lane;  // this lane's column in the element-wise steps
-    auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+    auto gate = start_gate_tile<GT, kPlain, kF32Dg>(p, sG, b, t0, rows, h, kt * kTile);
     if constexpr (kScaledDStates<T>)
       store_next_gates(p, reinterpret_cast<float*>(smem + Smem::next_gates), b, t0, h, kt * kTile, has_next);
     load_tile_async<T, kBwdChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
     load_tile_async<T, kBwdChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
     cp_async_commit_and_wait_all();
-    finish_gate_tile<GT, kPlain>(p, sG, gate);
+    finish_gate_tile<GT, kPlain, kF32Dg>(p, sG, gate);
 
     // ---- dq, dk between sub-chunks, on the products (accumulators kept until chunk_bwd_dqk):
     //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J)
@@ -171,8 +173,8 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
     __syncthreads();
     store_tile<kBwdChunkThreads, kPlain>(p.dq, b, t0, rows, h, kt * kTile, K, sDQ);
     store_tile<kBwdChunkThreads, kPlain>(p.dk, b, t0, rows, h, kt * kTile, K, sDKA);
-    if (p.gate == GateKind::vector) {  // plain: dg in g's dtype, bf16 or fp32 rows
-      if (kPlain && p.dg.dtype == Elem::f32) store_tile<kBwdChunkThreads, false, true>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
+    if (p.gate == GateKind::vector) {
+      if constexpr (kF32Dg) store_tile<kBwdChunkThreads, false, true>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
       else store_tile<kBwdChunkThreads, kPlain>(p.dg, b, t0, rows, h, kt * kTile, K, sDKS);
     }
     __syncthreads();  // R is read by the stores above
@@ -190,10 +192,10 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
   }
 }
 
-template <class T, class GT, bool kPlain>
+template <class T, class GT, bool kPlain, bool kF32Dg = false>
 void launch(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
   const size_t smem = ChunkSmem<T, GT>::bytes;
-  auto kernel = chunk_kernel<T, GT, kPlain>;
+  auto kernel = chunk_kernel<T, GT, kPlain, kF32Dg>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
              "cudaFuncSetAttribute (GLA backward chunk kernel)");
   cudaLaunchConfig_t config = {};
@@ -235,6 +237,7 @@ void launch_bwd_chunk(const BwdParams& p, BwdChunkKernel kernel, bool overlap_sc
     case BwdChunkKernel::f32: launch<float, double, false>(p, overlap_scans, stream); break;
     case BwdChunkKernel::general: launch<bf16, float, false>(p, overlap_scans, stream); break;
     case BwdChunkKernel::plain: launch<bf16, float, true>(p, overlap_scans, stream); break;
+    case BwdChunkKernel::plain_f32_dg: launch<bf16, float, true, true>(p, overlap_scans, stream); break;
     case BwdChunkKernel::f16: launch<__half, float, false>(p, overlap_scans, stream); break;
   }
 }

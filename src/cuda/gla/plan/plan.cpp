@@ -144,7 +144,7 @@ bool pipelined_scans(const BwdProblem& pr, const DeviceProps& device, const GlaT
 }
 
 // The plain chunk kernel: bf16, every tile of q, k, v, dO, dq, dk and dv whole aligned bf16 rows, a vector gate
-// and its dg in whole aligned bf16 or fp32 rows (each in either), a scalar gate in bf16 or fp32 (FLA's simple
+// and its dg in whole aligned bf16 rows, or (plain_f32_dg) dg in fp32 rows and g in bf16 or fp32 rows, a scalar gate in bf16 or fp32 (FLA's simple
 // GLA gate is usually fp32; only those two loaders are compiled there). tuning.bwd_general_layout: the general
 // kernel wherever bf16.
 BwdChunkKernel chunk_kernel(const BwdProblem& pr, const GlaTuning& tuning) {
@@ -155,8 +155,10 @@ BwdChunkKernel chunk_kernel(const BwdProblem& pr, const GlaTuning& tuning) {
   const bool gate =
       pr.gate == Gate::none ||
       (pr.gate == Gate::scalar && (pr.gate_dtype == Elem::bf16 || pr.gate_dtype == Elem::f32)) ||
-      (pr.gate == Gate::vector && (pr.g_bf16_rows || pr.g_f32_rows) && (pr.dg_bf16_rows || pr.dg_f32_rows));
-  return rows && gate && !tuning.bwd_general_layout ? BwdChunkKernel::plain : BwdChunkKernel::general;
+      (pr.gate == Gate::vector && pr.g_bf16_rows && pr.dg_bf16_rows) ||
+      (pr.gate == Gate::vector && (pr.g_bf16_rows || pr.g_f32_rows) && pr.dg_f32_rows);
+  if (!rows || !gate || tuning.bwd_general_layout) return BwdChunkKernel::general;
+  return pr.gate == Gate::vector && pr.dg_f32_rows ? BwdChunkKernel::plain_f32_dg : BwdChunkKernel::plain;
 }
 
 // Sequence split of the state scans (gla_bwd_states.cu): chunks per piece, 0

@@ -103,7 +103,8 @@ enum class BwdScanKernel : int8_t { one_tile, paired, pipelined };
 // The chunk kernel's instantiation (gla_bwd_chunk.cu): fp32, the general bf16 one, the plain one (bf16,
 // every tile of the inputs and outputs whole aligned rows: no converting or element-wise fallbacks), or the
 // general one with fp16 operands (fp16 inputs).
-enum class BwdChunkKernel : int8_t { f32, general, plain, f16 };
+// plain_f32_dg: the plain one for a vector gate whose dg is in fp32 rows (g in bf16 or fp32 rows).
+enum class BwdChunkKernel : int8_t { f32, general, plain, f16, plain_f32_dg };
 
 // diag_factor_limit with fp16 operands: the factored key operand k_j 2^(Γ_16I − Γ_j) stays finite in fp16
 // (65504) for |k| < 4094, and q̂ = q 2^(Γ_i − Γ_16I) in fp16's normal range for |q| >= 2^-10 (kDiagFactorLimit's

@@ -153,7 +153,7 @@ __device__ __forceinline__ int diagonal_row(int hc, int m) {
 
 // The gate tile of key columns c0.. as Γ in sG, in two steps around the
 // caller's cp_async_commit_and_wait_all(): with kPlain and a vector gate (bf16
-// or fp32 rows), its rows are copied asynchronously into sG itself, with the
+// rows; kF32Rows: bf16 or fp32 rows), its rows are copied asynchronously into sG itself, with the
 // other tiles, then read back and summed; else loaded into registers
 // (load_gate_tile). Waiting on the register loads of the gate was the largest
 // single stall of the general kernel in a profile, and in the plain kernel the
@@ -171,24 +171,24 @@ __device__ __forceinline__ void copy_raw_gate_rows(const BwdParams& p, void* sG,
   });
 }
 
-template <class GT, bool kPlain>
+template <class GT, bool kPlain, bool kF32Rows = false>
 __device__ __forceinline__ GateTile<GT, kBwdChunkThreads> start_gate_tile(const BwdParams& p, GT* sG, int64_t b,
                                                                           int64_t t0, int rows, int64_t h, int c0) {
   if (kPlain && p.gate == GateKind::vector) {
-    if (p.g.dtype == Elem::bf16) copy_raw_gate_rows<bf16>(p, sG, b, t0, rows, h, c0);
+    if (!kF32Rows || p.g.dtype == Elem::bf16) copy_raw_gate_rows<bf16>(p, sG, b, t0, rows, h, c0);
     else copy_raw_gate_rows<float>(p, sG, b, t0, rows, h, c0);
     return {};
   }
   return load_gate_tile<GT, kBwdChunkThreads, kPlain>(p, b, t0, rows, h, c0);
 }
 
-template <class GT, bool kPlain>
+template <class GT, bool kPlain, bool kF32Rows = false>
 __device__ __forceinline__ void finish_gate_tile(const BwdParams& p, GT* sG, GateTile<GT, kBwdChunkThreads>& gate) {
   if (kPlain && p.gate == GateKind::vector) {
     __syncthreads();  // every thread's copies have landed
     using Tile = GateTile<GT, kBwdChunkThreads>;
     const int c = threadIdx.x % kTile, first = (threadIdx.x / kTile) * Tile::kRows;
-    if (p.g.dtype == Elem::bf16) {
+    if (!kF32Rows || p.g.dtype == Elem::bf16) {
       const bf16* raw = reinterpret_cast<const bf16*>(sG);
 #pragma unroll
       for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
