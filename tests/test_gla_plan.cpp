@@ -341,15 +341,14 @@ TEST(GlaPlan, BackwardAnchorD128) {
   EXPECT_FALSE(on_a100.overlap);
   EXPECT_EQ(on_a100.scan_splits, 1);
 
-  // A vector gate in fp32 (bench_cp.py's): the pipelined scans load it into registers at its step (only a bf16
-  // gate is copied raw a step ahead); a bf16 gate not in whole rows still runs them unpipelined.
+  // A vector gate in fp32 (bench_cp.py's) or not in whole bf16 rows: the pipelined scans copy a vector gate's
+  // raw bf16 rows a step ahead, so such a gate runs the paired scans.
   BwdProblem f32_gate = p;
   f32_gate.gate_dtype = Elem::f32;
   f32_gate.g_bf16_rows = f32_gate.dg_bf16_rows = false;
-  EXPECT_EQ(plan_backward(f32_gate, h100(), GlaTuning{}).scans, BwdScanKernel::pipelined);
-  BwdProblem loose = p;
-  loose.g_bf16_rows = false;
-  EXPECT_EQ(plan_backward(loose, h100(), GlaTuning{}).scans, BwdScanKernel::paired);
+  f32_gate.g_f32_rows = f32_gate.dg_f32_rows = true;
+  EXPECT_EQ(plan_backward(f32_gate, h100(), GlaTuning{}).scans, BwdScanKernel::paired);
+  EXPECT_EQ(plan_backward(f32_gate, h100(), GlaTuning{}).chunk_kernel, BwdChunkKernel::plain_f32_dg);
 }
 
 // B2 T16384 H16 d128: 256 scan blocks fill half of the H100's 528 slots: the pipelined scans stay unsplit

@@ -83,7 +83,7 @@ __device__ __forceinline__ void store8(__half* at, const float (&x)[8]) {
 // cumsum are loaded and transformed once for both; same registers per thread
 // and threads per SM as two blocks of one tile.
 // kPipeline = 2 (bf16, kPair = 2, whole bf16 rows: BwdScanKernel::pipelined):
-// two buffers of x, y and a bf16 vector gate's raw rows; chunk i + 1's copies are
+// two buffers of x, y and the gate's raw bf16 rows; chunk i + 1's copies are
 // issued at the top of step i and waited on at its end, so that they fly while
 // step i computes (else each step waits on its loads right after issuing them),
 // with per-thread copy pointers and a 16-byte x̂ transform. (kPipeline = 1, a
@@ -170,28 +170,23 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
   const int piece_row = threadIdx.x / 8, piece_col = threadIdx.x % 8 * 8;
   const T* x_at = nullptr;
   const T* y_at[kPair] = {};
-  // A vector gate in bf16 (whole rows: plan.cpp) is copied raw a step ahead; any other gate is loaded into
-  // registers at its step (load_gate_tile), prefetched into L2 like the copies.
-  const bool raw_gate = p.gate == GateKind::vector && p.g.dtype == Elem::bf16;
   const bf16* g_at = nullptr;
   const char* prefetch_at = nullptr;  // row threadIdx.x % 64 of tile threadIdx.x / 64 (x, y0, g, y1)
   int64_t prefetch_stride = 0;        // bytes per token
-  bool prefetch_two_lines = false;    // a 64-column row of fp32 gates spans two 128-byte lines
   if constexpr (kLean) {
     x_at = static_cast<const T*>(xs.data) + offset4(xs, seq.batch, seq.begin, h, kt * kTile + piece_col);
 #pragma unroll
     for (int j = 0; j < kPair; ++j)
       y_at[j] = static_cast<const T*>(ys.data) + offset4(ys, seq.batch, seq.begin, h, (vt0 + j) * kTile + piece_col);
-    if (raw_gate)
+    if (p.gate == GateKind::vector)
       g_at = static_cast<const bf16*>(p.g.data) + offset4(p.g, seq.batch, seq.begin, h, kt * kTile + piece_col);
     const int which = threadIdx.x / kTile;
     const View& pf = which == 2 ? p.g : (which == 0 ? xs : ys);
     const int pf_col = which == 0 || which == 2 ? kt * kTile : (vt0 + (which == 3)) * kTile;
     if (which < 4 && (which != 2 || p.gate == GateKind::vector)) {
-      const int64_t esize = which == 2 && !raw_gate ? int64_t(p.g.dtype == Elem::f32 ? 4 : 2) : int64_t(sizeof(bf16));
-      prefetch_at = static_cast<const char*>(pf.data) + offset4(pf, seq.batch, seq.begin + threadIdx.x % kTile, h, pf_col) * esize;
-      prefetch_stride = pf.stride[1] * esize;
-      prefetch_two_lines = esize == 4;
+      prefetch_at = static_cast<const char*>(pf.data) +
+                    offset4(pf, seq.batch, seq.begin + threadIdx.x % kTile, h, pf_col) * int64_t(sizeof(bf16));
+      prefetch_stride = pf.stride[1] * int64_t(sizeof(bf16));
     }
   }
   // Step i's tiles into buffer `buf`; rows past the sequence's end are
@@ -252,7 +247,7 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
       // This step's tiles landed at the end of the last step; the next step's
       // go into the other buffer, which the last step's product has finished with.
       if (i + 1 < chunks) issue_copies(i + 1, buf ^ 1);
-      if (raw_gate) {
+      if (p.gate == GateKind::vector) {
         const int col = threadIdx.x % kTile, first_row = (threadIdx.x / kTile) * GateTile<GT, kThreads>::kRows;
         const bf16* raw = sRawGates + buf * kTileElems;
 #pragma unroll
@@ -325,11 +320,8 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
     constexpr int kAhead = kPipelined ? 2 : 1;
     if (kLean && i + kAhead < chunks) {
       const int64_t later = backward ? c - kAhead : c + kAhead;
-      if (prefetch_at && int(threadIdx.x % kTile) < rows_of(later)) {
-        const char* row = prefetch_at + later * kChunk * prefetch_stride;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(row));
-        if (prefetch_two_lines) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + 128));
-      }
+      if (prefetch_at && int(threadIdx.x % kTile) < rows_of(later))
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(prefetch_at + later * kChunk * prefetch_stride));
     } else if (i + kAhead < chunks) {
       const int64_t later = backward ? c - kAhead : c + kAhead;
       const int later_rows = rows_of(later);

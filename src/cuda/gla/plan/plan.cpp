@@ -139,7 +139,7 @@ bool paired_scans(const BwdProblem& pr, const GlaTuning& tuning) {
 
 bool pipelined_scans(const BwdProblem& pr, const DeviceProps& device, const GlaTuning& tuning) {
   return pr.chunked && paired_scans(pr, tuning) && tuning.bwd_scan_pipeline && pr.q_bf16_rows && pr.k_bf16_rows &&
-         pr.v_bf16_rows && pr.do_bf16_rows && (pr.gate != Gate::vector || pr.gate_dtype != Elem::bf16 || pr.g_bf16_rows) &&
+         pr.v_bf16_rows && pr.do_bf16_rows && (pr.gate != Gate::vector || pr.g_bf16_rows) &&
          two_pipelined_scans_per_sm(device);
 }
 
