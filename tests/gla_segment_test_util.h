@@ -30,6 +30,7 @@ struct SegmentCall {
   bool caller_workspace = false;
   const Buffer* cu_seqlens_host = nullptr;
   std::optional<double> scale;
+  const Buffer* g_gamma = nullptr;  // [H]: the gate is g + g_gamma
 };
 
 template <class Args>
@@ -55,6 +56,7 @@ inline SegmentStates run_segment_states(const Case& c, const Inputs& in, const S
   Buffer log_decay = poisoned_summary(device, call.summary_dtype, {c.num_seqs(), c.H, c.K}, c.row_padding);
   GlaSegmentStatesArgs a;
   a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view(), a.cu_seqlens = in.cu_seqlens.view();
+  if (call.g_gamma) a.g_gamma = call.g_gamma->view();
   if (call.cu_seqlens_host) a.cu_seqlens_host = call.cu_seqlens_host->view();
   a.states = states.view(), a.log_decay = log_decay.view();
   a.stream = call.stream;
@@ -71,6 +73,7 @@ inline std::vector<double> run_segment_state_grads(const Case& c, const Inputs& 
   Buffer d_states = poisoned_summary(device, call.summary_dtype, {c.num_seqs(), c.H, c.K, c.V}, c.row_padding);
   GlaSegmentStateGradsArgs a;
   a.q = in.q.view(), a.d_o = in.d_o.view(), a.g = in.g.view(), a.cu_seqlens = in.cu_seqlens.view();
+  if (call.g_gamma) a.g_gamma = call.g_gamma->view();
   if (call.cu_seqlens_host) a.cu_seqlens_host = call.cu_seqlens_host->view();
   a.scale = call.scale;
   a.d_states = d_states.view();
@@ -167,6 +170,41 @@ inline void expect_log_decay_close(const std::vector<double>& out, const std::ve
     return;
   }
   expect_close("log_decay", finite_out, finite_ref, tolerance);
+}
+
+// With g_gamma [H] (g scalar or absent) the ops must equal the same call on the gate staged by hand as
+// gla_forward stages it: fp32 of the fp64 sum g + g_gamma, [B, T, H], as a scalar gate. Bit for bit.
+inline void expect_gamma_equals_staged_gate(const Case& c, const Inputs& in, const Buffer& g_gamma) {
+  ASSERT_NE(c.gate, Gate::vector);
+  const std::vector<double> gamma = g_gamma.values();
+  const std::vector<double> g = in.g.defined() ? in.g.values() : std::vector<double>();
+  std::vector<double> staged(size_t(c.B * c.T * c.H));
+  for (size_t i = 0; i < staged.size(); ++i)
+    staged[i] = double(float((g.empty() ? 0.0 : g[i]) + gamma[i % size_t(c.H)]));
+  Buffer gate(DType::f32, {c.B, c.T, c.H});
+  gate.set_values(staged);
+  Inputs by_hand = in;
+  by_hand.g = gate.to(in.k.device());
+  Case scalar = c;
+  scalar.gate = Gate::scalar;
+  for (bool caller_workspace : {false, true}) {
+    SCOPED_TRACE(caller_workspace ? "caller's workspace" : "op's own scratch");
+    SegmentCall with_gamma;
+    with_gamma.g_gamma = &g_gamma, with_gamma.caller_workspace = caller_workspace;
+    SegmentCall plain;
+    plain.caller_workspace = caller_workspace;
+    const SegmentStates out = run_segment_states(c, in, with_gamma), ref = run_segment_states(scalar, by_hand, plain);
+    EXPECT_EQ(out.states, ref.states);
+    EXPECT_EQ(out.log_decay, ref.log_decay);
+    EXPECT_EQ(run_segment_state_grads(c, in, with_gamma), run_segment_state_grads(scalar, by_hand, plain));
+  }
+}
+
+inline Buffer random_g_gamma(int64_t H, DType dtype, Device device, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Buffer b(dtype, {H});
+  b.fill_uniform(rng, -0.2, -0.01);
+  return b.to(device);
 }
 
 }  // namespace flashgla::testing::gla_test

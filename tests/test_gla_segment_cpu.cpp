@@ -202,6 +202,22 @@ struct StatesFixture {
   }
 };
 
+TEST(GlaSegmentCpu, GGammaEqualsStagedGate) {
+  for (Gate gate : {Gate::scalar, Gate::none})
+    for (DType dtype : {DType::f64, DType::f32, DType::bf16})
+      for (DType gamma_dtype : {DType::f32, DType::f64}) {
+        Case c = segment_case(std::string("gamma") + dtype_name(dtype) + dtype_name(gamma_dtype) +
+                                  std::to_string(int(gate)), 2, 150, 3, 16, 24, gate, dtype);
+        SCOPED_TRACE(c.name);
+        const Inputs in = make_inputs(c);
+        expect_gamma_equals_staged_gate(c, in, random_g_gamma(c.H, gamma_dtype, Device{}, c.seed));
+      }
+  // varlen, with an empty segment
+  Case c = segment_case("gamma varlen", 1, 90, 2, 8, 8, Gate::scalar, DType::f32);
+  c.cu_seqlens = {0, 40, 40, 90};
+  expect_gamma_equals_staged_gate(c, make_inputs(c), random_g_gamma(c.H, DType::f32, Device{}, 3));
+}
+
 TEST(GlaSegmentCpu, BadArguments) {
   const StatesFixture f;
   auto states = [&](auto tweak) {
@@ -238,6 +254,18 @@ TEST(GlaSegmentCpu, BadArguments) {
   expect_error(grads([&](auto& a) { a.d_states = {}; }), ErrorKind::value, "d_states", "is required");
   expect_error(grads([&](auto& a) { a.d_states = s_f64.view(); }), ErrorKind::type, "d_states", "float32");
   expect_error(grads([&](auto& a) { a.scale = std::nan(""); }), ErrorKind::value, "scale", "finite");
+  const Buffer gamma_i32(DType::i32, {2}), gamma_3(DType::f32, {3}), gamma_2d(DType::f32, {1, 2}),
+      gamma_ok(DType::f32, {2});
+  expect_error(states([&](auto& a) { a.g_gamma = gamma_i32.view(); }), ErrorKind::type, "g_gamma", "float");
+  expect_error(states([&](auto& a) { a.g_gamma = gamma_3.view(); }), ErrorKind::value, "g_gamma", "[H]");
+  expect_error(grads([&](auto& a) { a.g_gamma = gamma_2d.view(); }), ErrorKind::value, "g_gamma", "[H]");
+  expect_error(grads([&](auto& a) { a.g_gamma = gamma_i32.view(); }), ErrorKind::type, "g_gamma", "float");
+  expect_error(states([&](auto& a) { a.g_gamma = gamma_ok.view(); }), ErrorKind::value, "g_gamma",
+               "per-key gate");  // the fixture's gate is [B, T, H, K]
+  GlaSegmentStatesArgs gamma_elsewhere = f.a();
+  gamma_elsewhere.g_gamma = gamma_ok.view();
+  gamma_elsewhere.g_gamma.device = Device{DeviceType::cuda, 0};
+  expect_error([&] { gla_segment_states(gamma_elsewhere); }, ErrorKind::value, "g_gamma", "expected device cpu");
   // cu_seqlens values: checked on the CPU.
   Buffer bad_cu(DType::i64, {3});
   bad_cu.set_values({0, 12, 19});

@@ -157,6 +157,29 @@ TEST(GlaSegmentCuda, SanitizerSmallCases) {
     }
 }
 
+// g_gamma is staged as the fp32 gate g + g_gamma (as gla_forward stages it where its kernels do not read
+// g_gamma): the same kernels on that gate, bit for bit, with the op's own scratch and the caller's workspace.
+TEST(GlaSegmentCuda, GGammaEqualsStagedGate) {
+  SKIP_WITHOUT_GPU();
+  for (Gate gate : {Gate::scalar, Gate::none})
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      const Case c = gpu_case(std::string("gamma") + dtype_name(dtype) + std::to_string(int(gate)), 2, 700, 3, 64,
+                              64, gate, dtype);
+      SCOPED_TRACE(c.name);
+      const Inputs in = to_device(c, make_inputs(c), gpu());
+      expect_gamma_equals_staged_gate(c, in, random_g_gamma(c.H, DType::f32, gpu(), c.seed));
+    }
+  Case c = gpu_case("gamma varlen", 1, 300, 2, 64, 64, Gate::scalar, DType::bf16);
+  c.cu_seqlens = {0, 100, 100, 300};
+  const Inputs in = to_device(c, make_inputs(c), gpu());
+  expect_gamma_equals_staged_gate(c, in, random_g_gamma(c.H, DType::f32, gpu(), 5));
+  const Buffer on_host(DType::f32, {c.H});
+  SegmentCall elsewhere;
+  elsewhere.g_gamma = &on_host;
+  expect_error([&] { run_segment_states(c, in, elsewhere); }, ErrorKind::value, "g_gamma", "expected device");
+  expect_error([&] { run_segment_state_grads(c, in, elsewhere); }, ErrorKind::value, "g_gamma", "expected device");
+}
+
 TEST(GlaSegmentCuda, BadArguments) {
   SKIP_WITHOUT_GPU();
   Case c = gpu_case("f64", 1, 10, 1, 64, 64, Gate::vector, DType::f64);

@@ -152,6 +152,8 @@ struct GlaSegmentStatesArgs {
   TensorView k;                // [B,T,H,K] f64/f32/bf16/f16
   TensorView v;                // [B,T,H,V] same dtype as k
   TensorView g;                // optional: [B,T,H,K] or [B,T,H], any float dtype
+  TensorView g_gamma;          // optional: [H] any float dtype, as in GlaForwardArgs: the gate is
+                               // g + g_gamma (g [B,T,H] or absent), staged in fp32
   TensorView cu_seqlens;       // optional: as in GlaForwardArgs (N segments)
   TensorView cu_seqlens_host;  // optional: as in GlaForwardArgs
 
@@ -175,6 +177,7 @@ struct GlaSegmentStateGradsArgs {
   TensorView q;                // [B,T,H,K] f64/f32/bf16/f16
   TensorView d_o;              // [B,T,H,V] same dtype as q
   TensorView g;                // optional: [B,T,H,K] or [B,T,H], any float dtype
+  TensorView g_gamma;          // optional: [H], as in GlaSegmentStatesArgs
   TensorView cu_seqlens, cu_seqlens_host;  // optional: as in GlaForwardArgs
   std::optional<double> scale;  // default K^-1/2
 

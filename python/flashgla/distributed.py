@@ -415,14 +415,15 @@ def _fold(states, log_decay, begin, end, reverse, out, initial=None, accumulate=
     run_op(_C.gla_fold_states, args, out.device, scratch=False)
 
 
-def _segment_states(k, v, g):
-    """(S [B, H, K, V], a [B, H, K]) of each row from a zero state."""
-    return chunk_gla_segment_states(k, v, g)
+def _segment_states(k, v, g, g_gamma=None):
+    """(S [B, H, K, V], a [B, H, K]) of each row from a zero state; the gate g + g_gamma, staged in C++ as the
+    local op stages it, so that the summaries see the local op's gate bit for bit."""
+    return chunk_gla_segment_states(k, v, g, g_gamma=g_gamma)
 
 
-def _segment_state_grads(q, do, g, scale):
+def _segment_state_grads(q, do, g, scale, g_gamma=None):
     """B [B, H, K, V] of each row: the entering-state gradient for a zero end-state gradient."""
-    return chunk_gla_segment_state_grads(q, do, g, scale=scale)
+    return chunk_gla_segment_state_grads(q, do, g, scale=scale, g_gamma=g_gamma)
 
 
 def _first_rows(t, varlen):
@@ -493,17 +494,9 @@ def _check_gamma(g_gamma, q):
         raise ValueError(f"flashgla: g_gamma: expected the device of q ({q.device}), got {g_gamma.device}")
 
 
-def _gate_of(g, g_gamma, begin, end, q):
-    """The gate of tokens [begin, end) for the summaries: g; with g_gamma the fp32 gate g + g_gamma the C++ op
-    stages for its kernels (gla_gamma_gate: summed in fp64, stored in fp32), so that the summaries see the
-    local op's gate bit for bit; g_gamma alone as a stride-0 view. None for no gate."""
-    piece = None if g is None else g[:, begin:end]
-    if g_gamma is None:
-        return piece
-    if piece is not None:
-        return (piece.double() + g_gamma.double()).float()
-    length = len(range(*slice(begin, end).indices(q.shape[1])))
-    return g_gamma.float().view(1, 1, -1).expand(q.shape[0], length, g_gamma.shape[0])
+def _rows(g, begin, end):
+    """Tokens [begin, end) of the gate (a view), None without one."""
+    return None if g is None else g[:, begin:end]
 
 
 def _payload_dims(q, v):
@@ -536,14 +529,14 @@ class _ChunkGlaCP(torch.autograd.Function):
                 _check_gamma(g_gamma, q)
                 if cp.continues_into_next:  # else no rank folds it: send zeros
                     s0 = cp.last_seq_start
-                    states, log_decay = _segment_states(k[:, s0:], v[:, s0:], _gate_of(g, g_gamma, s0, None, q))
+                    states, log_decay = _segment_states(k[:, s0:], v[:, s0:], _rows(g, s0, None), g_gamma)
                     summary[..., :V].copy_(states)
                     summary[..., V].copy_(log_decay)
                     if s0 == 0:
                         first_decay = log_decay
                 if output_final_state and cp.continues_from_prev and first_decay is None:
                     e = cp.first_seq_end
-                    _, first_decay = _segment_states(k[:, :e], v[:, :e], _gate_of(g, g_gamma, 0, e, q))
+                    _, first_decay = _segment_states(k[:, :e], v[:, :e], _rows(g, 0, e), g_gamma)
             except Exception as exc:  # noqa: BLE001 - raised after the all-gather, on every rank
                 error = exc
         _write_status(send[n:], error, _options_code(gate_g=g is not None, g_gamma=g_gamma is not None,
@@ -597,7 +590,7 @@ class _ChunkGlaCP(torch.autograd.Function):
                     dht = _kv(dht, vfirst).to(state_dtype)  # [N, H, K, V] (a view where it can be)
                 if cp.continues_from_prev:  # else no rank folds it: send zeros
                     e = cp.first_seq_end
-                    d_states = _segment_state_grads(q[:, :e], do[:, :e], _gate_of(g, g_gamma, 0, e, q), fctx.scale)
+                    d_states = _segment_state_grads(q[:, :e], do[:, :e], _rows(g, 0, e), fctx.scale, g_gamma)
                     if dht is not None:
                         M = B * H
                         _fold(d_states.reshape(1, M, K, V), fctx.first_decay, 0, 1, False, summary.view(M, K, V),

@@ -141,6 +141,7 @@ void bind_gla(nb::module_& m) {
   tensor_fields<GlaSegmentStatesArgs>(states, {{"k", &GlaSegmentStatesArgs::k},
                                                {"v", &GlaSegmentStatesArgs::v},
                                                {"g", &GlaSegmentStatesArgs::g},
+                                               {"g_gamma", &GlaSegmentStatesArgs::g_gamma},
                                                {"cu_seqlens", &GlaSegmentStatesArgs::cu_seqlens},
                                                {"cu_seqlens_host", &GlaSegmentStatesArgs::cu_seqlens_host},
                                                {"states", &GlaSegmentStatesArgs::states},
@@ -160,6 +161,7 @@ void bind_gla(nb::module_& m) {
   tensor_fields<GlaSegmentStateGradsArgs>(grads, {{"q", &GlaSegmentStateGradsArgs::q},
                                                   {"d_o", &GlaSegmentStateGradsArgs::d_o},
                                                   {"g", &GlaSegmentStateGradsArgs::g},
+                                                  {"g_gamma", &GlaSegmentStateGradsArgs::g_gamma},
                                                   {"cu_seqlens", &GlaSegmentStateGradsArgs::cu_seqlens},
                                                   {"cu_seqlens_host", &GlaSegmentStateGradsArgs::cu_seqlens_host},
                                                   {"d_states", &GlaSegmentStateGradsArgs::d_states}});

@@ -7,11 +7,14 @@
 
 #include "api/dispatch.h"
 #include "api/gla_checks.h"
+#include "api/gate_scratch.h"
 #include "core/gla_options_backend.h"
 #include "flashgla/gla.h"
 
 namespace flashgla {
 namespace {
+
+using api::GateScratch, api::gate_bytes, api::gate_view, api::kScratchAlign;
 
 // States are fp32; with fp64 inputs (CPU only) they may be fp64 too, so that a
 // state handed from one call to the next (context parallelism) loses nothing.
@@ -309,66 +312,6 @@ GlaBackwardArgs with_kv_states(GlaBackwardArgs a) {
 bool gamma_in_kernels(const TensorView& q, const TensorView& g_gamma, GlaAlgorithm algorithm) {
   return q.device.type == DeviceType::cuda && algorithm == GlaAlgorithm::chunked && g_gamma.dtype == DType::f32;
 }
-
-constexpr size_t kScratchAlign = 256;
-
-size_t gate_bytes(const GlaProblem& p) {
-  const size_t bytes = size_t(p.batch * p.seq_len * p.heads) * sizeof(float);
-  return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
-}
-
-TensorView gate_view(void* data, const GlaProblem& p, const Device& dev) {
-  return TensorView::contiguous(data, DType::f32, {p.batch, p.seq_len, p.heads}, dev);
-}
-
-class GateScratch {
- public:
-  // Takes `bytes` off the front of (workspace, workspace_bytes) when a CUDA workspace is given, else asks
-  // `allocate` (the op then asks it a second time for its own scratch), else allocates stream-ordered.
-  GateScratch(const Device& dev, size_t bytes, void* stream, void*& workspace, size_t& workspace_bytes,
-              const WorkspaceAllocator& allocate)
-      : dev_(dev), stream_(stream) {
-    if (dev.type == DeviceType::cpu) {
-      host_.resize(bytes / sizeof(float) + 1);
-      data_ = host_.data();
-      return;
-    }
-    if (bytes == 0) return;  // an empty batch: no gate to stage (a null gate, as cudaMallocAsync(0) gives)
-#ifdef FLASHGLA_WITH_CUDA
-    if (workspace) {
-      FLASHGLA_REQUIRE(workspace_bytes >= bytes, ErrorKind::value, "workspace",
-                       "needs at least " + std::to_string(bytes) + " bytes for the g_gamma gate (see *_workspace_bytes), got " +
-                           std::to_string(workspace_bytes));
-      data_ = workspace;
-      workspace = static_cast<char*>(workspace) + bytes, workspace_bytes -= bytes;
-    } else if (allocate) {
-      data_ = allocate(bytes);
-      FLASHGLA_REQUIRE(data_ != nullptr, ErrorKind::runtime, "allocate_workspace",
-                       "returned null for " + std::to_string(bytes) + " bytes");
-    } else {
-      data_ = cuda::scratch_allocate(dev.index, bytes, stream);
-      owned_ = true;
-    }
-#else
-    (void)workspace, (void)workspace_bytes, (void)allocate;
-#endif
-  }
-  ~GateScratch() {
-#ifdef FLASHGLA_WITH_CUDA
-    if (owned_) cuda::scratch_free(dev_.index, data_, stream_);
-#endif
-  }
-  GateScratch(const GateScratch&) = delete;
-  GateScratch& operator=(const GateScratch&) = delete;
-  char* bytes() const { return static_cast<char*>(data_); }
-
- private:
-  Device dev_;
-  void* stream_ = nullptr;
-  void* data_ = nullptr;
-  bool owned_ = false;
-  std::vector<float> host_;
-};
 
 // A stand-in address for workspace size queries (never dereferenced).
 char* const kStandIn = reinterpret_cast<char*>(kScratchAlign);

@@ -3,8 +3,9 @@
 #include <cmath>
 #include <string>
 
-#include "api/gla_checks.h"
 #include "api/dispatch.h"
+#include "api/gate_scratch.h"
+#include "api/gla_checks.h"
 #include "flashgla/gla.h"
 
 namespace flashgla {
@@ -14,7 +15,7 @@ namespace {
 // value-side tensor `b` [B,T,H,V] (v or d_o) of the same dtype, the gate and
 // the boundaries. Messages name the arguments as the caller knows them.
 GlaProblem check_segment_inputs(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name,
-                                const TensorView& g, const TensorView& cu_seqlens,
+                                const TensorView& g, const TensorView& g_gamma, const TensorView& cu_seqlens,
                                 const TensorView& cu_seqlens_host) {
   GlaProblem p;
   check::tensor(a, a_name, 4, "[B, T, H, K]");
@@ -31,6 +32,14 @@ GlaProblem check_segment_inputs(const TensorView& a, const char* a_name, const T
   check::device(b, b_name, dev, a_name);
 
   check::gla_gate_and_sequences(p, g, cu_seqlens, cu_seqlens_host, dev, a_name);
+  if (g_gamma.defined()) {
+    check::shape(g_gamma, "g_gamma", {p.heads}, "[H] (one log decay per head)");
+    check::floating(g_gamma, "g_gamma");
+    check::device(g_gamma, "g_gamma", dev, a_name);
+    FLASHGLA_REQUIRE(p.gate != GateKind::vector, ErrorKind::value, "g_gamma",
+                     "adds to a scalar gate g [B, T, H] or stands alone, got a per-key gate g " + g.shape_str());
+    p.gate = GateKind::scalar;  // the staged gate g + g_gamma (see with_gamma_gate)
+  }
   return p;
 }
 
@@ -50,7 +59,7 @@ void check_states_out(const TensorView& s, const char* name, const GlaProblem& p
 }
 
 GlaProblem check_states(const GlaSegmentStatesArgs& a) {
-  GlaProblem p = check_segment_inputs(a.k, "k", a.v, "v", a.g, a.cu_seqlens, a.cu_seqlens_host);
+  GlaProblem p = check_segment_inputs(a.k, "k", a.v, "v", a.g, a.g_gamma, a.cu_seqlens, a.cu_seqlens_host);
   check_states_out(a.states, "states", p, a.k, "k");
   check::shape(a.log_decay, "log_decay", {p.num_seqs, p.heads, p.key_dim}, "[N, H, K]", /*is_output=*/true);
   summary_dtype(a.log_decay, "log_decay", a.k.dtype);
@@ -59,29 +68,74 @@ GlaProblem check_states(const GlaSegmentStatesArgs& a) {
 }
 
 GlaProblem check_state_grads(const GlaSegmentStateGradsArgs& a) {
-  GlaProblem p = check_segment_inputs(a.q, "q", a.d_o, "d_o", a.g, a.cu_seqlens, a.cu_seqlens_host);
+  GlaProblem p = check_segment_inputs(a.q, "q", a.d_o, "d_o", a.g, a.g_gamma, a.cu_seqlens, a.cu_seqlens_host);
   check_states_out(a.d_states, "d_states", p, a.q, "q");
   p.scale = a.scale.value_or(1.0 / std::sqrt(double(p.key_dim)));
   FLASHGLA_REQUIRE(std::isfinite(p.scale), ErrorKind::value, "scale", "must be finite, got " + std::to_string(p.scale));
   return p;
 }
 
+// g_gamma: the segment kernels read one gate, so g + g_gamma (or g_gamma broadcast) is staged as an fp32
+// [B,T,H] gate by gla_gamma_gate, as gla_forward does where its kernels do not read g_gamma: the summaries
+// then see the local chunked op's gate bit for bit. The buffer comes from the head of the caller's
+// workspace (CUDA), else from allocate_workspace or a stream-ordered allocation (CUDA), else the heap (CPU).
+template <class Args>
+Args with_gate(Args a, char* gate, const GlaProblem& p, const Device& dev) {
+  a.g = api::gate_view(gate, p, dev), a.g_gamma = {};
+  return a;
+}
+
+template <class Args, class Run>
+void run_with_gamma(const Args& a, const GlaProblem& p, const Device& dev, Run run) {
+  if (!a.g_gamma.defined()) return run(a);
+  Args b = a;
+  api::GateScratch scratch(dev, api::gate_bytes(p), a.stream, b.workspace, b.workspace_bytes, a.allocate_workspace);
+  b = with_gate(b, scratch.bytes(), p, dev);
+  const GammaGateArgs gamma{a.g, a.g_gamma, b.g, a.stream};
+  FLASHGLA_DISPATCH_AS(dev, "g_gamma", gla_gamma_gate, gamma);
+  run(b);
+}
+
+// A stand-in address for workspace size queries (never dereferenced).
+char* const kStandIn = reinterpret_cast<char*>(api::kScratchAlign);
+
+template <class Args, class Query>
+size_t bytes_with_gamma(const Args& a, const GlaProblem& p, const Device& dev, Query query) {
+  if (!a.g_gamma.defined()) return query(a);
+  const size_t op = query(with_gate(a, kStandIn, p, dev));
+  return kCudaBackend && dev.type == DeviceType::cuda ? api::gate_bytes(p) + op : 0;
+}
+
 }  // namespace
 
-void gla_segment_states(const GlaSegmentStatesArgs& a) {
-  FLASHGLA_DISPATCH_AS(a.k.device, "k", gla_segment_states, a, check_states(a));
+void gla_segment_states(const GlaSegmentStatesArgs& args) {
+  const GlaProblem p = check_states(args);
+  const Device dev = args.k.device;
+  run_with_gamma(args, p, dev,
+                 [&](const GlaSegmentStatesArgs& a) { FLASHGLA_DISPATCH_AS(dev, "k", gla_segment_states, a, p); });
 }
 
-size_t gla_segment_states_workspace_bytes(const GlaSegmentStatesArgs& a) {
-  return FLASHGLA_WORKSPACE_BYTES(a.k.device, gla_segment_states_workspace_bytes, a, check_states(a));
+size_t gla_segment_states_workspace_bytes(const GlaSegmentStatesArgs& args) {
+  const GlaProblem p = check_states(args);
+  const Device dev = args.k.device;
+  return bytes_with_gamma(args, p, dev, [&](const GlaSegmentStatesArgs& a) {
+    return FLASHGLA_WORKSPACE_BYTES(dev, gla_segment_states_workspace_bytes, a, p);
+  });
 }
 
-void gla_segment_state_grads(const GlaSegmentStateGradsArgs& a) {
-  FLASHGLA_DISPATCH(a.q.device, gla_segment_state_grads, a, check_state_grads(a));
+void gla_segment_state_grads(const GlaSegmentStateGradsArgs& args) {
+  const GlaProblem p = check_state_grads(args);
+  const Device dev = args.q.device;
+  run_with_gamma(args, p, dev,
+                 [&](const GlaSegmentStateGradsArgs& a) { FLASHGLA_DISPATCH(dev, gla_segment_state_grads, a, p); });
 }
 
-size_t gla_segment_state_grads_workspace_bytes(const GlaSegmentStateGradsArgs& a) {
-  return FLASHGLA_WORKSPACE_BYTES(a.q.device, gla_segment_state_grads_workspace_bytes, a, check_state_grads(a));
+size_t gla_segment_state_grads_workspace_bytes(const GlaSegmentStateGradsArgs& args) {
+  const GlaProblem p = check_state_grads(args);
+  const Device dev = args.q.device;
+  return bytes_with_gamma(args, p, dev, [&](const GlaSegmentStateGradsArgs& a) {
+    return FLASHGLA_WORKSPACE_BYTES(dev, gla_segment_state_grads_workspace_bytes, a, p);
+  });
 }
 
 }  // namespace flashgla

@@ -167,10 +167,32 @@ def test_compile_and_opcheck(gen):
         torch.testing.assert_close(out, ref)
 
 
+@pytest.mark.parametrize("with_g", [True, False])
+def test_g_gamma_equals_the_staged_gate(gen, with_g):
+    """g_gamma [H]: the ops equal the same call on the gate staged as chunk_simple_gla stages it (fp32 of the
+    fp64 sum g + g_gamma), bit for bit."""
+    q, k, v, g, do = inputs(gen, 2, 70, 3, 8, 5, "scalar", torch.bfloat16)
+    g_gamma = -torch.rand(3, generator=gen, dtype=torch.float64) * 0.2
+    staged = (g.double() + g_gamma).float() if with_g else g_gamma.float().expand(2, 70, 3)
+    g = g if with_g else None
+    states, log_decay = flashgla.chunk_gla_segment_states(k, v, g, g_gamma=g_gamma)
+    ref_states, ref_log_decay = flashgla.chunk_gla_segment_states(k, v, staged)
+    assert torch.equal(states, ref_states) and torch.equal(log_decay, ref_log_decay)
+    assert torch.equal(flashgla.chunk_gla_segment_state_grads(q, do, g, g_gamma=g_gamma),
+                       flashgla.chunk_gla_segment_state_grads(q, do, staged))
+    torch.library.opcheck(torch.ops.flashgla.chunk_gla_segment_states.default, (k, v, g, None, None, g_gamma))
+
+
 def test_bad_arguments(gen):
     q, k, v, g, do = inputs(gen, 2, 8, 2, 4, 6, "vector", torch.float32)
     with pytest.raises(TypeError, match="flashgla: v: expected dtype float32"):
         flashgla.chunk_gla_segment_states(k, v.bfloat16(), g)
+    with pytest.raises(ValueError, match=r"flashgla: g_gamma: expected shape \[H\]"):
+        flashgla.chunk_gla_segment_states(k, v, None, g_gamma=torch.zeros(3))
+    with pytest.raises(TypeError, match="flashgla: g_gamma: expected a float dtype"):
+        flashgla.chunk_gla_segment_state_grads(q, do, None, g_gamma=torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="flashgla: g_gamma: adds to a scalar gate"):
+        flashgla.chunk_gla_segment_states(k, v, g, g_gamma=torch.zeros(2))
     with pytest.raises(ValueError, match=r"flashgla: g: expected shape \[B, T, H, K\]"):
         flashgla.chunk_gla_segment_states(k, v, g[..., :3])
     with pytest.raises(ValueError, match="flashgla: cu_seqlens: variable-length input packs"):

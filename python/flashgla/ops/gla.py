@@ -849,37 +849,38 @@ def _segment_states_outputs(k, v, cu_seqlens):
 
 @torch.library.custom_op("flashgla::chunk_gla_segment_states", mutates_args=())
 def _chunk_gla_segment_states(k: Tensor, v: Tensor, g: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                              cu_seqlens_host: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                              cu_seqlens_host: Optional[Tensor], g_gamma: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     require_outputs("chunk_gla_segment_states", k.device,
                     [("states", _state_shape(k, v, cu_seqlens), _summary_dtype(k))], argument="k")
     states, log_decay = _segment_states_outputs(k, v, cu_seqlens)
-    args = make_args(_C.GlaSegmentStatesArgs, k=k, v=v, g=g, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host,
-                     states=states, log_decay=log_decay)
+    args = make_args(_C.GlaSegmentStatesArgs, k=k, v=v, g=g, g_gamma=g_gamma, cu_seqlens=cu_seqlens,
+                     cu_seqlens_host=cu_seqlens_host, states=states, log_decay=log_decay)
     run_op(_C.gla_segment_states, args, k.device)
     return states, log_decay
 
 
 @_chunk_gla_segment_states.register_fake
-def _(k, v, g, cu_seqlens, cu_seqlens_host):
-    _require_same_device_as(k, "k", v=v, g=g, cu_seqlens=cu_seqlens)
+def _(k, v, g, cu_seqlens, cu_seqlens_host, g_gamma=None):
+    _require_same_device_as(k, "k", v=v, g=g, g_gamma=g_gamma, cu_seqlens=cu_seqlens)
     return _segment_states_outputs(k, v, cu_seqlens)
 
 
 @torch.library.custom_op("flashgla::chunk_gla_segment_state_grads", mutates_args=())
 def _chunk_gla_segment_state_grads(q: Tensor, do: Tensor, g: Optional[Tensor], scale: Optional[float],
-                                   cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor]) -> Tensor:
+                                   cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor],
+                                   g_gamma: Optional[Tensor] = None) -> Tensor:
     require_outputs("chunk_gla_segment_state_grads", q.device,
                     [("d_states", _state_shape(q, do, cu_seqlens), _summary_dtype(q))])
     d_states = torch.empty(_state_shape(q, do, cu_seqlens), dtype=_summary_dtype(q), device=q.device)
-    args = make_args(_C.GlaSegmentStateGradsArgs, q=q, d_o=do, g=g, scale=scale, cu_seqlens=cu_seqlens,
+    args = make_args(_C.GlaSegmentStateGradsArgs, q=q, d_o=do, g=g, g_gamma=g_gamma, scale=scale, cu_seqlens=cu_seqlens,
                      cu_seqlens_host=cu_seqlens_host, d_states=d_states)
     run_op(_C.gla_segment_state_grads, args, q.device)
     return d_states
 
 
 @_chunk_gla_segment_state_grads.register_fake
-def _(q, do, g, scale, cu_seqlens, cu_seqlens_host):
-    require_same_device(q, d_o=do, g=g, cu_seqlens=cu_seqlens)
+def _(q, do, g, scale, cu_seqlens, cu_seqlens_host, g_gamma=None):
+    require_same_device(q, d_o=do, g=g, g_gamma=g_gamma, cu_seqlens=cu_seqlens)
     return torch.empty(_state_shape(q, do, cu_seqlens), dtype=_summary_dtype(q), device=q.device)
 
 
@@ -890,7 +891,8 @@ def _require_same_device_as(lead, lead_name, **tensors):
 
 
 def chunk_gla_segment_states(k: Tensor, v: Tensor, g: Optional[Tensor] = None, cu_seqlens: Optional[Tensor] = None,
-                             cu_seqlens_host: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                             cu_seqlens_host: Optional[Tensor] = None, *,
+                             g_gamma: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Per segment (each sequence of the batch, or of cu_seqlens), the end state from a zero start and the
     summed log decay, without computing any output:
 
@@ -899,24 +901,27 @@ def chunk_gla_segment_states(k: Tensor, v: Tensor, g: Optional[Tensor] = None, c
 
     so that the end state from any start state h0 is exp(a)[..., None] * h0 + S. k [B,T,H,K], v [B,T,H,V]
     (fp32/bf16/fp16/fp64, one dtype), g [B,T,H,K] or [B,T,H] (scalar gate: its sum repeated over K) or None,
-    cu_seqlens [N+1] with B == 1. Summaries are fp32 (fp64 for fp64 inputs); an empty segment gives zeros;
+    cu_seqlens [N+1] with B == 1. g_gamma [H] (FLA's simple GLA decay): the gate is g + g_gamma (g [B,T,H] or
+    None), staged in fp32 as chunk_simple_gla stages it. Summaries are fp32 (fp64 for fp64 inputs); an empty segment gives zeros;
     a -inf gate gives -inf in log_decay, never NaN. No gradient (a building block of context parallelism).
     """
-    require_tensors(k=k, v=v, g=g, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host)
-    return _chunk_gla_segment_states(k, v, g, cu_seqlens, cu_seqlens_host)
+    require_tensors(k=k, v=v, g=g, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, g_gamma=g_gamma)
+    return _chunk_gla_segment_states(k, v, g, cu_seqlens, cu_seqlens_host, g_gamma)
 
 
 def chunk_gla_segment_state_grads(q: Tensor, do: Tensor, g: Optional[Tensor] = None, scale: Optional[float] = None,
                                   cu_seqlens: Optional[Tensor] = None,
-                                  cu_seqlens_host: Optional[Tensor] = None) -> Tensor:
+                                  cu_seqlens_host: Optional[Tensor] = None, *,
+                                  g_gamma: Optional[Tensor] = None) -> Tensor:
     """The backward's mirror of chunk_gla_segment_states: per segment, the gradient of its start state when the
     gradient at its end is zero,
 
         d_states[n] = B = scale * sum_t (q_t * exp(sum_{u<=t} g_u))^T do_t     [N, H, K, V]
 
     (the initial state's gradient chunk_gla's backward gives with no final-state gradient), so that with an end
-    gradient dht it is exp(a)[..., None] * dht + B. q [B,T,H,K], do [B,T,H,V] (one dtype), g as in
+    gradient dht it is exp(a)[..., None] * dht + B. q [B,T,H,K], do [B,T,H,V] (one dtype), g and g_gamma as in
     chunk_gla_segment_states, scale default K^-1/2. fp32 (fp64 for fp64 inputs). No gradient.
     """
-    require_tensors(q=q, do=do, g=g, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host)
-    return _chunk_gla_segment_state_grads(q, do, g, as_scale(scale, "chunk_gla_segment_state_grads"), cu_seqlens, cu_seqlens_host)
+    require_tensors(q=q, do=do, g=g, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, g_gamma=g_gamma)
+    return _chunk_gla_segment_state_grads(q, do, g, as_scale(scale, "chunk_gla_segment_state_grads"), cu_seqlens,
+                                          cu_seqlens_host, g_gamma)
