@@ -51,13 +51,13 @@ namespace {
 
 // T: the operands' type, fp32, bf16 or fp16 (gla_bwd.cuh, Compute).
 // kPlain (bf16 only): every tile of q, k, v, dO and of the outputs is whole
-// aligned 16-byte rows of bf16 (BwdChunkKernel::plain, plan.cpp; with kF32Dg,
-// plain_f32_dg: a vector gate's dg in fp32 rows and g in bf16 or fp32 rows, an
-// instantiation of its own because the fp32 branches made the plain kernel spill),
-// so the kernel holds only the
-// asynchronous copies and vector stores, none of the converting or
-// element-wise fallbacks: half the code, fewer instruction-cache misses (a
+// aligned 16-byte rows of bf16 (BwdChunkKernel::plain, plan.cpp), so the kernel
+// holds only the asynchronous copies and vector stores, none of the converting
+// or element-wise fallbacks: half the code, fewer instruction-cache misses (a
 // large share of the general kernel's stalls in a profile: bench/notes_gla_bwd.md).
+// kF32Dg (plain_f32_dg): the same with a vector gate's dg in fp32 rows and g in
+// bf16 or fp32 rows; an instantiation of its own because those branches made
+// the plain kernel spill.
 template <class T, class GT, bool kPlain, bool kF32Dg = false>
 __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdParams p) {
   using Smem = ChunkSmem<T, GT>;

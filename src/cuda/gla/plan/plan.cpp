@@ -143,10 +143,10 @@ bool pipelined_scans(const BwdProblem& pr, const DeviceProps& device, const GlaT
          two_pipelined_scans_per_sm(device);
 }
 
-// The plain chunk kernel: bf16, every tile of q, k, v, dO, dq, dk and dv whole aligned bf16 rows, a vector gate
-// and its dg in whole aligned bf16 rows, or (plain_f32_dg) dg in fp32 rows and g in bf16 or fp32 rows, a scalar gate in bf16 or fp32 (FLA's simple
-// GLA gate is usually fp32; only those two loaders are compiled there). tuning.bwd_general_layout: the general
-// kernel wherever bf16.
+// The plain chunk kernel: bf16, every tile of q, k, v, dO, dq, dk and dv whole aligned bf16 rows; a vector gate
+// and its dg in whole aligned bf16 rows, or (plain_f32_dg) dg in fp32 rows and g in bf16 or fp32 rows; a scalar
+// gate in bf16 or fp32 (FLA's simple GLA gate is usually fp32; only those two loaders are compiled there).
+// tuning.bwd_general_layout: the general kernel wherever bf16.
 BwdChunkKernel chunk_kernel(const BwdProblem& pr, const GlaTuning& tuning) {
   if (pr.compute == Elem::f32) return BwdChunkKernel::f32;
   if (pr.compute == Elem::f16) return BwdChunkKernel::f16;

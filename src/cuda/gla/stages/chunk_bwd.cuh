@@ -153,8 +153,8 @@ __device__ __forceinline__ int diagonal_row(int hc, int m) {
 
 // The gate tile of key columns c0.. as Γ in sG, in two steps around the
 // caller's cp_async_commit_and_wait_all(): with kPlain and a vector gate (bf16
-// rows; kF32Rows: bf16 or fp32 rows), its rows are copied asynchronously into sG itself, with the
-// other tiles, then read back and summed; else loaded into registers
+// rows; kF32Rows: bf16 or fp32 rows), its rows are copied asynchronously into
+// sG itself, with the other tiles, then read back and summed; else loaded into registers
 // (load_gate_tile). Waiting on the register loads of the gate was the largest
 // single stall of the general kernel in a profile, and in the plain kernel the
 // copies are faster at every shape measured (bench/notes_gla_bwd.md); they cost
@@ -169,6 +169,16 @@ __device__ __forceinline__ void copy_raw_gate_rows(const BwdParams& p, void* sG,
     const int r = idx / kPieces, c = idx % kPieces * kPerPiece;  // rows past `rows`: zero, a flat Γ
     cp_async16_ordered(raw + r * kTile + c, r < rows ? src + (r * int(p.g.stride[1]) + c) : src, r < rows ? 16 : 0);
   });
+}
+
+// This thread's rows of the raw gate tile copy_raw_gate_rows left in sG, in log2 units.
+template <class Raw, class GT>
+__device__ __forceinline__ void read_raw_gate_rows(const void* sG, GateTile<GT, kBwdChunkThreads>& gate) {
+  using Tile = GateTile<GT, kBwdChunkThreads>;
+  const int c = threadIdx.x % kTile, first = (threadIdx.x / kTile) * Tile::kRows;
+  const Raw* raw = static_cast<const Raw*>(sG);
+#pragma unroll
+  for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
 }
 
 template <class GT, bool kPlain, bool kF32Rows = false>
@@ -186,17 +196,8 @@ template <class GT, bool kPlain, bool kF32Rows = false>
 __device__ __forceinline__ void finish_gate_tile(const BwdParams& p, GT* sG, GateTile<GT, kBwdChunkThreads>& gate) {
   if (kPlain && p.gate == GateKind::vector) {
     __syncthreads();  // every thread's copies have landed
-    using Tile = GateTile<GT, kBwdChunkThreads>;
-    const int c = threadIdx.x % kTile, first = (threadIdx.x / kTile) * Tile::kRows;
-    if (!kF32Rows || p.g.dtype == Elem::bf16) {
-      const bf16* raw = reinterpret_cast<const bf16*>(sG);
-#pragma unroll
-      for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
-    } else {
-      const float* raw = reinterpret_cast<const float*>(sG);
-#pragma unroll
-      for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
-    }
+    if (!kF32Rows || p.g.dtype == Elem::bf16) read_raw_gate_rows<bf16>(sG, gate);
+    else read_raw_gate_rows<float>(sG, gate);
   }
   store_gate_cumsum<GT, kBwdChunkThreads>(sG, gate);  // its first barrier ends the reads above
 }
