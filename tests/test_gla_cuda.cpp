@@ -260,12 +260,12 @@ TEST(CudaGlaForward, FastPathShapes) {
 // strides, a forced split.
 TEST(CudaGlaForward, FastPathFloatGate) {
   SKIP_WITHOUT_GPU();
-  const ScopedTuning no_hopper(hopper_off);  // K = 256 takes the Hopper path by default on sm_90
+  const ScopedTuning no_hopper(hopper_off);  // K = 128 with V = 256 may take the Hopper path on sm_90
   struct Dims {
     int64_t K, V;
   };
   int i = 0;
-  for (const Dims& d : {Dims{128, 256}, Dims{64, 64}, Dims{96, 200}, Dims{16, 8}, Dims{256, 128}})
+  for (const Dims& d : {Dims{128, 256}, Dims{64, 64}, Dims{96, 200}, Dims{16, 8}, Dims{120, 128}})
     for (GateValues values : {GateValues::typical, GateValues::near_zero, GateValues::very_negative}) {
       Case c;
       c.B = 2, c.T = i % 2 ? 333 : 192, c.H = 2, c.K = d.K, c.V = d.V;
@@ -282,13 +282,11 @@ TEST(CudaGlaForward, FastPathFloatGate) {
   check_against_reference(c, ForwardCall{});
 }
 
-// The fast path's key parts (128 < K ≤ 256: two CTAs per value tile, o accumulated;
-// K a multiple of 8, or its rows would not be 16-byte aligned and take the general kernel):
-// K at and below 256 and just over 128, every gate kind and range, h0 / final
-// state, strides, the sequence split (states pass per key part) and varlen.
-TEST(CudaGlaForward, FastPathKeyParts) {
+// 128 < K ≤ 256 without the Hopper path (as on GPUs before sm_90): the general kernel, bf16/fp16 inputs, every
+// gate kind and range, h0 / final state, strides, the sequence split and varlen.
+TEST(CudaGlaForward, WideKeysWithoutHopper) {
   SKIP_WITHOUT_GPU();
-  const ScopedTuning no_hopper(hopper_off);  // on sm_90 the Hopper path takes K > 128 by default
+  const ScopedTuning no_hopper(hopper_off);
   struct Dims {
     int64_t K, V;
   };
@@ -323,9 +321,9 @@ TEST(CudaGlaForward, FastPathKeyParts) {
 }
 
 // The Hopper path (tuning.hopper on; on other GPUs the default path runs):
-// every key pad (64, 128, 256) with K at and below it, V over one and several
+// both key pads (128, 256) with K at and below them, V over one and several
 // 64-column tiles and partial ones, every gate kind, range and dtype, T below,
-// at and over a chunk, h0 / final state, strides, forced splits (states pass)
+// at and over a chunk, h0 / final state, strides, forced splits (states pass; key pad 256 only)
 // with the caller's workspace, varlen with and without host cu_seqlens.
 TEST(CudaGlaForward, HopperPathShapes) {
   SKIP_WITHOUT_GPU();
@@ -350,6 +348,7 @@ TEST(CudaGlaForward, HopperPathShapes) {
     }
 }
 
+// Forced split counts (taken with key pad 256; key pad 128 runs unsplit), caller's workspace, varlen.
 TEST(CudaGlaForward, HopperPathSplitsAndVarlen) {
   SKIP_WITHOUT_GPU();
   const ScopedTuning hopper(hopper_on);
@@ -395,8 +394,8 @@ TEST(CudaGlaForward, WideValueHeadsOnTheDefaultRoute) {
     }
 }
 
-// The state kernel without programmatic dependent launch (tuning.hopper_pdl off): every key pad, value
-// tiles partial and whole, a forced split (the states pass), varlen.
+// The state kernel without programmatic dependent launch (tuning.hopper_pdl off): both key pads, value
+// tiles partial and whole, a forced split (the states pass with key pad 256), varlen.
 TEST(CudaGlaForward, HopperPathStateKernelSwitches) {
   SKIP_WITHOUT_GPU();
   const ScopedTuning hopper(hopper_on);
@@ -691,10 +690,10 @@ TEST(CudaGlaForward, SanitizerSmallCases) {
 }
 
 // The fast path's small cases (memcheck and racecheck): one tile size each,
-// a partial last chunk, a split, a scalar gate.
+// a partial last chunk, a split, a scalar gate, an fp32 gate.
 TEST(CudaGlaForward, SanitizerFastPath) {
   SKIP_WITHOUT_GPU();
-  const ScopedTuning no_hopper(hopper_off);  // K = 256 takes the Hopper path by default on sm_90
+  const ScopedTuning no_hopper(hopper_off);
   const ScopedTuning splits([](GlaTuning& t) { t.splits = 2; });
   int i = 0;
   for (int64_t K : {64, 128}) {
@@ -703,8 +702,8 @@ TEST(CudaGlaForward, SanitizerFastPath) {
     c.gate = i % 2 ? Gate::scalar : Gate::vector, c.seed = 1600 + i++;
     check_against_reference(c, ForwardCall{});
   }
-  // An fp32 gate (in the operand area) and key parts (o accumulated), with a split.
-  for (int64_t K : {128, 256}) {
+  // An fp32 gate (in the operand area), with a split.
+  for (int64_t K : {128, 64}) {
     Case c;
     c.B = 1, c.T = 150, c.H = 1, c.K = K, c.V = 72, c.dtype = DType::bf16, c.gate_dtype = DType::f32;
     c.gate = Gate::vector, c.h0 = true, c.final_state = true, c.seed = 1600 + i++;
@@ -712,8 +711,8 @@ TEST(CudaGlaForward, SanitizerFastPath) {
   }
 }
 
-// The Hopper path's small cases (memcheck and racecheck): both warpgroup
-// counts, a partial last chunk, a split, varlen.
+// The Hopper path's small cases (memcheck and racecheck): both key pads, a
+// partial last chunk, a split (key pad 256), varlen.
 TEST(CudaGlaForward, SanitizerHopperPath) {
   SKIP_WITHOUT_GPU();
   const ScopedTuning hopper(hopper_on);

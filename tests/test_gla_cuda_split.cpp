@@ -1,7 +1,7 @@
 // The sequence split's states pass as its own kernel (the fast path's;
 // src/cuda/gla/kernels/gla_fwd_states.cuh) against the CPU fp64 recurrent reference on the
 // same rounded inputs: o and the final state, for what the fast path takes
-// (bf16/fp16, K ≤ 256 incl. key parts, any V, every gate kind, range and
+// (bf16/fp16, K ≤ 128, any V, every gate kind, range and
 // dtype), forced split and piece counts (one piece and several: the fold
 // kernel; more pieces than chunks: empty pieces), h0 / final
 // state, strides, varlen with host cu_seqlens (sequences shorter than a split)
@@ -39,11 +39,12 @@ void check(const Case& c, int64_t splits, int64_t pieces, bool caller_workspace 
   expect_close("final state", out.ht, ref.ht, kTolerance);
 }
 
-// Key and value widths of every states-kernel tile (64/128 × 64/128), partial tiles, several value tiles and
-// key parts (K > 128), every gate kind, range and dtype, h0 / final state, strides, split and piece counts.
+// Key and value widths of every states-kernel tile (64/128 × 64/128), partial tiles, several value tiles, every
+// gate kind, range and dtype, h0 / final state, strides, split and piece counts. (Its key parts, K > 128, run
+// for the segment summaries only: tests/test_gla_segment_cuda.cpp.)
 TEST(CudaGlaSplit, StatesKernelShapes) {
   SKIP_WITHOUT_GPU();
-  const ScopedTuning no_hopper(hopper_off);  // on sm_90 K > 128 would take the Hopper path
+  const ScopedTuning no_hopper(hopper_off);  // K = 128 with V ≥ 256 could take the Hopper path on sm_90
   struct Dims {
     int64_t K, V;
   };
@@ -51,7 +52,7 @@ TEST(CudaGlaSplit, StatesKernelShapes) {
   const int64_t pieces[] = {0, 1, 2, 3, 7};
   int i = 0;
   for (const Dims& d : {Dims{128, 128}, Dims{64, 64}, Dims{128, 64}, Dims{64, 128}, Dims{16, 8}, Dims{96, 200},
-                        Dims{120, 264}, Dims{256, 136}, Dims{200, 72}})
+                        Dims{120, 264}, Dims{128, 136}, Dims{72, 72}})
     for (GateValues values : {GateValues::typical, GateValues::near_zero, GateValues::very_negative}) {
       Case c;
       c.B = 2, c.T = 640 + 29 * i, c.H = 2, c.K = d.K, c.V = d.V;
@@ -101,7 +102,7 @@ TEST(CudaGlaSplit, StatesKernelLongSequence) {
 }
 
 // Small cases for memcheck and racecheck: the split slots written directly (one piece), the fold (several),
-// an empty piece, a scalar gate, an fp32 gate with key parts.
+// an empty piece, a scalar gate, an fp32 gate.
 TEST(CudaGlaSplit, SanitizerStatesKernel) {
   SKIP_WITHOUT_GPU();
   const ScopedTuning no_hopper(hopper_off);
@@ -113,7 +114,7 @@ TEST(CudaGlaSplit, SanitizerStatesKernel) {
   };
   int i = 0;
   for (const Small& s : {Small{128, 72, Gate::vector, DType::bf16, 1}, Small{128, 128, Gate::vector, DType::bf16, 2},
-                         Small{64, 136, Gate::scalar, DType::bf16, 3}, Small{256, 72, Gate::vector, DType::f32, 2}}) {
+                         Small{64, 136, Gate::scalar, DType::bf16, 3}, Small{128, 72, Gate::vector, DType::f32, 2}}) {
     Case c;
     c.B = 1, c.T = 400, c.H = 1, c.K = s.K, c.V = s.V, c.dtype = DType::bf16, c.gate = s.gate;
     c.gate_dtype = s.gate_dtype, c.seed = 4300 + i++;

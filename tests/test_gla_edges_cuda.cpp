@@ -38,13 +38,13 @@ std::vector<Path> forward_paths() {
       {"fast_bf16_K64", DType::bf16, 64, 64, 2, 200, no_hopper},
       {"fast_bf16_K128_V128", DType::bf16, 128, 128, 2, 200, no_hopper},
       {"fast_f16_K64_V100", DType::f16, 64, 100, 2, 200, no_hopper},
-      {"fast_bf16_K256_key_parts", DType::bf16, 256, 64, 2, 200, no_hopper},
+      {"general_bf16_K256_without_hopper", DType::bf16, 256, 64, 2, 200, no_hopper},
       {"general_f32_K64", DType::f32, 64, 64, 2, 200, library},
       {"general_f32_K128_V100", DType::f32, 128, 100, 2, 200, library},
       {"general_bf16_K64", DType::bf16, 64, 64, 2, 200, [](GlaTuning& t) { t.fast = false; }},
       {"hopper_bf16_K256", DType::bf16, 256, 64, 2, 200, hopper},
       {"hopper_bf16_K128_V256", DType::bf16, 128, 256, 2, 200, hopper},
-      // One consumer warpgroup (key pad 64), fp16, a partial value tile.
+      // K ≤ 64 padded to key pad 128, fp16, a partial value tile.
       {"hopper_f16_K64_V72", DType::f16, 64, 72, 2, 200, hopper},
       // Long sequences, few heads: the sequence split, with the split states kernel (the fast path's), the
       // general kernel's own states pass and the Hopper path's.

@@ -180,7 +180,8 @@ TEST(GlaPlan, Forward340MModelHeads) {
 
 // The Hopper path's slots for a varlen batch: one per (chunk of the packed T, head) plus one per sequence and
 // one more (a sequence's chunks start at its own boundary); its chunk pass covers the longest sequence's
-// chunks. Past 65535 chunks of T the Hopper path does not apply (the fast path runs).
+// chunks. Past 65535 chunks of T the Hopper path does not apply (the general kernel runs: the fast path takes
+// K ≤ 128).
 TEST(GlaPlan, ForwardHopperVarlenAndLimits) {
   FwdProblem p = forward(3, 4096, 4, 256, 512);
   p.varlen = true, p.longest = 2000;
@@ -191,7 +192,7 @@ TEST(GlaPlan, ForwardHopperVarlenAndLimits) {
   EXPECT_EQ(plan.prep_grid_chunks, 32);
   EXPECT_EQ(plan.workspace_bytes, hopper_slot_bytes(3 + 64 + 1, 4, 256));
   const FwdProblem huge = forward(1, int64_t(65536) * 64, 4, 256, 512);
-  EXPECT_EQ(plan_forward(huge, h100(), GlaTuning{}).kernel, FwdKernel::fast);
+  EXPECT_EQ(plan_forward(huge, h100(), GlaTuning{}).kernel, FwdKernel::general);
 }
 
 // fp32 inputs: always the general kernel (32-column value tiles); a fixed-length batch of one sequence
@@ -218,7 +219,7 @@ TEST(GlaPlan, ForwardVarlenSplitNeedsHostLengths) {
   EXPECT_EQ(plan.chunks_per_split, 8);
 }
 
-// Inputs the fast path does not take: unaligned rows, an fp64 gate, K > 256.
+// Inputs the fast path does not take: unaligned rows, an fp64 gate, K > 128.
 TEST(GlaPlan, ForwardFastPathConditions) {
   FwdProblem p = forward(8, 2048, 16, 64, 64);
   p.v_rows16 = false;
@@ -230,11 +231,13 @@ TEST(GlaPlan, ForwardFastPathConditions) {
   EXPECT_EQ(plan_forward(p, h100(), GlaTuning{}).kernel, FwdKernel::fast);
   p = forward(8, 2048, 16, 512, 64);
   EXPECT_EQ(plan_forward(p, h100(), GlaTuning{}).kernel, FwdKernel::general);
+  p = forward(8, 2048, 16, 129, 64);
+  EXPECT_EQ(plan_forward(p, a100(), GlaTuning{}).kernel, FwdKernel::general);
 }
 
 // The fast path's split always takes the states kernel (the planner does not check that it fits): its shared
-// memory is less than the fast kernel's for every input the fast path takes, K ≤ 256 and any V, gate and gate
-// dtype.
+// memory is less than the fast kernel's for every input the fast path takes, K ≤ 128 and any V, gate and gate
+// dtype; also for 128 < K ≤ 256 (the segment summaries' key parts), against the fast kernel's widest tiles.
 TEST(GlaPlan, ForwardStatesKernelFitsWhereTheFastPathDoes) {
   for (const Elem input : {Elem::bf16, Elem::f16})
     for (const Gate gate : {Gate::none, Gate::scalar, Gate::vector})
@@ -276,7 +279,20 @@ TEST(GlaPlan, ForwardTuningForcesChoices) {
   EXPECT_EQ(plan_forward(forward(8, 4096, 16, 128, 128), a100(), hopper_on).kernel, FwdKernel::general);
   GlaTuning hopper_off;
   hopper_off.hopper = Force::off;
-  EXPECT_EQ(plan_forward(forward(4, 4096, 4, 256, 512), h100(), hopper_off).kernel, FwdKernel::fast);
+  EXPECT_EQ(plan_forward(forward(4, 4096, 4, 256, 512), h100(), hopper_off).kernel, FwdKernel::general);
+  // Forced onto K ≤ 64, the Hopper path pads the keys to 128; with K ≤ 128 it never splits (a forced split
+  // count included), with K > 128 it does.
+  GlaTuning hopper_split = hopper_on;
+  hopper_split.splits = 3;
+  const FwdPlan narrow = plan_forward(forward(1, 4096, 2, 64, 64), h100(), hopper_split);
+  EXPECT_EQ(narrow.kernel, FwdKernel::hopper);
+  EXPECT_EQ(narrow.prep_key_pad, 128);
+  EXPECT_EQ(narrow.num_splits, 1);
+  EXPECT_EQ(narrow.states, StatesPass::none);
+  const FwdPlan wide_keys = plan_forward(forward(1, 4096, 2, 256, 64), h100(), hopper_split);
+  EXPECT_EQ(wide_keys.prep_key_pad, 256);
+  EXPECT_EQ(wide_keys.num_splits, 3);
+  EXPECT_EQ(wide_keys.states, StatesPass::in_kernel);
 
   GlaTuning three_splits;
   three_splits.splits = 3;

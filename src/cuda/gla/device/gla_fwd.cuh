@@ -67,10 +67,9 @@ int chunk_blocks_per_sm(Elem input, int smem_bytes);
 void launch_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // The fast path (gla_fwd_fast.cu): bf16/fp16 inputs (a vector gate of the same
-// dtype or fp32, or a scalar gate, or none), K ≤ 256, every row 16-byte aligned
+// dtype or fp32, or a scalar gate, or none), K ≤ 128, every row 16-byte aligned
 // (plan.h: fast_chunk_supported). One CTA per SM; value tiles of fast_value_tile(V)
-// columns, fast_key_parts(K) key parts of up to 128 keys (more than one: o is
-// zeroed, then accumulated).
+// columns.
 void launch_fast_chunk_forward(const ChunkParams& p, int num_seqs, cudaStream_t stream);
 
 // The states pass of the split as its own kernel (gla_fwd_states.cu), for what the fast path takes:

@@ -1,13 +1,10 @@
-// The kernel of the chunked GLA forward's fast path: bf16/fp16 inputs, K ≤ 256
-// (the general kernel in gla_fwd_chunk.cu serves everything else).
+// The kernel of the chunked GLA forward's fast path: bf16/fp16 inputs, K ≤ 128
+// (the Hopper path takes 128 < K ≤ 256 on sm_90a; the general kernel in
+// gla_fwd_chunk.cu serves everything else).
 //
 // One CTA of 16 warps per (sequence, head, value tile of 64 or 128 columns,
-// key part of up to 128 keys, sequence split), one CTA per SM. Key parts
-// (K > 128): everything a CTA computes is a sum over keys (A, Q S) or per key
-// (gate factors, the state's rows), so each part runs the K ≤ 128 kernel on its
-// keys and adds its share of o (bf16/fp16 reductions into an o zeroed first:
-// one more rounding of o than with a single part). It walks its chunks of
-// C = 64 tokens in order, with the whole key width of its part (padded to
+// sequence split), one CTA per SM. It walks its chunks of
+// C = 64 tokens in order, with the whole key width (padded to
 // KP = 64 or 128) in every phase: four barriers per chunk instead of three per
 // 32-key slice.
 //   * State: S [KP × BV] fp32 lives in registers as mma accumulator fragments
@@ -55,9 +52,7 @@ namespace flashgla::cuda::gla {
 namespace {
 
 // G: the vector gate's element type (E, or float with bf16/fp16 inputs); unused for other gate kinds.
-// PARTS: K > KP, blockIdx.y also picks the key part, and o is accumulated (a separate instantiation: the
-// key offset and the reductions cost registers).
-template <class E, class G, int KP, int BV, Gate GK, bool PARTS>
+template <class E, class G, int KP, int BV, Gate GK>
 __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   using L = FastLayout<KP, BV>;
@@ -77,10 +72,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   const int64_t n = nh / p.heads;
   const int h = int(nh % p.heads);
   const int K = p.key_dim, V = p.value_dim;
-  const int value_tiles = PARTS ? (V + BV - 1) / BV : 1 << 30;
-  const int v0 = (blockIdx.y % value_tiles) * BV;
-  const int k0 = PARTS ? int(blockIdx.y / value_tiles) * KP : 0;  // this CTA's key part: keys k0 .. k0 + kn − 1
-  const int kn = PARTS ? min(KP, K - k0) : K;
+  const int v0 = int(blockIdx.y) * BV;
   const int split = blockIdx.z;
 
   const SplitChunks chunks = split_chunks(p, n);
@@ -106,13 +98,13 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   // q, k, v go to the buffers of chunk c's parity (issued a chunk ahead); g has one buffer (issued after P2).
   auto issue_qkv = [&](int64_t c) {
     const int rows_valid = int(min(int64_t(C), seq.len - c * C));
-    if (!p.states_only) load_rows<KP, NT>(q_buf + (c & 1) * C * P, P, p.q, seq, h, c * C, rows_valid, k0, K, tid);
-    load_rows<KP, NT>(k_buf + (c & 1) * C * P, P, p.k, seq, h, c * C, rows_valid, k0, K, tid);
+    if (!p.states_only) load_rows<KP, NT>(q_buf + (c & 1) * C * P, P, p.q, seq, h, c * C, rows_valid, 0, K, tid);
+    load_rows<KP, NT>(k_buf + (c & 1) * C * P, P, p.k, seq, h, c * C, rows_valid, 0, K, tid);
     load_rows<BV, NT>(v_buf + (c & 1) * C * PV, PV, p.v, seq, h, c * C, rows_valid, v0, V, tid);
   };
   auto issue_g = [&](int64_t c) {
     if constexpr (GK == Gate::vector)
-      load_rows<KP, NT>(g_s, KP, p.g, seq, h, c * C, int(min(int64_t(C), seq.len - c * C)), k0, K, tid);
+      load_rows<KP, NT>(g_s, KP, p.g, seq, h, c * C, int(min(int64_t(C), seq.len - c * C)), 0, K, tid);
   };
   float scalar_g_next = 0.f;  // the scalar gate travels in registers of the first 64 threads, one chunk ahead
   auto fetch_scalar_gate = [&](int64_t c) {
@@ -129,9 +121,9 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = k0 + lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+      const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
       float s = 0.f;
-      if (!p.states_only && lkey < kn && vg < V) {
+      if (!p.states_only && lkey < K && vg < V) {
         if (p.h0.data)
           s = static_cast<const float*>(p.h0.data)[n * p.h0.stride[0] + h * p.h0.stride[1] + key * p.h0.stride[2] +
                                                     vg * p.h0.stride[3]];
@@ -151,8 +143,8 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = k0 + lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
-        if (lkey < kn && vg < V)
+        const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+        if (lkey < K && vg < V)
           S[nt][e] = p.split_decay[slot * K + key] * S[nt][e] + p.split_states[(slot * K + key) * V + vg];
       }
   }
@@ -453,13 +445,8 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         if (r >= rows_valid || col >= V) continue;
         E* at = out + r * p.o.stride[1] + col;
         const float lo = p.scale * o[nt][2 * half], hi = p.scale * o[nt][2 * half + 1];
-        if constexpr (PARTS) {
-          if (col + 1 < V) add2(at, lo, hi);
-          else add1(at, lo);
-        } else {
-          if (col + 1 < V) store2(at, lo, hi);
-          else at[0] = from_float<E>(lo);
-        }
+        if (col + 1 < V) store2(at, lo, hi);
+        else at[0] = from_float<E>(lo);
       }
     }
   }
@@ -472,52 +459,29 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int lkey = 16 * kt + g4 + (e >> 1) * 8, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
-        if (lkey < kn && vg < V) p.split_states[(slot * K + k0 + lkey) * V + vg] = S[nt][e];
+        if (lkey < K && vg < V) p.split_states[(slot * K + lkey) * V + vg] = S[nt][e];
       }
     if (v0 == 0 && gr == 0)
 #pragma unroll
       for (int e = 0; e < KPL; ++e)
-        if (key0 + e < kn) p.split_decay[slot * K + k0 + key0 + e] = split_decay_acc[e];
+        if (key0 + e < K) p.split_decay[slot * K + key0 + e] = split_decay_acc[e];
   } else if (split == last_split && p.ht.data) {
     float* ht = static_cast<float*>(p.ht.data);
 #pragma unroll
     for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = k0 + lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
-        if (lkey < kn && vg < V)
+        const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+        if (lkey < K && vg < V)
           ht[n * p.ht.stride[0] + h * p.ht.stride[1] + key * p.ht.stride[2] + vg * p.ht.stride[3]] = S[nt][e];
       }
-  }
-}
-
-// o = 0 on the rows the chunk kernel writes (the key parts add their shares into it).
-template <class E>
-__global__ void zero_output_kernel(const ChunkParams p) {
-  const int64_t nh = blockIdx.x;
-  const int64_t n = nh / p.heads;
-  const int h = int(nh % p.heads);
-  const SeqSpan seq = sequence_span(p.seqs, n);
-  const int pieces = (p.value_dim + 7) / 8;
-  for (int64_t t0 = int64_t(blockIdx.y) * C; t0 < seq.len; t0 += int64_t(gridDim.y) * C) {
-    const int rows = int(min(int64_t(C), seq.len - t0));
-    for (int i = threadIdx.x; i < rows * pieces; i += blockDim.x) {
-      const int r = i / pieces, col = (i - r * pieces) * 8;
-      E* at = static_cast<E*>(p.o.data) + seq.batch * p.o.stride[0] + (seq.begin + t0 + r) * p.o.stride[1] +
-              h * p.o.stride[2] + col;
-      if (col + 8 <= p.value_dim) *reinterpret_cast<uint4*>(at) = make_uint4(0, 0, 0, 0);  // rows16
-      else
-        for (int j = 0; j < p.value_dim - col; ++j) at[j] = from_float<E>(0.f);
-    }
   }
 }
 
 template <class E, class G, int KP, int BV, Gate GK>
 void launch_kind(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int bytes = FastLayout<KP, BV>::bytes;
-  auto kernel = fast_chunk_kernel<E, G, KP, BV, GK, false>;
-  if constexpr (KP == 128)
-    if (p.key_dim > KP) kernel = fast_chunk_kernel<E, G, KP, BV, GK, true>;
+  auto kernel = fast_chunk_kernel<E, G, KP, BV, GK>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "cudaFuncSetAttribute (GLA fast chunk kernel)");
   kernel<<<grid, NT, bytes, stream>>>(p);
@@ -535,32 +499,17 @@ void launch(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
   }
 }
 
+}  // namespace
+
+// The fast path for one input type: the tile shape from K and V. Instantiated in gla_fwd_fast.cu (bf16) and
+// gla_fwd_fast_f16.cu (fp16), which compile in parallel.
 template <class E>
-void launch_dims(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+void launch_fast_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
   const bool wide_keys = p.key_dim > 64, wide_values = p.value_dim > 64;
   if (wide_keys && wide_values) return launch<E, 128, 128>(p, grid, stream);
   if (wide_keys) return launch<E, 128, 64>(p, grid, stream);
   if (wide_values) return launch<E, 64, 128>(p, grid, stream);
   return launch<E, 64, 64>(p, grid, stream);
-}
-
-template <class E>
-void zero_output(const ChunkParams& p, int num_seqs, cudaStream_t stream) {
-  const int64_t chunks = (p.seqs.total_len + C - 1) / C;
-  const int64_t blocks_y = std::min<int64_t>(std::max<int64_t>(chunks, 1), 65535);
-  const dim3 grid(unsigned(int64_t(num_seqs) * p.heads), unsigned(blocks_y));
-  zero_output_kernel<E><<<grid, 256, 0, stream>>>(p);
-  check_cuda(cudaGetLastError(), "GLA fast chunk: zeroing o");
-}
-
-}  // namespace
-
-// The fast path for one input type: o zeroed first where key parts add into it, then the chunk kernel.
-// Instantiated in gla_fwd_fast.cu (bf16) and gla_fwd_fast_f16.cu (fp16), which compile in parallel.
-template <class E>
-void launch_fast_typed(const ChunkParams& p, int num_seqs, dim3 grid, bool zero_o, cudaStream_t stream) {
-  if (zero_o) zero_output<E>(p, num_seqs, stream);
-  launch_dims<E>(p, grid, stream);
 }
 
 }  // namespace flashgla::cuda::gla

@@ -4,6 +4,6 @@
 
 namespace flashgla::cuda::gla {
 
-template void launch_fast_typed<__half>(const ChunkParams&, int, dim3, bool, cudaStream_t);
+template void launch_fast_typed<__half>(const ChunkParams&, dim3, cudaStream_t);
 
 }  // namespace flashgla::cuda::gla

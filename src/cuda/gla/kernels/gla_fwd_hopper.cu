@@ -47,19 +47,12 @@ void launch_ws_kernel(const ChunkParams& p, dim3 grid, bool pdl, cudaStream_t st
   check_cuda(cudaLaunchKernelEx(&config, kernel, p), "GLA Hopper state kernel launch");
 }
 
-template <class E, int KP>
-void launch_state_kernel(const ChunkParams& p, dim3 grid, bool pdl, cudaStream_t stream) {
-  if (p.states_only) return launch_ws_kernel<E, KP, true>(p, grid, pdl, stream);
-  return launch_ws_kernel<E, KP, false>(p, grid, pdl, stream);
-}
-
+// Key pad 128 runs unsplit (plan.cpp), so only key pad 256 has a states pass.
 template <class E>
 void launch_main_dims(const ChunkParams& p, dim3 grid, bool pdl, cudaStream_t stream) {
-  switch (p.prep_key_pad) {
-    case 64: return launch_state_kernel<E, 64>(p, grid, pdl, stream);
-    case 128: return launch_state_kernel<E, 128>(p, grid, pdl, stream);
-    default: return launch_state_kernel<E, 256>(p, grid, pdl, stream);
-  }
+  if (p.prep_key_pad == 128) return launch_ws_kernel<E, 128, false>(p, grid, pdl, stream);
+  if (p.states_only) return launch_ws_kernel<E, 256, true>(p, grid, pdl, stream);
+  return launch_ws_kernel<E, 256, false>(p, grid, pdl, stream);
 }
 
 }  // namespace

@@ -97,8 +97,9 @@ inline ChunkLayout chunk_layout(Elem input, Elem gate, Gate gate_kind, int key_d
 }
 
 // ---- the fast path (gla_fwd_fast.cuh) -------------------------------------------
-// One CTA per SM; value tiles of fast_value_tile(V) columns, fast_key_parts(K)
-// key parts of up to 128 keys (more than one: o is zeroed, then accumulated).
+// One CTA per SM; K ≤ 128; value tiles of fast_value_tile(V) columns. The states kernel (gla_fwd_states.cuh)
+// shares the tiles and also takes 128 < K ≤ 256 for the segment summaries: fast_key_parts(K) key parts of up
+// to 128 keys, each its own CTA.
 inline int fast_value_tile(int value_dim) { return value_dim > 64 ? 128 : 64; }
 inline int fast_key_parts(int key_dim) { return key_dim > 128 ? (key_dim + 127) / 128 : 1; }
 
@@ -174,7 +175,8 @@ inline int split_states_smem_bytes(Elem input, Elem gate_dtype, Gate gate, int k
 }
 
 // ---- the Hopper path (gla_fwd_hopper.cuh) ----------------------------------------
-inline int hopper_key_pad(int key_dim) { return key_dim <= 64 ? 64 : key_dim <= 128 ? 128 : 256; }
+// Two key pads: 128 (one consumer warpgroup's keys padded; K ≤ 64 takes this path only when forced) and 256.
+inline int hopper_key_pad(int key_dim) { return key_dim <= 128 ? 128 : 256; }
 
 namespace hopper {
 // Byte offsets inside one workspace slot of the chunk pass (one chunk of one head); every tile
