@@ -18,7 +18,7 @@ LOGS=$(mktemp -d)
 mkdir -p "$OUT"
 BUILD=build-gpu
 ARCH=${FLASHGLA_CUDA_ARCH:-90a}
-SANITIZE_FILTER=${SANITIZE_FILTER:-CudaGlaForward.Sanitizer*:GlaSegmentCuda.Sanitizer*:CudaGlaBackward.Sanitizer*:CudaGlaEdges.Sanitizer*:CudaGlaDecode.*:AttentionCudaApi.BadDeviceBoundariesStayInBounds:Sanitizer/AttentionGenericCuda.*:AttentionGenericCudaApi.Small*:NormGpu.*:GateGpu.*:Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33:GroupedHeads/AttentionCuda.*/2:Varlen/AttentionCuda.*/5:Shapes/KvCacheCudaSmall.*:KvCacheCudaSmallApi.*:GlaApiOptions.*}
+SANITIZE_FILTER=${SANITIZE_FILTER:-CudaGlaForward.Sanitizer*:CudaGlaSplit.Sanitizer*:GlaSegmentCuda.Sanitizer*:GlaNormalizeGpu.FixedLengthOffTheChunkAndOneToken:GlaNormalizeGpu.KeyAndValueOffTheVectors:CudaGlaBackwardF16.EdgeGates:CudaGlaBackward.Sanitizer*:CudaGlaEdges.Sanitizer*:CudaGlaDecode.*:AttentionCudaApi.BadDeviceBoundariesStayInBounds:Sanitizer/AttentionGenericCuda.*:AttentionGenericCudaApi.Small*:NormGpu.*:GateGpu.*:Lengths/AttentionCuda.*/13:Lengths/AttentionCuda.*/33:GroupedHeads/AttentionCuda.*/2:Varlen/AttentionCuda.*/5:Shapes/KvCacheCudaSmall.*:KvCacheCudaSmallApi.*:GlaApiOptions.*}
 BENCH=${BENCH-ops fla_api}
 AB_BASE=${AB_BASE:-}
 PY=${PY:-1}

@@ -175,7 +175,7 @@ inline int split_states_smem_bytes(Elem input, Elem gate_dtype, Gate gate, int k
 }
 
 // ---- the Hopper path (gla_fwd_hopper.cuh) ----------------------------------------
-// Two key pads: 128 (one consumer warpgroup's keys padded; K ≤ 64 takes this path only when forced) and 256.
+// Two key pads, 128 and 256 (K ≤ 64 takes the Hopper path only when tuning forces it: padded to 128).
 inline int hopper_key_pad(int key_dim) { return key_dim <= 128 ? 128 : 256; }
 
 namespace hopper {
