@@ -82,10 +82,10 @@ Rows<E> rows_of(const TensorView& t) {
   return r;
 }
 
-// A row width: VEC elements per load.
+// A row width: elements per load.
 template <int VEC>
 struct Width {
-  static constexpr int n = VEC;
+  static constexpr int elements = VEC;
 };
 
 template <class E>
@@ -360,7 +360,7 @@ __global__ void normalize_chunks_kernel(Params<E> p) {
     const int64_t t = active ? norm::step_row(c.seq.begin, c.seq.len, step, p.reverse) : 0;
     float first[kVector<E>];  // this lane's first o_raw vector, loaded before the sum over the team (latency)
     at_width<E>(p.vector_values, [&](auto w) {
-      const int64_t d = int64_t(lane) * decltype(w)::n;
+      const int64_t d = int64_t(lane) * decltype(w)::elements;
       if (active && d < p.V) load_vec(p.o_raw, c.seq.batch, t, h, d, first, w);
     });
     const float dot = at_width<E>(p.vector_keys, [&](auto w) { return advance_and_dot(p, c, h, t, active, z, w); });
@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(norm::kMaxThreads, kBackwardBlocksPerSm<E>) ba
   float* z = shared + (p.teams == 1 ? 0 : team * p.K);
   float* g = shared + p.teams * p.K + team * p.K;
   at_width<E>(p.vector_keys, [&](auto w) {
-    constexpr int VK = decltype(w)::n;
+    constexpr int VK = decltype(w)::elements;
 #pragma unroll 1
     for (int64_t v = lane; v * VK < p.K; v += p.lanes)
 #pragma unroll
@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(norm::kMaxThreads, kBackwardBlocksPerSm<E>) ba
     float dot = 0.f, first[kVector<E>];
     if (active)
       at_width<E>(p.vector_values, [&](auto w) {
-        constexpr int VV = decltype(w)::n;
+        constexpr int VV = decltype(w)::elements;
 #pragma unroll 1
         for (int64_t v = lane; v * VV < p.V; v += p.lanes) {
           float dout[VV], raw[VV];
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(norm::kMaxThreads, kBackwardBlocksPerSm<E>) ba
     if (lane == 0) d_den_out[step - c.step0] = d_den;
     const float dq_factor = d_den * p.scale;
     at_width<E>(p.vector_keys, [&](auto w) {
-      constexpr int VK = decltype(w)::n;
+      constexpr int VK = decltype(w)::elements;
 #pragma unroll 1
       for (int64_t v = lane; v * VK < p.K; v += p.lanes) {
         float qq[VK], out[VK];
