@@ -152,13 +152,17 @@ TEST(GlaNormalizeGpu, FixedLengthOffTheChunkAndOneToken) {
     }
 }
 
+// Every pairing of key and value row widths (16-byte vectors: 8 elements of 16 bits, 4 of fp32; or one
+// element) in each dtype, as each kernel runs both widths: 16-bit K64 V20 and K36 V64 mix them, fp32
+// K36 V10 and K10 V36.
 TEST(GlaNormalizeGpu, KeyAndValueOffTheVectors) {
   if (!testing::has_cuda()) GTEST_SKIP() << "no GPU";
   struct Dims {
     int64_t K, V;
   };
-  for (DType dt : {DType::bf16, DType::f32})
-    for (Dims d : {Dims{36, 20}, Dims{64, 20}, Dims{36, 64}, Dims{7, 3}, Dims{256, 256}, Dims{1, 1}}) {
+  for (DType dt : {DType::bf16, DType::f16, DType::f32})
+    for (Dims d : {Dims{36, 20}, Dims{64, 20}, Dims{36, 64}, Dims{36, 10}, Dims{10, 36}, Dims{7, 3}, Dims{256, 256},
+                   Dims{1, 1}}) {
       Case c;
       c.bounds = {0, 17, 17, 150};
       c.K = d.K, c.V = d.V, c.dtype = dt, c.reverse = d.K == 36;

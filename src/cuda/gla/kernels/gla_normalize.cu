@@ -12,7 +12,8 @@
 //           and Σ d_den·scale·q over each chunk; (4) scan_chunks backwards over those sums from
 //           d_z_final (what is left at the start is d_z_init); (5) key_grad_chunks: dk_t =
 //           (that suffix) + Σ over the chunk's steps from t on of d_den·scale·q.
-// All sums in fp32.
+// All sums in fp32. Rows are read as 16-byte vectors where every row of the pass allows it, else one
+// element at a time: a run-time flag, so that each kernel is built once per dtype (at_width below).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -81,10 +82,31 @@ Rows<E> rows_of(const TensorView& t) {
   return r;
 }
 
-// VEC elements from column d on: one 16-byte load when VEC > 1 (the host checked alignment), else one element.
+// A row width: elements per load.
+template <int VEC>
+struct Width {
+  static constexpr int elements = VEC;
+};
+
+template <class E>
+constexpr int kVector = int(16 / sizeof(E));
+
+// f(Width<kVector<E>>{}) for rows read as 16-byte vectors, f(Width<1>{}) otherwise: each loop exists at
+// both widths in one kernel, and the flag is uniform over the grid, so the branch costs no divergence.
+// The loops over a lane's column vectors carry `unroll 1`: the compiler unrolls only the one-element ones,
+// and as both widths share the kernel's registers, that would cost the 16-byte path occupancy (fp32:
+// about 100 registers instead of 48).
+template <class E, class F>
+__device__ __forceinline__ auto at_width(bool vector, F&& f) {
+  if (vector) return f(Width<kVector<E>>{});
+  return f(Width<1>{});
+}
+
+// x[0, VEC) = VEC elements from column d on: one 16-byte load when VEC > 1 (the host checked alignment),
+// else one element.
 template <int VEC, class E>
-__device__ __forceinline__ void load_vec(const Rows<E>& r, int64_t b, int64_t t, int64_t h, int64_t d,
-                                         float (&x)[VEC]) {
+__device__ __forceinline__ void load_vec(const Rows<E>& r, int64_t b, int64_t t, int64_t h, int64_t d, float* x,
+                                         Width<VEC>) {
   if constexpr (VEC == 1) {
     x[0] = to_float(*r.at(b, t, h, d));
   } else {
@@ -98,7 +120,7 @@ __device__ __forceinline__ void load_vec(const Rows<E>& r, int64_t b, int64_t t,
 
 template <int VEC, class E>
 __device__ __forceinline__ void store_vec(const Rows<E>& r, int64_t b, int64_t t, int64_t h, int64_t d,
-                                          const float (&x)[VEC]) {
+                                          const float* x, Width<VEC>) {
   if constexpr (VEC == 1) {
     *r.at(b, t, h, d) = from_float<E>(x[0]);
   } else {
@@ -114,19 +136,20 @@ __device__ __forceinline__ void store_vec(const Rows<E>& r, int64_t b, int64_t t
 // first vector (v = lane), loaded early for latency.
 template <int VV, class E>
 __device__ __forceinline__ void store_row_over(const Rows<E>& src, const Rows<E>& dst, int64_t b, int64_t t,
-                                               int64_t h, int64_t V, int lane, int lanes, const float (&first)[VV],
-                                               float den) {
+                                               int64_t h, int64_t V, int lane, int lanes, const float* first,
+                                               float den, Width<VV> w) {
+#pragma unroll 1
   for (int64_t v = lane; v * VV < V; v += lanes) {
     float x[VV];
     if (v == lane) {
 #pragma unroll
       for (int i = 0; i < VV; ++i) x[i] = first[i];
     } else {
-      load_vec<VV>(src, b, t, h, v * VV, x);
+      load_vec(src, b, t, h, v * VV, x, w);
     }
 #pragma unroll
     for (int i = 0; i < VV; ++i) x[i] /= den;
-    store_vec<VV>(dst, b, t, h, v * VV, x);
+    store_vec(dst, b, t, h, v * VV, x, w);
   }
 }
 
@@ -141,6 +164,8 @@ struct Params {
   int lanes = 0, teams = 0, steps_per_team = 0;
   float scale = 1.f;
   bool reverse = false;
+  bool vector_keys = false;    // q, k (dq, dk) rows as 16-byte vectors
+  bool vector_values = false;  // o_raw, o (d_o, d_o_raw) rows as 16-byte vectors
   float* key_sums = nullptr;   // [slots, H, K]: Σ k per chunk, then z at each chunk's start
   float* grad_sums = nullptr;  // [slots, H, K]: Σ d_den·scale·q per chunk, then what follows each chunk
   float* d_den = nullptr;      // [slots, H, kChunk]
@@ -184,23 +209,25 @@ __device__ __forceinline__ float team_sum(float x, int lanes) {
 // The z of a chunk's start (from key_sums after the scan) into zs[team][·], each team's entry moved on by
 // the keys of the teams before it. Lane-private columns when there is one team; a block-wide pass otherwise.
 template <int VK, class E>
-__device__ void team_starts(const Params<E>& p, const Chunk& c, int64_t h, float* zs) {
+__device__ void team_starts(const Params<E>& p, const Chunk& c, int64_t h, float* zs, Width<VK> w) {
   const int team = threadIdx.x / p.lanes, lane = threadIdx.x % p.lanes;
   const float* start = p.key_sums + (c.slot * p.heads + h) * p.K;
   if (p.teams == 1) {
+#pragma unroll 1
     for (int64_t v = lane; v * VK < p.K; v += p.lanes)
 #pragma unroll
       for (int i = 0; i < VK; ++i) zs[v * VK + i] = start[v * VK + i];
     return;  // each lane reads back only the column vectors it wrote
   }
   float* own = zs + team * p.K;
+#pragma unroll 1
   for (int64_t v = lane; v * VK < p.K; v += p.lanes) {
     float sum[VK] = {};
     for (int j = 0; j < p.steps_per_team; ++j) {
       const int64_t step = c.step0 + team * p.steps_per_team + j;
       if (step >= c.step0 + c.steps) break;
       float x[VK];
-      load_vec<VK>(p.k, c.seq.batch, norm::step_row(c.seq.begin, c.seq.len, step, p.reverse), h, v * VK, x);
+      load_vec(p.k, c.seq.batch, norm::step_row(c.seq.begin, c.seq.len, step, p.reverse), h, v * VK, x, w);
 #pragma unroll
       for (int i = 0; i < VK; ++i) sum[i] += x[i];
     }
@@ -229,14 +256,15 @@ __device__ __forceinline__ bool team_step(const Params<E>& p, const Chunk& c, in
 // q_t·z_t over the team, z moving on by k_t in zs (this lane's columns); every lane of the warp calls it.
 template <int VK, class E>
 __device__ __forceinline__ float advance_and_dot(const Params<E>& p, const Chunk& c, int64_t h, int64_t t, bool active,
-                                                 float* z) {
+                                                 float* z, Width<VK> w) {
   const int lane = threadIdx.x % p.lanes;
   float partial = 0.f;
   if (active)
+#pragma unroll 1
     for (int64_t v = lane; v * VK < p.K; v += p.lanes) {
       float kk[VK], qq[VK];
-      load_vec<VK>(p.k, c.seq.batch, t, h, v * VK, kk);
-      load_vec<VK>(p.q, c.seq.batch, t, h, v * VK, qq);
+      load_vec(p.k, c.seq.batch, t, h, v * VK, kk, w);
+      load_vec(p.q, c.seq.batch, t, h, v * VK, qq, w);
 #pragma unroll
       for (int i = 0; i < VK; ++i) {
         const float zz = z[v * VK + i] + kk[i];
@@ -251,20 +279,21 @@ __device__ __forceinline__ float advance_and_dot(const Params<E>& p, const Chunk
 
 // Σ k over each chunk: each team sums its steps, then the teams' sums are added in team order.
 template <int VK, class E>
-__global__ void key_sums_kernel(Params<E> p) {
+__device__ __forceinline__ void key_sums(const Params<E>& p, Width<VK> w) {
   extern __shared__ float shared[];
   Chunk c;
   if (!this_chunk(p.seqs, p.slots, c)) return;
   const int64_t h = blockIdx.y;
   const int team = threadIdx.x / p.lanes, lane = threadIdx.x % p.lanes;
   float* own = shared + team * p.K;
+#pragma unroll 1
   for (int64_t v = lane; v * VK < p.K; v += p.lanes) {
     float sum[VK] = {};
     for (int j = 0; j < p.steps_per_team; ++j) {
       int64_t step;
       if (!team_step(p, c, j, step)) break;
       float x[VK];
-      load_vec<VK>(p.k, c.seq.batch, norm::step_row(c.seq.begin, c.seq.len, step, p.reverse), h, v * VK, x);
+      load_vec(p.k, c.seq.batch, norm::step_row(c.seq.begin, c.seq.len, step, p.reverse), h, v * VK, x, w);
 #pragma unroll
       for (int i = 0; i < VK; ++i) sum[i] += x[i];
     }
@@ -278,6 +307,11 @@ __global__ void key_sums_kernel(Params<E> p) {
     for (int t = 0; t < p.teams; ++t) total += shared[t * p.K + d];
     out[d] = total;
   }
+}
+
+template <class E>
+__global__ void key_sums_kernel(Params<E> p) {
+  at_width<E>(p.vector_keys, [&](auto w) { key_sums(p, w); });
 }
 
 // Per (sequence, head, key column): the chunk sums become the exclusive prefix from init (forwards) or the
@@ -311,77 +345,103 @@ __global__ void scan_chunks_kernel(ScanParams p) {
 }
 
 // o_t = o_raw_t / (scale·q_t·z_t + eps). Shared: z per team [teams][K].
-template <int VK, int VV, class E>
+template <class E>
 __global__ void normalize_chunks_kernel(Params<E> p) {
   extern __shared__ float shared[];
   Chunk c;
   if (!this_chunk(p.seqs, p.slots, c)) return;
   const int64_t h = blockIdx.y;
   const int team = threadIdx.x / p.lanes, lane = threadIdx.x % p.lanes;
-  team_starts<VK>(p, c, h, shared);
+  at_width<E>(p.vector_keys, [&](auto w) { team_starts(p, c, h, shared, w); });
   float* z = shared + (p.teams == 1 ? 0 : team * p.K);
   for (int j = 0; j < p.steps_per_team; ++j) {
     int64_t step;
     const bool active = team_step(p, c, j, step);
     const int64_t t = active ? norm::step_row(c.seq.begin, c.seq.len, step, p.reverse) : 0;
-    float first[VV];  // this lane's first o_raw vector, loaded before the sum over the team (latency)
-    if (active && int64_t(lane) * VV < p.V) load_vec<VV>(p.o_raw, c.seq.batch, t, h, int64_t(lane) * VV, first);
-    const float den = p.scale * advance_and_dot<VK>(p, c, h, t, active, z) + kNormalizeEps;
+    float first[kVector<E>];  // this lane's first o_raw vector, loaded before the sum over the team (latency)
+    at_width<E>(p.vector_values, [&](auto w) {
+      const int64_t d = int64_t(lane) * decltype(w)::elements;
+      if (active && d < p.V) load_vec(p.o_raw, c.seq.batch, t, h, d, first, w);
+    });
+    const float dot = at_width<E>(p.vector_keys, [&](auto w) { return advance_and_dot(p, c, h, t, active, z, w); });
+    const float den = p.scale * dot + kNormalizeEps;
     if (!active) continue;
-    store_row_over<VV>(p.o_raw, p.o, c.seq.batch, t, h, p.V, lane, p.lanes, first, den);
+    at_width<E>(p.vector_values,
+                [&](auto w) { store_row_over(p.o_raw, p.o, c.seq.batch, t, h, p.V, lane, p.lanes, first, den, w); });
   }
 }
 
+// Blocks of kMaxThreads per SM that backward_chunks_kernel's registers must allow: as many as its 16-byte
+// path alone allows (48 registers fp32, 64 for 16-bit types); unbounded, the two widths take 56 in fp32.
+template <class E>
+constexpr int kBackwardBlocksPerSm = sizeof(E) == 4 ? 5 : 4;
+
 // Per chunk: d_o_raw, dq, d_den (workspace) and the chunk's Σ d_den·scale·q (grad_sums).
 // Shared: z per team and Σ d_den·scale·q per team, [teams][K] each.
-template <int VK, int VV, class E>
-__global__ void backward_chunks_kernel(Params<E> p) {
+template <class E>
+__global__ void __launch_bounds__(norm::kMaxThreads, kBackwardBlocksPerSm<E>) backward_chunks_kernel(Params<E> p) {
   extern __shared__ float shared[];
   Chunk c;
   if (!this_chunk(p.seqs, p.slots, c)) return;
   const int64_t h = blockIdx.y;
   const int team = threadIdx.x / p.lanes, lane = threadIdx.x % p.lanes;
-  team_starts<VK>(p, c, h, shared);
+  at_width<E>(p.vector_keys, [&](auto w) { team_starts(p, c, h, shared, w); });
   float* z = shared + (p.teams == 1 ? 0 : team * p.K);
   float* g = shared + p.teams * p.K + team * p.K;
-  for (int64_t v = lane; v * VK < p.K; v += p.lanes)
+  at_width<E>(p.vector_keys, [&](auto w) {
+    constexpr int VK = decltype(w)::elements;
+#pragma unroll 1
+    for (int64_t v = lane; v * VK < p.K; v += p.lanes)
 #pragma unroll
-    for (int i = 0; i < VK; ++i) g[v * VK + i] = 0.f;  // lane-private column vectors, as z's
+      for (int i = 0; i < VK; ++i) g[v * VK + i] = 0.f;  // lane-private column vectors, as z's
+  });
   float* d_den_out = p.d_den + (c.slot * p.heads + h) * kChunk;
   for (int j = 0; j < p.steps_per_team; ++j) {
     int64_t step;
     const bool active = team_step(p, c, j, step);
     const int64_t t = active ? norm::step_row(c.seq.begin, c.seq.len, step, p.reverse) : 0;
     // d_o·o_raw first (it does not need den), keeping this lane's first d_o vector for d_o_raw.
-    float dot = 0.f, first[VV];
+    float dot = 0.f, first[kVector<E>];
     if (active)
-      for (int64_t v = lane; v * VV < p.V; v += p.lanes) {
-        float dout[VV], raw[VV];
-        load_vec<VV>(p.d_o, c.seq.batch, t, h, v * VV, dout);
-        load_vec<VV>(p.o_raw, c.seq.batch, t, h, v * VV, raw);
+      at_width<E>(p.vector_values, [&](auto w) {
+        constexpr int VV = decltype(w)::elements;
+#pragma unroll 1
+        for (int64_t v = lane; v * VV < p.V; v += p.lanes) {
+          float dout[VV], raw[VV];
+          load_vec(p.d_o, c.seq.batch, t, h, v * VV, dout, w);
+          load_vec(p.o_raw, c.seq.batch, t, h, v * VV, raw, w);
 #pragma unroll
-        for (int i = 0; i < VV; ++i) {
-          dot += dout[i] * raw[i];
-          if (v == lane) first[i] = dout[i];
+          for (int i = 0; i < VV; ++i) {
+            dot += dout[i] * raw[i];
+            if (v == lane) first[i] = dout[i];
+          }
         }
-      }
-    const float den = p.scale * advance_and_dot<VK>(p, c, h, t, active, z) + kNormalizeEps;
+      });
+    const float q_dot_z =
+        at_width<E>(p.vector_keys, [&](auto w) { return advance_and_dot(p, c, h, t, active, z, w); });
+    const float den = p.scale * q_dot_z + kNormalizeEps;
     dot = team_sum(dot, p.lanes);
     if (!active) continue;
-    store_row_over<VV>(p.d_o, p.d_o_raw, c.seq.batch, t, h, p.V, lane, p.lanes, first, den);
+    at_width<E>(p.vector_values, [&](auto w) {
+      store_row_over(p.d_o, p.d_o_raw, c.seq.batch, t, h, p.V, lane, p.lanes, first, den, w);
+    });
     const float d_den = -dot / (den * den);
     if (lane == 0) d_den_out[step - c.step0] = d_den;
     const float dq_factor = d_den * p.scale;
-    for (int64_t v = lane; v * VK < p.K; v += p.lanes) {
-      float qq[VK], out[VK];
-      load_vec<VK>(p.q, c.seq.batch, t, h, v * VK, qq);
+    at_width<E>(p.vector_keys, [&](auto w) {
+      constexpr int VK = decltype(w)::elements;
+#pragma unroll 1
+      for (int64_t v = lane; v * VK < p.K; v += p.lanes) {
+        float qq[VK], out[VK];
+        load_vec(p.q, c.seq.batch, t, h, v * VK, qq, w);
 #pragma unroll
-      for (int i = 0; i < VK; ++i) {
-        out[i] = dq_factor * z[v * VK + i];
-        g[v * VK + i] += dq_factor * qq[i];
+        for (int i = 0; i < VK; ++i) {
+          out[i] = dq_factor * z[v * VK + i];
+          g[v * VK + i] += dq_factor * qq[i];
+        }
+        store_vec(p.dq, c.seq.batch, t, h, v * VK, out, w);
       }
-      store_vec<VK>(p.dq, c.seq.batch, t, h, v * VK, out);
-    }
+    });
   }
   __syncthreads();
   float* sums = p.grad_sums + (c.slot * p.heads + h) * p.K;
@@ -395,7 +455,7 @@ __global__ void backward_chunks_kernel(Params<E> p) {
 // dk_t = (d_z_final + Σ over the chunks after this one, from grad_sums after the backwards scan)
 //        + Σ over this chunk's steps from t on of d_den·scale·q. Shared: the running sum per team [teams][K].
 template <int VK, class E>
-__global__ void key_grad_chunks_kernel(Params<E> p) {
+__device__ __forceinline__ void key_grad_chunks(const Params<E>& p, Width<VK> w) {
   extern __shared__ float shared[];
   Chunk c;
   if (!this_chunk(p.seqs, p.slots, c)) return;
@@ -405,10 +465,12 @@ __global__ void key_grad_chunks_kernel(Params<E> p) {
   const float* d_den = p.d_den + (c.slot * p.heads + h) * kChunk;
   float* acc = shared + (p.teams == 1 ? 0 : team * p.K);
   if (p.teams == 1) {
+#pragma unroll 1
     for (int64_t v = lane; v * VK < p.K; v += p.lanes)
 #pragma unroll
       for (int i = 0; i < VK; ++i) acc[v * VK + i] = after[v * VK + i];  // lane-private column vectors
   } else {
+#pragma unroll 1
     for (int64_t v = lane; v * VK < p.K; v += p.lanes) {
       float sum[VK] = {};
       for (int j = 0; j < p.steps_per_team; ++j) {
@@ -416,7 +478,7 @@ __global__ void key_grad_chunks_kernel(Params<E> p) {
         if (!team_step(p, c, j, step)) break;
         const float factor = d_den[step - c.step0] * p.scale;
         float qq[VK];
-        load_vec<VK>(p.q, c.seq.batch, norm::step_row(c.seq.begin, c.seq.len, step, p.reverse), h, v * VK, qq);
+        load_vec(p.q, c.seq.batch, norm::step_row(c.seq.begin, c.seq.len, step, p.reverse), h, v * VK, qq, w);
 #pragma unroll
         for (int i = 0; i < VK; ++i) sum[i] += factor * qq[i];
       }
@@ -439,17 +501,23 @@ __global__ void key_grad_chunks_kernel(Params<E> p) {
     if (!team_step(p, c, j, step)) continue;
     const int64_t t = norm::step_row(c.seq.begin, c.seq.len, step, p.reverse);
     const float factor = d_den[step - c.step0] * p.scale;
+#pragma unroll 1
     for (int64_t v = lane; v * VK < p.K; v += p.lanes) {
       float qq[VK], out[VK];
-      load_vec<VK>(p.q, c.seq.batch, t, h, v * VK, qq);
+      load_vec(p.q, c.seq.batch, t, h, v * VK, qq, w);
 #pragma unroll
       for (int i = 0; i < VK; ++i) {
         out[i] = acc[v * VK + i] + factor * qq[i];
         acc[v * VK + i] = out[i];
       }
-      store_vec<VK>(p.dk, c.seq.batch, t, h, v * VK, out);
+      store_vec(p.dk, c.seq.batch, t, h, v * VK, out, w);
     }
   }
+}
+
+template <class E>
+__global__ void key_grad_chunks_kernel(Params<E> p) {
+  at_width<E>(p.vector_keys, [&](auto w) { key_grad_chunks(p, w); });
 }
 
 // ---- host ------------------------------------------------------------------------
@@ -497,23 +565,20 @@ void scan(const ScanParams& s, cudaStream_t stream, const char* what) {
   check_cuda(cudaGetLastError(), what);
 }
 
-template <class E>
-constexpr int kVector = int(16 / sizeof(E));
-
 bool all_vector_rows(std::initializer_list<const TensorView*> tensors, int vec, int element_bytes) {
   for (const TensorView* t : tensors)
     if (!norm::vector_rows(*t, vec, element_bytes)) return false;
   return true;
 }
 
-template <int VK, int VV, class E>
+template <class E>
 void forward_launch(const GlaNormalizeArgs& a, const GlaProblem& p, const Params<E>& c, const norm::TeamShape& shape,
                     cudaStream_t stream) {
   const dim3 grid(unsigned(c.slots.count), unsigned(p.heads));
   const size_t smem = shape.team_array_bytes;
   if (c.slots.count > 0) {
-    set_shared(reinterpret_cast<const void*>(key_sums_kernel<VK, E>), smem);
-    key_sums_kernel<VK, E><<<grid, shape.threads, smem, stream>>>(c);
+    set_shared(reinterpret_cast<const void*>(key_sums_kernel<E>), smem);
+    key_sums_kernel<E><<<grid, shape.threads, smem, stream>>>(c);
     check_cuda(cudaGetLastError(), "normaliser key_sums_kernel launch");
   }
   // Also with no tokens at all: z_final = z_init.
@@ -522,8 +587,8 @@ void forward_launch(const GlaNormalizeArgs& a, const GlaProblem& p, const Params
   s.init = any_of(a.z_init), s.final_out = any_of(a.z_final);
   scan(s, stream, "normaliser scan_chunks_kernel launch");
   if (c.slots.count > 0) {
-    set_shared(reinterpret_cast<const void*>(normalize_chunks_kernel<VK, VV, E>), smem);
-    normalize_chunks_kernel<VK, VV, E><<<grid, shape.threads, smem, stream>>>(c);
+    set_shared(reinterpret_cast<const void*>(normalize_chunks_kernel<E>), smem);
+    normalize_chunks_kernel<E><<<grid, shape.threads, smem, stream>>>(c);
     check_cuda(cudaGetLastError(), "normaliser normalize_chunks_kernel launch");
   }
 }
@@ -538,13 +603,11 @@ void forward_typed(const GlaNormalizeArgs& a, const GlaProblem& p, float* worksp
   Params<E> c = params_of<E>(a.o_raw, a.q, a.k, a.cu_seqlens, a.reverse, p, shape);
   c.o = rows_of<E>(a.o);
   c.key_sums = workspace;
-  if (keys && values) forward_launch<W, W>(a, p, c, shape, stream);
-  else if (keys) forward_launch<W, 1>(a, p, c, shape, stream);
-  else if (values) forward_launch<1, W>(a, p, c, shape, stream);
-  else forward_launch<1, 1>(a, p, c, shape, stream);
+  c.vector_keys = keys, c.vector_values = values;
+  forward_launch(a, p, c, shape, stream);
 }
 
-template <int VK, int VV, class E>
+template <class E>
 void backward_launch(const GlaNormalizeBackwardArgs& a, const GlaProblem& p, const Params<E>& c,
                      const norm::TeamShape& shape, cudaStream_t stream) {
   const dim3 grid(unsigned(c.slots.count), unsigned(p.heads));
@@ -552,21 +615,21 @@ void backward_launch(const GlaNormalizeBackwardArgs& a, const GlaProblem& p, con
   ScanParams s;
   s.seqs = c.seqs, s.slots = c.slots, s.heads = p.heads, s.K = p.key_dim;
   if (c.slots.count > 0) {
-    set_shared(reinterpret_cast<const void*>(key_sums_kernel<VK, E>), smem);
-    key_sums_kernel<VK, E><<<grid, shape.threads, smem, stream>>>(c);
+    set_shared(reinterpret_cast<const void*>(key_sums_kernel<E>), smem);
+    key_sums_kernel<E><<<grid, shape.threads, smem, stream>>>(c);
     check_cuda(cudaGetLastError(), "normaliser key_sums_kernel launch");
     s.sums = c.key_sums, s.init = any_of(a.z_init);
     scan(s, stream, "normaliser scan_chunks_kernel launch");
-    set_shared(reinterpret_cast<const void*>(backward_chunks_kernel<VK, VV, E>), 2 * smem);
-    backward_chunks_kernel<VK, VV, E><<<grid, shape.threads, 2 * smem, stream>>>(c);
+    set_shared(reinterpret_cast<const void*>(backward_chunks_kernel<E>), 2 * smem);
+    backward_chunks_kernel<E><<<grid, shape.threads, 2 * smem, stream>>>(c);
     check_cuda(cudaGetLastError(), "normaliser backward_chunks_kernel launch");
   }
   // Also with no tokens at all: d_z_init = d_z_final.
   s.sums = c.grad_sums, s.init = any_of(a.d_z_final), s.final_out = any_of(a.d_z_init), s.backwards = true;
   scan(s, stream, "normaliser scan_chunks_kernel launch");
   if (c.slots.count > 0) {
-    set_shared(reinterpret_cast<const void*>(key_grad_chunks_kernel<VK, E>), smem);
-    key_grad_chunks_kernel<VK, E><<<grid, shape.threads, smem, stream>>>(c);
+    set_shared(reinterpret_cast<const void*>(key_grad_chunks_kernel<E>), smem);
+    key_grad_chunks_kernel<E><<<grid, shape.threads, smem, stream>>>(c);
     check_cuda(cudaGetLastError(), "normaliser key_grad_chunks_kernel launch");
   }
 }
@@ -582,10 +645,8 @@ void backward_typed(const GlaNormalizeBackwardArgs& a, const GlaProblem& p, floa
   c.d_o = rows_of<E>(a.d_o), c.d_o_raw = rows_of<E>(a.d_o_raw), c.dq = rows_of<E>(a.dq), c.dk = rows_of<E>(a.dk);
   const size_t sums = norm::forward_workspace_floats(c.slots, p.heads, p.key_dim);
   c.key_sums = workspace, c.grad_sums = workspace + sums, c.d_den = workspace + 2 * sums;
-  if (keys && values) backward_launch<W, W>(a, p, c, shape, stream);
-  else if (keys) backward_launch<W, 1>(a, p, c, shape, stream);
-  else if (values) backward_launch<1, W>(a, p, c, shape, stream);
-  else backward_launch<1, 1>(a, p, c, shape, stream);
+  c.vector_keys = keys, c.vector_values = values;
+  backward_launch(a, p, c, shape, stream);
 }
 
 template <class T>
