@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
     float k_reg[kSub];
     GT g_reg[kSub];
     float part[kSub];
-    chunk_fwd_intra<T, GT, kPlain>(p, b, t0, rows, h, s, hc, lane, K, scale, acc, k_reg, g_reg, part);
+    chunk_fwd_intra<T, GT, kPlain, kF32Dg>(p, b, t0, rows, h, s, hc, lane, K, scale, acc, k_reg, g_reg, part);
   }
   __syncthreads();
 
@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
   {
     float acc[Smem::kValueGroup][4][4];
     GateTile<GT, kBwdChunkThreads> gate;
-    chunk_bwd_dv<T, GT, kPlain>(p, gamma, b, t0, slot, rows, h, s, hc, K, V, acc, gate, has_next);
+    chunk_bwd_dv<T, GT, kPlain, kF32Dg>(p, gamma, b, t0, slot, rows, h, s, hc, K, V, acc, gate, has_next);
   }
 
   // ---- phase C: dq, dk, dg, one key tile at a time ------------------------------------

@@ -251,7 +251,7 @@ __device__ __forceinline__ void chunk_bwd_dA(const BwdParams& p, int64_t b, int6
 // steps 3-4).
 // Off-diagonal blocks (s, J), J = hc, hc + 2 < s, on the products; the diagonal block (s, s) too for key tiles
 // where sub-chunk s is factored, else element by element, rows diagonal_row(hc, 0..7).
-template <class T, class GT, bool kPlain>
+template <class T, class GT, bool kPlain, bool kF32Rows = false>
 __device__ __forceinline__ void chunk_fwd_intra(const BwdParams& p, int64_t b, int64_t t0, int rows, int h, int s,
                                                 int hc, int lane, int K, float scale, float (&acc)[2][2][4],
                                                 float (&k_reg)[kSub], GT (&g_reg)[kSub], float (&part)[kSub]) {
@@ -281,11 +281,11 @@ __device__ __forceinline__ void chunk_fwd_intra(const BwdParams& p, int64_t b, i
     for (int m = 0; m < 8; ++m) sDiagElem[(kSub * s + diagonal_row(hc, m)) * LDD + diag_col] = 0.f;
   }
   for (int kt = 0; kt < p.key_tiles; ++kt) {
-    auto gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+    auto gate = start_gate_tile<GT, kPlain, kF32Rows>(p, sG, b, t0, rows, h, kt * kTile);
     load_tile_async<T, kBwdChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
     load_tile_async<T, kBwdChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
     cp_async_commit_and_wait_all();
-    finish_gate_tile<GT, kPlain>(p, sG, gate);
+    finish_gate_tile<GT, kPlain, kF32Rows>(p, sG, gate);
     mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
     map_rows<T, kBwdChunkThreads, kStageRows, kPlain>(sKStage, sK, key_stage_key, [&](int row, int col, float x) {
       return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + col] - sG[key_stage_key(row) * LDF + col]);
@@ -355,7 +355,7 @@ __device__ __forceinline__ void chunk_fwd_intra(const BwdParams& p, int64_t b, i
 
 // Phase B, dv = A^T dO + k̂ dS with k̂ = k ⊙ exp(γ − Γ), stored. Warp (s, hc): rows of sub-chunk s, value columns
 // 32 hc.. of each value tile; kGroup value tiles at a time, so that k̂ is built once per group.
-template <class T, class GT, bool kPlain>
+template <class T, class GT, bool kPlain, bool kF32Rows = false>
 __device__ __forceinline__ void chunk_bwd_dv(const BwdParams& p, const GT* gamma, int64_t b, int64_t t0, int64_t slot,
                                              int rows, int h, int s, int hc, int K, int V,
                                              float (&acc)[ChunkSmem<T, GT>::kValueGroup][4][4],
@@ -386,7 +386,7 @@ __device__ __forceinline__ void chunk_bwd_dv(const BwdParams& p, const GT* gamma
                                   sDO + j * kTile * LD + kSub * s * LD + 32 * hc, LD, kChunk - kSub * s);
     }
     for (int kt = 0; kt < p.key_tiles; ++kt) {
-      gate = start_gate_tile<GT, kPlain>(p, sG, b, t0, rows, h, kt * kTile);
+      gate = start_gate_tile<GT, kPlain, kF32Rows>(p, sG, b, t0, rows, h, kt * kTile);
       if constexpr (kScaledDStates<T>)
         store_next_gates(p, reinterpret_cast<float*>(smem + Smem::next_gates), b, t0, h, kt * kTile, has_next);
       const bool k_plain = kPlain || plain_tile<T>(p.k, b, t0, h, kt * kTile, K);  // else loaded scaled, below
@@ -395,7 +395,7 @@ __device__ __forceinline__ void chunk_bwd_dv(const BwdParams& p, const GT* gamma
         copy_tile_in<T, kBwdChunkThreads>(sDS + j * kTile * LD,
                                        static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
       cp_async_commit_and_wait_all();
-      finish_gate_tile<GT, kPlain>(p, sG, gate);
+      finish_gate_tile<GT, kPlain, kF32Rows>(p, sG, gate);
       const float* sNext = reinterpret_cast<const float*>(smem + Smem::next_gates);
       auto k_hat = [=](int r, int col, float x) {  // k ⊙ exp(γ − Γ), times exp E for fp16's scaled dS
         if constexpr (kScaledDStates<T>) return x * exp2_of(gamma[col] + sNext[col] - sG[r * LDF + col]);
