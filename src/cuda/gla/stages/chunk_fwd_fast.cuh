@@ -1,10 +1,14 @@
-// The stages of the fast chunked forward (gla_fwd_fast.cuh), named like their CPU twins in src/cpu/gla/stages.h
-// and the general kernel's (stages/chunk_fwd.cuh): so far chunk_fwd_h (the state update, docs/algorithm.md step 2,
-// on the state's mma accumulators) and chunk_fwd_o_state (O = (Q ⊙ exp Γ) S); the other phases (P1/P2 gate factors
-// and operands, the off-diagonal blocks of A, O += A V, the stores) are still written out in the kernel. Also here: the constants and
-// fragment helpers the kernel and its stages share (moved verbatim). As in stages/chunk_fwd.cuh the kernel owns
-// the register arrays and the mma fragments and passes them by reference, so that its generated code stays the
-// same (scripts/ptx_same.sh).
+// The mma.sync stages of the fast chunked forward (gla_fwd_fast.cuh) and of the sequence split's states kernel
+// (gla_fwd_states.cuh, which the segment summaries of gla_segment.cu run too), named like their CPU twins in
+// src/cpu/gla/stages.h and the general kernel's (stages/chunk_fwd.cuh), and who calls them:
+//   chunk_fwd_h_accumulate  step 2's S += K̂ᵀ V, one or two key tiles per warp: the fast kernel (in chunk_fwd_h,
+//                           one) and the states kernel (two);
+//   chunk_fwd_h             step 2, S ← diag(exp γ^C) S + K̂ᵀ V: the fast kernel;
+//   chunk_fwd_o_state       step 5's O = (Q ⊙ exp Γ) S: the fast kernel.
+// The fast kernel's other phases (gate factors and operands, the off-diagonal blocks of A, O += A V, the stores)
+// are written out in it. Also here: the constants, fragment helpers and shared-memory symbol the kernels and
+// their stages share. As in stages/chunk_fwd.cuh the kernel owns the register arrays and the mma fragments and
+// passes them by reference, so that its generated code stays the same (scripts/ptx_same.sh).
 #pragma once
 
 #include "cuda/gla/device/elements.cuh"
