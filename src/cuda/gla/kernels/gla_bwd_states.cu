@@ -35,6 +35,7 @@
 #include "cuda/gla/device/tiles.cuh"
 #include "cuda/gla/device/warp_mma.cuh"
 #include "cuda/gla/device/gla_bwd.cuh"
+#include "cuda/gla/stages/chunk_bwd_states.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {
@@ -335,37 +336,10 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
       }
     }
 
+    // Step 2 (forward scan) or 6 (backward scan): h ← diag(exp γ) h + x̂ᵀ y.
     float first[2] = {0.f, 0.f};  // fp16 backward: Γ_0 of this thread's key rows, out of x̂ and the decay
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const GT chunk_decay = sG[(kChunk - 1) * kLdF + row0 + acc_row(2 * half)];
-      decay_since_start[half] += float(chunk_decay);
-      if constexpr (kScaled) {
-        if (backward) first[half] = sG[row0 + acc_row(2 * half)];
-      }
-      const float decay = kScaled ? exp2_of(chunk_decay - first[half]) : exp2_of(chunk_decay);
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        acc[nt][2 * half] *= decay;
-        acc[nt][2 * half + 1] *= decay;
-      }
-    }
-    // acc += x̂^T y: the product's rows are x̂'s columns (key rows of the state).
-    warp_gemm<4, true, false>(acc, sX + row0, LD, sY + pair * kTileLd + col0, LD, kChunk);
-    if constexpr (kScaled) {
-      if (backward) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float factor = exp2_of(first[half]);
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            acc[nt][2 * half] *= factor;
-            acc[nt][2 * half + 1] *= factor;
-          }
-          next_first[half] = first[half];
-        }
-      }
-    }
+    chunk_fwd_h_or_bwd_dh<T, GT, LD>(acc, decay_since_start, next_first, first, sG, sX + row0,
+                                     sY + pair * kTileLd + col0, row0, backward);
     if constexpr (kPipelined) cp_async_commit_and_wait_all();  // the next step's tiles, issued at the top of this one
     __syncthreads();
   }

@@ -34,6 +34,7 @@
 #include "cuda/gla/device/launch.cuh"
 #include "cuda/gla/device/split_chunks.cuh"
 #include "cuda/gla/device/warp_mma.cuh"
+#include "cuda/gla/stages/chunk_fwd_hopper.cuh"
 
 namespace flashgla::cuda::gla::hopper {
 
@@ -265,12 +266,7 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
     sm90::mbar_wait(full_bar + 8 * s, uint32_t(i / S) & 1u);
     const uint32_t st = sbase + s * L::stage;
     const float* decay = reinterpret_cast<const float*>(smem + s * L::stage + L::slot.decay());
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const float d0 = decay[key_of(mt, 0)], d1 = decay[key_of(mt, 2)];
-#pragma unroll
-      for (int e = 0; e < 32; ++e) H[mt][e] *= (e >> 1) & 1 ? d1 : d0;
-    }
+    chunk_fwd_h_decay(H, decay, wg, wwarp, lane);
     if (STATES && tid < KP) split_decay_acc *= decay[tid];
 
     float o[32];
@@ -297,13 +293,8 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
                        sm90::smem_desc(st + L::v + ts * 16 * 128, C * 128, 1024));
       }
     }
-    // H ← decay ⊙ H + K̃ᵀ V over this warpgroup's key tiles.
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int ts = 0; ts < 4; ++ts)
-        wgmma_64x64<E>(H[mt], sm90::smem_desc(st + L::slot.kt() + (wg * MT + mt) * 64 * 128 + ts * 32, 16, 1024),
-                       sm90::smem_desc(st + L::v + ts * 16 * 128, C * 128, 1024));
+    // H ← decay ⊙ H + K̃ᵀ V over this warpgroup's key tiles (the decay above).
+    chunk_fwd_h_accumulate<E, L>(H, st, wg);
     sm90::wgmma_commit();
     sm90::wgmma_wait<0>();
     if constexpr (!STATES) sm90::fence_registers(o);

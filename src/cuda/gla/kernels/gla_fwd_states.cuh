@@ -7,7 +7,8 @@
 // one matrix product over the piece's tokens with k rescaled by the gate's sum
 // after each token. Walking the chunks backwards makes G_t a running sum (the
 // chunks already seen, plus the suffix sum inside the chunk), so the state
-// needs no decay step: S += K̂_cᵀ V_c on mma accumulators, two barriers per
+// needs no decay step: S += K̂_cᵀ V_c on mma accumulators (chunk_fwd_h_accumulate,
+// stages/chunk_fwd_fast.cuh), two barriers per
 // chunk, k, v, g of the next chunk in flight (cp.async, kStateStages buffers). The
 // exponent is a sum of (log-decay) gates, never a difference: gates of −20 per
 // step underflow to 0 and never overflow, as in the output pass.
@@ -54,9 +55,16 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 template <class E, class G, int KP, int BV, Gate GK>
 using StatesLayout = StatesLayoutBytes<int(sizeof(E)), int(sizeof(G)), KP, BV, GK>;
 
+// Where the kernel keeps K̂ and V for chunk_fwd_h_accumulate (stages/chunk_fwd_fast.cuh): one stage per chunk.
+template <class E, class G, int KP, int BV, Gate GK>
+struct StatesTiles {
+  using L = StatesLayout<E, G, KP, BV, GK>;
+  static constexpr int P = L::P, PV = L::PV;
+  static constexpr int k = L::k, v = L::v, stage = L::stage;
+};
+
 template <class E, class G, int KP, int BV, Gate GK>
 __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
   using L = StatesLayout<E, G, KP, BV, GK>;
   constexpr int STAGES = kStateStages;
   using M = Mma<E>;
@@ -212,20 +220,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkPa
     }
 
     // S += K̂ᵀ V (this warp: key tiles 2·kg, 2·kg + 1; columns 8·ns0 ..).
-    const E* v_s = stage_v(s);
-#pragma unroll
-    for (int ks = 0; ks < C / 16; ++ks) {
-      const auto a0 = frag_a_t(k_s + 16 * ks * P + 32 * kg, P, lane);
-      const auto a1 = frag_a_t(k_s + 16 * ks * P + 32 * kg + 16, P, lane);
-#pragma unroll
-      for (int np = 0; np < NS / 2; ++np) {
-        typename M::B b0, b1;
-        frag_b2_t<E>(b0, b1, v_s + 16 * ks * PV + 8 * (ns0 + 2 * np), PV, lane);
-        M::mma(S[0][2 * np], a0, b0);
-        M::mma(S[0][2 * np + 1], a0, b1);
-        M::mma(S[1][2 * np], a1, b0);
-        M::mma(S[1][2 * np + 1], a1, b1);
-      }
+    {
+      typename M::A a[2];
+      typename M::B b0, b1;
+      chunk_fwd_h_accumulate<E, StatesTiles<E, G, KP, BV, GK>>(S, s, 2 * kg, ns0, lane, a, b0, b1);
     }
     __syncthreads();  // every warp done with stage s before it is refilled
   }

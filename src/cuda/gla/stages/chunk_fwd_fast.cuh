@@ -1,10 +1,14 @@
-// The stages of the fast chunked forward (gla_fwd_fast.cuh), named like their CPU twins in src/cpu/gla/stages.h
-// and the general kernel's (stages/chunk_fwd.cuh): so far chunk_fwd_h (the state update, docs/algorithm.md step 2,
-// on the state's mma accumulators) and chunk_fwd_o_state (O = (Q ⊙ exp Γ) S); the other phases (P1/P2 gate factors
-// and operands, the off-diagonal blocks of A, O += A V, the stores) are still written out in the kernel. Also here: the constants and
-// fragment helpers the kernel and its stages share (moved verbatim). As in stages/chunk_fwd.cuh the kernel owns
-// the register arrays and the mma fragments and passes them by reference, so that its generated code stays the
-// same (scripts/ptx_same.sh).
+// The mma.sync stages of the fast chunked forward (gla_fwd_fast.cuh) and of the sequence split's states kernel
+// (gla_fwd_states.cuh, which the segment summaries of gla_segment.cu run too), named like their CPU twins in
+// src/cpu/gla/stages.h and the general kernel's (stages/chunk_fwd.cuh), and who calls them:
+//   chunk_fwd_h_accumulate  step 2's S += K̂ᵀ V, one or two key tiles per warp: the fast kernel (in chunk_fwd_h,
+//                           one) and the states kernel (two);
+//   chunk_fwd_h             step 2, S ← diag(exp γ^C) S + K̂ᵀ V: the fast kernel;
+//   chunk_fwd_o_state       step 5's O = (Q ⊙ exp Γ) S: the fast kernel.
+// The fast kernel's other phases (gate factors and operands, the off-diagonal blocks of A, O += A V, the stores)
+// are written out in it. Also here: the constants, fragment helpers and shared-memory symbol the kernels and
+// their stages share. As in stages/chunk_fwd.cuh the kernel owns the register arrays and the mma fragments and
+// passes them by reference, so that its generated code stays the same (scripts/ptx_same.sh).
 #pragma once
 
 #include "cuda/gla/device/elements.cuh"
@@ -13,6 +17,10 @@
 
 namespace flashgla::cuda::gla {
 namespace {
+
+// The dynamic shared memory of the fast and states kernels and of these stages: one symbol, so that the compiler
+// sees a stage's tiles and the kernel's as the same memory.
+extern __shared__ __align__(16) unsigned char smem[];
 
 constexpr int C = kChunk;
 constexpr int NW = 16, NT = NW * 32;
@@ -133,40 +141,79 @@ __device__ __noinline__ DiagSums<E, NO, PA, PV> diagonal_rowwise(const E* a_rows
   return s;
 }
 
+// Where a kernel keeps K̂ and V of its chunks for chunk_fwd_h_accumulate: byte offsets k, v of the two tiles
+// in shared memory, their row pitches P, PV (elements), and how buffer b (a chunk in flight while another is
+// computed) is found: stage > 0, the states kernel's, whose buffers are stages of `stage` bytes each holding both
+// tiles; stage == 0, the fast kernel's, whose K̂ and V regions hold their buffers C·P and C·PV elements apart.
+template <int KP, int BV>
+struct FastStateTiles {
+  using L = FastLayout<KP, BV>;
+  static constexpr int P = L::P, PV = L::PV;
+  static constexpr int k = L::k, v = L::v, stage = 0;
+};
+
+// The accumulate half of docs/algorithm.md step 2 on mma accumulators: S[t] += K̂ᵀ V over a chunk's C rows, for
+// TILES (1 or 2) 16-key tiles of the state, t = 0 .. TILES − 1 (K̂ columns 16·(kt + t) ..), and NS 8-column tiles
+// from ns0 (V columns 8·ns0 ..), with K̂ and V in buffer b of the kernel's Tiles (FastStateTiles). a, b0, b1:
+// fragments of the kernel. The pointers are formed here, from `smem`, as the kernel forms them (see the top of
+// this file). The fast kernel runs it after the decay step (chunk_fwd_h, one key tile), the states kernel
+// (gla_fwd_states.cuh, two) on keys already scaled to the end of its piece.
+template <class E, class Tiles, int TILES, int NS, class Buffer>
+__device__ __forceinline__ void chunk_fwd_h_accumulate(float (&S)[TILES][NS][4], Buffer b, int kt, int ns0, int lane,
+                                                       typename Mma<E>::A (&a)[TILES], typename Mma<E>::B& b0,
+                                                       typename Mma<E>::B& b1) {
+  static_assert(TILES == 1 || TILES == 2, "one or two key tiles per warp");
+  using M = Mma<E>;
+  constexpr int P = Tiles::P, PV = Tiles::PV;
+  const E* k_s;
+  const E* v_s;
+  if constexpr (Tiles::stage > 0) {
+    k_s = reinterpret_cast<const E*>(smem + b * Tiles::stage + Tiles::k);
+    v_s = reinterpret_cast<const E*>(smem + b * Tiles::stage + Tiles::v);
+  } else {
+    k_s = reinterpret_cast<const E*>(smem + Tiles::k) + b * C * P;
+    v_s = reinterpret_cast<const E*>(smem + Tiles::v) + b * C * PV;
+  }
+  // The second tile under `if constexpr` rather than loops over t: a loop of one trip changes the order of the
+  // fast kernel's address arithmetic.
+#pragma unroll
+  for (int ks = 0; ks < C / 16; ++ks) {
+    a[0] = frag_a_t(k_s + 16 * ks * P + 16 * kt, P, lane);
+    if constexpr (TILES == 2) a[1] = frag_a_t(k_s + 16 * ks * P + 16 * kt + 16, P, lane);
+#pragma unroll
+    for (int np = 0; np < NS / 2; ++np) {
+      frag_b2_t<E>(b0, b1, v_s + 16 * ks * PV + 8 * (ns0 + 2 * np), PV, lane);
+      M::mma(S[0][2 * np], a[0], b0);
+      M::mma(S[0][2 * np + 1], a[0], b1);
+      if constexpr (TILES == 2) {
+        M::mma(S[1][2 * np], a[1], b0);
+        M::mma(S[1][2 * np + 1], a[1], b1);
+      }
+    }
+  }
+}
+
 // docs/algorithm.md step 2 on this warp's state tile (key tile kt, value column tiles ns0..) of chunk c:
-// S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V, with k ⊙ exp(γ^C − Γ) and v of the chunk in shared memory. af,
-// b0, b1: fragments of the kernel. The shared-memory pointers and the warp's tile come from `smem`, c and the
-// thread index here, as in the kernel (passed in, the kernel's code changes).
+// S ← diag(exp γ^C) S + (K ⊙ exp(γ^C − Γ))^T V, with k ⊙ exp(γ^C − Γ) and v of the chunk in shared memory:
+// the decay, then chunk_fwd_h_accumulate with one key tile. af, b0, b1: fragments of the kernel. The
+// shared-memory pointers and the warp's tile come from `smem`, c and the thread index here, as in the kernel
+// (passed in, the kernel's code changes).
 template <class E, int KP, int BV>
 __device__ __forceinline__ void chunk_fwd_h(float (&S)[(BV / 8) * (KP / 16) / NW][4], int64_t c,
                                             typename Mma<E>::A& af, typename Mma<E>::B& b0, typename Mma<E>::B& b1) {
   using L = FastLayout<KP, BV>;
-  using M = Mma<E>;
-  constexpr int P = L::P, PV = L::PV;
   constexpr int KT = KP / 16;                // key tiles of the state
   constexpr int NS = (BV / 8) * KT / NW;     // state column tiles (8 wide) per warp
-  extern __shared__ __align__(16) unsigned char smem[];
   const float* decay_s = reinterpret_cast<float*>(smem + L::decay);
-  E* k_buf = reinterpret_cast<E*>(smem + L::k);
-  E* v_buf = reinterpret_cast<E*>(smem + L::v);
-  const E* v_s = v_buf + (c & 1) * C * PV;
-  E* k_s = k_buf + (c & 1) * C * P;  // k ⊙ exp(γ^C − Γ)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g4 = lane >> 2;
   const int kt = warp % KT, ns0 = (warp / KT) * NS;
   const float d0 = decay_s[16 * kt + g4], d1 = decay_s[16 * kt + g4 + 8];
 #pragma unroll
   for (int nt = 0; nt < NS; ++nt) S[nt][0] *= d0, S[nt][1] *= d0, S[nt][2] *= d1, S[nt][3] *= d1;
-#pragma unroll
-  for (int ks = 0; ks < C / 16; ++ks) {
-    af = frag_a_t(k_s + 16 * ks * P + 16 * kt, P, lane);
-#pragma unroll
-    for (int np = 0; np < NS / 2; ++np) {
-      frag_b2_t<E>(b0, b1, v_s + 16 * ks * PV + 8 * (ns0 + 2 * np), PV, lane);
-      M::mma(S[2 * np], af, b0);
-      M::mma(S[2 * np + 1], af, b1);
-    }
-  }
+  // This warp's one key tile: S and af as the stage's S[1][NS] and a[1] (the same registers).
+  chunk_fwd_h_accumulate<E, FastStateTiles<KP, BV>>(reinterpret_cast<float (&)[1][NS][4]>(S), c & 1, kt, ns0,
+                                                    lane, reinterpret_cast<typename Mma<E>::A (&)[1]>(af), b0, b1);
 }
 
 // Step 5, the output's share from the state: O = (Q ⊙ exp Γ) S for chunk c (warp: rows 16·mo, NO value column
@@ -181,7 +228,6 @@ __device__ __forceinline__ void chunk_fwd_o_state(float (&o)[(BV / 8) / 4][4], i
   constexpr int P = L::P, PV = L::PV;
   constexpr int KT = KP / 16;                // key tiles of the state
   constexpr int NO = (BV / 8) / 4;           // output column tiles per warp
-  extern __shared__ __align__(16) unsigned char smem[];
   E* q_buf = reinterpret_cast<E*>(smem + L::q);
   E* s_s = reinterpret_cast<E*>(smem + L::s);
   E* q_s = q_buf + (c & 1) * C * P;  // q ⊙ exp Γ
