@@ -13,7 +13,7 @@
 // * No clusters: a variant in clusters of 2 or 4 value tiles multicasting the
 //   slot image measured slower at every shape and was retired (its history:
 //   bench/notes_gla_fwd.md).
-// * The consumer warpgroups (1 for KP = 64, 2 otherwise) hold the state in
+// * The two consumer warpgroups hold the state in
 //   wgmma accumulators as before; per chunk: wait "full", decay, wgmmas,
 //   release the stage, exchange the partial outputs, store o and the bf16
 //   state. Two named barriers among the consumers per chunk (the exchange
@@ -40,7 +40,8 @@ namespace flashgla::cuda::gla::hopper {
 
 template <int KP>
 struct WsLayout {
-  static constexpr int kWarpgroups = KP >= 128 ? 2 : 1;  // consumer warpgroups
+  static_assert(KP == 128 || KP == 256, "the key pads of hopper_key_pad");
+  static constexpr int kWarpgroups = 2;                   // consumer warpgroups
   static constexpr int kConsumers = 128 * kWarpgroups;
   static constexpr int kThreads = kConsumers + 128;      // + the producer warpgroup
   static constexpr int kTiles = KP / 64 / kWarpgroups;   // m64 tiles of H per consumer warpgroup

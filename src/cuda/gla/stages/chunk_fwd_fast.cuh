@@ -93,29 +93,6 @@ __device__ __forceinline__ void store_keys(E* p, const float (&x)[N]) {
   else p[0] = from_float<E>(x[0]);
 }
 
-// o += (lo, hi) at p (two consecutive elements), or one element: the key parts' shares of o. Reductions
-// without a result (red) on sm_90; key parts only run there (their shared memory exceeds sm_80's).
-__device__ __forceinline__ void add2(__nv_bfloat16* p, float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.noftz.bf16x2 [%0], %1;\n" ::"l"(p), "r"(Mma<__nv_bfloat16>::pack(lo, hi)));
-#else
-  atomicAdd(reinterpret_cast<__nv_bfloat162*>(p), __floats2bfloat162_rn(lo, hi));
-#endif
-}
-__device__ __forceinline__ void add2(__half* p, float lo, float hi) {
-  asm volatile("red.global.add.noftz.f16x2 [%0], %1;\n" ::"l"(p), "r"(Mma<__half>::pack(lo, hi)));
-}
-__device__ __forceinline__ void add1(__nv_bfloat16* p, float x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.noftz.bf16 [%0], %1;\n" ::"l"(p), "h"(__bfloat16_as_ushort(__float2bfloat16_rn(x))));
-#else
-  atomicAdd(p, __float2bfloat16_rn(x));
-#endif
-}
-__device__ __forceinline__ void add1(__half* p, float x) {
-  asm volatile("red.global.add.noftz.f16 [%0], %1;\n" ::"l"(p), "h"(__half_as_ushort(__float2half_rn(x))));
-}
-
 // O's diagonal block row by row up to the diagonal (the rare chunks whose v holds a NaN or Inf): the sums of
 // this lane's fragment elements. Out of line: inlined, it made ptxas spill in the 128×128 kernels.
 template <class E, int NO, int PA, int PV>
