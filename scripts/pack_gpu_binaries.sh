@@ -13,8 +13,11 @@ PYTHON=${PYTHON:-python3.12}
 JOBS=${FLASHGLA_JOBS:-$(nproc)}
 arch=(-DCMAKE_BUILD_TYPE=Release -DFLASHGLA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a)
 build=${FLASHGLA_BUILD_DIR:-build-sm90a}
+# PACK_WHEEL=0 (below) builds the extension in the same folder: configured with it from the start, since it
+# compiles the library position-independent (a later switch would rebuild everything).
+[ "${PACK_WHEEL:-1}" = 0 ] && py=(-DFLASHGLA_PYTHON=ON -DPython_EXECUTABLE="$(command -v "$PYTHON")") || py=()
 mkdir -p .gpu
-cmake -S . -B "$build" -G Ninja "${arch[@]}" >/dev/null
+cmake -S . -B "$build" -G Ninja "${arch[@]}" "${py[@]}" >/dev/null
 cmake --build "$build" -j"$JOBS" --target flashgla_cli flashgla_tests
 for b in flashgla flashgla_tests; do strip -o ".gpu/$b" "$build/$b" && xz -T"$JOBS" -6 -f ".gpu/$b"; done
 if [ -n "$base" ]; then
@@ -23,13 +26,22 @@ if [ -n "$base" ]; then
   cmake --build build-base-sm90a -j"$JOBS" --target flashgla_cli
   strip -o .gpu/flashgla_base build-base-sm90a/flashgla && xz -T"$JOBS" -6 -f .gpu/flashgla_base
 fi
-# The wheel's package, without the wheel's copy of the command, as an archive to unpack into a PYTHONPATH
-# folder there (a wheel of both would not fit the carry limit).
-wheels=$(mktemp -d)
-FLASHGLA_CUDA=ON CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90a" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
-  "$PYTHON" -m pip wheel -q --no-build-isolation --no-deps . -w "$wheels"
+# The Python package as an archive to unpack into a PYTHONPATH folder there. Default: the wheel's package,
+# without the wheel's copy of the command (a wheel of both would not fit the carry limit); the wheel compiles the
+# library again. PACK_WHEEL=0: the extension built in this build folder instead (only its bindings compile), the
+# package's sources beside it; it has no installed metadata, so the five packaging tests of tests/python fail there.
 site=$(mktemp -d)
-(cd "$site" && unzip -q "$wheels"/flashgla-*.whl && rm -rf flashgla-*.data && strip flashgla/_C*.so)
+if [ "${PACK_WHEEL:-1}" = 0 ]; then
+  cmake --build "$build" -j"$JOBS" --target flashgla_python
+  cp -r "$build/python/flashgla" "$site/" && cp python/flashgla/py.typed "$site/flashgla/"
+  rm -rf "$site"/flashgla/__pycache__ && strip "$site"/flashgla/_C*.so
+else
+  wheels=$(mktemp -d)
+  FLASHGLA_CUDA=ON CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90a" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
+    "$PYTHON" -m pip wheel -q --no-build-isolation --no-deps . -w "$wheels"
+  (cd "$site" && unzip -q "$wheels"/flashgla-*.whl && rm -rf flashgla-*.data && strip flashgla/_C*.so)
+  rm -rf "$wheels"
+fi
 tar -C "$site" -cf - . | xz -T"$JOBS" -6 >.gpu/site.tar.xz
-rm -rf "$wheels" "$site"
+rm -rf "$site"
 ls -la .gpu
