@@ -121,9 +121,9 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+      const int key = 16 * kt + g4 + (e >> 1) * 8, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
       float s = 0.f;
-      if (!p.states_only && lkey < K && vg < V) {
+      if (!p.states_only && key < K && vg < V) {
         if (p.h0.data)
           s = static_cast<const float*>(p.h0.data)[n * p.h0.stride[0] + h * p.h0.stride[1] + key * p.h0.stride[2] +
                                                     vg * p.h0.stride[3]];
@@ -143,8 +143,8 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
-        if (lkey < K && vg < V)
+        const int key = 16 * kt + g4 + (e >> 1) * 8, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+        if (key < K && vg < V)
           S[nt][e] = p.split_decay[slot * K + key] * S[nt][e] + p.split_states[(slot * K + key) * V + vg];
       }
   }
@@ -458,8 +458,8 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int lkey = 16 * kt + g4 + (e >> 1) * 8, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
-        if (lkey < K && vg < V) p.split_states[(slot * K + lkey) * V + vg] = S[nt][e];
+        const int key = 16 * kt + g4 + (e >> 1) * 8, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+        if (key < K && vg < V) p.split_states[(slot * K + key) * V + vg] = S[nt][e];
       }
     if (v0 == 0 && gr == 0)
 #pragma unroll
@@ -471,8 +471,8 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int lkey = 16 * kt + g4 + (e >> 1) * 8, key = lkey, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
-        if (lkey < K && vg < V)
+        const int key = 16 * kt + g4 + (e >> 1) * 8, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+        if (key < K && vg < V)
           ht[n * p.ht.stride[0] + h * p.ht.stride[1] + key * p.ht.stride[2] + vg * p.ht.stride[3]] = S[nt][e];
       }
   }

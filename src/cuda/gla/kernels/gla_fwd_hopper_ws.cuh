@@ -51,7 +51,7 @@ struct WsLayout {
   static constexpr int stage = v + C * 128;
   static constexpr int hs = kStages * stage;              // bf16 H [KP][64] (B operand of Q̃ H)
   static constexpr int xchg = hs + KP * 128;              // [2][16][128] fp32 partial outputs
-  static constexpr int barriers = xchg + (kWarpgroups == 2 ? 2 * 16 * 128 * 4 : 0);  // full, empty [kStages]
+  static constexpr int barriers = xchg + 2 * 16 * 128 * 4;  // full, empty [kStages]
   static constexpr int bytes = barriers + 16 * kStages;
   static constexpr int alloc = bytes + 1024;              // slack to align the base to 1024 bytes
 };
@@ -85,18 +85,6 @@ __device__ __forceinline__ bool any_nonfinite32(const float (&x)[32]) {
   for (int e = 0; e < 32; ++e) probe[e & 3] = fmaf(x[e], zero, probe[e & 3]);
   const float sum = (probe[0] + probe[1]) + (probe[2] + probe[3]);
   return sum != sum;
-}
-
-// Whether pred holds for any of `threads` threads meeting at named barrier ID (they all wait there).
-template <int ID>
-__device__ __forceinline__ bool barrier_any(bool pred, int threads) {
-  uint32_t any;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(any)
-      : "r"(uint32_t(pred)), "n"(ID), "r"(threads)
-      : "memory");
-  return any != 0;
 }
 
 // Whether rows [row0, row0 + rows) of a [64][64] tile of 2-byte elements (128-byte rows; the swizzle only moves
@@ -194,7 +182,7 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
 
   if (wg == NWG) {
     // ---- producer ----
-    if constexpr (NWG == 2) set_max_registers_dec<56>();
+    set_max_registers_dec<56>();
     if (wwarp != 0) return;
     auto slot_of = [&](int64_t c) {
       return p.prep + (slot_index(p, seq, n, c) * p.heads + h) * int64_t(L::slot.bytes());
@@ -227,7 +215,7 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
   }
 
   // ---- consumers ----
-  if constexpr (NWG == 2) set_max_registers_inc<224>();
+  set_max_registers_inc<224>();
   constexpr int NC = L::kConsumers;
   // Accumulator element e of a thread: row 16·warp + lane/4 (+8 for e%4 ≥ 2), column 8·(e/4) + 2·(lane%4) + e%2.
   auto acc_row = [&](int e) { return 16 * wwarp + (lane >> 2) + 8 * ((e >> 1) & 1); };
@@ -305,16 +293,11 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
       // NaN/Inf causality (see chunk_output_rowwise): a non-finite value in this warp's rows of o is either what it
       // should be (a NaN state from an earlier chunk, a NaN or Inf of q or k in this one) or one of v met A's zeros
       // above the diagonal; in the latter case the warp's rows are recomputed with j ≤ i selected.
-      bool suspect = any_nonfinite32(o);
-      // With one warpgroup the decision is the warpgroup's (the recompute reads every warp's key rows of the bf16
-      // state, which each warp overwrites below; a barrier after it keeps them until all have read).
-      if constexpr (NWG == 1) suspect = barrier_any<3>(suspect, NC);
-      else suspect = __any_sync(0xffffffffu, suspect);
+      const bool suspect = __any_sync(0xffffffffu, any_nonfinite32(o));
       if (suspect) {
         const unsigned char* stage = smem + s * L::stage;
         if (rows_nonfinite<E>(stage + L::v, wg * (C / NWG), C / NWG, lane))
           chunk_output_rowwise<E, KP, NWG>(o, stage, smem + L::hs, wg, 16 * wwarp, lane);
-        if constexpr (NWG == 1) sm90::named_barrier_sync<3>(NC);
       }
     }
     // This thread's reads of the stage (decay, its warpgroup's wgmmas, a recompute) are done: the producer may
@@ -323,25 +306,23 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
     if constexpr (STATES) continue;
 
     // The other warpgroup's half of the columns goes through shared memory.
-    if constexpr (NWG == 2) {
-      sm90::named_barrier_sync<2>(NC);  // both warpgroups have read the previous chunk's exchange
-      float* mine = xchg + wg * 16 * 128;
+    sm90::named_barrier_sync<2>(NC);  // both warpgroups have read the previous chunk's exchange
+    float* mine = xchg + wg * 16 * 128;
 #pragma unroll
-      for (int e = 0; e < 16; ++e) mine[e * 128 + wt] = wg == 0 ? o[e + 16] : o[e];
-    }
+    for (int e = 0; e < 16; ++e) mine[e * 128 + wt] = wg == 0 ? o[e + 16] : o[e];
     store_state_bf16();
     sm90::fence_proxy_async_shared();
     sm90::named_barrier_sync<1>(NC);  // partial outputs visible; this warpgroup's bf16 state written
 
     const int rows_valid = int(min(int64_t(C), seq.len - c * C));
     E* out = static_cast<E*>(p.o.data) + row_offset(p.o, c * C);
-    const int e_begin = NWG == 2 ? 16 * wg : 0, e_end = NWG == 2 ? e_begin + 16 : 32;
+    const int e_begin = 16 * wg, e_end = e_begin + 16;
     const float* theirs = xchg + (1 - wg) * 16 * 128;
 #pragma unroll
     for (int e = 0; e < 32; e += 2) {
       if (e < e_begin || e >= e_end) continue;
       float lo = o[e], hi = o[e + 1];
-      if constexpr (NWG == 2) lo += theirs[(e - e_begin) * 128 + wt], hi += theirs[(e + 1 - e_begin) * 128 + wt];
+      lo += theirs[(e - e_begin) * 128 + wt], hi += theirs[(e + 1 - e_begin) * 128 + wt];
       const int r = acc_row(e), col = v0 + acc_col(e);
       if (r >= rows_valid || col >= V) continue;
       E* at = out + r * p.o.stride[1] + col;
