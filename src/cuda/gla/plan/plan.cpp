@@ -16,8 +16,8 @@ bool fast_chunk_supported(const FwdProblem& p) {
   const bool half_inputs = p.input == Elem::bf16 || p.input == Elem::f16;
   const bool gate_dtype_ok = p.gate_dtype == p.input || p.gate_dtype == Elem::f32;
   const bool gate_ok = p.gate != Gate::vector || (gate_dtype_ok && p.g_rows16);
-  // K ≤ 128: above it the Hopper path measured faster than the fast kernel split into key parts, which is
-  // retired (bench/notes_gla_fwd.md); the general kernel takes K > 128 where the Hopper path does not run.
+  // K ≤ 128: wider keys take the Hopper path on sm_90a (it measured faster; bench/notes_gla_fwd.md), else the
+  // general kernel.
   return half_inputs && gate_ok && p.key_dim >= 1 && p.key_dim <= 128 && p.value_dim >= 1 && p.q_rows16 &&
          p.k_rows16 && p.v_rows16 && p.o_rows16;
 }
