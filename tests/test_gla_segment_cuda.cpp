@@ -157,8 +157,8 @@ TEST(GlaSegmentCuda, SanitizerSmallCases) {
     }
 }
 
-// g_gamma is staged as the fp32 gate g + g_gamma (as gla_forward stages it where its kernels do not read
-// g_gamma): the same kernels on that gate, bit for bit, with the op's own scratch and the caller's workspace.
+// g_gamma read in the kernels (added where they read the scalar gate) gives what the fp32 gate g + g_gamma
+// staged by hand gives, bit for bit, with the op's own scratch and the caller's workspace.
 TEST(GlaSegmentCuda, GGammaEqualsStagedGate) {
   SKIP_WITHOUT_GPU();
   for (Gate gate : {Gate::scalar, Gate::none})

@@ -1,6 +1,6 @@
 // The fp32 [B,T,H] gate g + g_gamma staged by the entry points whose kernels do
-// not read g_gamma themselves (gla.cpp, gla_segment.cpp): its size and where
-// its buffer comes from.
+// not read g_gamma themselves (gla.cpp: the CPU and the recurrent kernels; gla_segment.cpp: the CPU): its size
+// and where its buffer comes from.
 #pragma once
 
 #include <string>
@@ -14,6 +14,12 @@
 namespace flashgla::api {
 
 constexpr size_t kScratchAlign = 256;
+
+// Whether the CUDA kernels read g_gamma themselves (fp32 g_gamma[h] added where they read the scalar gate), so
+// that nothing is staged: the chunked ops and the segment summaries. Elsewhere g + g_gamma is staged.
+inline bool gamma_in_kernels(const Device& dev, const TensorView& g_gamma) {
+  return dev.type == DeviceType::cuda && g_gamma.dtype == DType::f32;
+}
 
 inline size_t gate_bytes(const GlaProblem& p) {
   const size_t bytes = size_t(p.batch * p.seq_len * p.heads) * sizeof(float);

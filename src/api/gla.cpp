@@ -310,7 +310,7 @@ GlaBackwardArgs with_kv_states(GlaBackwardArgs a) {
 // come from the head of the caller's workspace (CUDA), else from a
 // stream-ordered allocation (CUDA) or the heap (CPU).
 bool gamma_in_kernels(const TensorView& q, const TensorView& g_gamma, GlaAlgorithm algorithm) {
-  return q.device.type == DeviceType::cuda && algorithm == GlaAlgorithm::chunked && g_gamma.dtype == DType::f32;
+  return algorithm == GlaAlgorithm::chunked && api::gamma_in_kernels(q.device, g_gamma);
 }
 
 // A stand-in address for workspace size queries (never dereferenced).

@@ -38,7 +38,7 @@ GlaProblem check_segment_inputs(const TensorView& a, const char* a_name, const T
     check::device(g_gamma, "g_gamma", dev, a_name);
     FLASHGLA_REQUIRE(p.gate != GateKind::vector, ErrorKind::value, "g_gamma",
                      "adds to a scalar gate g [B, T, H] or stands alone, got a per-key gate g " + g.shape_str());
-    p.gate = GateKind::scalar;  // the staged gate g + g_gamma (see with_gamma_gate)
+    p.gate = GateKind::scalar;  // g + g_gamma (see run_with_gamma)
   }
   return p;
 }
@@ -75,9 +75,10 @@ GlaProblem check_state_grads(const GlaSegmentStateGradsArgs& a) {
   return p;
 }
 
-// g_gamma: the segment kernels read one gate, so g + g_gamma (or g_gamma broadcast) is staged as an fp32
-// [B,T,H] gate by gla_gamma_gate, as gla_forward does where its kernels do not read g_gamma: the summaries
-// then see the local chunked op's gate bit for bit. The buffer comes from the head of the caller's
+// g_gamma: the CUDA segment kernels add an fp32 g_gamma[h] where they read the scalar gate, as the chunked
+// kernels do (api::gamma_in_kernels). Elsewhere (the CPU, g_gamma in another dtype) g + g_gamma (or g_gamma
+// broadcast) is staged as an fp32 [B,T,H] gate by gla_gamma_gate, as gla_forward stages it. Both give the
+// summaries the local chunked op's gate bit for bit. The staged buffer comes from the head of the caller's
 // workspace (CUDA), else from allocate_workspace or a stream-ordered allocation (CUDA), else the heap (CPU).
 template <class Args>
 Args with_gate(Args a, char* gate, const GlaProblem& p, const Device& dev) {
@@ -87,7 +88,7 @@ Args with_gate(Args a, char* gate, const GlaProblem& p, const Device& dev) {
 
 template <class Args, class Run>
 void run_with_gamma(const Args& a, const GlaProblem& p, const Device& dev, Run run) {
-  if (!a.g_gamma.defined()) return run(a);
+  if (!a.g_gamma.defined() || api::gamma_in_kernels(dev, a.g_gamma)) return run(a);
   Args b = a;
   api::GateScratch scratch(dev, api::gate_bytes(p), a.stream, b.workspace, b.workspace_bytes, a.allocate_workspace);
   b = with_gate(b, scratch.bytes(), p, dev);
@@ -101,7 +102,7 @@ char* const kStandIn = reinterpret_cast<char*>(api::kScratchAlign);
 
 template <class Args, class Query>
 size_t bytes_with_gamma(const Args& a, const GlaProblem& p, const Device& dev, Query query) {
-  if (!a.g_gamma.defined()) return query(a);
+  if (!a.g_gamma.defined() || api::gamma_in_kernels(dev, a.g_gamma)) return query(a);
   const size_t op = query(with_gate(a, kStandIn, p, dev));
   return kCudaBackend && dev.type == DeviceType::cuda ? api::gate_bytes(p) + op : 0;
 }

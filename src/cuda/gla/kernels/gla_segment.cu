@@ -50,6 +50,7 @@ constexpr int kQuarterRows = kRows / 4;
 
 struct SegmentParams {
   View x, y, g;  // x: k or q [B,T,H,K]; y: v or d_o [B,T,H,V]; g: [B,T,H,K], [B,T,H] or absent
+  View g_gamma;  // [H] fp32, added to a scalar gate where it is read (gamma_gate in gla_host.cuh); absent: none
   Sequences seqs;
   int heads = 0, key_dim = 0, value_dim = 0;
   GateByte gate = Gate::none;
@@ -109,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) segment_summary_kernel(const Segment
       if (p.gate == Gate::vector)
         gs[r][col] = row_ok && k0 + col < K ? gla::load_as<float>(p.g.data, at(p.g, token, k0 + col), p.g.dtype) : 0.f;
       else if (p.gate == Gate::scalar && col == 0)
-        gs[r][0] = row_ok ? gla::load_as<float>(p.g.data, at(p.g, token, 0), p.g.dtype) : 0.f;
+        gs[r][0] = row_ok ? gla::scalar_gate(p.g, at(p.g, token, 0), p.g_gamma, h) : 0.f;
     }
     __syncthreads();
 
@@ -233,11 +234,13 @@ struct SegmentPlan {
 
 // The parameters of a call and the planner's choices (plan.h: plan_segment): the generic tile kernel with
 // its pieces, or the forward's split states kernel (see the top of this file), then the fold.
-SegmentPlan plan(const TensorView& x, const TensorView& y, const TensorView& g, const TensorView& cu_seqlens,
-                 const TensorView& cu_seqlens_host, const GlaProblem& pr, bool grads, const GlaTuning& tuning) {
+SegmentPlan plan(const TensorView& x, const TensorView& y, const TensorView& g, const TensorView& g_gamma,
+                 const TensorView& cu_seqlens, const TensorView& cu_seqlens_host, const GlaProblem& pr, bool grads,
+                 const GlaTuning& tuning) {
   SegmentPlan plan;
   SegmentParams& p = plan.params;
-  p.x = view_of(x), p.y = view_of(y), p.g = view_of(g);
+  p.x = view_of(x), p.y = view_of(y);
+  gamma_gate(g, g_gamma, p.g, p.g_gamma);
   p.seqs = sequences_of(cu_seqlens, pr.seq_len);
   p.heads = int(pr.heads), p.key_dim = int(pr.key_dim), p.value_dim = int(pr.value_dim);
   p.gate = pr.gate;
@@ -259,7 +262,7 @@ SegmentPlan plan(const TensorView& x, const TensorView& y, const TensorView& g, 
   plan.use_split = chosen.use_split;
   if (plan.use_split) {
     gla::ChunkParams& c = plan.split;
-    c.q = c.k = p.x, c.v = p.y, c.g = p.g;
+    c.q = c.k = p.x, c.v = p.y, c.g = p.g, c.g_gamma = p.g_gamma;
     c.seqs = p.seqs;
     c.heads = p.heads, c.key_dim = p.key_dim, c.value_dim = p.value_dim;
     c.gate = p.gate;
@@ -306,14 +309,14 @@ void launch(SegmentPlan& plan, void* workspace, size_t workspace_bytes, const Wo
 
 SegmentPlan plan_states(const GlaSegmentStatesArgs& a, const GlaProblem& pr) {
   require_compute_dtype(a.k, "k");
-  SegmentPlan s = plan(a.k, a.v, a.g, a.cu_seqlens, a.cu_seqlens_host, pr, false, a.tuning);
+  SegmentPlan s = plan(a.k, a.v, a.g, a.g_gamma, a.cu_seqlens, a.cu_seqlens_host, pr, false, a.tuning);
   s.params.states = view_of(a.states), s.params.log_decay = view_of(a.log_decay);
   return s;
 }
 
 SegmentPlan plan_grads(const GlaSegmentStateGradsArgs& a, const GlaProblem& pr) {
   require_compute_dtype(a.q, "q");
-  SegmentPlan s = plan(a.q, a.d_o, a.g, a.cu_seqlens, a.cu_seqlens_host, pr, true, a.tuning);
+  SegmentPlan s = plan(a.q, a.d_o, a.g, a.g_gamma, a.cu_seqlens, a.cu_seqlens_host, pr, true, a.tuning);
   s.params.states = view_of(a.d_states);
   return s;
 }
