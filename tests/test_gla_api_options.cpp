@@ -247,7 +247,7 @@ TEST(GlaApiOptions, StateVFirstAndGGamma) {
 
 // On CUDA the chunked kernels add g_gamma where they read the gate and sum its gradient per chunk: the same
 // kernels as with the materialised fp32 gate, so the same numbers (d_g_gamma up to the order of its sum), at
-// shapes that take every chunked forward (fast, Hopper, general) and backward (plain, general) kernel
+// shapes that take every chunked forward (fast, Hopper in bf16 and fp16, general) and backward (plain, general) kernel
 // (tests/python/test_fla_api.py covers varlen against the fp64 recurrence).
 TEST(GlaApiOptions, GGammaInTheCudaKernels) {
   if (!testing::has_cuda()) GTEST_SKIP() << "needs a CUDA device";
@@ -258,7 +258,8 @@ TEST(GlaApiOptions, GGammaInTheCudaKernels) {
   };
   const Shape shapes[] = {{2, 300, 2, 128, 128, DType::bf16}, {1, 1000, 3, 64, 64, DType::bf16},
                           {2, 130, 2, 192, 64, DType::bf16},  {2, 77, 2, 40, 24, DType::bf16},
-                          {2, 150, 2, 64, 64, DType::f16},    {1, 90, 2, 32, 16, DType::f32}};
+                          {2, 150, 2, 64, 64, DType::f16},    {1, 90, 2, 32, 16, DType::f32},
+                          {2, 130, 2, 192, 64, DType::f16}};
   int seed = 40;
   for (const Shape& s : shapes)
     for (bool with_g : {true, false}) {

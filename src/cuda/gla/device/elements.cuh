@@ -120,10 +120,13 @@ __device__ __forceinline__ int64_t offset4(const View& t, int64_t b, int64_t s, 
 // A scalar gate at g's element `offset`: the head's constant log decay g_gamma[h] (FLA's simple GLA; fp32,
 // absent: 0) plus g, summed in fp32 where the kernels read the gate (no [B,T,H] copy of the sum). g_gamma
 // alone arrives as g itself, broadcast over the tokens (gamma_gate in cuda/gla/host/gla_host.cuh).
+// GAMMA = false: a kernel instantiated for an absent g_gamma, which reads g alone.
 __device__ __forceinline__ float head_decay(const View& g_gamma, int h) {
   return g_gamma.data ? static_cast<const float*>(g_gamma.data)[h * g_gamma.stride[0]] : 0.f;
 }
+template <bool GAMMA = true>
 __device__ __forceinline__ float scalar_gate(const View& g, int64_t offset, const View& g_gamma, int h) {
+  if constexpr (!GAMMA) return load_as<float>(g.data, offset, g.dtype);
   return head_decay(g_gamma, h) + load_as<float>(g.data, offset, g.dtype);
 }
 

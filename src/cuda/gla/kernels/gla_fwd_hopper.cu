@@ -12,10 +12,10 @@ using hopper::WsLayout;
 
 namespace {
 
-template <class E>
+template <class E, bool GAMMA>
 void launch_prep_typed(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int bytes = hopper::prep2_smem_bytes();
-  auto kernel = hopper::hopper_prep2_kernel<E>;
+  auto kernel = hopper::hopper_prep2_kernel<E, GAMMA>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "cudaFuncSetAttribute (GLA Hopper chunk pass)");
   kernel<<<grid, hopper::kPrepThreads, bytes, stream>>>(p);
@@ -60,8 +60,11 @@ void launch_main_dims(const ChunkParams& p, dim3 grid, bool pdl, cudaStream_t st
 void launch_hopper_prep(const ChunkParams& p, int num_seqs, int64_t max_chunks, cudaStream_t stream) {
   const dim3 grid(unsigned(int64_t(num_seqs) * p.heads), unsigned(max_chunks));
   if (grid.x == 0 || grid.y == 0) return;
-  if (p.q.dtype == Elem::bf16) return launch_prep_typed<__nv_bfloat16>(p, grid, stream);
-  return launch_prep_typed<__half>(p, grid, stream);
+  const bool gamma = p.g_gamma.data != nullptr;
+  if (p.q.dtype == Elem::bf16)
+    return gamma ? launch_prep_typed<__nv_bfloat16, true>(p, grid, stream)
+                 : launch_prep_typed<__nv_bfloat16, false>(p, grid, stream);
+  return gamma ? launch_prep_typed<__half, true>(p, grid, stream) : launch_prep_typed<__half, false>(p, grid, stream);
 }
 
 void launch_hopper_chunk_forward(const ChunkParams& p, int num_seqs, bool pdl, cudaStream_t stream) {

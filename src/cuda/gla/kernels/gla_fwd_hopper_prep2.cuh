@@ -108,7 +108,10 @@ __device__ __forceinline__ float2 unpack2(uint32_t w) {
   else return __half22float2(*reinterpret_cast<const __half2*>(&w));
 }
 
-template <class E>
+// GAMMA: p.g_gamma is set (a scalar gate plus the head's constant decay). A kernel of its own because this one
+// sits at its register limit: the sum in the scalar branch alone reschedules the whole kernel and made the
+// vector gate's pass 5% slower (bench/results_vocabulary_ab.md, 2026-11-28 11:40).
+template <class E, bool GAMMA>
 __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const ChunkParams p) {
   using namespace prep2;
   // The state kernel (launched as a programmatic dependent) may start its set-up on SMs this grid leaves; it
@@ -181,7 +184,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
 #pragma unroll
       for (int j = 0; j < 8; ++j)  // a scalar gate applies to every key column
         gw[2 * j] = gw[2 * j + 1] = __float_as_uint(
-            p.gate == Gate::scalar && j < eighth_rows ? scalar_gate(p.g, row_offset(p.g, token0 + j), p.g_gamma, h) : 0.f);
+            p.gate == Gate::scalar && j < eighth_rows ? scalar_gate<GAMMA>(p.g, row_offset(p.g, token0 + j), p.g_gamma, h) : 0.f);
     }
   };
   load_gate(0);
