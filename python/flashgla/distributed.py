@@ -416,8 +416,8 @@ def _fold(states, log_decay, begin, end, reverse, out, initial=None, accumulate=
 
 
 def _segment_states(k, v, g, g_gamma=None):
-    """(S [B, H, K, V], a [B, H, K]) of each row from a zero state; the gate g + g_gamma, staged in C++ as the
-    local op stages it, so that the summaries see the local op's gate bit for bit."""
+    """(S [B, H, K, V], a [B, H, K]) of each row from a zero state; the gate g + g_gamma, summed in C++/CUDA as
+    the local op sums it, so that the summaries see the local op's gate bit for bit."""
     return chunk_gla_segment_states(k, v, g, g_gamma=g_gamma)
 
 

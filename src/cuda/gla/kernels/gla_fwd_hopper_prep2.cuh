@@ -110,7 +110,7 @@ __device__ __forceinline__ float2 unpack2(uint32_t w) {
 
 // GAMMA: p.g_gamma is set (a scalar gate plus the head's constant decay). A kernel of its own because this one
 // sits at its register limit: the sum in the scalar branch alone reschedules the whole kernel and made the
-// vector gate's pass 5% slower (bench/results_vocabulary_ab.md, 2026-11-28 11:40).
+// vector gate's pass 5% slower (bench/notes_gla_fwd.md, "The Hopper chunk pass and g_gamma").
 template <class E, bool GAMMA>
 __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const ChunkParams p) {
   using namespace prep2;

@@ -21,8 +21,8 @@
 // flight), one split per sequence cut into pieces, which also writes each
 // piece's log decay and, for the gradients, walks forward with inclusive
 // prefix sums (walk_forward); the same fold combines the pieces.
-// The choice and the pieces: plan_segment (plan.h); FLASHGLA_GLA_SEGMENT_KERNEL
-// = split | generic forces one or the other (where the split kernel applies).
+// The choice and the pieces: plan_segment (plan.h); GlaTuning::segment_split_kernel forces one or the other
+// (where the split kernel applies).
 #include <algorithm>
 #include <string>
 
