@@ -384,18 +384,22 @@ TEST(CudaGlaBackward, ChunkedPlainLayoutMatchesReference) {
     c.V = 64, c.gate_dtype = c.dg_dtype = DType::bf16;
     check_against_reference(c, Call{});
   }
-  // A scalar gate in fp32 (FLA's simple GLA gate, and the g_gamma gate): the plain kernel's fp32 loader.
+  // A scalar gate in fp32 (FLA's simple GLA gate, and the g_gamma gate): the plain kernel's fp32 loader and its
+  // Γ kept over the key tiles; with V = 128, the pipelined scans' asynchronous copies of the gate.
   for (int64_t T : {1, 65, 1000})
-    for (GateValues values : {GateValues(0), GateValues(1), GateValues(2)}) {
-      Case c;
-      c.B = T <= 200 ? 2 : 1, c.T = T, c.H = 2, c.K = 128, c.V = 64, c.dtype = DType::bf16;
-      c.gate = Gate::scalar, c.gate_values = values, c.gate_dtype = c.dg_dtype = DType::f32;
-      c.h0 = c.dht = T > 1, c.seed = 5200 + i++;
-      check_against_reference(c, Call{});
-    }
-  Case c = varlen_case(DType::bf16, Gate::scalar, 5300 + i++);
-  c.gate_dtype = c.dg_dtype = DType::f32;
-  check_against_reference(c, Call{});
+    for (GateValues values : {GateValues(0), GateValues(1), GateValues(2)})
+      for (int64_t V : {64, 128}) {
+        Case c;
+        c.B = T <= 200 ? 2 : 1, c.T = T, c.H = 2, c.K = 128, c.V = V, c.dtype = DType::bf16;
+        c.gate = Gate::scalar, c.gate_values = values, c.gate_dtype = c.dg_dtype = DType::f32;
+        c.h0 = c.dht = T > 1, c.seed = 5200 + i++;
+        check_against_reference(c, Call{});
+      }
+  for (int64_t V : {48, 128}) {  // 48: the general kernel
+    Case c = varlen_case(DType::bf16, Gate::scalar, 5300 + i++);
+    c.V = V, c.gate_dtype = c.dg_dtype = DType::f32;
+    check_against_reference(c, Call{});
+  }
   // A vector gate in fp32 rows (copied raw like bf16's) with its dg in fp32, and a bf16 gate with an fp32 dg:
   // the plain kernel's fp32 gate copies and dg stores, beside the pipelined scans' register loads of the gate.
   for (int64_t T : {1, 65, 1000})

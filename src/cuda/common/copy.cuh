@@ -34,6 +34,12 @@ __device__ __forceinline__ void cp_async16_unordered(void* dst, const void* src,
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src), "r"(src_bytes));
 }
 
+// 4 bytes (one fp32), `src_bytes` 0 or 4 as above; through L1 (.ca: .cg copies only 16).
+__device__ __forceinline__ void cp_async4_ordered(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit_ordered() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_commit_unordered() { asm volatile("cp.async.commit_group;\n" ::); }
 

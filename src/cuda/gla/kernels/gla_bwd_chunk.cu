@@ -115,13 +115,13 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
   if (threadIdx.x < kTile) sRowSums[threadIdx.x] = 0.f;
   for (int kt = 0; kt < p.key_tiles; ++kt) {
     const int col = 32 * hc + lane;  // this lane's column in the element-wise steps
-    auto gate = start_gate_tile<GT, kPlain, kF32Dg>(p, sG, b, t0, rows, h, kt * kTile);
+    auto gate = start_gate_tile<GT, kPlain, kF32Dg>(p, sG, b, t0, rows, h, kt * kTile, false);
     if constexpr (kScaledDStates<T>)
       store_next_gates(p, reinterpret_cast<float*>(smem + Smem::next_gates), b, t0, h, kt * kTile, has_next);
     load_tile_async<T, kBwdChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
     load_tile_async<T, kBwdChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
     cp_async_commit_and_wait_all();
-    finish_gate_tile<GT, kPlain, kF32Dg>(p, sG, gate);
+    finish_gate_tile<GT, kPlain, kF32Dg>(p, sG, gate, false);
 
     // ---- dq, dk between sub-chunks, on the products (accumulators kept until chunk_bwd_dqk):
     //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J)
@@ -169,8 +169,9 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
     __syncthreads();
 
     // ---- dg: this sub-chunk's part, the carry from the others and the state term ----
-    chunk_bwd_dg<T, GT>(p, gamma, kt, col, lane, K, within_sub);
+    chunk_bwd_dg<T, GT>(p, gamma, kt, col, K, within_sub);
     __syncthreads();
+    if (p.gate == GateKind::scalar) chunk_bwd_dg_row_sums<T, GT>();
     store_tile<kBwdChunkThreads, kPlain>(p.dq, b, t0, rows, h, kt * kTile, K, sDQ);
     store_tile<kBwdChunkThreads, kPlain>(p.dk, b, t0, rows, h, kt * kTile, K, sDKA);
     if (p.gate == GateKind::vector) {

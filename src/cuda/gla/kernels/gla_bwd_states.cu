@@ -84,7 +84,8 @@ __device__ __forceinline__ void store8(__half* at, const float (&x)[8]) {
 // cumsum are loaded and transformed once for both; same registers per thread
 // and threads per SM as two blocks of one tile.
 // kPipeline = 2 (bf16, kPair = 2, whole bf16 rows: BwdScanKernel::pipelined):
-// two buffers of x, y and the gate's raw bf16 rows; chunk i + 1's copies are
+// two buffers of x, y and the gate's raw rows (a vector gate's bf16, a scalar
+// gate's fp32; other gates go through registers); chunk i + 1's copies are
 // issued at the top of step i and waited on at its end, so that they fly while
 // step i computes (else each step waits on its loads right after issuing them),
 // with per-thread copy pointers and a 16-byte x̂ transform. (kPipeline = 1, a
@@ -106,6 +107,7 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
   T* sStage = reinterpret_cast<T*>(smem + Smem::stage);
   GT* sG = reinterpret_cast<GT*>(smem + Smem::gates);
   bf16* const sRawGates = reinterpret_cast<bf16*>(smem + Smem::raw_gates);
+  float* const sRawScalars = reinterpret_cast<float*>(smem + Smem::raw_gates);  // a scalar fp32 gate's 64 rows
 
   allow_dependent_launch();  // the chunk kernel's blocks may take the slots that retiring blocks free
   const bool backward = blockIdx.z == 1;
@@ -172,6 +174,7 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
   const T* x_at = nullptr;
   const T* y_at[kPair] = {};
   const bf16* g_at = nullptr;
+  const float* scalar_at = nullptr;  // a scalar fp32 gate (FLA's simple GLA): thread t < 64 copies row t
   const char* prefetch_at = nullptr;  // row threadIdx.x % 64 of tile threadIdx.x / 64 (x, y0, g, y1)
   int64_t prefetch_stride = 0;        // bytes per token
   if constexpr (kLean) {
@@ -181,6 +184,8 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
       y_at[j] = static_cast<const T*>(ys.data) + offset4(ys, seq.batch, seq.begin, h, (vt0 + j) * kTile + piece_col);
     if (p.gate == GateKind::vector)
       g_at = static_cast<const bf16*>(p.g.data) + offset4(p.g, seq.batch, seq.begin, h, kt * kTile + piece_col);
+    if (p.gate == GateKind::scalar && p.g.dtype == Elem::f32)
+      scalar_at = static_cast<const float*>(p.g.data) + offset4(p.g, seq.batch, seq.begin, h, 0);
     const int which = threadIdx.x / kTile;
     const View& pf = which == 2 ? p.g : (which == 0 ? xs : ys);
     const int pf_col = which == 0 || which == 2 ? kt * kTile : (vt0 + (which == 3)) * kTile;
@@ -205,6 +210,12 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
 #pragma unroll
       for (int j = 0; j < kPair; ++j) copy(sY0 + (buf * kPair + j) * kTileLd + at, y_at[j], ys.stride[1]);
       if (g_at) copy(sRawGates + buf * kTileElems + piece_row * kTile + piece_col, g_at, p.g.stride[1]);
+      if (scalar_at && threadIdx.x < kTile) {
+        const float* src = scalar_at + token * p.g.stride[1];
+        const bool row_valid = int(threadIdx.x) < rows_of(chunk_at(i));
+        cp_async4_ordered(sRawScalars + buf * (kTileElems / 2) + threadIdx.x,
+                          row_valid ? src + threadIdx.x * p.g.stride[1] : src, row_valid ? 4 : 0);
+      }
     }
   };
   if constexpr (kPipelined) {
@@ -254,6 +265,13 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
 #pragma unroll
         for (int r = 0; r < GateTile<GT, kThreads>::kRows; ++r)
           gate.x[r] = gate_value<GT>(raw[(first_row + r) * kTile + col]);
+      } else if (scalar_at) {  // as load_gate_tile reads it: g_gamma added, a zero gate past the last row
+        const int first_row = (threadIdx.x / kTile) * GateTile<GT, kThreads>::kRows;
+        const float* raw = sRawScalars + buf * (kTileElems / 2);
+        const float decay = head_decay(p.g_gamma, h);
+#pragma unroll
+        for (int r = 0; r < GateTile<GT, kThreads>::kRows; ++r)
+          gate.x[r] = first_row + r < rows ? gate_value<GT>(decay + raw[first_row + r]) : GT(0);
       } else {
         gate = load_gate_tile<GT, kThreads>(p, seq.batch, t0, rows, h, kt * kTile);
       }

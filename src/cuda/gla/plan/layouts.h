@@ -218,7 +218,8 @@ struct StateScanSmemBytes {
   static constexpr size_t y = x + kStages * tile;                 // values or output gradients, [token][value column]
   static constexpr size_t stage = y + kStages * kPair * tile;     // the state tiles on their way to the scratch
   static constexpr size_t gates = stage + kPair * tile;           // Γ, [token][key column]
-  static constexpr size_t raw_gates = gates + size_t(kTile) * kLdF * GTS;  // pipelined: bf16 gate rows, unpadded
+  // pipelined: a vector gate's bf16 rows, unpadded, or a scalar fp32 gate's 64 rows
+  static constexpr size_t raw_gates = gates + size_t(kTile) * kLdF * GTS;
   static constexpr size_t bytes = raw_gates + (kStages > 1 ? size_t(kStages) * kTileElems * 2 : 0);
 };
 

@@ -181,9 +181,21 @@ __device__ __forceinline__ void read_raw_gate_rows(const void* sG, GateTile<GT, 
   for (int i = 0; i < Tile::kRows; ++i) gate.x[i] = gate_value<GT>(raw[(first + i) * kTile + c]);
 }
 
+//
+// A scalar gate (or none) gives every key tile the same Γ, and the plain kernel's K is whole tiles, so no tile
+// has columns past K: the plain kernel builds that Γ once per chunk, at its first gate tile (`first`), and
+// keeps it in sG; the later calls only wait for the other tiles (bench/notes_gla_bwd.md: the register loads of
+// every tile's scalar gate made the kernel slower than with a vector gate).
+template <bool kPlain>
+__device__ __forceinline__ bool gate_tile_kept(const BwdParams& p, bool first) {
+  return kPlain && p.gate != GateKind::vector && !first;
+}
+
 template <class GT, bool kPlain, bool kF32Rows = false>
 __device__ __forceinline__ GateTile<GT, kBwdChunkThreads> start_gate_tile(const BwdParams& p, GT* sG, int64_t b,
-                                                                          int64_t t0, int rows, int64_t h, int c0) {
+                                                                          int64_t t0, int rows, int64_t h, int c0,
+                                                                          bool first) {
+  if (gate_tile_kept<kPlain>(p, first)) return {};
   if (kPlain && p.gate == GateKind::vector) {
     if (!kF32Rows || p.g.dtype == Elem::bf16) copy_raw_gate_rows<bf16>(p, sG, b, t0, rows, h, c0);
     else copy_raw_gate_rows<float>(p, sG, b, t0, rows, h, c0);
@@ -193,7 +205,12 @@ __device__ __forceinline__ GateTile<GT, kBwdChunkThreads> start_gate_tile(const 
 }
 
 template <class GT, bool kPlain, bool kF32Rows = false>
-__device__ __forceinline__ void finish_gate_tile(const BwdParams& p, GT* sG, GateTile<GT, kBwdChunkThreads>& gate) {
+__device__ __forceinline__ void finish_gate_tile(const BwdParams& p, GT* sG, GateTile<GT, kBwdChunkThreads>& gate,
+                                                 bool first) {
+  if (gate_tile_kept<kPlain>(p, first)) {
+    __syncthreads();  // every thread's copies of the other tiles have landed
+    return;
+  }
   if (kPlain && p.gate == GateKind::vector) {
     __syncthreads();  // every thread's copies have landed
     if (!kF32Rows || p.g.dtype == Elem::bf16) read_raw_gate_rows<bf16>(sG, gate);
@@ -281,11 +298,11 @@ __device__ __forceinline__ void chunk_fwd_intra(const BwdParams& p, int64_t b, i
     for (int m = 0; m < 8; ++m) sDiagElem[(kSub * s + diagonal_row(hc, m)) * LDD + diag_col] = 0.f;
   }
   for (int kt = 0; kt < p.key_tiles; ++kt) {
-    auto gate = start_gate_tile<GT, kPlain, kF32Rows>(p, sG, b, t0, rows, h, kt * kTile);
+    auto gate = start_gate_tile<GT, kPlain, kF32Rows>(p, sG, b, t0, rows, h, kt * kTile, kt == 0);
     load_tile_async<T, kBwdChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
     load_tile_async<T, kBwdChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
     cp_async_commit_and_wait_all();
-    finish_gate_tile<GT, kPlain, kF32Rows>(p, sG, gate);
+    finish_gate_tile<GT, kPlain, kF32Rows>(p, sG, gate, kt == 0);
     mark_wide_subchunks(sG, sWide, p.diag_factor_limit);
     map_rows<T, kBwdChunkThreads, kStageRows, kPlain>(sKStage, sK, key_stage_key, [&](int row, int col, float x) {
       return x * exp2_of(sG[kSub * key_stage_sub(row) * LDF + col] - sG[key_stage_key(row) * LDF + col]);
@@ -386,7 +403,7 @@ __device__ __forceinline__ void chunk_bwd_dv(const BwdParams& p, const GT* gamma
                                   sDO + j * kTile * LD + kSub * s * LD + 32 * hc, LD, kChunk - kSub * s);
     }
     for (int kt = 0; kt < p.key_tiles; ++kt) {
-      gate = start_gate_tile<GT, kPlain, kF32Rows>(p, sG, b, t0, rows, h, kt * kTile);
+      gate = start_gate_tile<GT, kPlain, kF32Rows>(p, sG, b, t0, rows, h, kt * kTile, false);
       if constexpr (kScaledDStates<T>)
         store_next_gates(p, reinterpret_cast<float*>(smem + Smem::next_gates), b, t0, h, kt * kTile, has_next);
       const bool k_plain = kPlain || plain_tile<T>(p.k, b, t0, h, kt * kTile, K);  // else loaded scaled, below
@@ -395,7 +412,7 @@ __device__ __forceinline__ void chunk_bwd_dv(const BwdParams& p, const GT* gamma
         copy_tile_in<T, kBwdChunkThreads>(sDS + j * kTile * LD,
                                        static_cast<const T*>(p.dstates) + state_tile_index(p, slot, h, kt, vt0 + j));
       cp_async_commit_and_wait_all();
-      finish_gate_tile<GT, kPlain, kF32Rows>(p, sG, gate);
+      finish_gate_tile<GT, kPlain, kF32Rows>(p, sG, gate, false);
       const float* sNext = reinterpret_cast<const float*>(smem + Smem::next_gates);
       auto k_hat = [=](int r, int col, float x) {  // k ⊙ exp(γ − Γ), times exp E for fp16's scaled dS
         if constexpr (kScaledDStates<T>) return x * exp2_of(gamma[col] + sNext[col] - sG[r * LDF + col]);
@@ -575,9 +592,9 @@ __device__ __forceinline__ void chunk_bwd_dqk(const GT* gamma, int s, int hc, in
 }
 
 // dg of the key tile: within_sub plus the carry from the other sub-chunks and the state term, to sDKS (a vector
-// gate; stored by the kernel) or summed over the keys into sRowSums (a scalar gate).
+// gate's is stored by the kernel, a scalar gate's summed over the keys by chunk_bwd_dg_row_sums).
 template <class T, class GT>
-__device__ __forceinline__ void chunk_bwd_dg(const BwdParams& p, const GT* gamma, int kt, int col, int lane, int K,
+__device__ __forceinline__ void chunk_bwd_dg(const BwdParams& p, const GT* gamma, int kt, int col, int K,
                                              const float (&within_sub)[kSub]) {
   // The sub-chunk from the thread index here, as in the kernel, not passed: the compiler then bounds it (the
   // loops over the other sub-chunks).
@@ -591,7 +608,6 @@ __device__ __forceinline__ void chunk_bwd_dg(const BwdParams& p, const GT* gamma
   float* sTotA = reinterpret_cast<float*>(smem + Smem::totals);
   float* sTotB = sTotA + kSubs * kTile;
   float* sStateTerm = reinterpret_cast<float*>(smem + Smem::state_term);
-  float* sRowSums = reinterpret_cast<float*>(smem + Smem::row_sums);
   if (p.gate != GateKind::none) {
     float carry;
     if constexpr (kScaledDStates<T>)  // fp16: dS scaled by exp(−E)
@@ -605,16 +621,30 @@ __device__ __forceinline__ void chunk_bwd_dg(const BwdParams& p, const GT* gamma
     for (int i = 0; i < kSub; ++i) {
       const int row = kSub * s + i;
       const float dg = within_sub[i] + carry;
-      if (p.gate == GateKind::vector) {
-        sDKS[row * LDF + col] = dg;  // this thread's element; stored below
-      } else {
-        float sum = key < K ? dg : 0.f;
-#pragma unroll
-        for (int offset = 16; offset >= 1; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-        if (lane == 0) atomicAdd(&sRowSums[row], sum);
-      }
+      if (p.gate == GateKind::vector) sDKS[row * LDF + col] = dg;  // this thread's element; stored by the kernel
+      else sDKS[row * LDF + col] = key < K ? dg : 0.f;              // summed by chunk_bwd_dg_row_sums
     }
   }
+}
+
+// A scalar gate's dg: the key tile's dg (sDKS, after chunk_bwd_dg and a barrier) summed over its columns into
+// sRowSums, four threads per row, each over 16 columns, then over the four in a fixed order: deterministic, and
+// without the shuffles and shared-memory atomics of a sum per row and warp (bench/notes_gla_bwd.md).
+template <class T, class GT>
+__device__ __forceinline__ void chunk_bwd_dg_row_sums() {
+  static_assert(kBwdChunkThreads == 4 * kTile, "four threads per row");
+  using Smem = ChunkSmem<T, GT>;
+  constexpr int LDF = kLdF;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const float* sDG = reinterpret_cast<const float*>(smem + Smem::r) + kTile * LDF;  // sDKS of chunk_bwd_dg
+  float* sRowSums = reinterpret_cast<float*>(smem + Smem::row_sums);
+  const int row = threadIdx.x / 4, part = threadIdx.x % 4;
+  float sum = 0.f;
+#pragma unroll
+  for (int c = 0; c < kTile / 4; ++c) sum += sDG[row * LDF + part * (kTile / 4) + c];
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  if (part == 0) sRowSums[row] += sum;
 }
 
 }  // namespace
