@@ -5,7 +5,8 @@ At B8 T4096 H16 d128 and B32 T2048 H16 d64, bf16 q, k, v, forward and forward+ba
 - chunk_simple_gla, a scalar gate g [B,T,H] in fp32 (what FLA's simple GLA layers pass);
 - chunk_simple_gla, g + g_gamma (g_gamma [H] fp32, a gradient for both);
 - chunk_simple_gla, g_gamma alone (RetNet's fixed decay);
-- chunk_linear_attn, no gate, normalize=False.
+- chunk_linear_attn, no gate, normalize=False;
+- chunk_linear_attn, no gate, normalize=True (FLA's default; issue #23 item 1 compares it with the row above).
 "vs vector" is the vector gate's time over the row's (above 1: faster than the vector gate). FLA's columns
 are the same ops of fla.ops (flash-linear-attention 0.6.0, imported from the environment or FLA_PATH), timed in
 the same call after one warm-up call each (its autotuning); "n/i" where FLA is not importable.
@@ -66,6 +67,8 @@ def cases(B, T, H, D, lib):
         "g_gamma alone (chunk_simple_gla)": (lambda: lib["chunk_simple_gla"](q, k, v, None, gamma)[0],
                                              [q, k, v, gamma]),
         "no gate (chunk_linear_attn)": (lambda: lib["chunk_linear_attn"](q, k, v, normalize=False)[0], [q, k, v]),
+        "no gate, normalize=True (chunk_linear_attn)": (lambda: lib["chunk_linear_attn"](q, k, v, normalize=True)[0],
+                                                        [q, k, v]),
     }
 
 

@@ -48,6 +48,14 @@ struct GlaForwardArgs {
   TensorView o;              // out: [B,T,H,V], dtype of q
   TensorView final_state;    // optional out: [N,H,K,V] f32
 
+  // The linear-attention normaliser in the same call (FLA's chunk_linear_attn(normalize=True); no gate): o is
+  // the normalised output of flashgla/gla_normalize.h, o_t / (scale · q_t·z_t + 1e-10) with z_t the running key
+  // sum from z_init (reverse: from the sequence's end). The CUDA chunked fast kernel divides by it as it stores
+  // o; elsewhere the normaliser runs after the op, on o in place.
+  bool normalize = false;
+  TensorView z_init;         // optional with normalize: [N,H,K], any float dtype
+  TensorView z_final;        // optional out with normalize: [N,H,K] f32 (f64 for f64 inputs)
+
   // State pools (prefill into a serving stack's pool; forward only). With
   // initial_state_indices (i32 [N]), initial_state is a pool [P,H,K,V] and
   // sequence n starts from row initial_state_indices[n] (negative: zeros); with

@@ -41,6 +41,9 @@ struct GlaNormalizeBackwardArgs {
   TensorView o_raw, q, k, z_init, cu_seqlens, cu_seqlens_host;  // as in the forward
   std::optional<double> scale;
   bool reverse = false;
+  // o_raw holds the normalised output o instead (gla_forward with normalize writes no o_raw): the pass
+  // recovers o_raw = o · den from the den it recomputes.
+  bool o_raw_is_output = false;
   TensorView d_o;              // [B,T,H,V], dtype of q: gradient of o
   TensorView d_z_final;        // optional: [N,H,K] any float dtype, gradient of z_final
 

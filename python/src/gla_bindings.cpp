@@ -47,8 +47,11 @@ void bind_gla(nb::module_& m) {
                                           {"initial_state_indices", &GlaForwardArgs::initial_state_indices},
                                           {"final_state_indices", &GlaForwardArgs::final_state_indices},
                                           {"ssm_state_indices", &GlaForwardArgs::ssm_state_indices},
-                                          {"num_accepted_tokens", &GlaForwardArgs::num_accepted_tokens}});
-  forward.def_rw("inplace_final_state", &GlaForwardArgs::inplace_final_state);
+                                          {"num_accepted_tokens", &GlaForwardArgs::num_accepted_tokens},
+                                          {"z_init", &GlaForwardArgs::z_init},
+                                          {"z_final", &GlaForwardArgs::z_final}});
+  forward.def_rw("inplace_final_state", &GlaForwardArgs::inplace_final_state)
+      .def_rw("normalize", &GlaForwardArgs::normalize);
   m.def(
       "gla_forward",
       [](const GlaForwardArgs& a, nb::handle allocate_workspace) {
@@ -113,7 +116,8 @@ void bind_gla(nb::module_& m) {
       m, "GlaNormalizeBackwardArgs", "flashgla::GlaNormalizeBackwardArgs (flashgla/gla_normalize.h).");
   normalize_backward.def(nb::init<>())
       .def_rw("scale", &NormalizeBackward::scale)
-      .def_rw("reverse", &NormalizeBackward::reverse);
+      .def_rw("reverse", &NormalizeBackward::reverse)
+      .def_rw("o_raw_is_output", &NormalizeBackward::o_raw_is_output);
   tensor_fields<NormalizeBackward>(normalize_backward, {{"o_raw", &NormalizeBackward::o_raw},
                                                         {"q", &NormalizeBackward::q},
                                                         {"k", &NormalizeBackward::k},

@@ -212,6 +212,16 @@ GlaProblem check_forward(const GlaForwardArgs& a) {
   const GlaProblem p = check_inputs(a.q, a.k, a.v, a.g, a.initial_state, a.cu_seqlens, a.cu_seqlens_host, a.scale,
                                     a.algorithm, a.reverse, a.g_gamma, a.state_v_first, h0_pool);
   check_like(a.o, "o", a.v, "[B, T, H, V]", a.q.dtype, a.q.device, true);
+  if (a.normalize) {
+    FLASHGLA_REQUIRE(!a.g.defined() && !a.g_gamma.defined(), ErrorKind::value, a.g.defined() ? "g" : "g_gamma",
+                     "normalize takes no gate (the normaliser of plain linear attention)");
+    FLASHGLA_REQUIRE(!h0_pool && !ht_pool, ErrorKind::value, "normalize",
+                     "takes dense states, not state pools (the running key sum has no pool)");
+    gla_normalize_forward_workspace_bytes(normalize_args_of(a));  // checks z_init and z_final
+  } else {
+    FLASHGLA_REQUIRE(!a.z_init.defined(), ErrorKind::value, "z_init", "is the normaliser's: only with normalize");
+    FLASHGLA_REQUIRE(!a.z_final.defined(), ErrorKind::value, "z_final", "is the normaliser's: only with normalize");
+  }
   if (ssm_pool) {
     check_ssm_pool(a, p);
     return p;
@@ -333,6 +343,12 @@ void gla_forward(const GlaForwardArgs& args) {
   const GlaProblem p = check_forward(args);
   GlaForwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
+  if (a.normalize && dev.type == DeviceType::cpu) {  // the op, then the normaliser on o (CUDA: in its backend)
+    GlaForwardArgs op = a;
+    op.normalize = false, op.z_init = {}, op.z_final = {};
+    cpu::gla_forward(op, p);
+    return cpu::gla_normalize_forward(normalize_args_of(a), p);
+  }
   if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.g_gamma, a.algorithm))
     return FLASHGLA_DISPATCH(dev, gla_forward, a, p);
   GateScratch scratch(dev, gate_bytes(p), a.stream, a.workspace, a.workspace_bytes, a.allocate_workspace);

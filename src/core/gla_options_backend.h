@@ -6,10 +6,22 @@
 #pragma once
 
 #include "core/problem.h"
+#include "flashgla/gla.h"
 #include "flashgla/gla_normalize.h"
 #include "flashgla/tensor.h"
 
 namespace flashgla {
+
+// The normaliser of a gla_forward call with normalize: o in place (o_raw is o).
+inline GlaNormalizeArgs normalize_args_of(const GlaForwardArgs& a) {
+  GlaNormalizeArgs n;
+  n.o_raw = a.o, n.q = a.q, n.k = a.k, n.z_init = a.z_init;
+  n.cu_seqlens = a.cu_seqlens, n.cu_seqlens_host = a.cu_seqlens_host;
+  n.scale = a.scale, n.reverse = a.reverse;
+  n.o = a.o, n.z_final = a.z_final;
+  n.stream = a.stream, n.allocate_workspace = a.allocate_workspace;
+  return n;
+}
 
 // gate[b,t,h] = g[b,t,h] + g_gamma[h] (g_gamma alone without g), in fp32.
 struct GammaGateArgs {
@@ -46,6 +58,9 @@ void gla_normalize_forward(const GlaNormalizeArgs& args, const GlaProblem& probl
 void gla_normalize_backward(const GlaNormalizeBackwardArgs& args, const GlaProblem& problem);
 size_t gla_normalize_forward_workspace_bytes(const GlaNormalizeArgs& args, const GlaProblem& problem);
 size_t gla_normalize_backward_workspace_bytes(const GlaNormalizeBackwardArgs& args, const GlaProblem& problem);
+// The forward up to the division: z at the start of every chunk into z_starts (gla_normalize_forward_workspace_bytes
+// of it) and z_final; o is not written. For the GLA fast kernel, which divides as it stores o (ChunkParams::norm_z).
+void gla_normalize_key_prefix(const GlaNormalizeArgs& args, const GlaProblem& problem, float* z_starts);
 // Stream-ordered device scratch on device `index` for the API layer (the g_gamma gate when the
 // caller gave no workspace); freed on the same stream.
 void* scratch_allocate(int index, size_t bytes, void* stream);

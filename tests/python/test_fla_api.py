@@ -117,6 +117,36 @@ def test_normalize_chunked_scan_gpu(gen, dtype, reverse):
         assert_close(grad, ref_grad, GRAD_TOLERANCE[dtype], name)
 
 
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_normalize_folded_into_the_chunked_forward_gpu(gen, dtype):
+    """chunk_linear_attn(normalize=True) at FLA's d128 on the GPU: the fast kernel divides by the normaliser as it
+    stores o, and the backward starts from that o; against fp64 on sequences of many chunks, lengths off the chunk
+    and empty ones: o, both final states and every gradient."""
+    lengths = [0, 700, 1, 0, 1300]
+    B, T, H, K, V, N = 1, sum(lengths), 2, 128, 128, len(lengths)
+    cu_seqlens = cu(lengths)
+    q, k = positive(gen, B, T, H, K, dtype=dtype), positive(gen, B, T, H, K, dtype=dtype)
+    v = randn(gen, B, T, H, V, dtype=dtype)
+    h0, z0 = randn(gen, N, H, K, V, dtype=torch.float32), positive(gen, N, 1, H, K, dtype=torch.float32)
+    do = randn(gen, B, T, H, V, dtype=dtype)
+    dht, dz = randn(gen, N, H, K, V, dtype=torch.float32), randn(gen, N, 1, H, K, dtype=torch.float32)
+    leaves = [x.cuda().requires_grad_() for x in (q, k, v, h0, z0)]
+    with poisoned_outputs():
+        o, (ht, z) = flashgla.chunk_linear_attn(*leaves[:3], initial_state=(leaves[3], leaves[4]),
+                                                output_final_state=True, cu_seqlens=cu_seqlens.cuda())
+        grads = grads_of((o, ht, z), leaves, to("cuda", do, dht, dz))
+    ref = [x.detach().double().requires_grad_() for x in (q, k, v, h0, z0)]
+    o_raw, ht_ref = naive_gla(*ref[:3], initial_state=ref[3], cu_seqlens=cu_seqlens)
+    o_ref, z_ref = naive_normalize(o_raw, ref[0], ref[1], z_init=ref[4], cu_seqlens=cu_seqlens)
+    ref_grads = torch.autograd.grad((o_ref, ht_ref, z_ref), ref, (do.double(), dht.double(), dz.double()))
+    assert_close(o, o_ref, TOLERANCE[dtype], "o")
+    assert_close(ht, ht_ref, TOLERANCE[dtype], "kv final state")
+    assert_close(z, z_ref, TOLERANCE[torch.float32], "z_state")
+    for name, grad, ref_grad in zip(["dq", "dk", "dv", "dh0", "dz_init"], grads, ref_grads):
+        assert_close(grad, ref_grad, GRAD_TOLERANCE[dtype], name)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_normalize_is_the_default_and_keeps_fla_conventions(gen, device):
     """chunk_linear_attn normalises by default (FLA 0.6); the pair comes back even without output_final_state;

@@ -251,21 +251,23 @@ def _normalize_backward_outputs(o_raw, q, z_init):
 @torch.library.custom_op("flashgla::linear_attn_normalize_backward", mutates_args=())
 def _linear_attn_normalize_backward(o_raw: Tensor, q: Tensor, k: Tensor, z_init: Optional[Tensor],
                                     cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], do: Tensor,
-                                    dz: Optional[Tensor], scale: Optional[float],
-                                    reverse: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                                    dz: Optional[Tensor], scale: Optional[float], reverse: bool,
+                                    o_raw_is_output: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """o_raw_is_output: o_raw holds the normalised output (the folded forward's), o_raw = o · den."""
     require_outputs("chunk_linear_attn (normalize, backward)", q.device,
                     [("d_o_raw", o_raw.shape, q.dtype), ("dq", q.shape, q.dtype), ("dk", q.shape, q.dtype)])
     d_o_raw, dq, dk, dz_init = _normalize_backward_outputs(o_raw, q, z_init)
     args = make_args(_C.GlaNormalizeBackwardArgs, o_raw=o_raw, q=q, k=k, z_init=_z_view(z_init, "z_init"),
                      cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host, scale=scale, reverse=reverse, d_o=do,
                      d_z_final=_z_view(dz, "d_z_final"), d_o_raw=d_o_raw, dq=dq, dk=dk,
-                     d_z_init=_z_view(dz_init, "d_z_init") if z_init is not None else None)
+                     d_z_init=_z_view(dz_init, "d_z_init") if z_init is not None else None,
+                     o_raw_is_output=o_raw_is_output)
     run_op(_C.gla_normalize_backward, args, q.device)
     return d_o_raw, dq, dk, dz_init
 
 
 @_linear_attn_normalize_backward.register_fake
-def _(o_raw, q, k, z_init, cu_seqlens, cu_seqlens_host, do, dz, scale, reverse):
+def _(o_raw, q, k, z_init, cu_seqlens, cu_seqlens_host, do, dz, scale, reverse, o_raw_is_output=False):
     require_same_device(q, o_raw=o_raw, k=k, z_init=z_init, cu_seqlens=cu_seqlens, d_o=do)
     return _normalize_backward_outputs(o_raw, q, z_init)
 
@@ -286,6 +288,58 @@ def _normalize_gradients(ctx, do, dz):
 
 _linear_attn_normalize.register_autograd(_normalize_gradients, setup_context=_normalize_setup)
 forbid_double_backward(_linear_attn_normalize_backward, "chunk_linear_attn")
+
+
+# The chunked op and the normaliser in one forward call (GlaForwardArgs.normalize: on CUDA the fast kernel
+# divides as it stores o, so no o_raw is written or read back); the backward is the normaliser's (from o) and
+# then the op's.
+def _normalized_outputs(q, v, cu_seqlens, output_final_state):
+    o, final_state = _forward_outputs(q, v, cu_seqlens, output_final_state)
+    return o, final_state, torch.empty(_z_shape(q, cu_seqlens), dtype=_summary_dtype(q), device=q.device)
+
+
+@torch.library.custom_op("flashgla::chunk_linear_attn_normalized", mutates_args=())
+def _chunk_linear_attn_normalized(q: Tensor, k: Tensor, v: Tensor, initial_state: Optional[Tensor],
+                                  z_init: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                                  cu_seqlens_host: Optional[Tensor], scale: Optional[float],
+                                  output_final_state: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    _require_forward_memory("chunk_linear_attn", _C.GlaAlgorithm.chunked, q, v, cu_seqlens, output_final_state,
+                            None, False)
+    o, final_state, z = _normalized_outputs(q, v, cu_seqlens, output_final_state)
+    args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                     cu_seqlens_host=cu_seqlens_host, scale=scale, algorithm=_C.GlaAlgorithm.chunked, o=o,
+                     final_state=final_state if output_final_state else None, normalize=True,
+                     z_init=_z_view(z_init, "z_init"), z_final=_z_view(z, "z_final"))
+    run_op(_C.gla_forward, args, q.device)
+    return o, final_state, z
+
+
+@_chunk_linear_attn_normalized.register_fake
+def _(q, k, v, initial_state, z_init, cu_seqlens, cu_seqlens_host, scale, output_final_state):
+    require_same_device(q, k=k, v=v, initial_state=initial_state, z_init=z_init, cu_seqlens=cu_seqlens)
+    return _normalized_outputs(q, v, cu_seqlens, output_final_state)
+
+
+def _normalized_setup(ctx, inputs, output):
+    q, k, v, initial_state, z_init, cu_seqlens, cu_seqlens_host, scale, output_final_state = inputs
+    ctx.save_for_backward(q, k, v, output[0], initial_state, z_init, cu_seqlens, cu_seqlens_host)
+    ctx.scale, ctx.output_final_state = scale, output_final_state
+
+
+def _normalized_gradients(ctx, do, dht, dz):
+    q, k, v, o, initial_state, z_init, cu_seqlens, cu_seqlens_host = ctx.saved_tensors
+    d_o_raw, dq_z, dk_z, dz_init = _linear_attn_normalize_backward(o, q, k, z_init, cu_seqlens, cu_seqlens_host, do,
+                                                                   dz, ctx.scale, False, True)
+    need_dh0 = initial_state is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, _, dh0, _ = torch.ops.flashgla.chunk_linear_attn_backward(
+        q, k, v, None, initial_state, cu_seqlens, cu_seqlens_host, d_o_raw, dht if ctx.output_final_state else None,
+        ctx.scale, False, need_dh0)
+    need_dz = z_init is not None and ctx.needs_input_grad[4]
+    return (dq + dq_z, dk + dk_z, dv, dh0.to(initial_state.dtype) if need_dh0 else None,
+            dz_init.to(z_init.dtype) if need_dz else None, None, None, None, None)
+
+
+_chunk_linear_attn_normalized.register_autograd(_normalized_gradients, setup_context=_normalized_setup)
 
 
 def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context,
@@ -532,6 +586,10 @@ def _linear_attn(op, op_raw, q, k, v, scale, initial_state, output_final_state, 
     require_tensors(q=q, k=k, v=v, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host)
     _check_z_state(op, z_state, q, cu_seqlens)
     scale = as_scale(scale, op, hint)
+    if normalize and op_raw is _chunk_linear_attn:
+        o, final_state, z = _chunk_linear_attn_normalized(q, k, v, kv_state, z_state, cu_seqlens, cu_seqlens_host,
+                                                          scale, output_final_state)
+        return o, (final_state if output_final_state else None, z)
     o, final_state = op_raw(q, k, v, None, kv_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state)
     final_state = final_state if output_final_state else None
     if not normalize:

@@ -104,7 +104,7 @@ void gla_normalize_backward(const GlaNormalizeBackwardArgs& a, const GlaProblem&
     if (a.z_init.defined())
       for (int64_t d = 0; d < K; ++d) z[size_t(d)] = load_element<double>(a.z_init, offset3(a.z_init, n, h, d));
     // In processing order: the denominator, d o_raw = d o / den, and dq = d_den · scale · z_t with
-    // d_den = -(d o · o_raw) / den².
+    // d_den = -(d o · o_raw) / den² (o_raw_is_output: o_raw holds o = o_raw / den).
     for (int64_t i = 0; i < len; ++i) {
       const int64_t t = steps.row(i);
       double qz = 0;
@@ -119,7 +119,7 @@ void gla_normalize_backward(const GlaNormalizeBackwardArgs& a, const GlaProblem&
         dot += g * load_element<double>(a.o_raw, offset4(a.o_raw, b, t, h, e));
         store_element<double>(a.d_o_raw, offset4(a.d_o_raw, b, t, h, e), g / den);
       }
-      d_den[size_t(i)] = -dot / (den * den);
+      d_den[size_t(i)] = a.o_raw_is_output ? -dot / den : -dot / (den * den);  // d o · o_raw = den · d o · o
       for (int64_t d = 0; d < K; ++d)
         store_element<double>(a.dq, offset4(a.dq, b, t, h, d), d_den[size_t(i)] * scale * z[size_t(d)]);
     }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/backend.h"
+#include "core/gla_options_backend.h"
 #include "core/sequences.h"
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/gla_fwd.cuh"
@@ -107,13 +108,22 @@ gla::StateRowsCopy rows_copy(const TensorView& src, const TensorView& src_index,
   return c;
 }
 
+// With normalize, the normaliser's chunk sums follow the op's workspace (256-aligned).
+size_t normalizer_offset(size_t op_bytes) { return (op_bytes + 255) / 256 * 256; }
+
 size_t dense_workspace_bytes(const GlaForwardArgs& args, const GlaProblem& problem) {
-  if (args.algorithm != GlaAlgorithm::chunked || args.q.dtype == DType::f64) return 0;
-  DeviceGuard guard(args.q.device.index);
-  return plan_chunked(args, problem).plan.workspace_bytes;
+  size_t op = 0;
+  if (args.algorithm == GlaAlgorithm::chunked && args.q.dtype != DType::f64) {
+    DeviceGuard guard(args.q.device.index);
+    op = plan_chunked(args, problem).plan.workspace_bytes;
+  }
+  if (!args.normalize) return op;
+  return normalizer_offset(op) + gla_normalize_forward_workspace_bytes(normalize_args_of(args), problem);
 }
 
 void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem);
+void launch_chunked(gla::ChunkParams& c, const gla::FwdPlan& plan, Scratch& workspace, int num_seqs,
+                    cudaStream_t stream);
 
 }  // namespace
 
@@ -173,6 +183,11 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
       r.inplace = args.inplace_final_state;
     }
     gla::launch_recurrent_forward(r, int(problem.num_seqs), stream);
+    if (args.normalize) {
+      GlaNormalizeArgs n = normalize_args_of(args);
+      n.workspace = args.workspace, n.workspace_bytes = args.workspace_bytes;
+      gla_normalize_forward(n, problem);
+    }
     return;
   }
 
@@ -180,8 +195,30 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
   gla::ChunkParams& c = planned.params;
   const gla::FwdPlan& plan = planned.plan;
   const int num_seqs = planned.num_seqs;
-  Scratch workspace(args.workspace, args.workspace_bytes, args.allocate_workspace, plan.workspace_bytes, stream,
-                    "gla_forward_workspace_bytes");
+  // normalize: the fast kernel divides by the normaliser (z at each chunk's start from its key pass); the other
+  // kernels store o, which the normaliser then divides in place.
+  GlaNormalizeArgs normalizer = normalize_args_of(args);
+  const size_t normalizer_bytes = args.normalize ? gla_normalize_forward_workspace_bytes(normalizer, problem) : 0;
+  Scratch workspace(args.workspace, args.workspace_bytes, args.allocate_workspace,
+                    args.normalize ? normalizer_offset(plan.workspace_bytes) + normalizer_bytes : plan.workspace_bytes,
+                    stream, "gla_forward_workspace_bytes");
+  if (args.normalize) {
+    normalizer.workspace = workspace.bytes() + normalizer_offset(plan.workspace_bytes);
+    normalizer.workspace_bytes = normalizer_bytes;
+  }
+  const bool fold_normalizer = args.normalize && plan.kernel == gla::FwdKernel::fast;
+  if (fold_normalizer) {
+    float* z_starts = static_cast<float*>(normalizer.workspace);
+    gla_normalize_key_prefix(normalizer, problem, z_starts);
+    c.norm_z = z_starts;
+    c.norm_chunks_per_seq = args.cu_seqlens.defined() ? 0 : (problem.seq_len + gla::kChunk - 1) / gla::kChunk;
+  }
+  launch_chunked(c, plan, workspace, num_seqs, stream);
+  if (args.normalize && !fold_normalizer) gla_normalize_forward(normalizer, problem);
+}
+
+void launch_chunked(gla::ChunkParams& c, const gla::FwdPlan& plan, Scratch& workspace, int num_seqs,
+                    cudaStream_t stream) {
   if (plan.states != gla::StatesPass::none) {  // num_splits > 1: the states of the earlier splits first
     c.split_states = workspace.floats();
     c.split_decay = c.split_states + plan.split_states_floats;

@@ -46,13 +46,17 @@
 #include "cuda/gla/device/warp_mma.cuh"
 
 #include "cuda/gla/device/gla_fwd.cuh"
+#include "cuda/gla/plan/normalize_layout.h"
 #include "cuda/gla/stages/chunk_fwd_fast.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {
 
 // G: the vector gate's element type (E, or float with bf16/fp16 inputs); unused for other gate kinds.
-template <class E, class G, int KP, int BV, Gate GK>
+// NORM (no gate only): the linear-attention normaliser folded in (ChunkParams::norm_z): o_t is divided by
+// den_t = scale · q_t·z_t + 1e-10 with z_t = z (the chunk's start) + Σ k of the chunk's rows ≤ t. P1 writes each
+// row group's key sums, P2 walks its rows' running sums and sums q_t·z_t over the keys, the store divides.
+template <class E, class G, int KP, int BV, Gate GK, bool NORM = false>
 __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   using L = FastLayout<KP, BV>;
@@ -93,6 +97,12 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   float* diag_s = reinterpret_cast<float*>(smem + L::diag);
   float* decay_s = reinterpret_cast<float*>(smem + L::decay);
   float* salpha_s = reinterpret_cast<float*>(smem + L::salpha);
+  // NORM: in the vector gate's region (no gate here): [8 groups][KP] the group's Σ k, [KP] z at the chunk's
+  // start, [2 key halves][64] Σ over the half's keys of q_t·z_t.
+  static_assert(!NORM || (GK == Gate::none && (9 * KP + 2 * C) * 4 <= C * KP * 2), "the normaliser's sums fit");
+  float* ksum_s = reinterpret_cast<float*>(smem + L::g);
+  float* zc_s = ksum_s + 8 * KP;
+  float* den_s = zc_s + KP;
 
   // ---- loads of one chunk: 16-byte cp.async pieces, zero outside the sequence / the dims (load_rows) ----
   // q, k, v go to the buffers of chunk c's parity (issued a chunk ahead); g has one buffer (issued after P2).
@@ -112,6 +122,12 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
       const int64_t t = c * C + tid;
       scalar_g_next = t < seq.len ? scalar_gate(p.g, row_offset(p.g, t), p.g_gamma, h) : 0.f;
     }
+  };
+  // NORM: z at the chunk's start travels like the scalar gate, key tid of the first KP threads, a chunk ahead.
+  float z_next = 0.f;
+  const int64_t norm_slot0 = p.norm_chunks_per_seq > 0 ? n * p.norm_chunks_per_seq : seq.begin / C + n;
+  auto fetch_z = [&](int64_t c) {
+    if (NORM && tid < KP) z_next = tid < K ? p.norm_z[((norm_slot0 + c) * p.heads + h) * K + tid] : 0.f;
   };
 
   // ---- the state: h0 folded through the earlier splits (zero in the states pass) ----
@@ -164,6 +180,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     issue_qkv(c_begin);
     issue_g(c_begin);
     fetch_scalar_gate(c_begin);
+    fetch_z(c_begin);
   }
   cp_async_commit_unordered();
 
@@ -193,6 +210,8 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     E* k_s = k_buf + (c & 1) * C * P;  // k, then k ⊙ exp(γ^C − Γ)
     if (GK == Gate::scalar && tid < C) salpha_s[tid] = __expf(scalar_g_next);
     if (c + 1 < c_end) fetch_scalar_gate(c + 1);
+    if (NORM && tid < KP) zc_s[tid] = z_next;
+    if (NORM && c + 1 < c_end) fetch_z(c + 1);
     cp_async_wait_committed();
     __syncthreads();  // B0: this chunk's tiles are in; the previous chunk's products are done
     if (c + 1 < c_end) issue_qkv(c + 1);  // into the buffers the previous chunk has finished with
@@ -219,6 +238,12 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
           for (int j = 0; j < 8; ++j) {
             qv[j] = to_float(q_s[(r0 + j) * P + key]);
             kv[j] = to_float(k_s[(r0 + j) * P + key]);
+          }
+          if constexpr (NORM) {
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sum += kv[j];
+            ksum_s[gr * KP + key] = sum;
           }
           // A_rc += q_r k_c Π_{c<s≤r} α_s, the product built row by row.
 #pragma unroll
@@ -291,6 +316,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
       float after[KPL];               // Kd row j = k ⊙ bwd_j ⊙ after
       float slot_scale[kSlots][KPL];  // slot s's row j = (q ⊙ fwd_j or k ⊙ bwd_j) ⊙ slot_scale[s]
       float bwd[KPL][8];              // Π over this group's rows after j
+      float z_run[KPL];               // NORM: z before this group's rows (then the running sum)
 #pragma unroll
       for (int e = 0; e < KPL; ++e) {
         const int key = first_key + e;
@@ -321,6 +347,10 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         bwd[e][7] = 1.f;
 #pragma unroll
         for (int j = 6; j >= 0; --j) bwd[e][j] = bwd[e][j + 1] * alpha[e][j + 1];
+        if constexpr (NORM) {
+          z_run[e] = zc_s[key];
+          for (int i = 0; i < gr; ++i) z_run[e] += ksum_s[i * KP + key];
+        }
       }
       float fwd[KPL];  // Π over this group's rows 1..j
 #pragma unroll
@@ -337,6 +367,14 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         store_keys(k_s + r * P + key0, out);
         if (p.states_only) continue;
         load_keys(q_s + r * P + key0, qv);
+        if constexpr (NORM) {  // no gate: kv and qv are k and q
+          float dot = 0.f;
+#pragma unroll
+          for (int e = 0; e < KPL; ++e) z_run[e] += kv[e], dot = fmaf(qv[e], z_run[e], dot);
+#pragma unroll
+          for (int offset = 16; offset >= 1; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+          if (lane == 0) den_s[kh * C + r] = dot;
+        }
 #pragma unroll
         for (int e = 0; e < KPL; ++e) qv[e] *= fwd[e], out[e] = qv[e] * q_scale[e];
         store_keys(q_s + r * P + key0, out);
@@ -434,8 +472,16 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
       }
     }
 
-    // ---- o = scale · O, straight from the fragments (two elements per store) ----
+    // ---- o = scale · O, straight from the fragments (two elements per store); NORM: over den ----
     E* out = static_cast<E*>(p.o.data) + row_offset(p.o, c * C);
+    float o_scale[2] = {p.scale, p.scale};
+    if constexpr (NORM) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = 16 * mo + g4 + 8 * half;
+        o_scale[half] = p.scale / (p.scale * (den_s[r] + den_s[C + r]) + norm::kEps);
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < NO; ++nt) {
       const int col = v0 + 8 * (no0 + nt) + 2 * t4;
@@ -444,7 +490,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         const int r = 16 * mo + g4 + 8 * half;
         if (r >= rows_valid || col >= V) continue;
         E* at = out + r * p.o.stride[1] + col;
-        const float lo = p.scale * o[nt][2 * half], hi = p.scale * o[nt][2 * half + 1];
+        const float lo = o_scale[half] * o[nt][2 * half], hi = o_scale[half] * o[nt][2 * half + 1];
         if (col + 1 < V) store2(at, lo, hi);
         else at[0] = from_float<E>(lo);
       }
@@ -478,10 +524,10 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   }
 }
 
-template <class E, class G, int KP, int BV, Gate GK>
+template <class E, class G, int KP, int BV, Gate GK, bool NORM = false>
 void launch_kind(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int bytes = FastLayout<KP, BV>::bytes;
-  auto kernel = fast_chunk_kernel<E, G, KP, BV, GK>;
+  auto kernel = fast_chunk_kernel<E, G, KP, BV, GK, NORM>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "cudaFuncSetAttribute (GLA fast chunk kernel)");
   kernel<<<grid, NT, bytes, stream>>>(p);
@@ -495,7 +541,9 @@ void launch(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
       if (p.g.dtype == Elem::f32) return launch_kind<E, float, KP, BV, Gate::vector>(p, grid, stream);
       return launch_kind<E, E, KP, BV, Gate::vector>(p, grid, stream);
     case Gate::scalar: return launch_kind<E, E, KP, BV, Gate::scalar>(p, grid, stream);
-    case Gate::none: return launch_kind<E, E, KP, BV, Gate::none>(p, grid, stream);
+    case Gate::none:
+      if (p.norm_z) return launch_kind<E, E, KP, BV, Gate::none, true>(p, grid, stream);
+      return launch_kind<E, E, KP, BV, Gate::none>(p, grid, stream);
   }
 }
 

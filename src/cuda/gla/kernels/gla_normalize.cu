@@ -33,7 +33,7 @@ namespace {
 using norm::ChunkSlots;
 using norm::kChunk;
 
-constexpr float kNormalizeEps = 1e-10f;  // added to scale · q·z, as FLA does
+constexpr float kNormalizeEps = norm::kEps;
 
 // A small [N, H, K] tensor of any float dtype (z_init, z_final, d_z_final, d_z_init), read per element.
 struct Any {
@@ -164,6 +164,7 @@ struct Params {
   int lanes = 0, teams = 0, steps_per_team = 0;
   float scale = 1.f;
   bool reverse = false;
+  bool o_raw_is_output = false;  // backward: o_raw holds o = o_raw / den (GlaNormalizeBackwardArgs)
   bool vector_keys = false;    // q, k (dq, dk) rows as 16-byte vectors
   bool vector_values = false;  // o_raw, o (d_o, d_o_raw) rows as 16-byte vectors
   float* key_sums = nullptr;   // [slots, H, K]: Σ k per chunk, then z at each chunk's start
@@ -425,7 +426,7 @@ __global__ void __launch_bounds__(norm::kMaxThreads, kBackwardBlocksPerSm<E>) ba
     at_width<E>(p.vector_values, [&](auto w) {
       store_row_over(p.d_o, p.d_o_raw, c.seq.batch, t, h, p.V, lane, p.lanes, first, den, w);
     });
-    const float d_den = -dot / (den * den);
+    const float d_den = p.o_raw_is_output ? -dot / den : -dot / (den * den);  // d_o·o_raw = den · d_o·o
     if (lane == 0) d_den_out[step - c.step0] = d_den;
     const float dq_factor = d_den * p.scale;
     at_width<E>(p.vector_keys, [&](auto w) {
@@ -571,9 +572,10 @@ bool all_vector_rows(std::initializer_list<const TensorView*> tensors, int vec, 
   return true;
 }
 
+// divide: o = o_raw / den; without, only z (the chunks' starts in key_sums, and z_final).
 template <class E>
 void forward_launch(const GlaNormalizeArgs& a, const GlaProblem& p, const Params<E>& c, const norm::TeamShape& shape,
-                    cudaStream_t stream) {
+                    bool divide, cudaStream_t stream) {
   const dim3 grid(unsigned(c.slots.count), unsigned(p.heads));
   const size_t smem = shape.team_array_bytes;
   if (c.slots.count > 0) {
@@ -586,7 +588,7 @@ void forward_launch(const GlaNormalizeArgs& a, const GlaProblem& p, const Params
   s.seqs = c.seqs, s.slots = c.slots, s.heads = p.heads, s.K = p.key_dim, s.sums = c.key_sums;
   s.init = any_of(a.z_init), s.final_out = any_of(a.z_final);
   scan(s, stream, "normaliser scan_chunks_kernel launch");
-  if (c.slots.count > 0) {
+  if (divide && c.slots.count > 0) {
     set_shared(reinterpret_cast<const void*>(normalize_chunks_kernel<E>), smem);
     normalize_chunks_kernel<E><<<grid, shape.threads, smem, stream>>>(c);
     check_cuda(cudaGetLastError(), "normaliser normalize_chunks_kernel launch");
@@ -594,7 +596,7 @@ void forward_launch(const GlaNormalizeArgs& a, const GlaProblem& p, const Params
 }
 
 template <class E>
-void forward_typed(const GlaNormalizeArgs& a, const GlaProblem& p, float* workspace) {
+void forward_typed(const GlaNormalizeArgs& a, const GlaProblem& p, float* workspace, bool divide = true) {
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
   constexpr int W = kVector<E>;
   const bool keys = all_vector_rows({&a.q, &a.k}, W, int(sizeof(E)));
@@ -604,7 +606,7 @@ void forward_typed(const GlaNormalizeArgs& a, const GlaProblem& p, float* worksp
   c.o = rows_of<E>(a.o);
   c.key_sums = workspace;
   c.vector_keys = keys, c.vector_values = values;
-  forward_launch(a, p, c, shape, stream);
+  forward_launch(a, p, c, shape, divide, stream);
 }
 
 template <class E>
@@ -643,6 +645,7 @@ void backward_typed(const GlaNormalizeBackwardArgs& a, const GlaProblem& p, floa
   const norm::TeamShape shape = norm::team_shape(p.key_dim, keys ? W : 1);
   Params<E> c = params_of<E>(a.o_raw, a.q, a.k, a.cu_seqlens, a.reverse, p, shape);
   c.d_o = rows_of<E>(a.d_o), c.d_o_raw = rows_of<E>(a.d_o_raw), c.dq = rows_of<E>(a.dq), c.dk = rows_of<E>(a.dk);
+  c.o_raw_is_output = a.o_raw_is_output;
   const size_t sums = norm::forward_workspace_floats(c.slots, p.heads, p.key_dim);
   c.key_sums = workspace, c.grad_sums = workspace + sums, c.d_den = workspace + 2 * sums;
   c.vector_keys = keys, c.vector_values = values;
@@ -688,6 +691,18 @@ void gla_normalize_forward(const GlaNormalizeArgs& a, const GlaProblem& p) {
   require_dtype(a.q, "q"), require_dtype(a.z_init, "z_init");
   run_pass(a, p, gla_normalize_forward_workspace_bytes, "gla_normalize_forward_workspace_bytes",
            [&](auto element, float* workspace) { forward_typed<typename decltype(element)::type>(a, p, workspace); });
+}
+
+void gla_normalize_key_prefix(const GlaNormalizeArgs& a, const GlaProblem& p, float* z_starts) {
+  require_dtype(a.q, "q"), require_dtype(a.z_init, "z_init");
+  if (p.num_seqs * p.heads == 0) return;
+  FLASHGLA_REQUIRE(p.heads <= 65535, ErrorKind::unsupported, "q",
+                   "the CUDA normaliser takes at most 65535 heads, got " + std::to_string(p.heads));
+  switch (a.q.dtype) {
+    case DType::bf16: return forward_typed<__nv_bfloat16>(a, p, z_starts, false);
+    case DType::f16: return forward_typed<__half>(a, p, z_starts, false);
+    default: return forward_typed<float>(a, p, z_starts, false);
+  }
 }
 
 void gla_normalize_backward(const GlaNormalizeBackwardArgs& a, const GlaProblem& p) {

@@ -22,6 +22,7 @@
 namespace flashgla::cuda::norm {
 
 constexpr int kChunk = 64;        // steps per chunk
+constexpr float kEps = 1e-10f;    // added to scale · q·z, as FLA does
 constexpr int kMaxThreads = 256;  // per block
 // teams · K floats of shared memory per team array (the forward has one, the backward two): at most
 // 24 KB each while K allows more than one team.
