@@ -317,6 +317,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
       float slot_scale[kSlots][KPL];  // slot s's row j = (q ⊙ fwd_j or k ⊙ bwd_j) ⊙ slot_scale[s]
       float bwd[KPL][8];              // Π over this group's rows after j
       float z_run[KPL];               // NORM: z before this group's rows (then the running sum)
+      float norm_dot[8] = {};         // NORM: q_j·z_j over this lane's keys, row j of the group
 #pragma unroll
       for (int e = 0; e < KPL; ++e) {
         const int key = first_key + e;
@@ -368,12 +369,8 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         if (p.states_only) continue;
         load_keys(q_s + r * P + key0, qv);
         if constexpr (NORM) {  // no gate: kv and qv are k and q
-          float dot = 0.f;
 #pragma unroll
-          for (int e = 0; e < KPL; ++e) z_run[e] += kv[e], dot = fmaf(qv[e], z_run[e], dot);
-#pragma unroll
-          for (int offset = 16; offset >= 1; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-          if (lane == 0) den_s[kh * C + r] = dot;
+          for (int e = 0; e < KPL; ++e) z_run[e] += kv[e], norm_dot[j] = fmaf(qv[e], z_run[e], norm_dot[j]);
         }
 #pragma unroll
         for (int e = 0; e < KPL; ++e) qv[e] *= fwd[e], out[e] = qv[e] * q_scale[e];
@@ -383,6 +380,28 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
 #pragma unroll
           for (int e = 0; e < KPL; ++e) out[e] = (slot_query[s] ? qv[e] : kv[e]) * slot_scale[s][e];
           store_keys(qo_s + slot_offset[s] + j * P, out);
+        }
+      }
+      if constexpr (NORM) {
+        // The rows' sums over the warp's lanes, reduce-scattered as the triangles are (independent shuffles, not
+        // eight chains of five): lane l ends with row 4·b4 + 2·b3 + b2 of its group (b_i: bit i of l).
+        if (!p.states_only) {
+#pragma unroll
+          for (int level = 0; level < 3; ++level) {
+            const int offset = 16 >> level, half = 4 >> level;
+            const bool upper = lane & offset;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              if (i >= half) continue;
+              const float send = upper ? norm_dot[i] : norm_dot[i + half];
+              const float keep = upper ? norm_dot[i + half] : norm_dot[i];
+              norm_dot[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+            }
+          }
+          norm_dot[0] += __shfl_xor_sync(0xffffffffu, norm_dot[0], 2);
+          norm_dot[0] += __shfl_xor_sync(0xffffffffu, norm_dot[0], 1);
+          const int row = 4 * ((lane >> 4) & 1) + 2 * ((lane >> 3) & 1) + ((lane >> 2) & 1);
+          if ((lane & 3) == 0) den_s[kh * C + r0 + row] = norm_dot[0];
         }
       }
     }
