@@ -212,7 +212,8 @@ TEST(GlaNormalizeFolded, CpuIsTheOpThenTheNormaliser) {
 
 TEST(GlaNormalizeFolded, ArgumentsNameWhatIsWrong) {
   Buffer q(DType::f32, {1, 10, 2, 8}), k(DType::f32, {1, 10, 2, 8}), v(DType::f32, {1, 10, 2, 4}),
-      o(DType::f32, {1, 10, 2, 4}), g(DType::f32, {1, 10, 2, 8}), z(DType::f32, {1, 2, 8}), z_bad(DType::f32, {1, 2, 7});
+      o(DType::f32, {1, 10, 2, 4}), g(DType::f32, {1, 10, 2, 8});
+  Buffer z(DType::f32, {1, 2, 8}), z_bad(DType::f32, {1, 2, 7});
   GlaForwardArgs a;
   a.q = q.view(), a.k = k.view(), a.v = v.view(), a.o = o.view(), a.normalize = true;
   a.g = g.view();

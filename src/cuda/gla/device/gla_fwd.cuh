@@ -59,7 +59,7 @@ struct ChunkParams {
   int prep_key_pad = 0;           // K padded to 64, 128 or 256
   int64_t prep_chunks = 0;        // ceil(T / 64): slots per sequence of a fixed-length batch
   // The fast kernel without a gate, set: chunk_linear_attn(normalize=True) folded in. norm_z holds the running
-  // key sum z at the start of every chunk (gla_normalize.cu: normalize_key_prefix), in the normaliser's slots
+  // key sum z at the start of every chunk (gla_normalize_key_prefix in gla_normalize.cu), in the normaliser's slots
   // (plan/normalize_layout.h); the kernel divides o_t by scale · q_t·z_t + 1e-10.
   const float* norm_z = nullptr;     // [slots, H, K]
   int64_t norm_chunks_per_seq = 0;   // a fixed-length batch's slots per sequence; 0 with cu_seqlens
