@@ -220,6 +220,13 @@ TEST(GlaNormalizeFolded, ArgumentsNameWhatIsWrong) {
   testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "g", "normalize takes no gate");
   a.g = {}, a.z_final = z_bad.view();
   testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "z_final", "");
+  a.z_final = {}, a.z_init = z_bad.view();
+  testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "z_init", "");
+  Buffer pool(DType::f32, {3, 2, 8, 4}), rows(DType::i32, {1});
+  rows.set_values({2});
+  a.z_init = {}, a.initial_state = pool.view(), a.initial_state_indices = rows.view();
+  testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "normalize", "state pools");
+  a.initial_state = {}, a.initial_state_indices = {};
   a.normalize = false, a.z_final = {}, a.z_init = z.view();
   testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "z_init", "only with normalize");
 }

@@ -53,6 +53,31 @@ def call_linear_attn(op, *args, **kwargs):
     return getattr(flashgla, op)(*args, **kwargs)
 
 
+def normalized_inputs(gen, B, T, H, K, V, N, dtype):
+    """(q, k, v, h0, z_init) of a normalised linear attention, and the gradients (do, dht, dz) of its outputs."""
+    q, k = positive(gen, B, T, H, K, dtype=dtype), positive(gen, B, T, H, K, dtype=dtype)
+    v = randn(gen, B, T, H, V, dtype=dtype)
+    h0 = randn(gen, N, H, K, V, dtype=torch.float32)
+    z0 = positive(gen, N, 1, H, K, dtype=torch.float32)
+    do = randn(gen, B, T, H, V, dtype=dtype)
+    dht, dz = randn(gen, N, H, K, V, dtype=torch.float32), randn(gen, N, 1, H, K, dtype=torch.float32)
+    return (q, k, v, h0, z0), (do, dht, dz)
+
+
+def check_normalized(outputs, grads, inputs, grad_outputs, cu_seqlens, dtype, reverse=False):
+    """o, both final states and the gradients of (q, k, v, h0, z_init) against the fp64 references."""
+    o, ht, z = outputs
+    ref = [x.detach().double().requires_grad_() for x in inputs]
+    o_raw, ht_ref = naive_gla(*ref[:3], initial_state=ref[3], cu_seqlens=cu_seqlens, reverse=reverse)
+    o_ref, z_ref = naive_normalize(o_raw, ref[0], ref[1], z_init=ref[4], cu_seqlens=cu_seqlens, reverse=reverse)
+    ref_grads = torch.autograd.grad((o_ref, ht_ref, z_ref), ref, [g.double() for g in grad_outputs])
+    assert_close(o, o_ref, TOLERANCE[dtype], "o")
+    assert_close(ht, ht_ref, TOLERANCE[dtype], "kv final state")
+    assert_close(z, z_ref, TOLERANCE[torch.float32], "z_state")
+    for name, grad, ref_grad in zip(["dq", "dk", "dv", "dh0", "dz_init"], grads, ref_grads):
+        assert_close(grad, ref_grad, GRAD_TOLERANCE[dtype], name)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
 @pytest.mark.parametrize("op", list(NORMALIZED_OPS))
@@ -65,28 +90,14 @@ def test_normalize_forward_and_backward(gen, op, varlen, device):
     B, T, H, K, V = (1, sum(lengths), 2, 16, 24) if varlen else (2, 67, 2, 16, 24)
     N = len(lengths) if varlen else B
     cu_seqlens = cu(lengths) if varlen else None
-    q, k = positive(gen, B, T, H, K, dtype=dtype), positive(gen, B, T, H, K, dtype=dtype)
-    v = randn(gen, B, T, H, V, dtype=dtype)
-    h0 = randn(gen, N, H, K, V, dtype=torch.float32)
-    z0 = positive(gen, N, 1, H, K, dtype=torch.float32)
-    do = randn(gen, B, T, H, V, dtype=dtype)
-    dht, dz = randn(gen, N, H, K, V, dtype=torch.float32), randn(gen, N, 1, H, K, dtype=torch.float32)
-    leaves = [x.to(device).requires_grad_() for x in (q, k, v, h0, z0)]
+    inputs, grad_outputs = normalized_inputs(gen, B, T, H, K, V, N, dtype)
+    leaves = [x.to(device).requires_grad_() for x in inputs]
     with poisoned_outputs():
         o, (ht, z) = call_linear_attn(op, *leaves[:3], initial_state=(leaves[3], leaves[4]), output_final_state=True,
                                       normalize=True, cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(device))
-        grads = grads_of((o, ht, z), leaves, to(device, do, dht, dz))
+        grads = grads_of((o, ht, z), leaves, to(device, *grad_outputs))
     assert o.dtype == dtype and ht.shape == (N, H, K, V) and z.shape == (N, 1, H, K) and z.dtype == torch.float32
-
-    ref = [x.detach().double().requires_grad_() for x in (q, k, v, h0, z0)]
-    o_raw, ht_ref = naive_gla(*ref[:3], initial_state=ref[3], cu_seqlens=cu_seqlens, reverse=reverse)
-    o_ref, z_ref = naive_normalize(o_raw, ref[0], ref[1], z_init=ref[4], cu_seqlens=cu_seqlens, reverse=reverse)
-    ref_grads = torch.autograd.grad((o_ref, ht_ref, z_ref), ref, (do.double(), dht.double(), dz.double()))
-    assert_close(o, o_ref, TOLERANCE[dtype], "o")
-    assert_close(ht, ht_ref, TOLERANCE[dtype], "kv final state")
-    assert_close(z, z_ref, TOLERANCE[torch.float32], "z_state")
-    for name, grad, ref_grad in zip(["dq", "dk", "dv", "dh0", "dz_init"], grads, ref_grads):
-        assert_close(grad, ref_grad, GRAD_TOLERANCE[dtype], name)
+    check_normalized((o, ht, z), grads, inputs, grad_outputs, cu_seqlens, dtype, reverse)
 
 
 @requires_gpu
@@ -126,25 +137,13 @@ def test_normalize_folded_into_the_chunked_forward_gpu(gen, dtype):
     lengths = [0, 700, 1, 0, 1300]
     B, T, H, K, V, N = 1, sum(lengths), 2, 128, 128, len(lengths)
     cu_seqlens = cu(lengths)
-    q, k = positive(gen, B, T, H, K, dtype=dtype), positive(gen, B, T, H, K, dtype=dtype)
-    v = randn(gen, B, T, H, V, dtype=dtype)
-    h0, z0 = randn(gen, N, H, K, V, dtype=torch.float32), positive(gen, N, 1, H, K, dtype=torch.float32)
-    do = randn(gen, B, T, H, V, dtype=dtype)
-    dht, dz = randn(gen, N, H, K, V, dtype=torch.float32), randn(gen, N, 1, H, K, dtype=torch.float32)
-    leaves = [x.cuda().requires_grad_() for x in (q, k, v, h0, z0)]
+    inputs, grad_outputs = normalized_inputs(gen, B, T, H, K, V, N, dtype)
+    leaves = [x.cuda().requires_grad_() for x in inputs]
     with poisoned_outputs():
         o, (ht, z) = flashgla.chunk_linear_attn(*leaves[:3], initial_state=(leaves[3], leaves[4]),
                                                 output_final_state=True, cu_seqlens=cu_seqlens.cuda())
-        grads = grads_of((o, ht, z), leaves, to("cuda", do, dht, dz))
-    ref = [x.detach().double().requires_grad_() for x in (q, k, v, h0, z0)]
-    o_raw, ht_ref = naive_gla(*ref[:3], initial_state=ref[3], cu_seqlens=cu_seqlens)
-    o_ref, z_ref = naive_normalize(o_raw, ref[0], ref[1], z_init=ref[4], cu_seqlens=cu_seqlens)
-    ref_grads = torch.autograd.grad((o_ref, ht_ref, z_ref), ref, (do.double(), dht.double(), dz.double()))
-    assert_close(o, o_ref, TOLERANCE[dtype], "o")
-    assert_close(ht, ht_ref, TOLERANCE[dtype], "kv final state")
-    assert_close(z, z_ref, TOLERANCE[torch.float32], "z_state")
-    for name, grad, ref_grad in zip(["dq", "dk", "dv", "dh0", "dz_init"], grads, ref_grads):
-        assert_close(grad, ref_grad, GRAD_TOLERANCE[dtype], name)
+        grads = grads_of((o, ht, z), leaves, to("cuda", *grad_outputs))
+    check_normalized((o, ht, z), grads, inputs, grad_outputs, cu_seqlens, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/gla/device/types.cuh"
+#include "cuda/gla/plan/normalize_layout.h"
 
 namespace flashgla::cuda::gla {
 
@@ -61,8 +62,8 @@ struct ChunkParams {
   // The fast kernel without a gate, set: chunk_linear_attn(normalize=True) folded in. norm_z holds the running
   // key sum z at the start of every chunk (gla_normalize_key_prefix in gla_normalize.cu), in the normaliser's slots
   // (plan/normalize_layout.h); the kernel divides o_t by scale · q_t·z_t + 1e-10.
-  const float* norm_z = nullptr;     // [slots, H, K]
-  int64_t norm_chunks_per_seq = 0;   // a fixed-length batch's slots per sequence; 0 with cu_seqlens
+  const float* norm_z = nullptr;  // [slots, H, K]
+  norm::ChunkSlots norm_slots;
   ChunkLayout smem;
 };
 

@@ -110,6 +110,9 @@ gla::StateRowsCopy rows_copy(const TensorView& src, const TensorView& src_index,
 
 // With normalize, the normaliser's chunk sums follow the op's workspace (256-aligned).
 size_t normalizer_offset(size_t op_bytes) { return (op_bytes + 255) / 256 * 256; }
+size_t with_normalizer(size_t op_bytes, const GlaForwardArgs& args, size_t normalizer_bytes) {
+  return args.normalize ? normalizer_offset(op_bytes) + normalizer_bytes : op_bytes;
+}
 
 size_t dense_workspace_bytes(const GlaForwardArgs& args, const GlaProblem& problem) {
   size_t op = 0;
@@ -117,8 +120,8 @@ size_t dense_workspace_bytes(const GlaForwardArgs& args, const GlaProblem& probl
     DeviceGuard guard(args.q.device.index);
     op = plan_chunked(args, problem).plan.workspace_bytes;
   }
-  if (!args.normalize) return op;
-  return normalizer_offset(op) + gla_normalize_forward_workspace_bytes(normalize_args_of(args), problem);
+  return with_normalizer(op, args,
+                         args.normalize ? gla_normalize_forward_workspace_bytes(normalize_args_of(args), problem) : 0);
 }
 
 void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem);
@@ -200,8 +203,8 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
   GlaNormalizeArgs normalizer = normalize_args_of(args);
   const size_t normalizer_bytes = args.normalize ? gla_normalize_forward_workspace_bytes(normalizer, problem) : 0;
   Scratch workspace(args.workspace, args.workspace_bytes, args.allocate_workspace,
-                    args.normalize ? normalizer_offset(plan.workspace_bytes) + normalizer_bytes : plan.workspace_bytes,
-                    stream, "gla_forward_workspace_bytes");
+                    with_normalizer(plan.workspace_bytes, args, normalizer_bytes), stream,
+                    "gla_forward_workspace_bytes");
   if (args.normalize) {
     normalizer.workspace = workspace.bytes() + normalizer_offset(plan.workspace_bytes);
     normalizer.workspace_bytes = normalizer_bytes;
@@ -211,7 +214,7 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
     float* z_starts = static_cast<float*>(normalizer.workspace);
     gla_normalize_key_prefix(normalizer, problem, z_starts);
     c.norm_z = z_starts;
-    c.norm_chunks_per_seq = args.cu_seqlens.defined() ? 0 : (problem.seq_len + gla::kChunk - 1) / gla::kChunk;
+    c.norm_slots = norm::chunk_slots(problem.batch, problem.seq_len, problem.num_seqs, args.cu_seqlens.defined());
   }
   launch_chunked(c, plan, workspace, num_seqs, stream);
   if (args.normalize && !fold_normalizer) gla_normalize_forward(normalizer, problem);

@@ -265,13 +265,10 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
 #pragma unroll
         for (int r = 0; r < GateTile<GT, kThreads>::kRows; ++r)
           gate.x[r] = gate_value<GT>(raw[(first_row + r) * kTile + col]);
-      } else if (scalar_at) {  // as load_gate_tile reads it: g_gamma added, a zero gate past the last row
+      } else if (scalar_at) {  // as load_gate_tile reads it, from the copied rows
         const int first_row = (threadIdx.x / kTile) * GateTile<GT, kThreads>::kRows;
-        const float* raw = sRawScalars + buf * (kTileElems / 2);
-        const float decay = head_decay(p.g_gamma, h);
-#pragma unroll
-        for (int r = 0; r < GateTile<GT, kThreads>::kRows; ++r)
-          gate.x[r] = first_row + r < rows ? gate_value<GT>(decay + raw[first_row + r]) : GT(0);
+        load_gate_rows(gate.x, sRawScalars + buf * (kTileElems / 2) + first_row, 1, rows - first_row,
+                       head_decay(p.g_gamma, h));
       } else {
         gate = load_gate_tile<GT, kThreads>(p, seq.batch, t0, rows, h, kt * kTile);
       }

@@ -46,7 +46,6 @@
 #include "cuda/gla/device/warp_mma.cuh"
 
 #include "cuda/gla/device/gla_fwd.cuh"
-#include "cuda/gla/plan/normalize_layout.h"
 #include "cuda/gla/stages/chunk_fwd_fast.cuh"
 
 namespace flashgla::cuda::gla {
@@ -125,7 +124,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   };
   // NORM: z at the chunk's start travels like the scalar gate, key tid of the first KP threads, a chunk ahead.
   float z_next = 0.f;
-  const int64_t norm_slot0 = p.norm_chunks_per_seq > 0 ? n * p.norm_chunks_per_seq : seq.begin / C + n;
+  const int64_t norm_slot0 = norm::first_slot(p.norm_slots, n, seq.begin);
   auto fetch_z = [&](int64_t c) {
     if (NORM && tid < KP) z_next = tid < K ? p.norm_z[((norm_slot0 + c) * p.heads + h) * K + tid] : 0.f;
   };
