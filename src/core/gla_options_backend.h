@@ -59,7 +59,8 @@ void gla_normalize_backward(const GlaNormalizeBackwardArgs& args, const GlaProbl
 size_t gla_normalize_forward_workspace_bytes(const GlaNormalizeArgs& args, const GlaProblem& problem);
 size_t gla_normalize_backward_workspace_bytes(const GlaNormalizeBackwardArgs& args, const GlaProblem& problem);
 // The forward up to the division: z at the start of every chunk into z_starts (gla_normalize_forward_workspace_bytes
-// of it) and z_final; o is not written. For the GLA fast kernel, which divides as it stores o (ChunkParams::norm_z).
+// of it) and z_final; o is not written. For the GLA fast kernel with a sequence split, which divides as it stores
+// o (ChunkParams::norm_z).
 void gla_normalize_key_prefix(const GlaNormalizeArgs& args, const GlaProblem& problem, float* z_starts);
 // Stream-ordered device scratch on device `index` for the API layer (the g_gamma gate when the
 // caller gave no workspace); freed on the same stream.

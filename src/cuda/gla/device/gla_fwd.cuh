@@ -39,9 +39,9 @@ struct ChunkParams {
   // the start of split s from a zero state at the sequence start and the decay since then (the fast kernel
   // reads one slot).
   int state_pieces = 0;
-  // Set with state_pieces > 0. The fast kernel still has a branch for per-split slots and its own states pass
-  // (states_only) that the planner never takes: removing them made ptxas spill in its 128-key kernels
-  // (bench/notes_gla_fwd.md, issue 22).
+  // Set with state_pieces > 0. The vector gate's fast kernel still has a branch for per-split slots and its own
+  // states pass (states_only) that the planner never takes: removing them made ptxas spill in its 128-key kernels
+  // (bench/notes_gla_fwd.md, issue 22). The scalar gate's fast kernel takes split_prefix only.
   bool split_prefix = false;
   float* piece_states = nullptr;  // [N][H][num_splits-1][state_pieces][K][V]
   float* piece_decay = nullptr;   // [N][H][num_splits-1][state_pieces][K]
@@ -59,9 +59,13 @@ struct ChunkParams {
   unsigned char* prep = nullptr;  // 1024-byte aligned
   int prep_key_pad = 0;           // K padded to 64, 128 or 256
   int64_t prep_chunks = 0;        // ceil(T / 64): slots per sequence of a fixed-length batch
-  // The fast kernel without a gate, set: chunk_linear_attn(normalize=True) folded in. norm_z holds the running
-  // key sum z at the start of every chunk (gla_normalize_key_prefix in gla_normalize.cu), in the normaliser's slots
-  // (plan/normalize_layout.h); the kernel divides o_t by scale · q_t·z_t + 1e-10.
+  // The fast kernel without a gate, normalize: chunk_linear_attn(normalize=True) folded in; the kernel divides o_t
+  // by scale · q_t·z_t + 1e-10, with z_t the running key sum. It carries z from z_init ([N,H,K], any float dtype;
+  // absent: zeros) and writes z_final ([N,H,K] f32) if set; with a sequence split, from norm_z instead: the
+  // running sum at the start of every chunk (gla_normalize_key_prefix in gla_normalize.cu, which writes z_final),
+  // in the normaliser's slots (plan/normalize_layout.h).
+  bool normalize = false;
+  View z_init, z_final;
   const float* norm_z = nullptr;  // [slots, H, K]
   norm::ChunkSlots norm_slots;
   ChunkLayout smem;

@@ -198,8 +198,9 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
   gla::ChunkParams& c = planned.params;
   const gla::FwdPlan& plan = planned.plan;
   const int num_seqs = planned.num_seqs;
-  // normalize: the fast kernel divides by the normaliser (z at each chunk's start from its key pass); the other
-  // kernels store o, which the normaliser then divides in place.
+  // normalize: the fast kernel divides by the normaliser, carrying z itself (with a sequence split, from the
+  // normaliser's key pass: z at each chunk's start); the other kernels store o, which the normaliser then
+  // divides in place.
   GlaNormalizeArgs normalizer = normalize_args_of(args);
   const size_t normalizer_bytes = args.normalize ? gla_normalize_forward_workspace_bytes(normalizer, problem) : 0;
   Scratch workspace(args.workspace, args.workspace_bytes, args.allocate_workspace,
@@ -211,10 +212,15 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
   }
   const bool fold_normalizer = args.normalize && plan.kernel == gla::FwdKernel::fast;
   if (fold_normalizer) {
-    float* z_starts = static_cast<float*>(normalizer.workspace);
-    gla_normalize_key_prefix(normalizer, problem, z_starts);
-    c.norm_z = z_starts;
-    c.norm_slots = norm::chunk_slots(problem.batch, problem.seq_len, problem.num_seqs, args.cu_seqlens.defined());
+    c.normalize = true;
+    if (plan.num_splits > 1) {
+      float* z_starts = static_cast<float*>(normalizer.workspace);
+      gla_normalize_key_prefix(normalizer, problem, z_starts);
+      c.norm_z = z_starts;
+      c.norm_slots = norm::chunk_slots(problem.batch, problem.seq_len, problem.num_seqs, args.cu_seqlens.defined());
+    } else {
+      c.z_init = view_of(args.z_init), c.z_final = view_of(args.z_final);
+    }
   }
   launch_chunked(c, plan, workspace, num_seqs, stream);
   if (args.normalize && !fold_normalizer) gla_normalize_forward(normalizer, problem);

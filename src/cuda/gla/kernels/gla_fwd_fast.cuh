@@ -1,6 +1,7 @@
-// The kernel of the chunked GLA forward's fast path: bf16/fp16 inputs, K ≤ 128
+// The kernels of the chunked GLA forward's fast path: bf16/fp16 inputs, K ≤ 128
 // (the Hopper path takes 128 < K ≤ 256 on sm_90a; the general kernel in
-// gla_fwd_chunk.cu serves everything else).
+// gla_fwd_chunk.cu serves everything else). This file: the vector gate's kernel
+// and the launch of both; a scalar gate or none: gla_fwd_fast_scalar.cuh.
 //
 // One CTA of 16 warps per (sequence, head, value tile of 64 or 128 columns,
 // sequence split), one CTA per SM. It walks its chunks of
@@ -46,16 +47,15 @@
 #include "cuda/gla/device/warp_mma.cuh"
 
 #include "cuda/gla/device/gla_fwd.cuh"
+#include "cuda/gla/kernels/gla_fwd_fast_scalar.cuh"
 #include "cuda/gla/stages/chunk_fwd_fast.cuh"
 
 namespace flashgla::cuda::gla {
 namespace {
 
-// G: the vector gate's element type (E, or float with bf16/fp16 inputs); unused for other gate kinds.
-// NORM (no gate only): the linear-attention normaliser folded in (ChunkParams::norm_z): o_t is divided by
-// den_t = scale · q_t·z_t + 1e-10 with z_t = z (the chunk's start) + Σ k of the chunk's rows ≤ t. P1 writes each
-// row group's key sums, P2 walks its rows' running sums and sums q_t·z_t over the keys, the store divides.
-template <class E, class G, int KP, int BV, Gate GK, bool NORM = false>
+// A vector gate (a scalar gate or none: gla_fwd_fast_scalar.cuh). G: the gate's element type (E, or float with
+// bf16/fp16 inputs).
+template <class E, class G, int KP, int BV>
 __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   using L = FastLayout<KP, BV>;
@@ -95,13 +95,6 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   float2* totals_s = reinterpret_cast<float2*>(smem + L::totals);
   float* diag_s = reinterpret_cast<float*>(smem + L::diag);
   float* decay_s = reinterpret_cast<float*>(smem + L::decay);
-  float* salpha_s = reinterpret_cast<float*>(smem + L::salpha);
-  // NORM: in the vector gate's region (no gate here): [8 groups][KP] the group's Σ k, [KP] z at the chunk's
-  // start, [2 key halves][64] Σ over the half's keys of q_t·z_t.
-  static_assert(!NORM || (GK == Gate::none && (9 * KP + 2 * C) * 4 <= C * KP * 2), "the normaliser's sums fit");
-  float* ksum_s = reinterpret_cast<float*>(smem + L::g);
-  float* zc_s = ksum_s + 8 * KP;
-  float* den_s = zc_s + KP;
 
   // ---- loads of one chunk: 16-byte cp.async pieces, zero outside the sequence / the dims (load_rows) ----
   // q, k, v go to the buffers of chunk c's parity (issued a chunk ahead); g has one buffer (issued after P2).
@@ -112,21 +105,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     load_rows<BV, NT>(v_buf + (c & 1) * C * PV, PV, p.v, seq, h, c * C, rows_valid, v0, V, tid);
   };
   auto issue_g = [&](int64_t c) {
-    if constexpr (GK == Gate::vector)
-      load_rows<KP, NT>(g_s, KP, p.g, seq, h, c * C, int(min(int64_t(C), seq.len - c * C)), 0, K, tid);
-  };
-  float scalar_g_next = 0.f;  // the scalar gate travels in registers of the first 64 threads, one chunk ahead
-  auto fetch_scalar_gate = [&](int64_t c) {
-    if (GK == Gate::scalar && tid < C) {
-      const int64_t t = c * C + tid;
-      scalar_g_next = t < seq.len ? scalar_gate(p.g, row_offset(p.g, t), p.g_gamma, h) : 0.f;
-    }
-  };
-  // NORM: z at the chunk's start travels like the scalar gate, key tid of the first KP threads, a chunk ahead.
-  float z_next = 0.f;
-  const int64_t norm_slot0 = norm::first_slot(p.norm_slots, n, seq.begin);
-  auto fetch_z = [&](int64_t c) {
-    if (NORM && tid < KP) z_next = tid < K ? p.norm_z[((norm_slot0 + c) * p.heads + h) * K + tid] : 0.f;
+    load_rows<KP, NT>(g_s, KP, p.g, seq, h, c * C, int(min(int64_t(C), seq.len - c * C)), 0, K, tid);
   };
 
   // ---- the state: h0 folded through the earlier splits (zero in the states pass) ----
@@ -178,8 +157,6 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   if (c_begin < c_end) {
     issue_qkv(c_begin);
     issue_g(c_begin);
-    fetch_scalar_gate(c_begin);
-    fetch_z(c_begin);
   }
   cp_async_commit_unordered();
 
@@ -194,11 +171,10 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   auto alphas = [&](float (&a)[KPL][8]) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      float x[KPL] = {};
-      if constexpr (GK == Gate::vector) load_keys(g_s + (r0 + j) * KP + key0, x);
+      float x[KPL];
+      load_keys(g_s + (r0 + j) * KP + key0, x);
 #pragma unroll
-      for (int e = 0; e < KPL; ++e)
-        a[e][j] = GK == Gate::vector ? __expf(x[e]) : GK == Gate::scalar ? salpha_s[r0 + j] : 1.f;
+      for (int e = 0; e < KPL; ++e) a[e][j] = __expf(x[e]);
     }
   };
 
@@ -207,10 +183,6 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     const E* v_s = v_buf + (c & 1) * C * PV;
     E* q_s = q_buf + (c & 1) * C * P;  // q, then q ⊙ exp Γ
     E* k_s = k_buf + (c & 1) * C * P;  // k, then k ⊙ exp(γ^C − Γ)
-    if (GK == Gate::scalar && tid < C) salpha_s[tid] = __expf(scalar_g_next);
-    if (c + 1 < c_end) fetch_scalar_gate(c + 1);
-    if (NORM && tid < KP) zc_s[tid] = z_next;
-    if (NORM && c + 1 < c_end) fetch_z(c + 1);
     cp_async_wait_committed();
     __syncthreads();  // B0: this chunk's tiles are in; the previous chunk's products are done
     if (c + 1 < c_end) issue_qkv(c + 1);  // into the buffers the previous chunk has finished with
@@ -237,12 +209,6 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
           for (int j = 0; j < 8; ++j) {
             qv[j] = to_float(q_s[(r0 + j) * P + key]);
             kv[j] = to_float(k_s[(r0 + j) * P + key]);
-          }
-          if constexpr (NORM) {
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) sum += kv[j];
-            ksum_s[gr * KP + key] = sum;
           }
           // A_rc += q_r k_c Π_{c<s≤r} α_s, the product built row by row.
 #pragma unroll
@@ -301,9 +267,9 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
       // of the chunk loop, which would hold 6 more registers through M and spill (the key offset too in the
       // 128×128 kernels without a gate: ptxas -v shows spills otherwise, and with it in the smaller ones).
       constexpr int kSlots = 3;
-      int group = gr, first_key = key0;
-      if constexpr (GK == Gate::none && KP == 128 && BV == 128) asm volatile("" : "+r"(group), "+r"(first_key));
-      else asm volatile("" : "+r"(group));
+      int group = gr;
+      const int first_key = key0;
+      asm volatile("" : "+r"(group));
       const bool slot_query[kSlots] = {((group >> 1) & 1) != 0, group >= 4, (group & 1) != 0};
       const int slot_row[kSlots] = {16 * (group >> 2) + 8 * (group & 1), 8 * group + (group >= 4 ? 0 : 32),
                                     64 + 4 * (group & ~1)};
@@ -315,8 +281,6 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
       float after[KPL];               // Kd row j = k ⊙ bwd_j ⊙ after
       float slot_scale[kSlots][KPL];  // slot s's row j = (q ⊙ fwd_j or k ⊙ bwd_j) ⊙ slot_scale[s]
       float bwd[KPL][8];              // Π over this group's rows after j
-      float z_run[KPL];               // NORM: z before this group's rows (then the running sum)
-      float norm_dot[8] = {};         // NORM: q_j·z_j over this lane's keys, row j of the group
 #pragma unroll
       for (int e = 0; e < KPL; ++e) {
         const int key = first_key + e;
@@ -347,10 +311,6 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         bwd[e][7] = 1.f;
 #pragma unroll
         for (int j = 6; j >= 0; --j) bwd[e][j] = bwd[e][j + 1] * alpha[e][j + 1];
-        if constexpr (NORM) {
-          z_run[e] = zc_s[key];
-          for (int i = 0; i < gr; ++i) z_run[e] += ksum_s[i * KP + key];
-        }
       }
       float fwd[KPL];  // Π over this group's rows 1..j
 #pragma unroll
@@ -367,10 +327,6 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
         store_keys(k_s + r * P + key0, out);
         if (p.states_only) continue;
         load_keys(q_s + r * P + key0, qv);
-        if constexpr (NORM) {  // no gate: kv and qv are k and q
-#pragma unroll
-          for (int e = 0; e < KPL; ++e) z_run[e] += kv[e], norm_dot[j] = fmaf(qv[e], z_run[e], norm_dot[j]);
-        }
 #pragma unroll
         for (int e = 0; e < KPL; ++e) qv[e] *= fwd[e], out[e] = qv[e] * q_scale[e];
         store_keys(q_s + r * P + key0, out);
@@ -379,28 +335,6 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
 #pragma unroll
           for (int e = 0; e < KPL; ++e) out[e] = (slot_query[s] ? qv[e] : kv[e]) * slot_scale[s][e];
           store_keys(qo_s + slot_offset[s] + j * P, out);
-        }
-      }
-      if constexpr (NORM) {
-        // The rows' sums over the warp's lanes, reduce-scattered as the triangles are (independent shuffles, not
-        // eight chains of five): lane l ends with row 4·b4 + 2·b3 + b2 of its group (b_i: bit i of l).
-        if (!p.states_only) {
-#pragma unroll
-          for (int level = 0; level < 3; ++level) {
-            const int offset = 16 >> level, half = 4 >> level;
-            const bool upper = lane & offset;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              if (i >= half) continue;
-              const float send = upper ? norm_dot[i] : norm_dot[i + half];
-              const float keep = upper ? norm_dot[i + half] : norm_dot[i];
-              norm_dot[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
-            }
-          }
-          norm_dot[0] += __shfl_xor_sync(0xffffffffu, norm_dot[0], 2);
-          norm_dot[0] += __shfl_xor_sync(0xffffffffu, norm_dot[0], 1);
-          const int row = 4 * ((lane >> 4) & 1) + 2 * ((lane >> 3) & 1) + ((lane >> 2) & 1);
-          if ((lane & 3) == 0) den_s[kh * C + r0 + row] = norm_dot[0];
         }
       }
     }
@@ -457,62 +391,12 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     if (p.states_only) continue;
     store_state_bf16();
 
-    // ---- O += (A ⊙ M) V: row block mo needs the column blocks 0..mo ----
-    for (int ks = 0; ks <= mo; ++ks) {
-      // The diagonal block's product multiplies the zeros above the diagonal of A by later rows of v: a NaN or
-      // Inf there would reach earlier outputs. Where this warp's rows and columns of v hold one (a warp vote on
-      // one or two 16-byte loads per lane), row by row up to the diagonal instead.
-      bool bad = false;
-      if (ks == mo) {
-        int piece = lane;
-        asm volatile("" : "+r"(piece));  // addresses made here, not held through the chunk loop
-#pragma unroll
-        for (int i = 0; i < NO / 2; ++i, piece += 32)
-          bad |= any_nonfinite8<E>(
-              *reinterpret_cast<const uint4*>(v_s + (16 * mo + piece / NO) * PV + 8 * (no0 + piece % NO)));
-      }
-      if (ks == mo && __any_sync(0xffffffffu, bad)) {
-        const auto sums =
-            diagonal_rowwise<E, NO, PA, PV>(a_s + 16 * mo * PA + 16 * mo, v_s + 16 * mo * PV + 8 * no0, lane);
-#pragma unroll
-        for (int nt = 0; nt < NO; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) o[nt][e] += sums.x[nt][e];
-        break;
-      }
-      const auto af = frag_a(a_s + 16 * mo * PA + 16 * ks, PA, lane);
-#pragma unroll
-      for (int np = 0; np < NO / 2; ++np) {
-        typename M::B b0, b1;
-        frag_b2_t<E>(b0, b1, v_s + 16 * ks * PV + 8 * (no0 + 2 * np), PV, lane);
-        M::mma(o[2 * np], af, b0);
-        M::mma(o[2 * np + 1], af, b1);
-      }
-    }
+    chunk_fwd_o_intra<E, NO, PA, PV>(o, a_s, v_s, mo, no0, lane);
 
-    // ---- o = scale · O, straight from the fragments (two elements per store); NORM: over den ----
-    E* out = static_cast<E*>(p.o.data) + row_offset(p.o, c * C);
-    float o_scale[2] = {p.scale, p.scale};
-    if constexpr (NORM) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = 16 * mo + g4 + 8 * half;
-        o_scale[half] = p.scale / (p.scale * (den_s[r] + den_s[C + r]) + norm::kEps);
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < NO; ++nt) {
-      const int col = v0 + 8 * (no0 + nt) + 2 * t4;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = 16 * mo + g4 + 8 * half;
-        if (r >= rows_valid || col >= V) continue;
-        E* at = out + r * p.o.stride[1] + col;
-        const float lo = o_scale[half] * o[nt][2 * half], hi = o_scale[half] * o[nt][2 * half + 1];
-        if (col + 1 < V) store2(at, lo, hi);
-        else at[0] = from_float<E>(lo);
-      }
-    }
+    // ---- o = scale · O ----
+    const float o_scale[2] = {p.scale, p.scale};
+    store_o_rows<E, NO>(static_cast<E*>(p.o.data) + row_offset(p.o, c * C), p.o.stride[1], o, o_scale, mo,
+                        v0 + 8 * no0, V, rows_valid, lane);
   }
 
   // ---- the state: this split's piece (states pass) or the final state ----
@@ -542,26 +426,40 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   }
 }
 
-template <class E, class G, int KP, int BV, Gate GK, bool NORM = false>
-void launch_kind(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+template <class E, class G, int KP, int BV>
+void launch_vector(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int bytes = FastLayout<KP, BV>::bytes;
-  auto kernel = fast_chunk_kernel<E, G, KP, BV, GK, NORM>;
+  auto kernel = fast_chunk_kernel<E, G, KP, BV>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "cudaFuncSetAttribute (GLA fast chunk kernel)");
   kernel<<<grid, NT, bytes, stream>>>(p);
   check_cuda(cudaGetLastError(), "GLA fast chunk kernel launch");
 }
 
+template <class E, int KP, int BV, Gate GK, bool NORM = false>
+void launch_scalar(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+  constexpr int bytes = FastLayout<KP, BV>::bytes;
+  auto kernel = fast_scalar_chunk_kernel<E, KP, BV, GK, NORM>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             "cudaFuncSetAttribute (GLA fast scalar-gate kernel)");
+  kernel<<<grid, NT, bytes, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA fast scalar-gate kernel launch");
+}
+
 template <class E, int KP, int BV>
 void launch(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+  // The scalar-gate kernel reads a split's start state from one slot (split_prefix) and has no states pass.
+  const bool scalar_kernel_applies = !p.states_only && (p.num_splits == 1 || p.split_prefix);
+  if (p.gate != Gate::vector && !scalar_kernel_applies)
+    check::fail(ErrorKind::runtime, "q", "internal: the fast scalar-gate kernel needs the split prefix slots");
   switch (p.gate) {
     case Gate::vector:
-      if (p.g.dtype == Elem::f32) return launch_kind<E, float, KP, BV, Gate::vector>(p, grid, stream);
-      return launch_kind<E, E, KP, BV, Gate::vector>(p, grid, stream);
-    case Gate::scalar: return launch_kind<E, E, KP, BV, Gate::scalar>(p, grid, stream);
+      if (p.g.dtype == Elem::f32) return launch_vector<E, float, KP, BV>(p, grid, stream);
+      return launch_vector<E, E, KP, BV>(p, grid, stream);
+    case Gate::scalar: return launch_scalar<E, KP, BV, Gate::scalar>(p, grid, stream);
     case Gate::none:
-      if (p.norm_z) return launch_kind<E, E, KP, BV, Gate::none, true>(p, grid, stream);
-      return launch_kind<E, E, KP, BV, Gate::none>(p, grid, stream);
+      if (p.normalize) return launch_scalar<E, KP, BV, Gate::none, true>(p, grid, stream);
+      return launch_scalar<E, KP, BV, Gate::none>(p, grid, stream);
   }
 }
 

@@ -123,8 +123,7 @@ struct FastLayout {
                                                       // first row, α of its first row)
   static constexpr int diag = totals + 8 * KP * 8;    // [2 key halves][8 groups][36] partial triangles
   static constexpr int decay = diag + 2 * 8 * kFastTriangle * 4;  // [KP] exp(γ^C)
-  static constexpr int salpha = decay + KP * 4;       // [64] scalar gate α
-  static constexpr int bytes = salpha + C * 4;
+  static constexpr int bytes = decay + KP * 4;
 };
 
 inline int fast_chunk_smem_bytes(int key_dim, int value_dim) {

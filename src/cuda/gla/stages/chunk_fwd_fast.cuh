@@ -1,12 +1,14 @@
 // The mma.sync stages of the fast chunked forward (gla_fwd_fast.cuh) and of the sequence split's states kernel
 // (gla_fwd_states.cuh, which the segment summaries of gla_segment.cu run too), named like their CPU twins in
 // src/cpu/gla/stages.h and the general kernel's (stages/chunk_fwd.cuh), and who calls them:
-//   chunk_fwd_h_accumulate  step 2's S += K̂ᵀ V, one or two key tiles per warp: the fast kernel (in chunk_fwd_h,
+//   chunk_fwd_h_accumulate  step 2's S += K̂ᵀ V, one or two key tiles per warp: the fast kernels (in chunk_fwd_h,
 //                           one) and the states kernel (two);
-//   chunk_fwd_h             step 2, S ← diag(exp γ^C) S + K̂ᵀ V: the fast kernel;
-//   chunk_fwd_o_state       step 5's O = (Q ⊙ exp Γ) S: the fast kernel.
-// The fast kernel's other phases (gate factors and operands, the off-diagonal blocks of A, O += A V, the stores)
-// are written out in it. Also here: the constants, fragment helpers and shared-memory symbol the kernels and
+//   chunk_fwd_h             step 2, S ← diag(exp γ^C) S + K̂ᵀ V: the vector-gate fast kernel;
+//   chunk_fwd_o_state       step 5's O = (Q ⊙ exp Γ) S: the fast kernels;
+//   chunk_fwd_o_intra       step 5's O += (A ⊙ M) V: the fast kernels;
+//   store_o_rows            o from the output fragments: the fast kernels.
+// The fast kernels' other phases (gate factors and operands, the blocks of A) are written out in them
+// (gla_fwd_fast.cuh: a vector gate; gla_fwd_fast_scalar.cuh: a scalar gate or none). Also here: the constants, fragment helpers and shared-memory symbol the kernels and
 // their stages share. As in stages/chunk_fwd.cuh the kernel owns the register arrays and the mma fragments and
 // passes them by reference, so that its generated code stays the same (scripts/ptx_same.sh).
 #pragma once
@@ -118,6 +120,12 @@ __device__ __noinline__ DiagSums<E, NO, PA, PV> diagonal_rowwise(const E* a_rows
   return s;
 }
 
+// No hook on the fragments of Kᵀ: K̂ is in shared memory as it is multiplied.
+struct NoHook {
+  template <class A>
+  __device__ __forceinline__ void operator()(A&, int, int) const {}
+};
+
 // Where a kernel keeps K̂ and V of its chunks for chunk_fwd_h_accumulate: byte offsets k, v of the two tiles
 // in shared memory, their row pitches P, PV (elements), and how buffer b (a chunk in flight while another is
 // computed) is found: stage > 0, the states kernel's, whose buffers are stages of `stage` bytes each holding both
@@ -134,11 +142,15 @@ struct FastStateTiles {
 // from ns0 (V columns 8·ns0 ..), with K̂ and V in buffer b of the kernel's Tiles (FastStateTiles). a, b0, b1:
 // fragments of the kernel. The pointers are formed here, from `smem`, as the kernel forms them (see the top of
 // this file). The fast kernel runs it after the decay step (chunk_fwd_h, one key tile), the states kernel
-// (gla_fwd_states.cuh, two) on keys already scaled to the end of its piece.
-template <class E, class Tiles, int TILES, int NS, class Buffer>
+// (gla_fwd_states.cuh, two) on keys already scaled to the end of its piece. visit(a, ks, lane) sees each loaded
+// fragment of Kᵀ (tokens 16·ks ..) of the first tile: the scalar-gate kernel (gla_fwd_fast_scalar.cuh) scales it
+// by its tokens' decay to the chunk's end (k stays unscaled in shared memory) or adds it to the normaliser's key
+// sums.
+template <class E, class Tiles, int TILES, int NS, class Buffer, class KeyFragmentHook = NoHook>
 __device__ __forceinline__ void chunk_fwd_h_accumulate(float (&S)[TILES][NS][4], Buffer b, int kt, int ns0, int lane,
                                                        typename Mma<E>::A (&a)[TILES], typename Mma<E>::B& b0,
-                                                       typename Mma<E>::B& b1) {
+                                                       typename Mma<E>::B& b1,
+                                                       const KeyFragmentHook& visit = NoHook{}) {
   static_assert(TILES == 1 || TILES == 2, "one or two key tiles per warp");
   using M = Mma<E>;
   constexpr int P = Tiles::P, PV = Tiles::PV;
@@ -156,6 +168,7 @@ __device__ __forceinline__ void chunk_fwd_h_accumulate(float (&S)[TILES][NS][4],
 #pragma unroll
   for (int ks = 0; ks < C / 16; ++ks) {
     a[0] = frag_a_t(k_s + 16 * ks * P + 16 * kt, P, lane);
+    visit(a[0], ks, lane);
     if constexpr (TILES == 2) a[1] = frag_a_t(k_s + 16 * ks * P + 16 * kt + 16, P, lane);
 #pragma unroll
     for (int np = 0; np < NS / 2; ++np) {
@@ -217,6 +230,69 @@ __device__ __forceinline__ void chunk_fwd_o_state(float (&o)[(BV / 8) / 4][4], i
       frag_b2_t<E>(b0, b1, s_s + 16 * ks * PV + 8 * (no0 + 2 * np), PV, lane);
       M::mma(o[2 * np], af, b0);
       M::mma(o[2 * np + 1], af, b1);
+    }
+  }
+}
+
+// Step 5's share from within the chunk, O += (A ⊙ M) V, for the warp's rows 16·mo (column blocks 0 .. mo of A)
+// and NO value column tiles from no0, with A's blocks on and below the diagonal in a_s (C rows, pitch PA) and
+// the chunk's v in v_s (pitch PV).
+template <class E, int NO, int PA, int PV>
+__device__ __forceinline__ void chunk_fwd_o_intra(float (&o)[NO][4], const E* a_s, const E* v_s, int mo, int no0,
+                                                  int lane) {
+  using M = Mma<E>;
+  for (int ks = 0; ks <= mo; ++ks) {
+    // The diagonal block's product multiplies the zeros above the diagonal of A by later rows of v: a NaN or
+    // Inf there would reach earlier outputs. Where this warp's rows and columns of v hold one (a warp vote on
+    // one or two 16-byte loads per lane), row by row up to the diagonal instead.
+    bool bad = false;
+    if (ks == mo) {
+      int piece = lane;
+      asm volatile("" : "+r"(piece));  // addresses made here, not held through the chunk loop
+#pragma unroll
+      for (int i = 0; i < NO / 2; ++i, piece += 32)
+        bad |= any_nonfinite8<E>(
+            *reinterpret_cast<const uint4*>(v_s + (16 * mo + piece / NO) * PV + 8 * (no0 + piece % NO)));
+    }
+    if (ks == mo && __any_sync(0xffffffffu, bad)) {
+      const auto sums =
+          diagonal_rowwise<E, NO, PA, PV>(a_s + 16 * mo * PA + 16 * mo, v_s + 16 * mo * PV + 8 * no0, lane);
+#pragma unroll
+      for (int nt = 0; nt < NO; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nt][e] += sums.x[nt][e];
+      break;
+    }
+    const auto af = frag_a(a_s + 16 * mo * PA + 16 * ks, PA, lane);
+#pragma unroll
+    for (int np = 0; np < NO / 2; ++np) {
+      typename M::B b0, b1;
+      frag_b2_t<E>(b0, b1, v_s + 16 * ks * PV + 8 * (no0 + 2 * np), PV, lane);
+      M::mma(o[2 * np], af, b0);
+      M::mma(o[2 * np + 1], af, b1);
+    }
+  }
+}
+
+// The warp's output rows, o = o_scale[half] · O for rows 16·mo + g4 + 8·half, straight from the fragments (two
+// elements per store), of the NO column tiles from column col0; rows from rows_valid on and columns from V on
+// are not stored. out: the chunk's first row, column 0; row_stride in elements.
+template <class E, int NO>
+__device__ __forceinline__ void store_o_rows(E* out, int64_t row_stride, const float (&o)[NO][4],
+                                             const float (&o_scale)[2], int mo, int col0, int V, int rows_valid,
+                                             int lane) {
+  const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < NO; ++nt) {
+    const int col = col0 + 8 * nt + 2 * t4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = 16 * mo + g4 + 8 * half;
+      if (r >= rows_valid || col >= V) continue;
+      E* at = out + r * row_stride + col;
+      const float lo = o_scale[half] * o[nt][2 * half], hi = o_scale[half] * o[nt][2 * half + 1];
+      if (col + 1 < V) store2(at, lo, hi);
+      else at[0] = from_float<E>(lo);
     }
   }
 }
