@@ -142,15 +142,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
           S[nt][e] = p.split_decay[slot * K + key] * S[nt][e] + p.split_states[(slot * K + key) * V + vg];
       }
   }
-  auto store_state_bf16 = [&] {
-#pragma unroll
-    for (int nt = 0; nt < NS; ++nt) {
-      E* at = s_s + (16 * kt + g4) * PV + 8 * (ns0 + nt) + 2 * t4;
-      store2(at, S[nt][0], S[nt][1]);
-      store2(at + 8 * PV, S[nt][2], S[nt][3]);
-    }
-  };
-  if (!p.states_only) store_state_bf16();
+  if (!p.states_only) store_state_tile<E, NS, PV>(s_s, S, kt, ns0, lane);
   // Entries above the diagonal of the 16×16 diagonal blocks of A are never written: zero once.
   for (int i = tid; i < C * PA; i += NT) a_s[i] = from_float<E>(0.f);
 
@@ -389,7 +381,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     }
 
     if (p.states_only) continue;
-    store_state_bf16();
+    store_state_tile<E, NS, PV>(s_s, S, kt, ns0, lane);
 
     chunk_fwd_o_intra<E, NO, PA, PV>(o, a_s, v_s, mo, no0, lane);
 
@@ -414,15 +406,7 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
       for (int e = 0; e < KPL; ++e)
         if (key0 + e < K) p.split_decay[slot * K + key0 + e] = split_decay_acc[e];
   } else if (split == last_split && p.ht.data) {
-    float* ht = static_cast<float*>(p.ht.data);
-#pragma unroll
-    for (int nt = 0; nt < NS; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = 16 * kt + g4 + (e >> 1) * 8, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
-        if (key < K && vg < V)
-          ht[n * p.ht.stride[0] + h * p.ht.stride[1] + key * p.ht.stride[2] + vg * p.ht.stride[3]] = S[nt][e];
-      }
+    store_final_state<NS>(p, S, n, h, kt, ns0, v0, lane);
   }
 }
 

@@ -221,12 +221,7 @@ __global__ void __launch_bounds__(NT, 1) fast_scalar_chunk_kernel(const ChunkPar
       }
     }
   auto store_state_bf16 = [&] {
-#pragma unroll
-    for (int nt = 0; nt < NS; ++nt) {
-      E* at = s_s + (16 * kt + g4) * PV + 8 * (ns0 + nt) + 2 * t4;
-      store2(at, S[nt][0], S[nt][1]);
-      store2(at + 8 * PV, S[nt][2], S[nt][3]);
-    }
+    store_state_tile<E, NS, PV>(s_s, S, kt, ns0, lane);
     if (holds_z && t4 == 0)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -373,15 +368,7 @@ __global__ void __launch_bounds__(NT, 1) fast_scalar_chunk_kernel(const ChunkPar
                                             key * p.z_final.stride[2]] = z[2 * half];
     }
   if (split == chunks.last_split && p.ht.data) {
-    float* ht = static_cast<float*>(p.ht.data);
-#pragma unroll
-    for (int nt = 0; nt < NS; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = 16 * kt + g4 + (e >> 1) * 8, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
-        if (key < K && vg < V)
-          ht[n * p.ht.stride[0] + h * p.ht.stride[1] + key * p.ht.stride[2] + vg * p.ht.stride[3]] = S[nt][e];
-      }
+    store_final_state<NS>(p, S, n, h, kt, ns0, v0, lane);
   }
 }
 

@@ -6,7 +6,7 @@
 //   chunk_fwd_h             step 2, S ← diag(exp γ^C) S + K̂ᵀ V: the vector-gate fast kernel;
 //   chunk_fwd_o_state       step 5's O = (Q ⊙ exp Γ) S: the fast kernels;
 //   chunk_fwd_o_intra       step 5's O += (A ⊙ M) V: the fast kernels;
-//   store_o_rows            o from the output fragments: the fast kernels.
+//   store_state_tile, store_final_state, store_o_rows  the bf16 state, ht and o from the fragments: the fast kernels.
 // The fast kernels' other phases (gate factors and operands, the blocks of A) are written out in them
 // (gla_fwd_fast.cuh: a vector gate; gla_fwd_fast_scalar.cuh: a scalar gate or none). Also here: the constants, fragment helpers and shared-memory symbol the kernels and
 // their stages share. As in stages/chunk_fwd.cuh the kernel owns the register arrays and the mma fragments and
@@ -272,6 +272,35 @@ __device__ __forceinline__ void chunk_fwd_o_intra(float (&o)[NO][4], const E* a_
       M::mma(o[2 * np + 1], af, b1);
     }
   }
+}
+
+// The bf16 copy of the state that O = Q S reads: this warp's fp32 tile (key tile kt, NS column tiles from ns0)
+// into s_s (pitch PV).
+template <class E, int NS, int PV>
+__device__ __forceinline__ void store_state_tile(E* s_s, const float (&S)[NS][4], int kt, int ns0, int lane) {
+  const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < NS; ++nt) {
+    E* at = s_s + (16 * kt + g4) * PV + 8 * (ns0 + nt) + 2 * t4;
+    store2(at, S[nt][0], S[nt][1]);
+    store2(at + 8 * PV, S[nt][2], S[nt][3]);
+  }
+}
+
+// The final state ht[n, h] from this warp's fp32 tile (keys below K, value columns v0 + … below V).
+template <int NS>
+__device__ __forceinline__ void store_final_state(const ChunkParams& p, const float (&S)[NS][4], int64_t n, int h,
+                                                  int kt, int ns0, int v0, int lane) {
+  const int g4 = lane >> 2, t4 = lane & 3;
+  float* ht = static_cast<float*>(p.ht.data);
+#pragma unroll
+  for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = 16 * kt + g4 + (e >> 1) * 8, vg = v0 + 8 * (ns0 + nt) + 2 * t4 + (e & 1);
+      if (key < p.key_dim && vg < p.value_dim)
+        ht[n * p.ht.stride[0] + h * p.ht.stride[1] + key * p.ht.stride[2] + vg * p.ht.stride[3]] = S[nt][e];
+    }
 }
 
 // The warp's output rows, o = o_scale[half] · O for rows 16·mo + g4 + 8·half, straight from the fragments (two
