@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/gla/plan/plan.h"
@@ -433,7 +434,7 @@ TEST(GlaPlan, BackwardRecurrentScratch) {
 
 // The chunk kernel: the plain instantiation only where every tile it reads or writes is whole aligned bf16
 // rows (a vector gate and its dg: bf16 or fp32 rows) and a scalar gate is bf16 or fp32 (its loaders there); else
-// the general one.
+// the general one. Where the plain one would take a scalar gate or none at K, V of 64 or 128, the scalar kernel.
 TEST(GlaPlan, BackwardChunkKernel) {
   const BwdProblem p = backward(2, 1000, 2, 128, 128);
   EXPECT_EQ(plan_backward(p, h100(), GlaTuning{}).chunk_kernel, BwdChunkKernel::plain);
@@ -446,11 +447,25 @@ TEST(GlaPlan, BackwardChunkKernel) {
   EXPECT_EQ(kernel(q), BwdChunkKernel::general);
   q = p;
   q.gate = Gate::scalar, q.g_bf16_rows = q.dg_bf16_rows = false;
-  EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
-  q.gate_dtype = Elem::f32;  // a scalar gate in fp32 (FLA's simple GLA gate): its loader is compiled there too
-  EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
+  EXPECT_EQ(kernel(q), BwdChunkKernel::scalar);
+  q.gate_dtype = Elem::f32;  // a scalar gate in fp32 (FLA's simple GLA gate)
+  EXPECT_EQ(kernel(q), BwdChunkKernel::scalar);
   q.gate_dtype = Elem::f16;  // any other dtype: the general kernel
   EXPECT_EQ(kernel(q), BwdChunkKernel::general);
+  q.gate_dtype = Elem::f32;
+  for (const auto& [K, V, expected] : {std::tuple{64, 64, BwdChunkKernel::scalar},
+                                       std::tuple{128, 64, BwdChunkKernel::scalar},
+                                       std::tuple{64, 128, BwdChunkKernel::scalar},
+                                       std::tuple{256, 128, BwdChunkKernel::plain},
+                                       std::tuple{128, 192, BwdChunkKernel::plain}}) {
+    BwdProblem shape = q;
+    shape.key_dim = K, shape.value_dim = V;
+    EXPECT_EQ(kernel(shape), expected) << "K " << K << " V " << V;
+  }
+  DeviceProps small = h100();
+  small.max_smem_per_block = 100 * 1024;  // the scalar kernel's 159 KB at K = V = 128 do not fit
+  EXPECT_EQ(plan_backward(q, small, GlaTuning{}).chunk_kernel, BwdChunkKernel::plain);
+  EXPECT_LE(bwd_scalar_chunk_smem_bytes(128, 128), 160 * 1024);
   q = p;
   q.gate_dtype = Elem::f32;  // a vector gate in fp32, and its dg: whole fp32 rows are copied and stored there too
   q.g_bf16_rows = q.dg_bf16_rows = false;
@@ -466,10 +481,10 @@ TEST(GlaPlan, BackwardChunkKernel) {
   q = p;
   q.dg_bf16_rows = false, q.dg_f32_rows = true;  // a bf16 gate with its dg in fp32 (dg's dtype is the caller's)
   EXPECT_EQ(kernel(q), BwdChunkKernel::plain_f32_dg);
-  q.gate = Gate::scalar;  // a scalar gate's dg is stored per token: the plain kernel whatever its dtype
-  EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
+  q.gate = Gate::scalar;  // a scalar gate's dg is stored per token: whatever its dtype
+  EXPECT_EQ(kernel(q), BwdChunkKernel::scalar);
   q.gate = Gate::none;
-  EXPECT_EQ(kernel(q), BwdChunkKernel::plain);
+  EXPECT_EQ(kernel(q), BwdChunkKernel::scalar);
   EXPECT_EQ(kernel(backward(2, 1000, 2, 128, 128, true)), BwdChunkKernel::f32);
 }
 

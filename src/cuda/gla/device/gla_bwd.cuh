@@ -109,6 +109,8 @@ void launch_bwd_state_scan(const BwdParams& p, Compute c, BwdScanKernel scans, c
 // blocks start as the state scans' blocks retire, compute dA and A, and wait
 // for the scans (griddepcontrol.wait) before they read a state or write.
 void launch_bwd_chunk(const BwdParams& p, BwdChunkKernel kernel, bool overlap_scans, cudaStream_t stream);
+// BwdChunkKernel::scalar (gla_bwd_chunk_scalar.cu): a scalar gate or none, bf16 rows, K and V of 64 or 128.
+void launch_bwd_scalar_chunk(const BwdParams& p, bool overlap_scans, cudaStream_t stream);
 void launch_bwd_recurrent(const BwdParams& p, cudaStream_t stream);
 
 }  // namespace flashgla::cuda::gla

@@ -240,6 +240,7 @@ void launch_bwd_chunk(const BwdParams& p, BwdChunkKernel kernel, bool overlap_sc
     case BwdChunkKernel::plain: launch<bf16, float, true>(p, overlap_scans, stream); break;
     case BwdChunkKernel::plain_f32_dg: launch<bf16, float, true, true>(p, overlap_scans, stream); break;
     case BwdChunkKernel::f16: launch<__half, float, false>(p, overlap_scans, stream); break;
+    case BwdChunkKernel::scalar: launch_bwd_scalar_chunk(p, overlap_scans, stream); break;
   }
 }
 

@@ -9,15 +9,14 @@
 //   M:          A = (Q Kᵀ) ⊙ D on and below the diagonal (20 blocks of 16×8, warp w: block w, and 16 + w);
 //               O = Q S; S ← exp(Γ_C) S + (K ⊙ w)ᵀ V, w_j = exp(Γ_C − Γ_j) applied to the fragments of Kᵀ.
 //   [B3]        bf16 S; O ← diag(exp Γ) O + A V; o stored.
-// Decays as log sums relative to the chunk's start, each step's gate g counted in Γ unless exp(g) is 0 in fp32
-// (−inf, or below about −87): such a step is a cut, and a decay across a cut is 0 (so −inf gates give exact
-// zeros, never −inf − (−inf)). Γ is the fp32 prefix sum of the chunk's gates, at most 64 terms.
+// The decays come from the chunk's tables of Γ (device/decay_tables.cuh: prefix sums, −inf steps as cuts).
 // NORM (no gate): o_t is divided by den_t = scale · q_t·z_t + 1e-10, z_t = z (at the chunk's start) +
 // Σ_{s ≤ t} k_s of the chunk: q_t·z_t = q_t·z + the row sum of A, taken from A's fp32 fragments. z walks with
 // the state, as one more accumulator tile of the warps of the last value columns (Kᵀ times a column of ones);
 // Q z is one more output tile, with z in two 16-bit halves (hi + lo: 16 bits of z's mantissa).
 #pragma once
 
+#include "cuda/gla/device/decay_tables.cuh"
 #include "cuda/gla/device/elements.cuh"
 #include "cuda/gla/device/split_chunks.cuh"
 #include "cuda/gla/device/tiles.cuh"
@@ -153,33 +152,15 @@ __global__ void __launch_bounds__(NT, 1) fast_scalar_chunk_kernel(const ChunkPar
       }
     }
   };
-  // The fetched chunk c's decay tables into buffer c & 1 (a scan over the lanes of the pairs' sums); gates past
-  // the sequence are 0.
-  auto write_decay_tables = [&](int64_t c) {
+  // The fetched chunk c's decay tables into buffer c & 1 (device/decay_tables.cuh); gates past the sequence are 0.
+  auto write_tables = [&](int64_t c) {
     if constexpr (GK != Gate::scalar) return;
     if (warp != kGateWarp) return;
-    float x[2], cut[2];
+    float g[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float g = c * C + 2 * lane + i < seq.len ? head_gamma + float_of_bits(gate_bits[i], p.g.dtype) : 0.f;
-      const bool is_cut = __expf(g) == 0.f;
-      x[i] = is_cut ? 0.f : g, cut[i] = is_cut ? 1.f : 0.f;
-    }
-    float sum = x[0] + x[1], cuts = cut[0] + cut[1];
-#pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const float s = __shfl_up_sync(0xffffffffu, sum, offset), k = __shfl_up_sync(0xffffffffu, cuts, offset);
-      if (lane >= offset) sum += s, cuts += k;
-    }
-    float before = __shfl_up_sync(0xffffffffu, sum, 1), cuts_before = __shfl_up_sync(0xffffffffu, cuts, 1);
-    if (lane == 0) before = 0.f, cuts_before = 0.f;
-    const float f0 = before + x[0], f1 = f0 + x[1], n0 = cuts_before + cut[0], n1 = n0 + cut[1];
-    const float f_end = __shfl_sync(0xffffffffu, f1, 31), n_end = __shfl_sync(0xffffffffu, n1, 31);
-    float2* log_decay = log_decay_s + (c & 1) * C;
-    float2* weights = weights_s + (c & 1) * C;
-    log_decay[2 * lane] = make_float2(f0, n0), log_decay[2 * lane + 1] = make_float2(f1, n1);
-    weights[2 * lane] = make_float2(n0 == 0.f ? __expf(f0) : 0.f, n0 == n_end ? __expf(f_end - f0) : 0.f);
-    weights[2 * lane + 1] = make_float2(n1 == 0.f ? __expf(f1) : 0.f, n1 == n_end ? __expf(f_end - f1) : 0.f);
+    for (int i = 0; i < 2; ++i)
+      g[i] = c * C + 2 * lane + i < seq.len ? head_gamma + float_of_bits(gate_bits[i], p.g.dtype) : 0.f;
+    write_decay_tables(g, lane, log_decay_s + (c & 1) * C, weights_s + (c & 1) * C);
   };
 
   // ---- the state: h0, then the split's start (ChunkParams::split_prefix: one slot) ----
@@ -237,7 +218,7 @@ __global__ void __launch_bounds__(NT, 1) fast_scalar_chunk_kernel(const ChunkPar
     fetch_gates(c_begin);
   }
   cp_async_commit_unordered();
-  write_decay_tables(c_begin);
+  write_tables(c_begin);
   if (c_begin + 1 < c_end) fetch_gates(c_begin + 1);
 
   // This warp's blocks of A: block u is rows 16·mo, columns 8·cb (cb ≤ 2·mo + 1), numbered row block by row
@@ -252,8 +233,7 @@ __global__ void __launch_bounds__(NT, 1) fast_scalar_chunk_kernel(const ChunkPar
     for (int e = 0; e < 4; ++e) {
       const int i = 16 * mo + g4 + 8 * (e >> 1), j = 8 * cb + 2 * t4 + (e & 1);
       if constexpr (GK == Gate::scalar) {
-        const float2 li = log_decay[i], lj = log_decay[j];
-        acc[e] = j <= i && li.y == lj.y ? acc[e] * __expf(li.x - lj.x) : 0.f;
+        acc[e] = j <= i ? acc[e] * decay_between(log_decay[i], log_decay[j]) : 0.f;
       } else {
         acc[e] = j <= i ? acc[e] : 0.f;
       }
@@ -280,7 +260,7 @@ __global__ void __launch_bounds__(NT, 1) fast_scalar_chunk_kernel(const ChunkPar
     __syncthreads();  // B0: this chunk's tiles and tables are in; the previous chunk's products are done
     if (c + 1 < c_end) {
       issue_qkv(c + 1);  // into the buffers the previous chunk has finished with
-      write_decay_tables(c + 1);
+      write_tables(c + 1);
       if (c + 2 < c_end) fetch_gates(c + 2);
     }
     cp_async_commit_unordered();

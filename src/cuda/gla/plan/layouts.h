@@ -222,6 +222,43 @@ struct StateScanSmemBytes {
   static constexpr size_t bytes = raw_gates + (kStages > 1 ? size_t(kStages) * kTileElems * 2 : 0);
 };
 
+// ---- the backward's chunk kernel for a scalar gate or none (gla_bwd_chunk_scalar.cu) ----
+// Every tile of one chunk in bf16, K and V (KP, VP) of 64 or 128, rows padded by 16 bytes.
+template <int KP, int VP>
+struct BwdScalarChunkLayout {
+  static constexpr int warps = 16;
+  static constexpr int C = kChunk;
+  static constexpr int PK = KP + 8, PV = VP + 8, PA = C + 8;  // row pitches (elements)
+  static constexpr int q = 0;                                 // [64][PK]
+  static constexpr int k = q + C * PK * 2;                    // [64][PK]
+  static constexpr int v = k + C * PK * 2;                    // [64][PV]
+  static constexpr int d_o = v + C * PV * 2;                  // [64][PV]
+  static constexpr int s = d_o + C * PV * 2;                  // S [KP][PV]
+  static constexpr int ds = s + KP * PV * 2;                  // dS [KP][PV]
+  static constexpr int a = ds + KP * PV * 2;                  // A [64][PA]
+  static constexpr int da = a + C * PA * 2;                   // dA [64][PA]
+  static constexpr int log_decay = da + C * PA * 2;           // [64] float2 (device/decay_tables.cuh)
+  static constexpr int weights = log_decay + C * 8;           // [64] float2
+  static constexpr int m_rows = weights + C * 8;              // [4 column blocks][64] Σ_j M_ij
+  static constexpr int m_cols = m_rows + 4 * C * 4;           // [4 row blocks][64] Σ_i M_ij
+  static constexpr int qd = m_cols + 4 * C * 4;               // [4 column groups][64] q_i·dq_i^(S)
+  static constexpr int kd = qd + 4 * C * 4;                   // [4 column groups][64] k_j·dk_j^(S)
+  static constexpr int state_term = kd + 4 * C * 4;           // [warps] ⟨S, dS⟩
+  static constexpr int bytes = state_term + warps * 4;
+};
+
+// Whether the scalar chunk kernel takes K × V, and its shared memory there.
+inline bool bwd_scalar_chunk_shape(int key_dim, int value_dim) {
+  return (key_dim == 64 || key_dim == 128) && (value_dim == 64 || value_dim == 128);
+}
+inline int bwd_scalar_chunk_smem_bytes(int key_dim, int value_dim) {
+  const bool wide_keys = key_dim > 64, wide_values = value_dim > 64;
+  if (wide_keys && wide_values) return BwdScalarChunkLayout<128, 128>::bytes;
+  if (wide_keys) return BwdScalarChunkLayout<128, 64>::bytes;
+  if (wide_values) return BwdScalarChunkLayout<64, 128>::bytes;
+  return BwdScalarChunkLayout<64, 64>::bytes;
+}
+
 // Resident state-scan blocks per SM of one tile (the launch bounds): TS-byte compute elements.
 template <int TS>
 inline constexpr int kScanBlocksPerSmOf = TS == 2 ? 4 : 2;

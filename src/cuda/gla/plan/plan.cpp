@@ -224,6 +224,10 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
                            : pr.compute == Elem::f16   ? kDiagFactorLimitF16
                                                        : kDiagFactorLimit;
   plan.chunk_kernel = chunk_kernel(pr, tuning);
+  if (plan.chunk_kernel == BwdChunkKernel::plain && pr.gate != Gate::vector &&
+      bwd_scalar_chunk_shape(pr.key_dim, pr.value_dim) &&
+      bwd_scalar_chunk_smem_bytes(pr.key_dim, pr.value_dim) <= device.max_smem_per_block)
+    plan.chunk_kernel = BwdChunkKernel::scalar;
   // The pipelined scans are the variant with fewer instructions per step ("lean"); the first pipelined variant
   // was never faster and is retired (bench/notes_gla_bwd.md).
   plan.scans = pipelined_scans(pr, device, tuning) ? BwdScanKernel::pipelined

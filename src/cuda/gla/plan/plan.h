@@ -104,7 +104,9 @@ enum class BwdScanKernel : int8_t { one_tile, paired, pipelined };
 // every tile of the inputs and outputs whole aligned rows: no converting or element-wise fallbacks), or the
 // general one with fp16 operands (fp16 inputs).
 // plain_f32_dg: the plain one for a vector gate whose dg is in fp32 rows (g in bf16 or fp32 rows).
-enum class BwdChunkKernel : int8_t { f32, general, plain, f16, plain_f32_dg };
+// scalar: a kernel of its own for a scalar gate or none (gla_bwd_chunk_scalar.cu) where the plain one would
+// run, K and V of 64 or 128, and its shared memory fits.
+enum class BwdChunkKernel : int8_t { f32, general, plain, f16, plain_f32_dg, scalar };
 
 // diag_factor_limit with fp16 operands: the factored key operand k_j 2^(Γ_16I − Γ_j) stays finite in fp16
 // (65504) for |k| < 4094, and q̂ = q 2^(Γ_i − Γ_16I) in fp16's normal range for |q| >= 2^-10 (kDiagFactorLimit's

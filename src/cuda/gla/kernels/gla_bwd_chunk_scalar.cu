@@ -1,0 +1,346 @@
+// The chunk kernel of the chunked GLA backward for a scalar gate or none (chunk_simple_gla, chunk_linear_attn):
+// bf16 inputs and outputs in whole aligned rows, K and V of 64 or 128 (BwdChunkKernel::scalar, plan.cpp). The
+// general chunk kernel (gla_bwd_chunk.cu) serves the rest.
+//
+// With one decay per token the chunk's pair terms are whole products: with D_ij = exp(Γ_i − Γ_j) for j ≤ i
+// (device/decay_tables.cuh), w_j = exp(γ − Γ_j), γ = Γ_63, S the state before the chunk and dS the gradient of
+// the state after it (the state scans, gla_bwd_states.cu):
+//   phase 1:  P = Q Kᵀ, dP = dO Vᵀ (one 16×16 block on or below the diagonal per warp);
+//             A = scale P ⊙ D, dA = scale dP ⊙ D (bf16, zero above the diagonal)
+//   phase 2:  dv = diag(w) K dS + Aᵀ dO
+//             dq = scale diag(exp Γ) dO Sᵀ + dA K
+//             dk = diag(w) V dSᵀ + dAᵀ Q
+//   phase 3 (a scalar gate): dg_t = Σ_{i ≥ t} r_i + Σ_{j < t} k_j·dk_j^(S) + exp γ ⟨S, dS⟩, with
+//             r_i = Σ_{j < i} M_ij − Σ_{j > i} M_ji + q_i·dq_i^(S), M = dA ⊙ P (the pairs' share; the diagonal
+//             never enters) and dq^(S), dk^(S) the state terms above. Every sum in a fixed order.
+// One block of 16 warps per (chunk, head), every tile of the chunk in shared memory; warp w takes rows
+// 16·(w % 4) and a quarter of the columns in phase 2.
+#include "cuda/common/host.cuh"
+#include "cuda/gla/device/chunk_slots.cuh"
+#include "cuda/gla/device/decay_tables.cuh"
+#include "cuda/gla/device/elements.cuh"
+#include "cuda/gla/device/launch.cuh"
+#include "cuda/gla/device/tiles.cuh"
+#include "cuda/gla/device/warp_mma.cuh"
+#include "cuda/gla/device/gla_bwd.cuh"
+
+namespace flashgla::cuda::gla {
+namespace {
+
+template <int KP, int VP>
+using ScalarChunkSmem = BwdScalarChunkLayout<KP, VP>;  // cuda/gla/plan/layouts.h
+constexpr int kWarps = BwdScalarChunkLayout<64, 64>::warps, kThreads = 32 * kWarps;
+
+template <class E>
+__device__ __forceinline__ void store_pair(E* at, float lo, float hi) {
+  *reinterpret_cast<uint32_t*>(at) = Mma<E>::pack(lo, hi);
+}
+
+// A warp's 16 rows × 8·NT columns of fp32 accumulators to bf16 output rows (row r of the chunk at
+// out + r·row_stride), rows from rows_valid on not stored.
+template <int NT>
+__device__ __forceinline__ void store_rows(bf16* out, int64_t row_stride, const float (&acc)[NT][4], int row0,
+                                           int col0, int rows_valid, int lane) {
+  const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row0 + g4 + 8 * half;
+      if (r < rows_valid)
+        store_pair(out + r * row_stride + col0 + 8 * nt + 2 * t4, acc[nt][2 * half], acc[nt][2 * half + 1]);
+    }
+}
+
+// Σ over the warp's columns of x[row][col] · acc for its two rows per lane (g4, g4 + 8), summed over the quad.
+template <int NT>
+__device__ __forceinline__ void row_dots(const bf16* x, int pitch, const float (&acc)[NT][4], int row0, int col0,
+                                         int lane, float& lo, float& hi) {
+  const int g4 = lane >> 2, t4 = lane & 3;
+  lo = hi = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const bf16* r0 = x + (row0 + g4) * pitch + col0 + 8 * nt + 2 * t4;
+    const bf16* r1 = r0 + 8 * pitch;
+    lo = fmaf(to_float(r0[0]), acc[nt][0], fmaf(to_float(r0[1]), acc[nt][1], lo));
+    hi = fmaf(to_float(r1[0]), acc[nt][2], fmaf(to_float(r1[1]), acc[nt][3], hi));
+  }
+  lo += __shfl_xor_sync(0xffffffffu, lo, 1), hi += __shfl_xor_sync(0xffffffffu, hi, 1);
+  lo += __shfl_xor_sync(0xffffffffu, lo, 2), hi += __shfl_xor_sync(0xffffffffu, hi, 2);
+}
+
+template <int KP, int VP, Gate GK>
+__global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdParams p) {
+  static_assert(GK == Gate::scalar || GK == Gate::none, "a scalar gate or none");
+  using L = ScalarChunkSmem<KP, VP>;
+  constexpr int PK = L::PK, PV = L::PV, PA = L::PA;
+  constexpr int NTK = KP / 32, NTV = VP / 32;  // 8-column tiles of a warp's quarter of the keys / values
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* q_s = reinterpret_cast<bf16*>(smem + L::q);
+  bf16* k_s = reinterpret_cast<bf16*>(smem + L::k);
+  bf16* v_s = reinterpret_cast<bf16*>(smem + L::v);
+  bf16* do_s = reinterpret_cast<bf16*>(smem + L::d_o);
+  bf16* s_s = reinterpret_cast<bf16*>(smem + L::s);
+  bf16* ds_s = reinterpret_cast<bf16*>(smem + L::ds);
+  bf16* a_s = reinterpret_cast<bf16*>(smem + L::a);
+  bf16* da_s = reinterpret_cast<bf16*>(smem + L::da);
+  float2* log_decay = reinterpret_cast<float2*>(smem + L::log_decay);
+  float2* weights = reinterpret_cast<float2*>(smem + L::weights);
+  float* m_rows = reinterpret_cast<float*>(smem + L::m_rows);
+  float* m_cols = reinterpret_cast<float*>(smem + L::m_cols);
+  float* qd_s = reinterpret_cast<float*>(smem + L::qd);
+  float* kd_s = reinterpret_cast<float*>(smem + L::kd);
+  float* state_term_s = reinterpret_cast<float*>(smem + L::state_term);
+
+  BwdSeq seq;
+  int64_t chunk;
+  if (!locate_chunk(p, blockIdx.x, seq, chunk)) return;
+  const int h = blockIdx.y;
+  const int64_t t0 = chunk * kChunk, slot = seq.slot0 + chunk;
+  const int rows = int(min(int64_t(kChunk), seq.len - t0));
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g4 = lane >> 2, t4 = lane & 3;
+  const float scale = p.scale;
+
+  load_rows<KP, kThreads>(q_s, PK, p.q, seq, h, t0, rows, 0, KP, tid);
+  load_rows<KP, kThreads>(k_s, PK, p.k, seq, h, t0, rows, 0, KP, tid);
+  load_rows<VP, kThreads>(v_s, PV, p.v, seq, h, t0, rows, 0, VP, tid);
+  load_rows<VP, kThreads>(do_s, PV, p.d_o, seq, h, t0, rows, 0, VP, tid);
+  cp_async_commit_unordered();
+  if constexpr (GK == Gate::scalar) {
+    if (warp == kWarps - 1) {
+      float g[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = 2 * lane + i;
+        g[i] = r < rows ? scalar_gate(p.g, token_offset(p.g, seq, h, t0 + r), p.g_gamma, h) : 0.f;
+      }
+      write_decay_tables(g, lane, log_decay, weights);
+    }
+  }
+  // The states come from the scans (a programmatic dependent launch may start this block before they end).
+  wait_for_previous_grid();
+  for (int kt = 0; kt < KP / kTile; ++kt)
+    for (int vt = 0; vt < VP / kTile; ++vt) {
+      const bf16* s_tile = static_cast<const bf16*>(p.states) + state_tile_index(p, slot, h, kt, vt);
+      const bf16* ds_tile = static_cast<const bf16*>(p.dstates) + state_tile_index(p, slot, h, kt, vt);
+      for (int idx = tid; idx < kTile * kTile / 8; idx += kThreads) {
+        const int r = idx / 8, c = (idx % 8) * 8;
+        const int at = (kTile * kt + r) * PV + kTile * vt + c;
+        cp_async16_unordered(s_s + at, s_tile + r * kTile + c, 16);
+        cp_async16_unordered(ds_s + at, ds_tile + r * kTile + c, 16);
+      }
+    }
+  cp_async_commit_unordered();
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // q, k, v, dO in; the states may still be coming
+  __syncthreads();
+
+  // ---- phase 1: A and dA, block (mo, nb) of 16×16 on or below the diagonal; M's row and column sums ----
+  {
+    const int mo = warp & 3, nb = warp >> 2;
+    if (nb <= mo) {
+      float pa[2][4] = {}, dp[2][4] = {};
+      warp_gemm<2, false, true>(pa, q_s + 16 * mo * PK, PK, k_s + 16 * nb * PK, PK, KP);
+      warp_gemm<2, false, true>(dp, do_s + 16 * mo * PV, PV, v_s + 16 * nb * PV, PV, VP);
+      float row_m[2] = {0.f, 0.f}, col_m[2][2] = {};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * mo + g4 + 8 * (e >> 1), j = 16 * nb + 8 * nt + 2 * t4 + (e & 1);
+          float d = j <= i ? 1.f : 0.f;
+          if constexpr (GK == Gate::scalar) d = j <= i ? decay_between(log_decay[i], log_decay[j]) : 0.f;
+          const float a = scale * pa[nt][e] * d, da = scale * dp[nt][e] * d;
+          if constexpr (GK == Gate::scalar) {
+            const float m = j < i ? da * pa[nt][e] : 0.f;
+            row_m[e >> 1] += m, col_m[nt][e & 1] += m;
+          }
+          pa[nt][e] = a, dp[nt][e] = da;
+        }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 16 * mo + g4 + 8 * half, j = 16 * nb + 8 * nt + 2 * t4;
+          store_pair(a_s + i * PA + j, pa[nt][2 * half], pa[nt][2 * half + 1]);
+          store_pair(da_s + i * PA + j, dp[nt][2 * half], dp[nt][2 * half + 1]);
+        }
+      if constexpr (GK == Gate::scalar) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float x = row_m[half];
+          x += __shfl_xor_sync(0xffffffffu, x, 1);
+          x += __shfl_xor_sync(0xffffffffu, x, 2);
+          if (t4 == 0) m_rows[nb * kChunk + 16 * mo + g4 + 8 * half] = x;
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float x = col_m[nt][c];
+            x += __shfl_xor_sync(0xffffffffu, x, 4);
+            x += __shfl_xor_sync(0xffffffffu, x, 8);
+            x += __shfl_xor_sync(0xffffffffu, x, 16);
+            if (g4 == 0) m_cols[mo * kChunk + 16 * nb + 8 * nt + 2 * t4 + c] = x;
+          }
+      }
+    }
+  }
+  cp_async_wait_committed();
+  __syncthreads();  // A, dA and the states in
+
+  // ---- phase 2: warp (mo, cg): rows 16·mo, column quarter cg ----
+  const int mo = warp & 3, cg = warp >> 2;
+  const int i0 = 16 * mo;  // this row block's first token: the products over later tokens start here
+  auto row_weights = [&](bool from_start, float (&f)[2]) {  // exp Γ (from_start) or w of the warp's two rows
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float2 wt = weights[i0 + g4 + 8 * half];
+      f[half] = GK == Gate::scalar ? (from_start ? wt.x : wt.y) : 1.f;
+    }
+  };
+  auto scale_rows = [](auto& acc, const float (&f)[2]) {
+    for (auto& tile : acc) tile[0] *= f[0], tile[1] *= f[0], tile[2] *= f[1], tile[3] *= f[1];
+  };
+  float w[2], start_decay[2];
+  row_weights(false, w);
+  row_weights(true, start_decay);
+  const int64_t base_row = seq.begin + t0;
+  {  // dv = diag(w) K dS + Aᵀ dO
+    const int c0 = cg * (VP / 4);
+    float acc[NTV][4] = {};
+    warp_gemm<NTV, false, false>(acc, k_s + i0 * PK, PK, ds_s + c0, PV, KP);
+    scale_rows(acc, w);
+    warp_gemm<NTV, true, false>(acc, a_s + i0 * PA + i0, PA, do_s + i0 * PV + c0, PV, kChunk - i0);
+    store_rows<NTV>(static_cast<bf16*>(p.dv.data) + offset4(p.dv, seq.batch, base_row, h, 0), p.dv.stride[1], acc,
+                    i0, c0, rows, lane);
+  }
+  const int c0 = cg * (KP / 4);
+  {  // dq = scale diag(exp Γ) dO Sᵀ + dA K
+    float acc[NTK][4] = {};
+    warp_gemm<NTK, false, true>(acc, do_s + i0 * PV, PV, s_s + c0 * PV, PV, VP);
+    const float f[2] = {scale * start_decay[0], scale * start_decay[1]};
+    scale_rows(acc, f);
+    if constexpr (GK == Gate::scalar) {
+      float lo, hi;
+      row_dots<NTK>(q_s, PK, acc, i0, c0, lane, lo, hi);
+      if (t4 == 0) qd_s[cg * kChunk + i0 + g4] = lo, qd_s[cg * kChunk + i0 + g4 + 8] = hi;
+    }
+    warp_gemm<NTK, false, false>(acc, da_s + i0 * PA, PA, k_s + c0, PK, i0 + 16);
+    store_rows<NTK>(static_cast<bf16*>(p.dq.data) + offset4(p.dq, seq.batch, base_row, h, 0), p.dq.stride[1], acc,
+                    i0, c0, rows, lane);
+  }
+  {  // dk = diag(w) V dSᵀ + dAᵀ Q
+    float acc[NTK][4] = {};
+    warp_gemm<NTK, false, true>(acc, v_s + i0 * PV, PV, ds_s + c0 * PV, PV, VP);
+    scale_rows(acc, w);
+    if constexpr (GK == Gate::scalar) {
+      float lo, hi;
+      row_dots<NTK>(k_s, PK, acc, i0, c0, lane, lo, hi);
+      if (t4 == 0) kd_s[cg * kChunk + i0 + g4] = lo, kd_s[cg * kChunk + i0 + g4 + 8] = hi;
+    }
+    warp_gemm<NTK, true, false>(acc, da_s + i0 * PA + i0, PA, q_s + i0 * PK + c0, PK, kChunk - i0);
+    store_rows<NTK>(static_cast<bf16*>(p.dk.data) + offset4(p.dk, seq.batch, base_row, h, 0), p.dk.stride[1], acc,
+                    i0, c0, rows, lane);
+  }
+  if constexpr (GK == Gate::none) return;
+
+  // ⟨S, dS⟩: each warp a run of state rows, in a fixed order.
+  {
+    float x = 0.f;
+    for (int idx = tid; idx < KP * VP / 2; idx += kThreads) {
+      const int r = idx / (VP / 2), c = 2 * (idx % (VP / 2));
+      x = fmaf(to_float(s_s[r * PV + c]), to_float(ds_s[r * PV + c]), x);
+      x = fmaf(to_float(s_s[r * PV + c + 1]), to_float(ds_s[r * PV + c + 1]), x);
+    }
+#pragma unroll
+    for (int offset = 16; offset >= 1; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+    if (lane == 0) state_term_s[warp] = x;
+  }
+  __syncthreads();
+
+  // ---- phase 3: dg, one warp, rows 2·lane and 2·lane + 1 ----
+  if (warp != 0) return;
+  float r[2], kd[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int i = 2 * lane + e, block = i / 16;
+    float x = 0.f;
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb)
+      if (nb <= block) x += m_rows[nb * kChunk + i];
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+      if (m >= block) x -= m_cols[m * kChunk + i];
+    float kx = 0.f;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) x += qd_s[g * kChunk + i], kx += kd_s[g * kChunk + i];
+    r[e] = x, kd[e] = kx;
+  }
+  float state_term = 0.f;
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) state_term += state_term_s[i];
+  state_term *= weights[kChunk - 1].x;  // exp γ
+  // Suffix sums of r (this lane's pair, then the later lanes') and prefix sums of kd (the earlier rows').
+  float suffix = r[0] + r[1], prefix = kd[0] + kd[1];
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const float s = __shfl_down_sync(0xffffffffu, suffix, offset), q = __shfl_up_sync(0xffffffffu, prefix, offset);
+    if (lane + offset < 32) suffix += s;
+    if (lane >= offset) prefix += q;
+  }
+  float later = __shfl_down_sync(0xffffffffu, suffix, 1), earlier = __shfl_up_sync(0xffffffffu, prefix, 1);
+  if (lane == 31) later = 0.f;
+  if (lane == 0) earlier = 0.f;
+  const float dg[2] = {later + r[1] + r[0] + earlier + state_term, later + r[1] + earlier + kd[0] + state_term};
+  float sum = 0.f;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int i = 2 * lane + e;
+    if (i >= rows) continue;
+    if (p.dg.data) store_as(p.dg.data, offset4(p.dg, seq.batch, base_row + i, h, 0), p.dg.dtype, dg[e]);
+    sum += dg[e];
+  }
+  if (p.gamma_chunk_sums) {
+#pragma unroll
+    for (int offset = 16; offset >= 1; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) p.gamma_chunk_sums[blockIdx.x * gridDim.y + blockIdx.y] = sum;
+  }
+}
+
+template <int KP, int VP, Gate GK>
+void launch_typed(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
+  constexpr int smem = ScalarChunkSmem<KP, VP>::bytes;
+  auto kernel = scalar_chunk_kernel<KP, VP, GK>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "cudaFuncSetAttribute (GLA backward scalar chunk kernel)");
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(p.num_slots), unsigned(p.heads));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute overlap;
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &overlap;
+  config.numAttrs = overlap_scans ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&config, kernel, p), "GLA backward scalar chunk kernel launch");
+}
+
+template <int KP, int VP>
+void launch_gate(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
+  if (p.gate == GateKind::scalar) return launch_typed<KP, VP, Gate::scalar>(p, overlap_scans, stream);
+  return launch_typed<KP, VP, Gate::none>(p, overlap_scans, stream);
+}
+
+}  // namespace
+
+void launch_bwd_scalar_chunk(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
+  const bool wide_keys = p.key_dim > 64, wide_values = p.value_dim > 64;
+  if (wide_keys && wide_values) return launch_gate<128, 128>(p, overlap_scans, stream);
+  if (wide_keys) return launch_gate<128, 64>(p, overlap_scans, stream);
+  if (wide_values) return launch_gate<64, 128>(p, overlap_scans, stream);
+  return launch_gate<64, 64>(p, overlap_scans, stream);
+}
+
+}  // namespace flashgla::cuda::gla
