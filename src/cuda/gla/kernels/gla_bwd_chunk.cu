@@ -199,17 +199,8 @@ void launch(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
   auto kernel = chunk_kernel<T, GT, kPlain, kF32Dg>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
              "cudaFuncSetAttribute (GLA backward chunk kernel)");
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(p.num_slots), unsigned(p.heads));
-  config.blockDim = dim3(kBwdChunkThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute overlap;
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &overlap;
-  config.numAttrs = overlap_scans ? 1 : 0;
-  check_cuda(cudaLaunchKernelEx(&config, kernel, p), "GLA backward chunk kernel launch");
+  launch_after_previous(kernel, dim3(unsigned(p.num_slots), unsigned(p.heads)), dim3(kBwdChunkThreads), smem, stream,
+                        overlap_scans, p, "GLA backward chunk kernel launch");
 }
 
 }  // namespace

@@ -314,17 +314,8 @@ void launch_typed(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
   auto kernel = scalar_chunk_kernel<KP, VP, GK>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (GLA backward scalar chunk kernel)");
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(p.num_slots), unsigned(p.heads));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute overlap;
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &overlap;
-  config.numAttrs = overlap_scans ? 1 : 0;
-  check_cuda(cudaLaunchKernelEx(&config, kernel, p), "GLA backward scalar chunk kernel launch");
+  launch_after_previous(kernel, dim3(unsigned(p.num_slots), unsigned(p.heads)), dim3(kThreads), smem, stream,
+                        overlap_scans, p, "GLA backward scalar chunk kernel launch");
 }
 
 template <int KP, int VP>

@@ -31,20 +31,7 @@ void launch_ws_kernel(const ChunkParams& p, dim3 grid, bool pdl, cudaStream_t st
   auto kernel = hopper::hopper_ws_kernel<E, KP, STATES>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::alloc),
              "cudaFuncSetAttribute (GLA Hopper state kernel)");
-  cudaLaunchAttribute attrs[1];
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(L::kThreads);
-  config.dynamicSmemBytes = L::alloc;
-  config.stream = stream;
-  config.attrs = attrs;
-  config.numAttrs = 0;
-  if (pdl) {
-    cudaLaunchAttribute& overlap = attrs[config.numAttrs++];
-    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap.val.programmaticStreamSerializationAllowed = 1;
-  }
-  check_cuda(cudaLaunchKernelEx(&config, kernel, p), "GLA Hopper state kernel launch");
+  launch_after_previous(kernel, grid, dim3(L::kThreads), L::alloc, stream, pdl, p, "GLA Hopper state kernel launch");
 }
 
 // Key pad 128 runs unsplit (plan.cpp), so only key pad 256 has a states pass.
