@@ -154,6 +154,29 @@ struct Mma<float> {
 __device__ __forceinline__ int acc_row(int e) { return (threadIdx.x & 31) / 4 + 8 * (e >> 1); }
 __device__ __forceinline__ int acc_col(int nt, int e) { return 8 * nt + 2 * (threadIdx.x & 3) + (e & 1); }
 
+// A warp's 16 × 8·NT fp32 accumulator tile to 16-bit rows in memory, straight from the fragments (two elements per
+// store): tile row r (row0 + acc_row) at out + r·row_stride, column col0 + acc_col, times row_scale[half] for the
+// lane's rows g + 8·half. Rows from rows_valid on and columns from cols on are not stored.
+template <class E, int NT>
+__device__ __forceinline__ void store_fragment_rows(E* out, int64_t row_stride, const float (&acc)[NT][4],
+                                                    const float (&row_scale)[2], int row0, int col0, int cols,
+                                                    int rows_valid, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int col = col0 + 8 * nt + 2 * t;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row0 + g + 8 * half;
+      if (r >= rows_valid || col >= cols) continue;
+      E* at = out + r * row_stride + col;
+      const float lo = row_scale[half] * acc[nt][2 * half], hi = row_scale[half] * acc[nt][2 * half + 1];
+      if (col + 1 < cols) store_pair(at, lo, hi);
+      else at[0] = from_float<E>(lo);
+    }
+  }
+}
+
 // ldmatrix_x4_ordered, ldmatrix_x4_trans_ordered and mma16816_volatile: cuda/common/mma.cuh.
 
 // acc += A · B for A of 16 x kdim and B of kdim x 8·NT, both in shared memory.

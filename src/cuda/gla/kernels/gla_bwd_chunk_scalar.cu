@@ -27,30 +27,8 @@
 namespace flashgla::cuda::gla {
 namespace {
 
-template <int KP, int VP>
-using ScalarChunkSmem = BwdScalarChunkLayout<KP, VP>;  // cuda/gla/plan/layouts.h
+// The shared memory: BwdScalarChunkLayout (cuda/gla/plan/layouts.h, where the planner checks that it fits).
 constexpr int kWarps = BwdScalarChunkLayout<64, 64>::warps, kThreads = 32 * kWarps;
-
-template <class E>
-__device__ __forceinline__ void store_pair(E* at, float lo, float hi) {
-  *reinterpret_cast<uint32_t*>(at) = Mma<E>::pack(lo, hi);
-}
-
-// A warp's 16 rows × 8·NT columns of fp32 accumulators to bf16 output rows (row r of the chunk at
-// out + r·row_stride), rows from rows_valid on not stored.
-template <int NT>
-__device__ __forceinline__ void store_rows(bf16* out, int64_t row_stride, const float (&acc)[NT][4], int row0,
-                                           int col0, int rows_valid, int lane) {
-  const int g4 = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = row0 + g4 + 8 * half;
-      if (r < rows_valid)
-        store_pair(out + r * row_stride + col0 + 8 * nt + 2 * t4, acc[nt][2 * half], acc[nt][2 * half + 1]);
-    }
-}
 
 // Σ over the warp's columns of x[row][col] · acc for its two rows per lane (g4, g4 + 8), summed over the quad.
 template <int NT>
@@ -72,7 +50,7 @@ __device__ __forceinline__ void row_dots(const bf16* x, int pitch, const float (
 template <int KP, int VP, Gate GK>
 __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdParams p) {
   static_assert(GK == Gate::scalar || GK == Gate::none, "a scalar gate or none");
-  using L = ScalarChunkSmem<KP, VP>;
+  using L = BwdScalarChunkLayout<KP, VP>;
   constexpr int PK = L::PK, PV = L::PV, PA = L::PA;
   constexpr int NTK = KP / 32, NTV = VP / 32;  // 8-column tiles of a warp's quarter of the keys / values
   extern __shared__ __align__(16) unsigned char smem[];
@@ -192,19 +170,17 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdPara
   // ---- phase 2: warp (mo, cg): rows 16·mo, column quarter cg ----
   const int mo = warp & 3, cg = warp >> 2;
   const int i0 = 16 * mo;  // this row block's first token: the products over later tokens start here
-  auto row_weights = [&](bool from_start, float (&f)[2]) {  // exp Γ (from_start) or w of the warp's two rows
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float2 wt = weights[i0 + g4 + 8 * half];
-      f[half] = GK == Gate::scalar ? (from_start ? wt.x : wt.y) : 1.f;
-    }
-  };
   auto scale_rows = [](auto& acc, const float (&f)[2]) {
     for (auto& tile : acc) tile[0] *= f[0], tile[1] *= f[0], tile[2] *= f[1], tile[3] *= f[1];
   };
-  float w[2], start_decay[2];
-  row_weights(false, w);
-  row_weights(true, start_decay);
+  float w[2] = {1.f, 1.f}, start_decay[2] = {1.f, 1.f};  // w and exp Γ of the lane's two rows
+  if constexpr (GK == Gate::scalar)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float2 wt = weights[i0 + g4 + 8 * half];
+      start_decay[half] = wt.x, w[half] = wt.y;
+    }
+  const float unscaled[2] = {1.f, 1.f};
   const int64_t base_row = seq.begin + t0;
   {  // dv = diag(w) K dS + Aᵀ dO
     const int c0 = cg * (VP / 4);
@@ -212,8 +188,8 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdPara
     warp_gemm<NTV, false, false>(acc, k_s + i0 * PK, PK, ds_s + c0, PV, KP);
     scale_rows(acc, w);
     warp_gemm<NTV, true, false>(acc, a_s + i0 * PA + i0, PA, do_s + i0 * PV + c0, PV, kChunk - i0);
-    store_rows<NTV>(static_cast<bf16*>(p.dv.data) + offset4(p.dv, seq.batch, base_row, h, 0), p.dv.stride[1], acc,
-                    i0, c0, rows, lane);
+    bf16* rows_out = static_cast<bf16*>(p.dv.data) + offset4(p.dv, seq.batch, base_row, h, 0);
+    store_fragment_rows<bf16, NTV>(rows_out, p.dv.stride[1], acc, unscaled, i0, c0, VP, rows, lane);
   }
   const int c0 = cg * (KP / 4);
   {  // dq = scale diag(exp Γ) dO Sᵀ + dA K
@@ -227,8 +203,8 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdPara
       if (t4 == 0) qd_s[cg * kChunk + i0 + g4] = lo, qd_s[cg * kChunk + i0 + g4 + 8] = hi;
     }
     warp_gemm<NTK, false, false>(acc, da_s + i0 * PA, PA, k_s + c0, PK, i0 + 16);
-    store_rows<NTK>(static_cast<bf16*>(p.dq.data) + offset4(p.dq, seq.batch, base_row, h, 0), p.dq.stride[1], acc,
-                    i0, c0, rows, lane);
+    bf16* rows_out = static_cast<bf16*>(p.dq.data) + offset4(p.dq, seq.batch, base_row, h, 0);
+    store_fragment_rows<bf16, NTK>(rows_out, p.dq.stride[1], acc, unscaled, i0, c0, KP, rows, lane);
   }
   {  // dk = diag(w) V dSᵀ + dAᵀ Q
     float acc[NTK][4] = {};
@@ -240,8 +216,8 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdPara
       if (t4 == 0) kd_s[cg * kChunk + i0 + g4] = lo, kd_s[cg * kChunk + i0 + g4 + 8] = hi;
     }
     warp_gemm<NTK, true, false>(acc, da_s + i0 * PA + i0, PA, q_s + i0 * PK + c0, PK, kChunk - i0);
-    store_rows<NTK>(static_cast<bf16*>(p.dk.data) + offset4(p.dk, seq.batch, base_row, h, 0), p.dk.stride[1], acc,
-                    i0, c0, rows, lane);
+    bf16* rows_out = static_cast<bf16*>(p.dk.data) + offset4(p.dk, seq.batch, base_row, h, 0);
+    store_fragment_rows<bf16, NTK>(rows_out, p.dk.stride[1], acc, unscaled, i0, c0, KP, rows, lane);
   }
   if constexpr (GK == Gate::none) return;
 
@@ -310,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdPara
 
 template <int KP, int VP, Gate GK>
 void launch_typed(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
-  constexpr int smem = ScalarChunkSmem<KP, VP>::bytes;
+  constexpr int smem = BwdScalarChunkLayout<KP, VP>::bytes;
   auto kernel = scalar_chunk_kernel<KP, VP, GK>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (GLA backward scalar chunk kernel)");

@@ -387,8 +387,8 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
 
     // ---- o = scale · O ----
     const float o_scale[2] = {p.scale, p.scale};
-    store_o_rows<E, NO>(static_cast<E*>(p.o.data) + row_offset(p.o, c * C), p.o.stride[1], o, o_scale, mo,
-                        v0 + 8 * no0, V, rows_valid, lane);
+    store_fragment_rows<E, NO>(static_cast<E*>(p.o.data) + row_offset(p.o, c * C), p.o.stride[1], o, o_scale,
+                               16 * mo, v0 + 8 * no0, V, rows_valid, lane);
   }
 
   // ---- the state: this split's piece (states pass) or the final state ----
@@ -410,24 +410,14 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   }
 }
 
-template <class E, class G, int KP, int BV>
-void launch_vector(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+// One of the fast kernels, with the fast path's shared memory (FastLayout).
+template <int KP, int BV>
+void launch_fast_kernel(void (*kernel)(ChunkParams), const ChunkParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int bytes = FastLayout<KP, BV>::bytes;
-  auto kernel = fast_chunk_kernel<E, G, KP, BV>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "cudaFuncSetAttribute (GLA fast chunk kernel)");
   kernel<<<grid, NT, bytes, stream>>>(p);
   check_cuda(cudaGetLastError(), "GLA fast chunk kernel launch");
-}
-
-template <class E, int KP, int BV, Gate GK, bool NORM = false>
-void launch_scalar(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr int bytes = FastLayout<KP, BV>::bytes;
-  auto kernel = fast_scalar_chunk_kernel<E, KP, BV, GK, NORM>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-             "cudaFuncSetAttribute (GLA fast scalar-gate kernel)");
-  kernel<<<grid, NT, bytes, stream>>>(p);
-  check_cuda(cudaGetLastError(), "GLA fast scalar-gate kernel launch");
 }
 
 template <class E, int KP, int BV>
@@ -438,12 +428,15 @@ void launch(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
     check::fail(ErrorKind::runtime, "q", "internal: the fast scalar-gate kernel needs the split prefix slots");
   switch (p.gate) {
     case Gate::vector:
-      if (p.g.dtype == Elem::f32) return launch_vector<E, float, KP, BV>(p, grid, stream);
-      return launch_vector<E, E, KP, BV>(p, grid, stream);
-    case Gate::scalar: return launch_scalar<E, KP, BV, Gate::scalar>(p, grid, stream);
+      if (p.g.dtype == Elem::f32)
+        return launch_fast_kernel<KP, BV>(fast_chunk_kernel<E, float, KP, BV>, p, grid, stream);
+      return launch_fast_kernel<KP, BV>(fast_chunk_kernel<E, E, KP, BV>, p, grid, stream);
+    case Gate::scalar:
+      return launch_fast_kernel<KP, BV>(fast_scalar_chunk_kernel<E, KP, BV, Gate::scalar, false>, p, grid, stream);
     case Gate::none:
-      if (p.normalize) return launch_scalar<E, KP, BV, Gate::none, true>(p, grid, stream);
-      return launch_scalar<E, KP, BV, Gate::none>(p, grid, stream);
+      if (p.normalize)
+        return launch_fast_kernel<KP, BV>(fast_scalar_chunk_kernel<E, KP, BV, Gate::none, true>, p, grid, stream);
+      return launch_fast_kernel<KP, BV>(fast_scalar_chunk_kernel<E, KP, BV, Gate::none, false>, p, grid, stream);
   }
 }
 

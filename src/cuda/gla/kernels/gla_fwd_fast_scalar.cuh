@@ -53,17 +53,15 @@ __device__ __forceinline__ float float_of_bits(uint2 bits, Elem dtype) {
   switch (dtype) {
     case Elem::f64: return float(__hiloint2double(int(bits.y), int(bits.x)));
     case Elem::f32: return __uint_as_float(bits.x);
-    case Elem::bf16: return __uint_as_float(bits.x << 16);
-    default: return __half2float(__ushort_as_half(static_cast<unsigned short>(bits.x)));
+    case Elem::bf16: return widen<bf16>(bits.x);
+    default: return widen<__half>(bits.x);
   }
 }
 
 // A 16-bit pair scaled by (lo, hi), rounded back to E.
 template <class E>
 __device__ __forceinline__ uint32_t scale_pair(uint32_t pair, float lo, float hi) {
-  E x[2];
-  *reinterpret_cast<uint32_t*>(x) = pair;
-  return Mma<E>::pack(to_float(x[0]) * lo, to_float(x[1]) * hi);
+  return pack_pair<E>(widen<E>(pair & 0xffffu) * lo, widen<E>(pair >> 16) * hi);
 }
 
 // Hooks on each loaded fragment of Kᵀ (keys × tokens 16·ks ..) in chunk_fwd_h_accumulate.
@@ -335,8 +333,8 @@ __global__ void __launch_bounds__(NT, 1) fast_scalar_chunk_kernel(const ChunkPar
         o_scale[half] = p.scale / (p.scale * dot + norm::kEps);
       }
     }
-    store_o_rows<E, NO>(static_cast<E*>(p.o.data) + row_offset(p.o, c * C), p.o.stride[1], o, o_scale, mo,
-                        v0 + 8 * no0, V, rows_valid, lane);
+    store_fragment_rows<E, NO>(static_cast<E*>(p.o.data) + row_offset(p.o, c * C), p.o.stride[1], o, o_scale,
+                               16 * mo, v0 + 8 * no0, V, rows_valid, lane);
   }
 
   if (NORM && split == chunks.last_split && p.z_final.data && holds_z && t4 == 0)

@@ -6,11 +6,13 @@
 //   chunk_fwd_h             step 2, S ← diag(exp γ^C) S + K̂ᵀ V: the vector-gate fast kernel;
 //   chunk_fwd_o_state       step 5's O = (Q ⊙ exp Γ) S: the fast kernels;
 //   chunk_fwd_o_intra       step 5's O += (A ⊙ M) V: the fast kernels;
-//   store_state_tile, store_final_state, store_o_rows  the bf16 state, ht and o from the fragments: the fast kernels.
+//   store_state_tile, store_final_state  the bf16 state and ht from the fragments: the fast kernels (o: the
+//                           device toolkit's store_fragment_rows).
 // The fast kernels' other phases (gate factors and operands, the blocks of A) are written out in them
-// (gla_fwd_fast.cuh: a vector gate; gla_fwd_fast_scalar.cuh: a scalar gate or none). Also here: the constants, fragment helpers and shared-memory symbol the kernels and
-// their stages share. As in stages/chunk_fwd.cuh the kernel owns the register arrays and the mma fragments and
-// passes them by reference, so that its generated code stays the same (scripts/ptx_same.sh).
+// (gla_fwd_fast.cuh: a vector gate; gla_fwd_fast_scalar.cuh: a scalar gate or none). Also here: the constants,
+// fragment helpers and shared-memory symbol the kernels and their stages share. As in stages/chunk_fwd.cuh the
+// kernel owns the register arrays and the mma fragments and passes them by reference, so that its generated code
+// stays the same (scripts/ptx_same.sh).
 #pragma once
 
 #include "cuda/gla/device/elements.cuh"
@@ -301,29 +303,6 @@ __device__ __forceinline__ void store_final_state(const ChunkParams& p, const fl
       if (key < p.key_dim && vg < p.value_dim)
         ht[n * p.ht.stride[0] + h * p.ht.stride[1] + key * p.ht.stride[2] + vg * p.ht.stride[3]] = S[nt][e];
     }
-}
-
-// The warp's output rows, o = o_scale[half] · O for rows 16·mo + g4 + 8·half, straight from the fragments (two
-// elements per store), of the NO column tiles from column col0; rows from rows_valid on and columns from V on
-// are not stored. out: the chunk's first row, column 0; row_stride in elements.
-template <class E, int NO>
-__device__ __forceinline__ void store_o_rows(E* out, int64_t row_stride, const float (&o)[NO][4],
-                                             const float (&o_scale)[2], int mo, int col0, int V, int rows_valid,
-                                             int lane) {
-  const int g4 = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int nt = 0; nt < NO; ++nt) {
-    const int col = col0 + 8 * nt + 2 * t4;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = 16 * mo + g4 + 8 * half;
-      if (r >= rows_valid || col >= V) continue;
-      E* at = out + r * row_stride + col;
-      const float lo = o_scale[half] * o[nt][2 * half], hi = o_scale[half] * o[nt][2 * half + 1];
-      if (col + 1 < V) store2(at, lo, hi);
-      else at[0] = from_float<E>(lo);
-    }
-  }
 }
 
 }  // namespace
