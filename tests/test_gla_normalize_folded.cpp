@@ -231,5 +231,38 @@ TEST(GlaNormalizeFolded, ArgumentsNameWhatIsWrong) {
   testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "z_init", "only with normalize");
 }
 
+// The backward's folded normaliser (GlaBackwardArgs::norm_o) runs on CUDA only: on the CPU the residual query
+// says 0, and residuals passed anyway are refused by name, as are stray or partial ones.
+TEST(GlaNormalizeFolded, ResidualsOfTheFoldedBackward) {
+  Buffer q(DType::f32, {1, 10, 2, 8}), k(DType::f32, {1, 10, 2, 8}), v(DType::f32, {1, 10, 2, 4}),
+      o(DType::f32, {1, 10, 2, 4}), g(DType::f32, {1, 10, 2});
+  Buffer den(DType::f32, {1, 10, 2}), chunk_z(DType::f32, {1, 2, 8}), den_bad(DType::f32, {1, 10, 3});
+  GlaForwardArgs a;
+  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.o = o.view(), a.normalize = true;
+  EXPECT_EQ(gla_normalize_residual_slots(a), 0);
+  a.norm_den = den.view(), a.norm_chunk_z = chunk_z.view();
+  testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "norm_den", "gla_normalize_residual_slots");
+  a.norm_chunk_z = {};
+  testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "norm_chunk_z", "come together");
+  a.norm_den = den_bad.view(), a.norm_chunk_z = chunk_z.view();
+  testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "norm_den", "[B, T, H]");
+  a.norm_den = den.view(), a.normalize = false;
+  testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "norm_den", "only with normalize");
+
+  Buffer d_o(DType::f32, {1, 10, 2, 4}), dq(DType::f32, {1, 10, 2, 8}), dk(DType::f32, {1, 10, 2, 8}),
+      dv(DType::f32, {1, 10, 2, 4}), dg(DType::f32, {1, 10, 2});
+  GlaBackwardArgs b;
+  b.q = q.view(), b.k = k.view(), b.v = v.view(), b.d_o = d_o.view();
+  b.dq = dq.view(), b.dk = dk.view(), b.dv = dv.view();
+  b.norm_o = o.view();
+  testing::expect_error([&] { gla_backward(b); }, ErrorKind::value, "norm_o", "only with norm_den");
+  b.norm_den = den.view(), b.norm_chunk_z = chunk_z.view();
+  testing::expect_error([&] { gla_backward(b); }, ErrorKind::unsupported, "norm_den", "CUDA only");
+  b.g = g.view(), b.dg = dg.view();
+  testing::expect_error([&] { gla_backward(b); }, ErrorKind::value, "g", "no gate");
+  b.g = {}, b.dg = {}, b.reverse = true, b.algorithm = GlaAlgorithm::recurrent;
+  testing::expect_error([&] { gla_backward(b); }, ErrorKind::value, "norm_den", "chunked");
+}
+
 }  // namespace
 }  // namespace flashgla

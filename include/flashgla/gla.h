@@ -55,6 +55,10 @@ struct GlaForwardArgs {
   bool normalize = false;
   TensorView z_init;         // optional with normalize: [N,H,K], any float dtype
   TensorView z_final;        // optional out with normalize: [N,H,K] f32 (f64 for f64 inputs)
+  // Optional outs with normalize, for gla_backward's folded normaliser, where gla_normalize_residual_slots(args)
+  // is S > 0: the denominators [B,T,H] f32 and z at each chunk's start [S,H,K] f32 (contiguous).
+  TensorView norm_den;
+  TensorView norm_chunk_z;
 
   // State pools (prefill into a serving stack's pool; forward only). With
   // initial_state_indices (i32 [N]), initial_state is a pool [P,H,K,V] and
@@ -110,6 +114,15 @@ struct GlaBackwardArgs {
   TensorView d_initial_state;  // optional out: [N,H,K,V] f32 (dh0), also without initial_state
   TensorView d_g_gamma;      // optional out (only with g_gamma): [H] f32 or g_gamma's dtype, the sum over
                              // every token of the gate's gradient
+
+  // The linear-attention normaliser folded in (chunk_linear_attn(normalize=True), CUDA, where the forward's
+  // gla_normalize_residual_slots was S > 0): d_o is the gradient of the normalised output norm_o; norm_den and
+  // norm_chunk_z are the forward's (GlaForwardArgs), and dq, dk get the normaliser's terms too.
+  TensorView norm_o;         // [B,T,H,V], dtype of q
+  TensorView norm_den;       // [B,T,H] f32, contiguous
+  TensorView norm_chunk_z;   // [S,H,K] f32, contiguous
+  TensorView d_z_final;      // optional: [N,H,K] f32, the gradient of z_final
+  TensorView d_z_init;       // optional out: [N,H,K] f32, the gradient of z_init
 
   void* stream = nullptr;
   void* workspace = nullptr;  // as in GlaForwardArgs
@@ -202,6 +215,11 @@ void gla_forward(const GlaForwardArgs& args);
 size_t gla_forward_workspace_bytes(const GlaForwardArgs& args);  // checks args; 0 on the CPU
 void gla_backward(const GlaBackwardArgs& args);
 size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args);
+// With normalize: S > 0, the chunk slots of norm_chunk_z, where the chunked forward fills norm_den and
+// norm_chunk_z for args and gla_backward folds the normaliser in with them (CUDA: the fast forward kernel and
+// the scalar backward chunk kernel, bf16 with K and V of 64 or 128); else 0 (the normaliser's own backward,
+// flashgla/gla_normalize.h, then gla_backward). Checks args.
+int64_t gla_normalize_residual_slots(const GlaForwardArgs& args);
 void gla_decode(const GlaDecodeArgs& args);
 void gla_segment_states(const GlaSegmentStatesArgs& args);
 size_t gla_segment_states_workspace_bytes(const GlaSegmentStatesArgs& args);  // checks args; 0 on the CPU

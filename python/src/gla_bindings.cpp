@@ -49,7 +49,9 @@ void bind_gla(nb::module_& m) {
                                           {"ssm_state_indices", &GlaForwardArgs::ssm_state_indices},
                                           {"num_accepted_tokens", &GlaForwardArgs::num_accepted_tokens},
                                           {"z_init", &GlaForwardArgs::z_init},
-                                          {"z_final", &GlaForwardArgs::z_final}});
+                                          {"z_final", &GlaForwardArgs::z_final},
+                                          {"norm_den", &GlaForwardArgs::norm_den},
+                                          {"norm_chunk_z", &GlaForwardArgs::norm_chunk_z}});
   forward.def_rw("inplace_final_state", &GlaForwardArgs::inplace_final_state)
       .def_rw("normalize", &GlaForwardArgs::normalize);
   m.def(
@@ -59,6 +61,12 @@ void bind_gla(nb::module_& m) {
       },
       "args"_a, "allocate_workspace"_a.none() = nb::none(),
       "allocate_workspace: bytes -> (buffer, data_ptr), or None on the CPU (see WorkspaceAllocator).");
+  m.def(
+      "gla_normalize_residual_slots",
+      [](const GlaForwardArgs& a) {
+        return flashgla::gla_normalize_residual_slots(with_tuning(a, &gla_tuning_from_env));
+      },
+      "args"_a, "S > 0 where gla_backward folds the normaliser in with the forward's residuals (flashgla/gla.h).");
 
   auto backward =
       gla_args_class<GlaBackwardArgs>(m, "GlaBackwardArgs", "flashgla::GlaBackwardArgs (flashgla/gla.h).");
@@ -69,7 +77,12 @@ void bind_gla(nb::module_& m) {
                                             {"dv", &GlaBackwardArgs::dv},
                                             {"dg", &GlaBackwardArgs::dg},
                                             {"d_initial_state", &GlaBackwardArgs::d_initial_state},
-                                            {"d_g_gamma", &GlaBackwardArgs::d_g_gamma}});
+                                            {"d_g_gamma", &GlaBackwardArgs::d_g_gamma},
+                                            {"norm_o", &GlaBackwardArgs::norm_o},
+                                            {"norm_den", &GlaBackwardArgs::norm_den},
+                                            {"norm_chunk_z", &GlaBackwardArgs::norm_chunk_z},
+                                            {"d_z_final", &GlaBackwardArgs::d_z_final},
+                                            {"d_z_init", &GlaBackwardArgs::d_z_init}});
   m.def(
       "gla_backward",
       [](const GlaBackwardArgs& a, nb::handle allocate_workspace) {

@@ -206,6 +206,28 @@ void check_ssm_pool(const GlaForwardArgs& a, const GlaProblem& p) {
     }
 }
 
+// The folded normaliser's residuals (GlaForwardArgs::norm_den, norm_chunk_z): contiguous f32.
+void check_norm_den(const TensorView& t, const GlaProblem& p, const Device& dev, bool is_output) {
+  check::shape(t, "norm_den", {p.batch, p.seq_len, p.heads}, "[B, T, H]", is_output);
+  check::dtype(t, "norm_den", DType::f32);
+  check::device(t, "norm_den", dev, "q");
+  FLASHGLA_REQUIRE(t.is_contiguous(), ErrorKind::value, "norm_den", "expected a contiguous tensor");
+}
+
+void check_norm_chunk_z(const TensorView& t, const GlaProblem& p, int64_t slots, const Device& dev, bool is_output) {
+  check::shape(t, "norm_chunk_z", {slots, p.heads, p.key_dim}, "[S, H, K] (S: gla_normalize_residual_slots)",
+               is_output);
+  check::dtype(t, "norm_chunk_z", DType::f32);
+  check::device(t, "norm_chunk_z", dev, "q");
+  FLASHGLA_REQUIRE(t.is_contiguous(), ErrorKind::value, "norm_chunk_z", "expected a contiguous tensor");
+}
+
+void check_key_sum(const TensorView& t, const char* name, const GlaProblem& p, const Device& dev, bool is_output) {
+  check::shape(t, name, {p.num_seqs, p.heads, p.key_dim}, "[N, H, K]", is_output);
+  check::dtype(t, name, DType::f32);
+  check::device(t, name, dev, "q");
+}
+
 GlaProblem check_forward(const GlaForwardArgs& a) {
   const bool ssm_pool = a.ssm_state_indices.defined();
   const bool h0_pool = a.initial_state_indices.defined() || ssm_pool, ht_pool = a.final_state_indices.defined();
@@ -218,10 +240,19 @@ GlaProblem check_forward(const GlaForwardArgs& a) {
     FLASHGLA_REQUIRE(!h0_pool && !ht_pool, ErrorKind::value, "normalize",
                      "takes dense states, not state pools (the running key sum has no pool)");
     gla_normalize_forward_workspace_bytes(normalize_args_of(a));  // checks z_init and z_final
+    if (a.norm_den.defined()) check_norm_den(a.norm_den, p, a.q.device, true);
+    if (a.norm_chunk_z.defined()) {
+      check::tensor(a.norm_chunk_z, "norm_chunk_z", 3, "[S, H, K]", true);
+      check_norm_chunk_z(a.norm_chunk_z, p, a.norm_chunk_z.shape[0], a.q.device, true);
+    }
   } else {
     FLASHGLA_REQUIRE(!a.z_init.defined(), ErrorKind::value, "z_init", "is the normaliser's: only with normalize");
     FLASHGLA_REQUIRE(!a.z_final.defined(), ErrorKind::value, "z_final", "is the normaliser's: only with normalize");
+    FLASHGLA_REQUIRE(!a.norm_den.defined(), ErrorKind::value, "norm_den", "is the normaliser's: only with normalize");
   }
+  FLASHGLA_REQUIRE(a.norm_den.defined() == a.norm_chunk_z.defined(), ErrorKind::value,
+                   a.norm_den.defined() ? "norm_chunk_z" : "norm_den",
+                   "norm_den and norm_chunk_z come together (the folded normaliser's residuals)");
   if (ssm_pool) {
     check_ssm_pool(a, p);
     return p;
@@ -281,6 +312,25 @@ GlaProblem check_backward(const GlaBackwardArgs& a) {
                      std::string("expected dtype float32 or that of g_gamma (") + dtype_name(a.g_gamma.dtype) +
                          "), got " + dtype_name(a.d_g_gamma.dtype));
     check::device(a.d_g_gamma, "d_g_gamma", dev, "q");
+  }
+  if (a.norm_den.defined()) {  // the folded normaliser (GlaBackwardArgs::norm_o)
+    FLASHGLA_REQUIRE(!a.g.defined() && !a.g_gamma.defined(), ErrorKind::value, a.g.defined() ? "g" : "g_gamma",
+                     "the folded normaliser takes no gate");
+    FLASHGLA_REQUIRE(a.algorithm == GlaAlgorithm::chunked && !a.reverse, ErrorKind::value, "norm_den",
+                     "the folded normaliser is the chunked algorithm's, forward in time");
+    check_like(a.norm_o, "norm_o", a.v, "[B, T, H, V]", a.q.dtype, dev, false);
+    check_norm_den(a.norm_den, p, dev, false);
+    check::tensor(a.norm_chunk_z, "norm_chunk_z", 3, "[S, H, K]");
+    check_norm_chunk_z(a.norm_chunk_z, p, a.norm_chunk_z.shape[0], dev, false);
+    if (a.d_z_final.defined()) check_key_sum(a.d_z_final, "d_z_final", p, dev, false);
+    if (a.d_z_init.defined()) check_key_sum(a.d_z_init, "d_z_init", p, dev, true);
+    FLASHGLA_REQUIRE(dev.type == DeviceType::cuda, ErrorKind::unsupported, "norm_den",
+                     "the folded normaliser runs on CUDA only (gla_normalize_residual_slots is 0 on the CPU)");
+  } else {
+    const char* stray = a.norm_o.defined() ? "norm_o" : a.norm_chunk_z.defined() ? "norm_chunk_z"
+                        : a.d_z_final.defined() ? "d_z_final" : a.d_z_init.defined() ? "d_z_init" : nullptr;
+    FLASHGLA_REQUIRE(stray == nullptr, ErrorKind::value, stray ? stray : "",
+                     "belongs to the folded normaliser: only with norm_den");
   }
   return p;
 }
@@ -343,6 +393,15 @@ void gla_forward(const GlaForwardArgs& args) {
   const GlaProblem p = check_forward(args);
   GlaForwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
+  if (a.norm_den.defined()) {
+    const int64_t slots = gla_normalize_residual_slots(args);
+    FLASHGLA_REQUIRE(slots > 0, ErrorKind::value, "norm_den",
+                     "the folded normaliser's residuals are filled only where gla_normalize_residual_slots is > 0 "
+                     "(CUDA, bf16, K and V of 64 or 128, the chunked fast kernel)");
+    FLASHGLA_REQUIRE(a.norm_chunk_z.shape[0] == slots, ErrorKind::value, "norm_chunk_z",
+                     "expected [S, H, K] with S = gla_normalize_residual_slots = " + std::to_string(slots) +
+                         ", got " + a.norm_chunk_z.shape_str());
+  }
   if (a.normalize && dev.type == DeviceType::cpu) {  // the op, then the normaliser on o (CUDA: in its backend)
     GlaForwardArgs op = a;
     op.normalize = false, op.z_init = {}, op.z_final = {};
@@ -371,6 +430,15 @@ void gla_backward(const GlaBackwardArgs& args) {
   FLASHGLA_DISPATCH(dev, gla_backward, b, p);
   const GammaGradArgs grad{b.dg, a.dg, a.d_g_gamma, a.stream};
   FLASHGLA_DISPATCH(dev, gla_gamma_grad, grad);
+}
+
+int64_t gla_normalize_residual_slots(const GlaForwardArgs& args) {
+  const GlaProblem p = check_forward(args);
+  if (!args.normalize || args.algorithm != GlaAlgorithm::chunked || args.reverse) return 0;
+#ifdef FLASHGLA_WITH_CUDA
+  if (args.q.device.type == DeviceType::cuda) return cuda::gla_normalize_residual_slots(with_kv_states(args), p);
+#endif
+  return 0;
 }
 
 // With a materialised g_gamma gate the op's scratch follows the gate's (see GateScratch).

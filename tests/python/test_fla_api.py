@@ -128,20 +128,36 @@ def test_normalize_chunked_scan_gpu(gen, dtype, reverse):
         assert_close(grad, ref_grad, GRAD_TOLERANCE[dtype], name)
 
 
+def folds_the_normaliser_backward(q, k, v, cu_seqlens):
+    """Whether the CUDA backward folds the normaliser in for these inputs (gla_normalize_residual_slots)."""
+    from flashgla import _C
+    from flashgla.ops.gla import _normalized_args
+    o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    return _C.gla_normalize_residual_slots(_normalized_args(q, k, v, o, None, None, cu_seqlens, None, None)) > 0
+
+
 @requires_gpu
+@pytest.mark.parametrize("shape", ["varlen d128", "batch K64 V128", "batch d64"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_normalize_folded_into_the_chunked_forward_gpu(gen, dtype):
-    """chunk_linear_attn(normalize=True) at FLA's d128 on the GPU: the fast kernel divides by the normaliser as it
-    stores o, and the backward starts from that o; against fp64 on sequences of many chunks, lengths off the chunk
-    and empty ones: o, both final states and every gradient."""
-    lengths = [0, 700, 1, 0, 1300]
-    B, T, H, K, V, N = 1, sum(lengths), 2, 128, 128, len(lengths)
-    cu_seqlens = cu(lengths)
+def test_normalize_folded_into_the_chunked_forward_gpu(gen, dtype, shape):
+    """chunk_linear_attn(normalize=True) on the GPU: the fast kernel divides by the normaliser as it stores o; in
+    bf16 the backward folds the normaliser into the op's (its residuals kept by the forward), in fp16 it starts
+    from that o; against fp64 on sequences of many chunks, lengths off the chunk and empty ones: o, both final
+    states and every gradient."""
+    if shape == "varlen d128":
+        lengths = [0, 700, 1, 0, 1300]
+        B, T, H, K, V, N = 1, sum(lengths), 2, 128, 128, len(lengths)
+        cu_seqlens = cu(lengths)
+    else:
+        B, T, H, K, V = (2, 300, 2, 64, 128) if shape == "batch K64 V128" else (3, 129, 2, 64, 64)
+        N, cu_seqlens = B, None
     inputs, grad_outputs = normalized_inputs(gen, B, T, H, K, V, N, dtype)
     leaves = [x.cuda().requires_grad_() for x in inputs]
+    cu_dev = None if cu_seqlens is None else cu_seqlens.cuda()
+    assert folds_the_normaliser_backward(*leaves[:3], cu_dev) == (dtype == torch.bfloat16)
     with poisoned_outputs():
         o, (ht, z) = flashgla.chunk_linear_attn(*leaves[:3], initial_state=(leaves[3], leaves[4]),
-                                                output_final_state=True, cu_seqlens=cu_seqlens.cuda())
+                                                output_final_state=True, cu_seqlens=cu_dev)
         grads = grads_of((o, ht, z), leaves, to("cuda", *grad_outputs))
     check_normalized((o, ht, z), grads, inputs, grad_outputs, cu_seqlens, dtype)
 

@@ -240,12 +240,15 @@ def _(o_raw, q, k, z_init, cu_seqlens, cu_seqlens_host, scale, reverse):
     return _normalize_outputs(o_raw, q, cu_seqlens)
 
 
+def _z_grad_output(q, z_init):
+    return torch.empty(z_init.shape, dtype=_summary_dtype(q), device=q.device) if z_init is not None else _absent(q)
+
+
 def _normalize_backward_outputs(o_raw, q, z_init):
     d_o_raw = torch.empty(o_raw.shape, dtype=q.dtype, device=q.device)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dz = torch.empty(z_init.shape, dtype=_summary_dtype(q), device=q.device) if z_init is not None else _absent(q)
-    return d_o_raw, dq, dk, dz
+    return d_o_raw, dq, dk, _z_grad_output(q, z_init)
 
 
 @torch.library.custom_op("flashgla::linear_attn_normalize_backward", mutates_args=())
@@ -291,55 +294,133 @@ forbid_double_backward(_linear_attn_normalize_backward, "chunk_linear_attn")
 
 
 # The chunked op and the normaliser in one forward call (GlaForwardArgs.normalize: on CUDA the fast kernel
-# divides as it stores o, so no o_raw is written or read back); the backward is the normaliser's (from o) and
-# then the op's.
-def _normalized_outputs(q, v, cu_seqlens, output_final_state):
+# divides as it stores o, so no o_raw is written or read back). The backward folds the normaliser into the op's
+# (GlaBackwardArgs.norm_o) where the forward kept its residuals (gla_normalize_residual_slots > 0: CUDA, bf16, K
+# and V of 64 or 128); elsewhere it is the normaliser's own (from o) and then the op's.
+def _residual_shapes(q, v, cu_seqlens, keep_residuals):
+    """The residuals' shapes, den [B,T,H] and z at each chunk's start [S,H,K], where a backward will follow
+    (keep_residuals) and may fold the normaliser in (whether it does is gla_normalize_residual_slots's answer);
+    else empty. Shapes only, so that the fake implementation agrees."""
+    if (not keep_residuals or q.device.type != "cuda" or q.dtype != torch.bfloat16 or q.dim() != 4 or v.dim() != 4
+            or q.shape[3] not in (64, 128) or v.shape[3] not in (64, 128)):
+        return (0,), (0,)
+    B, T, H, K = q.shape
+    if cu_seqlens is not None:
+        N = cu_seqlens.shape[0] - 1 if cu_seqlens.dim() == 1 else 0
+        slots = T // 64 + N if N > 0 and T > 0 else 0
+    else:
+        slots = B * ((T + 63) // 64)
+    return (B, T, H), (slots, H, K)
+
+
+def _normalized_outputs(q, v, cu_seqlens, output_final_state, keep_residuals):
     o, final_state = _forward_outputs(q, v, cu_seqlens, output_final_state)
-    return o, final_state, torch.empty(_z_shape(q, cu_seqlens), dtype=_summary_dtype(q), device=q.device)
+    den_shape, z_shape = _residual_shapes(q, v, cu_seqlens, keep_residuals)
+    return (o, final_state, torch.empty(_z_shape(q, cu_seqlens), dtype=_summary_dtype(q), device=q.device),
+            torch.empty(den_shape, dtype=torch.float32, device=q.device),
+            torch.empty(z_shape, dtype=torch.float32, device=q.device))
+
+
+def _normalized_args(q, k, v, o, initial_state, z_init, cu_seqlens, cu_seqlens_host, scale, final_state=None,
+                     z_final=None):
+    return make_args(_C.GlaForwardArgs, q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                     cu_seqlens_host=cu_seqlens_host, scale=scale, algorithm=_C.GlaAlgorithm.chunked, o=o,
+                     final_state=final_state, normalize=True, z_init=_z_view(z_init, "z_init"),
+                     z_final=_z_view(z_final, "z_final"))
+
+
+def _residual_slots(args, den, chunk_z):
+    """gla_normalize_residual_slots for these args, where den and chunk_z have room for the residuals; else 0."""
+    if den.numel() == 0 or chunk_z.dim() != 3:
+        return 0
+    slots = _C.gla_normalize_residual_slots(args)
+    return slots if slots == chunk_z.shape[0] else 0
 
 
 @torch.library.custom_op("flashgla::chunk_linear_attn_normalized", mutates_args=())
 def _chunk_linear_attn_normalized(q: Tensor, k: Tensor, v: Tensor, initial_state: Optional[Tensor],
                                   z_init: Optional[Tensor], cu_seqlens: Optional[Tensor],
                                   cu_seqlens_host: Optional[Tensor], scale: Optional[float],
-                                  output_final_state: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                                  output_final_state: bool, keep_residuals: bool = False
+                                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """o, final_state, z_final and, with keep_residuals (a backward will follow), the residuals of the backward's
+    folded normaliser (den, z at each chunk's start; filled where gla_normalize_residual_slots is > 0)."""
     _require_forward_memory("chunk_linear_attn", _C.GlaAlgorithm.chunked, q, v, cu_seqlens, output_final_state,
                             None, False)
-    o, final_state, z = _normalized_outputs(q, v, cu_seqlens, output_final_state)
-    args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                     cu_seqlens_host=cu_seqlens_host, scale=scale, algorithm=_C.GlaAlgorithm.chunked, o=o,
-                     final_state=final_state if output_final_state else None, normalize=True,
-                     z_init=_z_view(z_init, "z_init"), z_final=_z_view(z, "z_final"))
+    o, final_state, z, den, chunk_z = _normalized_outputs(q, v, cu_seqlens, output_final_state, keep_residuals)
+    args = _normalized_args(q, k, v, o, initial_state, z_init, cu_seqlens, cu_seqlens_host, scale,
+                            final_state if output_final_state else None, z)
+    if _residual_slots(args, den, chunk_z) > 0:
+        args.norm_den, args.norm_chunk_z = view(den, "norm_den"), view(chunk_z, "norm_chunk_z")
     run_op(_C.gla_forward, args, q.device)
-    return o, final_state, z
+    return o, final_state, z, den, chunk_z
 
 
 @_chunk_linear_attn_normalized.register_fake
-def _(q, k, v, initial_state, z_init, cu_seqlens, cu_seqlens_host, scale, output_final_state):
+def _(q, k, v, initial_state, z_init, cu_seqlens, cu_seqlens_host, scale, output_final_state, keep_residuals=False):
     require_same_device(q, k=k, v=v, initial_state=initial_state, z_init=z_init, cu_seqlens=cu_seqlens)
-    return _normalized_outputs(q, v, cu_seqlens, output_final_state)
+    return _normalized_outputs(q, v, cu_seqlens, output_final_state, keep_residuals)
+
+
+@torch.library.custom_op("flashgla::chunk_linear_attn_normalized_backward", mutates_args=())
+def _chunk_linear_attn_normalized_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, den: Tensor,
+                                           chunk_z: Tensor, initial_state: Optional[Tensor],
+                                           z_init: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                                           cu_seqlens_host: Optional[Tensor], do: Tensor, dht: Optional[Tensor],
+                                           dz: Optional[Tensor], scale: Optional[float], need_dh0: bool
+                                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv, dh0 and dz_init: the op's backward with the normaliser folded in (GlaBackwardArgs.norm_o) where
+    the forward kept its residuals (the same question as the forward's, the same answer), else the normaliser's
+    own backward from o and then the op's."""
+    args = _normalized_args(q, k, v, o, initial_state, z_init, cu_seqlens, cu_seqlens_host, scale)
+    if _residual_slots(args, den, chunk_z) == 0:
+        d_o_raw, dq_z, dk_z, dz_init = _linear_attn_normalize_backward(o, q, k, z_init, cu_seqlens, cu_seqlens_host,
+                                                                       do, dz, scale, False, True)
+        dq, dk, dv, _, dh0, _ = torch.ops.flashgla.chunk_linear_attn_backward(
+            q, k, v, None, initial_state, cu_seqlens, cu_seqlens_host, d_o_raw, dht, scale, False, need_dh0)
+        return dq + dq_z, dk + dk_z, dv, dh0, dz_init
+    _require_backward_memory("chunk_linear_attn (normalize, backward)", _C.GlaAlgorithm.chunked, q, k, v, None,
+                             cu_seqlens, need_dh0, None, False)
+    dq, dk, dv, _, dh0, _ = _backward_outputs(q, k, v, None, cu_seqlens, need_dh0, None, None, False)
+    dz_init = _z_grad_output(q, z_init)
+    args = make_args(_C.GlaBackwardArgs, q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                     cu_seqlens_host=cu_seqlens_host, scale=scale, algorithm=_C.GlaAlgorithm.chunked,
+                     d_o=do.contiguous(), d_final_state=dht, dq=dq, dk=dk, dv=dv,
+                     d_initial_state=dh0 if need_dh0 else None, norm_o=o, norm_den=den, norm_chunk_z=chunk_z,
+                     d_z_final=_z_view(dz, "d_z_final"),
+                     d_z_init=_z_view(dz_init, "d_z_init") if z_init is not None else None)
+    run_op(_C.gla_backward, args, q.device)
+    return dq, dk, dv, dh0, dz_init
+
+
+@_chunk_linear_attn_normalized_backward.register_fake
+def _(q, k, v, o, den, chunk_z, initial_state, z_init, cu_seqlens, cu_seqlens_host, do, dht, dz, scale, need_dh0):
+    require_same_device(q, k=k, v=v, o=o, den=den, chunk_z=chunk_z, initial_state=initial_state, z_init=z_init,
+                        cu_seqlens=cu_seqlens, d_o=do)
+    dq, dk, dv, _, dh0, _ = _backward_outputs(q, k, v, None, cu_seqlens, need_dh0, None, None, False)
+    return dq, dk, dv, dh0, _z_grad_output(q, z_init)
 
 
 def _normalized_setup(ctx, inputs, output):
-    q, k, v, initial_state, z_init, cu_seqlens, cu_seqlens_host, scale, output_final_state = inputs
-    ctx.save_for_backward(q, k, v, output[0], initial_state, z_init, cu_seqlens, cu_seqlens_host)
+    q, k, v, initial_state, z_init, cu_seqlens, cu_seqlens_host, scale, output_final_state, _ = inputs
+    ctx.save_for_backward(q, k, v, output[0], initial_state, z_init, cu_seqlens, cu_seqlens_host, output[3],
+                          output[4])
     ctx.scale, ctx.output_final_state = scale, output_final_state
 
 
-def _normalized_gradients(ctx, do, dht, dz):
-    q, k, v, o, initial_state, z_init, cu_seqlens, cu_seqlens_host = ctx.saved_tensors
-    d_o_raw, dq_z, dk_z, dz_init = _linear_attn_normalize_backward(o, q, k, z_init, cu_seqlens, cu_seqlens_host, do,
-                                                                   dz, ctx.scale, False, True)
+def _normalized_gradients(ctx, do, dht, dz, _dden, _dchunk_z):
+    q, k, v, o, initial_state, z_init, cu_seqlens, cu_seqlens_host, den, chunk_z = ctx.saved_tensors
     need_dh0 = initial_state is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, _, dh0, _ = torch.ops.flashgla.chunk_linear_attn_backward(
-        q, k, v, None, initial_state, cu_seqlens, cu_seqlens_host, d_o_raw, dht if ctx.output_final_state else None,
-        ctx.scale, False, need_dh0)
     need_dz = z_init is not None and ctx.needs_input_grad[4]
-    return (dq + dq_z, dk + dk_z, dv, dh0.to(initial_state.dtype) if need_dh0 else None,
-            dz_init.to(z_init.dtype) if need_dz else None, None, None, None, None)
+    dq, dk, dv, dh0, dz_init = _chunk_linear_attn_normalized_backward(
+        q, k, v, o, den, chunk_z, initial_state, z_init, cu_seqlens, cu_seqlens_host, do,
+        dht if ctx.output_final_state else None, dz, ctx.scale, need_dh0)
+    return (dq, dk, dv, dh0.to(initial_state.dtype) if need_dh0 else None,
+            dz_init.to(z_init.dtype) if need_dz else None, None, None, None, None, None)
 
 
 _chunk_linear_attn_normalized.register_autograd(_normalized_gradients, setup_context=_normalized_setup)
+forbid_double_backward(_chunk_linear_attn_normalized_backward, "chunk_linear_attn")
 
 
 def _cp(op_name, q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host, cp_context,
@@ -587,8 +668,10 @@ def _linear_attn(op, op_raw, q, k, v, scale, initial_state, output_final_state, 
     _check_z_state(op, z_state, q, cu_seqlens)
     scale = as_scale(scale, op, hint)
     if normalize and op_raw is _chunk_linear_attn:
-        o, final_state, z = _chunk_linear_attn_normalized(q, k, v, kv_state, z_state, cu_seqlens, cu_seqlens_host,
-                                                          scale, output_final_state)
+        keep = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
+                                               for t in (q, k, v, kv_state, z_state))
+        o, final_state, z, _, _ = _chunk_linear_attn_normalized(q, k, v, kv_state, z_state, cu_seqlens,
+                                                                cu_seqlens_host, scale, output_final_state, keep)
         return o, (final_state if output_final_state else None, z)
     o, final_state = op_raw(q, k, v, None, kv_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state)
     final_state = final_state if output_final_state else None

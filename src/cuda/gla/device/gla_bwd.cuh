@@ -75,6 +75,14 @@ struct BwdParams {
   // With g_gamma's gradient asked for: per (slot, head), the sum over the chunk's tokens of the scalar gate's
   // gradient (zeroed first: padding slots stay 0); d_g_gamma[h] is their sum over slots.
   float* gamma_chunk_sums = nullptr;  // [num_slots][H]
+  // The folded normaliser (GlaBackwardArgs::norm_o; no gate, the scalar chunk kernel): d_o is the normalised
+  // output's gradient, so the backward scan weights q's rows by 1/den_t as well; the chunk kernel adds the
+  // normaliser's terms and its per-chunk key gradient Σ_t scale d den_t q_t to norm_key_grads, which
+  // launch_bwd_norm_keys turns into dz after each chunk (added to dk there) and d_z_init.
+  View norm_o, norm_den;                 // [B,T,H,V] (dtype of q), f32 [B,T,H]
+  const float* norm_chunk_z = nullptr;   // [slot][H][K]: z at each chunk's start (the forward's)
+  float* norm_key_grads = nullptr;       // [num_slots][H][K] scratch
+  View d_z_final, d_z_init;              // f32 [N,H,K], both optional
 
   // Recurrent: fp32 accumulators [B*T, H, K] (zeroed) and one [N, H, K] term;
   // see gla_bwd_recurrent.cu for the three parts of dg.
@@ -111,6 +119,9 @@ void launch_bwd_state_scan(const BwdParams& p, Compute c, BwdScanKernel scans, c
 void launch_bwd_chunk(const BwdParams& p, BwdChunkKernel kernel, bool overlap_scans, cudaStream_t stream);
 // BwdChunkKernel::scalar (gla_bwd_chunk_scalar.cu): a scalar gate or none, bf16 rows, K and V of 64 or 128.
 void launch_bwd_scalar_chunk(const BwdParams& p, bool overlap_scans, cudaStream_t stream);
+// After the chunk kernel, with the folded normaliser: norm_key_grads' suffix sums over each sequence's chunks
+// (from d_z_final) added to dk, and d_z_init (gla_bwd_chunk_scalar.cu).
+void launch_bwd_norm_keys(const BwdParams& p, cudaStream_t stream);
 void launch_bwd_recurrent(const BwdParams& p, cudaStream_t stream);
 
 }  // namespace flashgla::cuda::gla

@@ -68,6 +68,10 @@ struct ChunkParams {
   View z_init, z_final;
   const float* norm_z = nullptr;  // [slots, H, K]
   norm::ChunkSlots norm_slots;
+  // The residuals of the backward's folded normaliser (GlaForwardArgs::norm_den, norm_chunk_z), written if set:
+  // den_t per token ([B,T,H]) and z at each chunk's start ([slots, H, K], norm_slots).
+  View norm_den;                 // f32 [B,T,H]
+  float* norm_chunk_z = nullptr;
   ChunkLayout smem;
 };
 

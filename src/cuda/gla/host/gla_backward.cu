@@ -9,6 +9,7 @@
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/gla_bwd.cuh"
 #include "cuda/gla/host/gla_host.cuh"
+#include "cuda/gla/plan/normalize_layout.h"
 #include "cuda/gla/plan/plan.h"
 
 namespace flashgla::cuda {
@@ -54,6 +55,7 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
   b.dg_bf16_rows = vector_gate && bf16_rows(view_of(a.dg), K);
   b.g_f32_rows = vector_gate && f32_rows(view_of(a.g), K);
   b.dg_f32_rows = vector_gate && f32_rows(view_of(a.dg), K);
+  b.normalize = a.norm_den.defined();
   return b;
 }
 
@@ -131,8 +133,22 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
       check_cuda(cudaMemsetAsync(p.gamma_chunk_sums, 0, sizes.gamma_chunk_sums, stream),
                  "cudaMemsetAsync (g_gamma's chunk sums)");
     }
+    if (a.norm_den.defined()) {  // the folded normaliser (checked in src/api/gla.cpp)
+      FLASHGLA_REQUIRE(sizes.chunk_kernel == gla::BwdChunkKernel::scalar, ErrorKind::unsupported, "norm_den",
+                       "the folded normaliser needs the scalar chunk kernel (bf16 rows, K and V of 64 or 128): "
+                       "pass the residuals only where gla_normalize_residual_slots is > 0");
+      const int64_t slots = norm::chunk_slots(pr.batch, pr.seq_len, pr.num_seqs, pr.varlen).count;
+      FLASHGLA_REQUIRE(a.norm_chunk_z.shape[0] == slots, ErrorKind::value, "norm_chunk_z",
+                       "expected [S, H, K] with S = " + std::to_string(slots) + " (the forward's), got " +
+                           a.norm_chunk_z.shape_str());
+      p.norm_o = view_of(a.norm_o), p.norm_den = view_of(a.norm_den);
+      p.norm_chunk_z = static_cast<const float*>(a.norm_chunk_z.data);
+      p.norm_key_grads = reinterpret_cast<float*>(take(sizes.norm_key_grads));  // every chunk's slot written
+      p.d_z_final = view_of(a.d_z_final), p.d_z_init = view_of(a.d_z_init);
+    }
     gla::launch_bwd_state_scan(p, c, sizes.scans, stream);  // also writes dh0
     if (p.num_slots > 0 && pr.seq_len > 0) gla::launch_bwd_chunk(p, sizes.chunk_kernel, sizes.overlap, stream);
+    if (a.norm_den.defined()) gla::launch_bwd_norm_keys(p, stream);
     if (a.d_g_gamma.defined()) {  // d_g_gamma[h]: the chunk sums added over the slots, in a fixed order
       const TensorView sums =
           TensorView::contiguous(p.gamma_chunk_sums, DType::f32, {1, p.num_slots, pr.heads}, a.q.device);

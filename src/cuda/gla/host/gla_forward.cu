@@ -8,8 +8,10 @@
 #include "core/gla_options_backend.h"
 #include "core/sequences.h"
 #include "cuda/common/host.cuh"
+#include "cuda/gla/device/gla_bwd.cuh"
 #include "cuda/gla/device/gla_fwd.cuh"
 #include "cuda/gla/host/gla_host.cuh"
+#include "cuda/gla/plan/layouts.h"
 
 namespace flashgla::cuda {
 namespace {
@@ -137,6 +139,21 @@ size_t gla_forward_workspace_bytes(const GlaForwardArgs& args, const GlaProblem&
   return pooled + dense_workspace_bytes(with_dense_states(args, problem, reinterpret_cast<char*>(256)), problem);
 }
 
+// The backward folds the normaliser in with the scalar chunk kernel (bf16 rows, K and V of 64 or 128, its
+// shared memory with the normaliser's tiles), from residuals the fast forward kernel writes.
+int64_t gla_normalize_residual_slots(const GlaForwardArgs& args, const GlaProblem& problem) {
+  const int K = int(problem.key_dim), V = int(problem.value_dim);
+  if (args.q.dtype != DType::bf16 || problem.gate != GateKind::none || pooled_bytes(args, problem) != 0 ||
+      !gla::bwd_scalar_chunk_shape(K, V))
+    return 0;
+  if (gla::bwd_scalar_chunk_smem_bytes(K, V, true) > device_props(args.q.device.index).max_smem_per_block) return 0;
+  if (!gla::bf16_rows(view_of(args.q), K) || !gla::bf16_rows(view_of(args.k), K) ||
+      !gla::bf16_rows(view_of(args.v), V))
+    return 0;
+  if (plan_chunked(args, problem).plan.kernel != gla::FwdKernel::fast) return 0;
+  return norm::chunk_slots(problem.batch, problem.seq_len, problem.num_seqs, args.cu_seqlens.defined()).count;
+}
+
 void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
   const size_t pooled = pooled_bytes(args, problem);
   if (pooled == 0) return forward_dense(args, problem);
@@ -213,14 +230,16 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
   const bool fold_normalizer = args.normalize && plan.kernel == gla::FwdKernel::fast;
   if (fold_normalizer) {
     c.normalize = true;
+    c.norm_slots = norm::chunk_slots(problem.batch, problem.seq_len, problem.num_seqs, args.cu_seqlens.defined());
     if (plan.num_splits > 1) {
       float* z_starts = static_cast<float*>(normalizer.workspace);
       gla_normalize_key_prefix(normalizer, problem, z_starts);
       c.norm_z = z_starts;
-      c.norm_slots = norm::chunk_slots(problem.batch, problem.seq_len, problem.num_seqs, args.cu_seqlens.defined());
     } else {
       c.z_init = view_of(args.z_init), c.z_final = view_of(args.z_final);
     }
+    c.norm_den = view_of(args.norm_den);  // set only where gla_normalize_residual_slots > 0 (src/api/gla.cpp)
+    c.norm_chunk_z = static_cast<float*>(args.norm_chunk_z.data);
   }
   launch_chunked(c, plan, workspace, num_seqs, stream);
   if (args.normalize && !fold_normalizer) gla_normalize_forward(normalizer, problem);

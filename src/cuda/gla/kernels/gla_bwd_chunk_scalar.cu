@@ -15,6 +15,15 @@
 //             never enters) and dq^(S), dk^(S) the state terms above. Every sum in a fixed order.
 // One block of 16 warps per (chunk, head), every tile of the chunk in shared memory; warp w takes rows
 // 16·(w % 4) and a quarter of the columns in phase 2.
+//
+// NORM, the folded normaliser (no gate; chunk_linear_attn(normalize=True)): o_t = scale O_t / den_t with
+// den_t = scale q_t·z_t + 1e-10 and z_t = z (at the chunk's start) + Σ_{s ≤ t} k_s. With dO the normalised
+// output's gradient, r_t = 1/den_t and d den_t = −r_t (dO_t · o_t) (from the forward's o and den):
+//   the op's gradients take r_t dO (the backward scan's q rows carry r_t too): A = scale diag(r) P ⊙ D;
+//   den's terms are linear attention with a column of ones in v and d den as its output gradient:
+//   dA += scale d den_t on and below the diagonal (dq's and dk's in-chunk terms through the products),
+//   dq += scale d den_t z, and dk += dz after the chunk, which needs the later chunks: the kernel writes
+//   Σ_t scale d den_t q_t per chunk, and launch_bwd_norm_keys adds the suffix sums to dk.
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/chunk_slots.cuh"
 #include "cuda/gla/device/decay_tables.cuh"
@@ -47,9 +56,10 @@ __device__ __forceinline__ void row_dots(const bf16* x, int pitch, const float (
   lo += __shfl_xor_sync(0xffffffffu, lo, 2), hi += __shfl_xor_sync(0xffffffffu, hi, 2);
 }
 
-template <int KP, int VP, Gate GK>
+template <int KP, int VP, Gate GK, bool NORM>
 __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdParams p) {
   static_assert(GK == Gate::scalar || GK == Gate::none, "a scalar gate or none");
+  static_assert(!NORM || GK == Gate::none, "the normaliser comes without a gate");
   using L = BwdScalarChunkLayout<KP, VP>;
   constexpr int PK = L::PK, PV = L::PV, PA = L::PA;
   constexpr int NTK = KP / 32, NTV = VP / 32;  // 8-column tiles of a warp's quarter of the keys / values
@@ -69,6 +79,10 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdPara
   float* qd_s = reinterpret_cast<float*>(smem + L::qd);
   float* kd_s = reinterpret_cast<float*>(smem + L::kd);
   float* state_term_s = reinterpret_cast<float*>(smem + L::state_term);
+  bf16* o_s = reinterpret_cast<bf16*>(smem + L::o);                    // NORM: the normalised o
+  float* inv_den_s = reinterpret_cast<float*>(smem + L::norm_rows);    // NORM: 1/den_t
+  float* d_den_s = inv_den_s + kChunk;                                 // NORM: d den_t
+  float* z_s = reinterpret_cast<float*>(smem + L::norm_z);             // NORM: z at the chunk's start
 
   BwdSeq seq;
   int64_t chunk;
@@ -84,7 +98,15 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdPara
   load_rows<KP, kThreads>(k_s, PK, p.k, seq, h, t0, rows, 0, KP, tid);
   load_rows<VP, kThreads>(v_s, PV, p.v, seq, h, t0, rows, 0, VP, tid);
   load_rows<VP, kThreads>(do_s, PV, p.d_o, seq, h, t0, rows, 0, VP, tid);
+  if constexpr (NORM) load_rows<VP, kThreads>(o_s, PV, p.norm_o, seq, h, t0, rows, 0, VP, tid);
   cp_async_commit_unordered();
+  if constexpr (NORM) {
+    if (tid < kChunk)
+      inv_den_s[tid] =
+          tid < rows ? 1.f / static_cast<const float*>(p.norm_den.data)[token_offset(p.norm_den, seq, h, t0 + tid)]
+                     : 0.f;
+    if (tid < KP) z_s[tid] = p.norm_chunk_z[(slot * p.heads + h) * KP + tid];
+  }
   if constexpr (GK == Gate::scalar) {
     if (warp == kWarps - 1) {
       float g[2];
@@ -112,6 +134,17 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdPara
   cp_async_commit_unordered();
   asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // q, k, v, dO in; the states may still be coming
   __syncthreads();
+  if constexpr (NORM) {  // d den_t = −r_t (dO_t · o_t): warp w rows 4w.., eight lanes per row
+    const int r = 4 * warp + (lane >> 3), col0 = (lane & 7) * (VP / 8);
+    float x = 0.f;
+#pragma unroll
+    for (int j = 0; j < VP / 8; ++j) x = fmaf(to_float(do_s[r * PV + col0 + j]), to_float(o_s[r * PV + col0 + j]), x);
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    if ((lane & 7) == 0) d_den_s[r] = -x * inv_den_s[r];
+    __syncthreads();
+  }
 
   // ---- phase 1: A and dA, block (mo, nb) of 16×16 on or below the diagonal; M's row and column sums ----
   {
@@ -128,7 +161,8 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdPara
           const int i = 16 * mo + g4 + 8 * (e >> 1), j = 16 * nb + 8 * nt + 2 * t4 + (e & 1);
           float d = j <= i ? 1.f : 0.f;
           if constexpr (GK == Gate::scalar) d = j <= i ? decay_between(log_decay[i], log_decay[j]) : 0.f;
-          const float a = scale * pa[nt][e] * d, da = scale * dp[nt][e] * d;
+          float a = scale * pa[nt][e] * d, da = scale * dp[nt][e] * d;
+          if constexpr (NORM) a *= inv_den_s[i], da = (da * inv_den_s[i] + scale * d_den_s[i] * d);
           if constexpr (GK == Gate::scalar) {
             const float m = j < i ? da * pa[nt][e] : 0.f;
             row_m[e >> 1] += m, col_m[nt][e & 1] += m;
@@ -195,7 +229,8 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdPara
   {  // dq = scale diag(exp Γ) dO Sᵀ + dA K
     float acc[NTK][4] = {};
     warp_gemm<NTK, false, true>(acc, do_s + i0 * PV, PV, s_s + c0 * PV, PV, VP);
-    const float f[2] = {scale * start_decay[0], scale * start_decay[1]};
+    float f[2] = {scale * start_decay[0], scale * start_decay[1]};
+    if constexpr (NORM) f[0] = scale * inv_den_s[i0 + g4], f[1] = scale * inv_den_s[i0 + g4 + 8];
     scale_rows(acc, f);
     if constexpr (GK == Gate::scalar) {
       float lo, hi;
@@ -203,6 +238,13 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdPara
       if (t4 == 0) qd_s[cg * kChunk + i0 + g4] = lo, qd_s[cg * kChunk + i0 + g4 + 8] = hi;
     }
     warp_gemm<NTK, false, false>(acc, da_s + i0 * PA, PA, k_s + c0, PK, i0 + 16);
+    if constexpr (NORM) {  // + scale d den_t z
+      const float dd[2] = {scale * d_den_s[i0 + g4], scale * d_den_s[i0 + g4 + 8]};
+#pragma unroll
+      for (int nt = 0; nt < NTK; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = fmaf(dd[e >> 1], z_s[c0 + 8 * nt + 2 * t4 + (e & 1)], acc[nt][e]);
+    }
     bf16* rows_out = static_cast<bf16*>(p.dq.data) + offset4(p.dq, seq.batch, base_row, h, 0);
     store_fragment_rows<bf16, NTK>(rows_out, p.dq.stride[1], acc, unscaled, i0, c0, KP, rows, lane);
   }
@@ -218,6 +260,23 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdPara
     warp_gemm<NTK, true, false>(acc, da_s + i0 * PA + i0, PA, q_s + i0 * PK + c0, PK, kChunk - i0);
     bf16* rows_out = static_cast<bf16*>(p.dk.data) + offset4(p.dk, seq.batch, base_row, h, 0);
     store_fragment_rows<bf16, NTK>(rows_out, p.dk.stride[1], acc, unscaled, i0, c0, KP, rows, lane);
+  }
+  if constexpr (NORM) {  // the chunk's key gradient Σ_t scale d den_t q_t: a run of rows per thread, then
+    constexpr int kParts = kThreads / KP, kRowsPer = kChunk / kParts;  // the runs added in a fixed order
+    float* partial_s = m_rows;  // [kParts][KP] (m_rows .. kd: a scalar gate's)
+    static_assert(kParts * KP * 4 <= L::state_term - L::m_rows, "the partial sums fit");
+    const int col = tid % KP, part = tid / KP;
+    float u = 0.f;
+#pragma unroll
+    for (int t = part * kRowsPer; t < (part + 1) * kRowsPer; ++t) u = fmaf(d_den_s[t], to_float(q_s[t * PK + col]), u);
+    partial_s[part * KP + col] = u;
+    __syncthreads();
+    if (tid < KP) {
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kParts; ++j) sum += partial_s[j * KP + tid];
+      p.norm_key_grads[(slot * p.heads + h) * KP + tid] = scale * sum;
+    }
   }
   if constexpr (GK == Gate::none) return;
 
@@ -284,10 +343,10 @@ __global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdPara
   }
 }
 
-template <int KP, int VP, Gate GK>
+template <int KP, int VP, Gate GK, bool NORM = false>
 void launch_typed(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
-  constexpr int smem = BwdScalarChunkLayout<KP, VP>::bytes;
-  auto kernel = scalar_chunk_kernel<KP, VP, GK>;
+  constexpr int smem = bwd_scalar_chunk_smem_bytes_of<KP, VP>(NORM);
+  auto kernel = scalar_chunk_kernel<KP, VP, GK, NORM>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (GLA backward scalar chunk kernel)");
   launch_after_previous(kernel, dim3(unsigned(p.num_slots), unsigned(p.heads)), dim3(kThreads), smem, stream,
@@ -297,10 +356,68 @@ void launch_typed(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
 template <int KP, int VP>
 void launch_gate(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
   if (p.gate == GateKind::scalar) return launch_typed<KP, VP, Gate::scalar>(p, overlap_scans, stream);
+  if (p.norm_den.data) return launch_typed<KP, VP, Gate::none, true>(p, overlap_scans, stream);
   return launch_typed<KP, VP, Gate::none>(p, overlap_scans, stream);
 }
 
+// The folded normaliser's dz, one block of K threads per (sequence, head): walks the sequence's chunks from the
+// last, replacing each chunk's key gradient with dz after the chunk (d_z_final plus the later chunks' gradients,
+// summed in a fixed order), and writes d_z_init (dz before the first chunk).
+constexpr int kSuffixBatch = 8;  // chunks whose loads are in flight together
+__global__ void norm_key_suffix_kernel(const BwdParams p) {
+  const int64_t n = blockIdx.x;
+  const int h = blockIdx.y, key = threadIdx.x;
+  const BwdSeq seq = sequence(p, n);
+  const int64_t chunks = num_chunks(seq.len);
+  auto key_offset = [&](const View& t) { return n * t.stride[0] + h * t.stride[1] + key * t.stride[2]; };
+  float dz = p.d_z_final.data ? static_cast<const float*>(p.d_z_final.data)[key_offset(p.d_z_final)] : 0.f;
+  auto at = [&](int64_t c) { return p.norm_key_grads + ((seq.slot0 + c) * p.heads + h) * p.key_dim + key; };
+  for (int64_t last = chunks - 1; last >= 0; last -= kSuffixBatch) {
+    float u[kSuffixBatch];
+#pragma unroll
+    for (int j = 0; j < kSuffixBatch; ++j) u[j] = last - j >= 0 ? *at(last - j) : 0.f;
+#pragma unroll
+    for (int j = 0; j < kSuffixBatch; ++j)
+      if (last - j >= 0) *at(last - j) = dz, dz += u[j];
+  }
+  if (p.d_z_init.data) static_cast<float*>(p.d_z_init.data)[key_offset(p.d_z_init)] = dz;
+}
+
+// dk += dz after the chunk, on every row of the chunk (whole aligned bf16 rows, as the scalar chunk kernel's):
+// one block per (slot, head), eight columns per thread and step.
+constexpr int kAddThreads = 256;
+__global__ void __launch_bounds__(kAddThreads) norm_key_add_kernel(const BwdParams p) {
+  BwdSeq seq;
+  int64_t chunk;
+  if (!locate_chunk(p, blockIdx.x, seq, chunk)) return;
+  const int h = blockIdx.y;
+  const int64_t t0 = chunk * kChunk;
+  const int rows = int(min(int64_t(kChunk), seq.len - t0));
+  const int pieces = p.key_dim / 8;
+  const float* dz = p.norm_key_grads + (int64_t(blockIdx.x) * p.heads + h) * p.key_dim;
+  for (int idx = threadIdx.x; idx < rows * pieces; idx += kAddThreads) {
+    const int r = idx / pieces, col = 8 * (idx % pieces);
+    uint4* at = reinterpret_cast<uint4*>(static_cast<bf16*>(p.dk.data) +
+                                         offset4(p.dk, seq.batch, seq.begin + t0 + r, h, col));
+    uint4 x = *at;
+    uint32_t* w = &x.x;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      w[j] = pack_bf16(widen<bf16>(w[j] & 0xffffu) + dz[col + 2 * j], widen<bf16>(w[j] >> 16) + dz[col + 2 * j + 1]);
+    *at = x;
+  }
+}
+
 }  // namespace
+
+void launch_bwd_norm_keys(const BwdParams& p, cudaStream_t stream) {
+  if (p.num_seqs == 0) return;
+  norm_key_suffix_kernel<<<dim3(unsigned(p.num_seqs), unsigned(p.heads)), dim3(unsigned(p.key_dim)), 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA backward normaliser key suffix launch");
+  if (p.num_slots == 0) return;
+  norm_key_add_kernel<<<dim3(unsigned(p.num_slots), unsigned(p.heads)), dim3(kAddThreads), 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "GLA backward normaliser key gradient launch");
+}
 
 void launch_bwd_scalar_chunk(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
   const bool wide_keys = p.key_dim > 64, wide_values = p.value_dim > 64;

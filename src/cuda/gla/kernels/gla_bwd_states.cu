@@ -223,6 +223,18 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
     cp_async_commit_and_wait_all();
     __syncthreads();
   }
+  // The folded normaliser (backward scan): d o_raw = d o / den_t, so q's rows carry 1/den_t as well. Thread
+  // t < 64 fetches den of row t a step ahead; the step writes 1/den (0 past the sequence) to row_scale.
+  __shared__ float row_scale[kChunk];
+  const bool scaled_rows = backward && p.norm_den.data != nullptr;
+  float next_den = 0.f;
+  auto fetch_den = [&](int64_t i) {
+    if (!scaled_rows || threadIdx.x >= kChunk || i >= chunks) return;
+    const int64_t c = chunk_at(i);
+    if (int(threadIdx.x) < rows_of(c))
+      next_den = static_cast<const float*>(p.norm_den.data)[token_offset(p.norm_den, seq, h, c * kChunk + threadIdx.x)];
+  };
+  fetch_den(0);
 
   for (int64_t i = 0; i < chunks; ++i) {
     const int64_t c = chunk_at(i);
@@ -282,7 +294,11 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
         load_tile_async<T, kThreads>(sY + j * kTileLd, ys, seq.batch, t0, rows, h, (vt0 + j) * kTile, p.value_dim);
       cp_async_commit_and_wait_all();
     }
-    store_gate_cumsum<GT, kThreads>(sG, gate);  // its barriers order sStage, sX and sY too
+    if (scaled_rows && threadIdx.x < kChunk) {
+      row_scale[threadIdx.x] = int(threadIdx.x) < rows ? 1.f / next_den : 0.f;
+      fetch_den(i + 1);
+    }
+    store_gate_cumsum<GT, kThreads>(sG, gate);  // its barriers order sStage, sX, sY and row_scale too
 #pragma unroll
     for (int j = 0; j < kPair; ++j)
       copy_tile_out<T, kThreads>(scratch + state_tile_index(p, seq.slot0 + c, h, kt, vt0 + j), sStage + j * kTileLd);
@@ -295,9 +311,10 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
       }
 
     const float scale = p.scale;
-    auto q_hat = [=](int r, int col, float x) {  // scale q ⊙ exp Γ (fp16: exp(Γ − Γ_0))
-      if constexpr (kScaled) return scale * x * exp2_of(sG[r * kLdF + col] - sG[col]);
-      else return scale * x * exp2_of(sG[r * kLdF + col]);
+    auto q_hat = [=](int r, int col, float x) {  // scale q ⊙ exp Γ (fp16: exp(Γ − Γ_0)), rows / den_t if scaled
+      const float factor = scaled_rows ? scale * row_scale[r] : scale;
+      if constexpr (kScaled) return factor * x * exp2_of(sG[r * kLdF + col] - sG[col]);
+      else return factor * x * exp2_of(sG[r * kLdF + col]);
     };
     auto k_hat = [=](int r, int col, float x) {  // k ⊙ exp(γ − Γ)
       return x * exp2_of(sG[(kChunk - 1) * kLdF + col] - sG[r * kLdF + col]);
@@ -314,7 +331,7 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
 #pragma unroll
         for (int j = 0; j < 8; ++j) e[j] = last[j] - e[j];
       }
-      const float factor = backward ? scale : 1.f;
+      const float factor = backward ? (scaled_rows ? scale * row_scale[piece_row] : scale) : 1.f;
       float x[8];
       load8(at, x);
 #pragma unroll

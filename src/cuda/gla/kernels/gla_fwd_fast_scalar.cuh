@@ -13,7 +13,8 @@
 // NORM (no gate): o_t is divided by den_t = scale · q_t·z_t + 1e-10, z_t = z (at the chunk's start) +
 // Σ_{s ≤ t} k_s of the chunk: q_t·z_t = q_t·z + the row sum of A, taken from A's fp32 fragments. z walks with
 // the state, as one more accumulator tile of the warps of the last value columns (Kᵀ times a column of ones);
-// Q z is one more output tile, with z in two 16-bit halves (hi + lo: 16 bits of z's mantissa).
+// Q z is one more output tile, with z in two 16-bit halves (hi + lo: 16 bits of z's mantissa). Where asked, den_t
+// and z at each chunk's start are kept for the backward (ChunkParams::norm_den, norm_chunk_z).
 #pragma once
 
 #include "cuda/gla/device/decay_tables.cuh"
@@ -263,6 +264,15 @@ __global__ void __launch_bounds__(NT, 1) fast_scalar_chunk_kernel(const ChunkPar
     }
     cp_async_commit_unordered();
 
+    if (NORM && p.norm_chunk_z && holds_z && t4 == 0 && blockIdx.y == 0) {  // z at this chunk's start
+      const int64_t slot = norm::first_slot(p.norm_slots, n, seq.begin) + c;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int key = 16 * kt + g4 + 8 * half;
+        if (key < K) p.norm_chunk_z[(slot * p.heads + h) * K + key] = z[2 * half];
+      }
+    }
+
     // ---- M: A = (Q Kᵀ) ⊙ D ----
     a_block(warp, q_s, k_s, log_decay_s + b * C);
     if (warp < 4) a_block(16 + warp, q_s, k_s, log_decay_s + b * C);
@@ -330,7 +340,10 @@ __global__ void __launch_bounds__(NT, 1) fast_scalar_chunk_kernel(const ChunkPar
 #pragma unroll
         for (int cb = 0; cb < 8; ++cb)  // unrolled and predicated: the loads in flight together
           if (cb <= 2 * mo + 1) dot += row_sums_s[cb * C + r];
-        o_scale[half] = p.scale / (p.scale * dot + norm::kEps);
+        const float den = p.scale * dot + norm::kEps;
+        o_scale[half] = p.scale / den;
+        if (p.norm_den.data && blockIdx.y == 0 && no0 == 0 && t4 == 0 && r < rows_valid)
+          static_cast<float*>(p.norm_den.data)[row_offset(p.norm_den, c * C + r)] = den;
       }
     }
     store_fragment_rows<E, NO>(static_cast<E*>(p.o.data) + row_offset(p.o, c * C), p.o.stride[1], o, o_scale,

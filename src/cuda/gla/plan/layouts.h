@@ -245,18 +245,28 @@ struct BwdScalarChunkLayout {
   static constexpr int kd = qd + 4 * C * 4;                   // [4 column groups][64] k_j·dk_j^(S)
   static constexpr int state_term = kd + 4 * C * 4;           // [warps] ⟨S, dS⟩
   static constexpr int bytes = state_term + warps * 4;
+  // The folded normaliser (chunk_linear_attn(normalize=True)) adds the forward's normalised o, 1/den_t and
+  // d den_t per row, and z at the chunk's start.
+  static constexpr int o = (bytes + 15) / 16 * 16;        // [64][PV]
+  static constexpr int norm_rows = o + C * PV * 2;        // [2][64] float: 1/den_t, then d den_t
+  static constexpr int norm_z = norm_rows + 2 * C * 4;    // [KP] float
+  static constexpr int norm_bytes = norm_z + KP * 4;
 };
 
-// Whether the scalar chunk kernel takes K × V, and its shared memory there.
+// Whether the scalar chunk kernel takes K × V, and its shared memory there (norm: with the folded normaliser).
 inline bool bwd_scalar_chunk_shape(int key_dim, int value_dim) {
   return (key_dim == 64 || key_dim == 128) && (value_dim == 64 || value_dim == 128);
 }
-inline int bwd_scalar_chunk_smem_bytes(int key_dim, int value_dim) {
+template <int KP, int VP>
+constexpr int bwd_scalar_chunk_smem_bytes_of(bool norm) {
+  return norm ? BwdScalarChunkLayout<KP, VP>::norm_bytes : BwdScalarChunkLayout<KP, VP>::bytes;
+}
+inline int bwd_scalar_chunk_smem_bytes(int key_dim, int value_dim, bool norm = false) {
   const bool wide_keys = key_dim > 64, wide_values = value_dim > 64;
-  if (wide_keys && wide_values) return BwdScalarChunkLayout<128, 128>::bytes;
-  if (wide_keys) return BwdScalarChunkLayout<128, 64>::bytes;
-  if (wide_values) return BwdScalarChunkLayout<64, 128>::bytes;
-  return BwdScalarChunkLayout<64, 64>::bytes;
+  if (wide_keys && wide_values) return bwd_scalar_chunk_smem_bytes_of<128, 128>(norm);
+  if (wide_keys) return bwd_scalar_chunk_smem_bytes_of<128, 64>(norm);
+  if (wide_values) return bwd_scalar_chunk_smem_bytes_of<64, 128>(norm);
+  return bwd_scalar_chunk_smem_bytes_of<64, 64>(norm);
 }
 
 // Resident state-scan blocks per SM of one tile (the launch bounds): TS-byte compute elements.

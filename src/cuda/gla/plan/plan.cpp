@@ -213,6 +213,7 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
       plan.chunk_decays = size_t(2 * num_slots(pr) * pr.heads * key_tiles * kTile) * sizeof(float);
     }
     if (pr.gamma_grad) plan.gamma_chunk_sums = size_t(num_slots(pr) * pr.heads) * sizeof(float);
+    if (pr.normalize) plan.norm_key_grads = size_t(num_slots(pr) * pr.heads * pr.key_dim) * sizeof(float);
   } else {
     plan.dq_acc = plan.dk_acc = plan.dg_suffix_terms = plan.dg_prefix_terms =
         size_t(pr.batch * pr.seq_len * pr.heads * pr.key_dim) * sizeof(float);
@@ -226,7 +227,7 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
   plan.chunk_kernel = chunk_kernel(pr, tuning);
   if (plan.chunk_kernel == BwdChunkKernel::plain && pr.gate != Gate::vector &&
       bwd_scalar_chunk_shape(pr.key_dim, pr.value_dim) &&
-      bwd_scalar_chunk_smem_bytes(pr.key_dim, pr.value_dim) <= device.max_smem_per_block)
+      bwd_scalar_chunk_smem_bytes(pr.key_dim, pr.value_dim, pr.normalize) <= device.max_smem_per_block)
     plan.chunk_kernel = BwdChunkKernel::scalar;
   // The pipelined scans are the variant with fewer instructions per step ("lean"); the first pipelined variant
   // was never faster and is retired (bench/notes_gla_bwd.md).

@@ -88,6 +88,7 @@ struct BwdProblem {
   Gate gate = Gate::vector;
   Elem gate_dtype = Elem::bf16;  // of g (any gate kind)
   bool gamma_grad = false;      // d_g_gamma is asked for (chunked): per-chunk sums of the scalar gate's gradient
+  bool normalize = false;       // the folded normaliser (GlaBackwardArgs::norm_o): the scalar chunk kernel's tiles
   // Every tile of the tensor is whole aligned bf16 rows (bf16_rows in gla_bwd_chunk.cu): the inputs q, k, v,
   // d_o, a vector gate g, and the outputs dq, dk, dv and a vector gate's dg.
   bool q_bf16_rows = false, k_bf16_rows = false, v_bf16_rows = false, do_bf16_rows = false, g_bf16_rows = false;
@@ -122,13 +123,13 @@ struct BwdPlan {
   int64_t num_slots = 0;
   // Scratch sizes, laid out in this order, each aligned to kAlign bytes.
   size_t states = 0, dstates = 0, split_summaries = 0, chunk_decays = 0;
-  size_t gamma_chunk_sums = 0;
+  size_t gamma_chunk_sums = 0, norm_key_grads = 0;
   size_t dq_acc = 0, dk_acc = 0, dg_suffix_terms = 0, dg_prefix_terms = 0, dg_final = 0;
   static constexpr size_t kAlign = 256;
   static size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
   size_t total() const {
     return aligned(states) + aligned(dstates) + aligned(split_summaries) + aligned(chunk_decays) +
-           aligned(gamma_chunk_sums) + aligned(dq_acc) + aligned(dk_acc) + aligned(dg_suffix_terms) +
+           aligned(gamma_chunk_sums) + aligned(norm_key_grads) + aligned(dq_acc) + aligned(dk_acc) + aligned(dg_suffix_terms) +
            aligned(dg_prefix_terms) + aligned(dg_final);
   }
 };
