@@ -261,7 +261,7 @@ TEST(GlaNormalizeFolded, ResidualsOfTheFoldedBackward) {
   b.g = g.view(), b.dg = dg.view();
   testing::expect_error([&] { gla_backward(b); }, ErrorKind::value, "g", "no gate");
   b.g = {}, b.dg = {}, b.reverse = true, b.algorithm = GlaAlgorithm::recurrent;
-  testing::expect_error([&] { gla_backward(b); }, ErrorKind::value, "norm_den", "chunked");
+  testing::expect_error([&] { gla_backward(b); }, ErrorKind::value, "algorithm", "chunked");
 }
 
 }  // namespace

@@ -316,8 +316,8 @@ GlaProblem check_backward(const GlaBackwardArgs& a) {
   if (a.norm_den.defined()) {  // the folded normaliser (GlaBackwardArgs::norm_o)
     FLASHGLA_REQUIRE(!a.g.defined() && !a.g_gamma.defined(), ErrorKind::value, a.g.defined() ? "g" : "g_gamma",
                      "the folded normaliser takes no gate");
-    FLASHGLA_REQUIRE(a.algorithm == GlaAlgorithm::chunked && !a.reverse, ErrorKind::value, "norm_den",
-                     "the folded normaliser is the chunked algorithm's, forward in time");
+    FLASHGLA_REQUIRE(a.algorithm == GlaAlgorithm::chunked, ErrorKind::value, "algorithm",
+                     "the folded normaliser (norm_den) is the chunked algorithm's");
     check_like(a.norm_o, "norm_o", a.v, "[B, T, H, V]", a.q.dtype, dev, false);
     check_norm_den(a.norm_den, p, dev, false);
     check::tensor(a.norm_chunk_z, "norm_chunk_z", 3, "[S, H, K]");

@@ -383,9 +383,11 @@ def _chunk_linear_attn_normalized_backward(q: Tensor, k: Tensor, v: Tensor, o: T
                              cu_seqlens, need_dh0, None, False)
     dq, dk, dv, _, dh0, _ = _backward_outputs(q, k, v, None, cu_seqlens, need_dh0, None, None, False)
     dz_init = _z_grad_output(q, z_init)
+    if not do.is_contiguous() or do.data_ptr() % 16:  # the scalar chunk kernel copies whole 16-byte aligned rows
+        do = do.clone(memory_format=torch.contiguous_format)
     args = make_args(_C.GlaBackwardArgs, q=q, k=k, v=v, initial_state=initial_state, cu_seqlens=cu_seqlens,
                      cu_seqlens_host=cu_seqlens_host, scale=scale, algorithm=_C.GlaAlgorithm.chunked,
-                     d_o=do.contiguous(), d_final_state=dht, dq=dq, dk=dk, dv=dv,
+                     d_o=do, d_final_state=dht, dq=dq, dk=dk, dv=dv,
                      d_initial_state=dh0 if need_dh0 else None, norm_o=o, norm_den=den, norm_chunk_z=chunk_z,
                      d_z_final=_z_view(dz, "d_z_final"),
                      d_z_init=_z_view(dz_init, "d_z_init") if z_init is not None else None)

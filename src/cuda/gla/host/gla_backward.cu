@@ -137,6 +137,8 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
       FLASHGLA_REQUIRE(sizes.chunk_kernel == gla::BwdChunkKernel::scalar, ErrorKind::unsupported, "norm_den",
                        "the folded normaliser needs the scalar chunk kernel (bf16 rows, K and V of 64 or 128): "
                        "pass the residuals only where gla_normalize_residual_slots is > 0");
+      FLASHGLA_REQUIRE(gla::bf16_rows(view_of(a.norm_o), int(pr.value_dim)), ErrorKind::value, "norm_o",
+                       "expected whole 16-byte aligned bf16 rows (the forward's o as it came out)");
       const int64_t slots = norm::chunk_slots(pr.batch, pr.seq_len, pr.num_seqs, pr.varlen).count;
       FLASHGLA_REQUIRE(a.norm_chunk_z.shape[0] == slots, ErrorKind::value, "norm_chunk_z",
                        "expected [S, H, K] with S = " + std::to_string(slots) + " (the forward's), got " +

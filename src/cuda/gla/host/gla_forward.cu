@@ -144,7 +144,7 @@ size_t gla_forward_workspace_bytes(const GlaForwardArgs& args, const GlaProblem&
 int64_t gla_normalize_residual_slots(const GlaForwardArgs& args, const GlaProblem& problem) {
   const int K = int(problem.key_dim), V = int(problem.value_dim);
   if (args.q.dtype != DType::bf16 || problem.gate != GateKind::none || pooled_bytes(args, problem) != 0 ||
-      !gla::bwd_scalar_chunk_shape(K, V))
+      !gla::bwd_scalar_chunk_shape(K, V) || args.tuning.bwd_general_layout)  // (the general kernel everywhere)
     return 0;
   if (gla::bwd_scalar_chunk_smem_bytes(K, V, true) > device_props(args.q.device.index).max_smem_per_block) return 0;
   if (!gla::bf16_rows(view_of(args.q), K) || !gla::bf16_rows(view_of(args.k), K) ||

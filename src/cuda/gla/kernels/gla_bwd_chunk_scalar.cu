@@ -384,7 +384,8 @@ __global__ void norm_key_suffix_kernel(const BwdParams p) {
 }
 
 // dk += dz after the chunk, on every row of the chunk (whole aligned bf16 rows, as the scalar chunk kernel's):
-// one block per (slot, head), eight columns per thread and step.
+// one block per (slot, head), eight columns per thread and step. dk is rounded to bf16 twice on this path (the
+// chunk kernel's store, then this sum), as the normaliser's own backward rounded dk and its share before adding.
 constexpr int kAddThreads = 256;
 __global__ void __launch_bounds__(kAddThreads) norm_key_add_kernel(const BwdParams p) {
   BwdSeq seq;
