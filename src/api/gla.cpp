@@ -214,8 +214,10 @@ void check_norm_den(const TensorView& t, const GlaProblem& p, const Device& dev,
   FLASHGLA_REQUIRE(t.is_contiguous(), ErrorKind::value, "norm_den", "expected a contiguous tensor");
 }
 
-void check_norm_chunk_z(const TensorView& t, const GlaProblem& p, int64_t slots, const Device& dev, bool is_output) {
-  check::shape(t, "norm_chunk_z", {slots, p.heads, p.key_dim}, "[S, H, K] (S: gla_normalize_residual_slots)",
+// S (its chunk slots) is gla_normalize_residual_slots's answer, checked where the call runs.
+void check_norm_chunk_z(const TensorView& t, const GlaProblem& p, const Device& dev, bool is_output) {
+  check::tensor(t, "norm_chunk_z", 3, "[S, H, K]", is_output);
+  check::shape(t, "norm_chunk_z", {t.shape[0], p.heads, p.key_dim}, "[S, H, K] (S: gla_normalize_residual_slots)",
                is_output);
   check::dtype(t, "norm_chunk_z", DType::f32);
   check::device(t, "norm_chunk_z", dev, "q");
@@ -241,10 +243,7 @@ GlaProblem check_forward(const GlaForwardArgs& a) {
                      "takes dense states, not state pools (the running key sum has no pool)");
     gla_normalize_forward_workspace_bytes(normalize_args_of(a));  // checks z_init and z_final
     if (a.norm_den.defined()) check_norm_den(a.norm_den, p, a.q.device, true);
-    if (a.norm_chunk_z.defined()) {
-      check::tensor(a.norm_chunk_z, "norm_chunk_z", 3, "[S, H, K]", true);
-      check_norm_chunk_z(a.norm_chunk_z, p, a.norm_chunk_z.shape[0], a.q.device, true);
-    }
+    if (a.norm_chunk_z.defined()) check_norm_chunk_z(a.norm_chunk_z, p, a.q.device, true);
   } else {
     FLASHGLA_REQUIRE(!a.z_init.defined(), ErrorKind::value, "z_init", "is the normaliser's: only with normalize");
     FLASHGLA_REQUIRE(!a.z_final.defined(), ErrorKind::value, "z_final", "is the normaliser's: only with normalize");
@@ -320,8 +319,7 @@ GlaProblem check_backward(const GlaBackwardArgs& a) {
                      "the folded normaliser (norm_den) is the chunked algorithm's");
     check_like(a.norm_o, "norm_o", a.v, "[B, T, H, V]", a.q.dtype, dev, false);
     check_norm_den(a.norm_den, p, dev, false);
-    check::tensor(a.norm_chunk_z, "norm_chunk_z", 3, "[S, H, K]");
-    check_norm_chunk_z(a.norm_chunk_z, p, a.norm_chunk_z.shape[0], dev, false);
+    check_norm_chunk_z(a.norm_chunk_z, p, dev, false);
     if (a.d_z_final.defined()) check_key_sum(a.d_z_final, "d_z_final", p, dev, false);
     if (a.d_z_init.defined()) check_key_sum(a.d_z_init, "d_z_init", p, dev, true);
     FLASHGLA_REQUIRE(dev.type == DeviceType::cuda, ErrorKind::unsupported, "norm_den",
@@ -381,6 +379,16 @@ GlaForwardArgs with_gate(GlaForwardArgs a, char* gate, const GlaProblem& p) {
   return a;
 }
 
+// gla_normalize_residual_slots for checked args with dense [N,H,K,V] states (with_kv_states).
+int64_t residual_slots(const GlaForwardArgs& a, const GlaProblem& p) {
+  if (!a.normalize || a.algorithm != GlaAlgorithm::chunked || a.reverse) return 0;
+#ifdef FLASHGLA_WITH_CUDA
+  if (a.q.device.type == DeviceType::cuda) return cuda::gla_normalize_residual_slots(a, p);
+#endif
+  (void)p;
+  return 0;
+}
+
 GlaBackwardArgs with_gate(GlaBackwardArgs a, char* gate, const GlaProblem& p) {
   a.g = gate_view(gate, p, a.q.device), a.dg = gate_view(gate + gate_bytes(p), p, a.q.device);
   a.g_gamma = {}, a.d_g_gamma = {};
@@ -394,7 +402,7 @@ void gla_forward(const GlaForwardArgs& args) {
   GlaForwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
   if (a.norm_den.defined()) {
-    const int64_t slots = gla_normalize_residual_slots(args);
+    const int64_t slots = residual_slots(a, p);
     FLASHGLA_REQUIRE(slots > 0, ErrorKind::value, "norm_den",
                      "the folded normaliser's residuals are filled only where gla_normalize_residual_slots is > 0 "
                      "(CUDA, bf16, K and V of 64 or 128, the chunked fast kernel)");
@@ -434,11 +442,7 @@ void gla_backward(const GlaBackwardArgs& args) {
 
 int64_t gla_normalize_residual_slots(const GlaForwardArgs& args) {
   const GlaProblem p = check_forward(args);
-  if (!args.normalize || args.algorithm != GlaAlgorithm::chunked || args.reverse) return 0;
-#ifdef FLASHGLA_WITH_CUDA
-  if (args.q.device.type == DeviceType::cuda) return cuda::gla_normalize_residual_slots(with_kv_states(args), p);
-#endif
-  return 0;
+  return residual_slots(with_kv_states(args), p);
 }
 
 // With a materialised g_gamma gate the op's scratch follows the gate's (see GateScratch).

@@ -112,6 +112,11 @@ __device__ __forceinline__ void store_pair(float* at, float a, float b) { *reint
 __device__ __forceinline__ void store_pair(bf16* at, float a, float b) { *reinterpret_cast<uint32_t*>(at) = pack_bf16(a, b); }
 __device__ __forceinline__ void store_pair(__half* at, float a, float b) { *reinterpret_cast<uint32_t*>(at) = pack_f16(a, b); }
 
+// The element offset of [n, h, d] in an [N,H,D] view (a per-sequence, per-head vector: z, a decay).
+__device__ __forceinline__ int64_t offset3(const View& t, int64_t n, int64_t h, int64_t d) {
+  return n * t.stride[0] + h * t.stride[1] + d * t.stride[2];
+}
+
 // The element offset of [b, s, h, d] in a [B,T,H,D] view.
 __device__ __forceinline__ int64_t offset4(const View& t, int64_t b, int64_t s, int64_t h, int64_t d) {
   return b * t.stride[0] + s * t.stride[1] + h * t.stride[2] + d * t.stride[3];

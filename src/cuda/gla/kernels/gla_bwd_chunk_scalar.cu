@@ -369,8 +369,7 @@ __global__ void norm_key_suffix_kernel(const BwdParams p) {
   const int h = blockIdx.y, key = threadIdx.x;
   const BwdSeq seq = sequence(p, n);
   const int64_t chunks = num_chunks(seq.len);
-  auto key_offset = [&](const View& t) { return n * t.stride[0] + h * t.stride[1] + key * t.stride[2]; };
-  float dz = p.d_z_final.data ? static_cast<const float*>(p.d_z_final.data)[key_offset(p.d_z_final)] : 0.f;
+  float dz = p.d_z_final.data ? static_cast<const float*>(p.d_z_final.data)[offset3(p.d_z_final, n, h, key)] : 0.f;
   auto at = [&](int64_t c) { return p.norm_key_grads + ((seq.slot0 + c) * p.heads + h) * p.key_dim + key; };
   for (int64_t last = chunks - 1; last >= 0; last -= kSuffixBatch) {
     float u[kSuffixBatch];
@@ -380,7 +379,7 @@ __global__ void norm_key_suffix_kernel(const BwdParams p) {
     for (int j = 0; j < kSuffixBatch; ++j)
       if (last - j >= 0) *at(last - j) = dz, dz += u[j];
   }
-  if (p.d_z_init.data) static_cast<float*>(p.d_z_init.data)[key_offset(p.d_z_init)] = dz;
+  if (p.d_z_init.data) static_cast<float*>(p.d_z_init.data)[offset3(p.d_z_init, n, h, key)] = dz;
 }
 
 // dk += dz after the chunk, on every row of the chunk (whole aligned bf16 rows, as the scalar chunk kernel's):

@@ -196,8 +196,7 @@ __global__ void __launch_bounds__(NT, 1) fast_scalar_chunk_kernel(const ChunkPar
         const int64_t slot = norm::first_slot(p.norm_slots, n, seq.begin) + c_begin;
         z[2 * half] = p.norm_z[(slot * p.heads + h) * K + key];
       } else if (p.z_init.data) {
-        z[2 * half] = load_as<float>(p.z_init.data, n * p.z_init.stride[0] + h * p.z_init.stride[1] +
-                                                        key * p.z_init.stride[2], p.z_init.dtype);
+        z[2 * half] = load_as<float>(p.z_init.data, offset3(p.z_init, n, h, key), p.z_init.dtype);
       }
     }
   auto store_state_bf16 = [&] {
@@ -355,8 +354,7 @@ __global__ void __launch_bounds__(NT, 1) fast_scalar_chunk_kernel(const ChunkPar
     for (int half = 0; half < 2; ++half) {
       const int key = 16 * kt + g4 + 8 * half;
       if (key < K)
-        static_cast<float*>(p.z_final.data)[n * p.z_final.stride[0] + h * p.z_final.stride[1] +
-                                            key * p.z_final.stride[2]] = z[2 * half];
+        static_cast<float*>(p.z_final.data)[offset3(p.z_final, n, h, key)] = z[2 * half];
     }
   if (split == chunks.last_split && p.ht.data) {
     store_final_state<NS>(p, S, n, h, kt, ns0, v0, lane);

@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(kThreads) fold_pieces_kernel(const SegmentPara
   static_cast<float*>(s.data)[n * s.stride[0] + h * s.stride[1] + key * s.stride[2] + val * s.stride[3]] = sum;
   if (val == 0 && !p.grads && p.log_decay.data) {
     const View& d = p.log_decay;
-    static_cast<float*>(d.data)[n * d.stride[0] + h * d.stride[1] + key * d.stride[2]] = log_decay;
+    static_cast<float*>(d.data)[offset3(d, n, h, key)] = log_decay;
   }
 }
 
