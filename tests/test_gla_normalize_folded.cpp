@@ -246,6 +246,10 @@ TEST(GlaNormalizeFolded, ResidualsOfTheFoldedBackward) {
   testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "norm_chunk_z", "come together");
   a.norm_den = den_bad.view(), a.norm_chunk_z = chunk_z.view();
   testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "norm_den", "[B, T, H]");
+  TensorView strided = den.view();  // the same elements, T and H swapped in memory
+  strided.stride[1] = 1, strided.stride[2] = 10;
+  a.norm_den = strided;
+  testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "norm_den", "contiguous");
   a.norm_den = den.view(), a.normalize = false;
   testing::expect_error([&] { gla_forward(a); }, ErrorKind::value, "norm_den", "only with normalize");
 
