@@ -12,6 +12,7 @@ are the same ops of fla.ops (flash-linear-attention 0.6.0, imported from the env
 the same call after one warm-up call each (its autotuning); "n/i" where FLA is not importable.
 
     python bench/bench_gates.py [--shapes 8x4096x16x128,32x2048x16x64] [--no-append]
+    python bench/bench_gates.py --warm-fla-case I [--shapes ...]   (bench/device_gates.sh: FLA's compiles only)
 
 Appends the table, with the date, card and versions, to bench/results_gates.md.
 """
@@ -97,10 +98,25 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="8x4096x16x128,32x2048x16x64", help="BxTxHxD, comma-separated")
     parser.add_argument("--no-append", action="store_true")
+    parser.add_argument("--warm-fla-case", type=int, metavar="I",
+                        help="only run FLA's I-th case (0-5) once per shape, forward and backward, and time nothing: "
+                             "fills Triton's compile cache, several cases at once (device_gates.sh)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_gates: needs a CUDA device")
     fla_ops, fla_version = import_fla()
+    if args.warm_fla_case is not None:
+        if fla_ops is None:
+            raise SystemExit("bench_gates: --warm-fla-case needs FLA")
+        for shape in args.shapes.split(","):
+            forward, leaves = list(cases(*(int(x) for x in shape.split("x")), fla_ops).values())[args.warm_fla_case]
+            try:
+                with torch.no_grad():
+                    forward()
+                fwd_bwd(forward, leaves)()
+            except Exception as error:  # noqa: BLE001 - a refused backward still leaves the forward compiled
+                print(f"bench_gates: warm-up of case {args.warm_fla_case}: {error}", file=sys.stderr)
+        return
     ours_ops = {"chunk_gla": flashgla.chunk_gla, "chunk_simple_gla": flashgla.chunk_simple_gla,
                 "chunk_linear_attn": flashgla.chunk_linear_attn}
     lines = ["| shape | gate | fwd ms | vs vector | fwd+bwd ms | vs vector | FLA fwd ms | FLA fwd+bwd ms | "

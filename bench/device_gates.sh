@@ -5,6 +5,9 @@
 # both under TRITON_CACHE_DIR. A call starts from the cache an earlier call left, if one is carried, and leaves
 # its own in $OUT. In one 290 s call FLA's first compiles and tuning never finished both shapes; 360 + 540 s
 # on one warm machine (the cache kept in /tmp between the calls) finished the d128 shape (results_gates.md).
+# WARM=1 first compiles FLA's kernels in one process per case at once (the machine's cores compile in parallel;
+# their autotune picks, made while they share the GPU, are not kept), so that the timed run, alone on the GPU,
+# only benchmarks its autotuning's configurations.
 #
 #   carry [".deps", ".gpu"]: .deps/wheels holds FLA 0.6.0's wheels (scripts/fla_tests.sh says how to get
 #   them); .gpu/triton_gates.tgz.part-* are an earlier call's cache (copy them there from that call's files), if
@@ -28,6 +31,14 @@ elif [ -f "$CACHE_IN" ]; then
 fi
 export PYTHONPATH=${SITE:-/tmp/site}:/tmp/fla_site PYTHONUNBUFFERED=1 FLA_CACHE_RESULTS=1
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
+if [ "${WARM:-0}" = 1 ]; then
+  for case in 0 1 2 3 4 5; do
+    FLA_CACHE_RESULTS=0 timeout "${WARM_LIMIT:-300}" python3 bench/bench_gates.py --warm-fla-case $case "$@" \
+      >"$OUT/warm_$case.log" 2>&1 &
+  done
+  wait
+  echo "device_gates: FLA's compiles warmed in $SECONDS s"
+fi
 timeout "${LIMIT:-420}" python3 bench/bench_gates.py --no-append "$@" >"$OUT/gates.log" 2>&1
 echo "bench_gates: rc $?" >>"$OUT/gates.log"
 tar czf - -C "$TRITON_CACHE_DIR" . | split -b 15M - "$OUT/triton_gates.tgz.part-"
