@@ -143,6 +143,12 @@ def check_case(name, rank, world, dtype, device, gate, bounds, B=1, H=2, K=16, V
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
     ctx = build_cp_context(cu, None, cu_seqlens_cpu=cu.cpu() if with_cpu_copy else None)
     assert ctx.rank == rank and ctx.world_size == world and ctx.local_tokens == local
+    # A slice that is one sequence runs the ordinary op as a fixed-length batch of one (its backward then splits
+    # the state scans of one long sequence); a slice of several keeps its local boundaries.
+    op_cu, _ = ctx.local_op_cu_seqlens(q)
+    assert (op_cu is None) == (len(pieces[rank]) == 1), f"{name}: local op cu_seqlens {op_cu}"
+    if op_cu is not None:
+        assert torch.equal(op_cu.cpu(), ctx.cu_seqlens_cpu), f"{name}: local op cu_seqlens {op_cu}"
     sl = slice(ctx.token_offset, ctx.token_offset + local)
     mine = [x[:, sl].detach().clone().requires_grad_() if x is not None else None for x in (q, k, v, g)]
     layout = dict(state_v_first=True) if state_v_first else {}
