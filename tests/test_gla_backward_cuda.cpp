@@ -324,6 +324,27 @@ TEST(CudaGlaBackward, VarlenMatchesReference) {
       }
 }
 
+// Varlen with the state scans split (FLASHGLA_GLA_BWD_SCAN_SPLIT=N, pieces counted from T where the lengths are
+// only on the device): every sequence is cut at the same places, so the short and the empty ones end in empty
+// pieces, which the fold must pass through (dht reaching the last real piece, dh0 of an empty sequence). fp16
+// too (its scaled dS).
+TEST(CudaGlaBackward, VarlenSplitScansMatchReference) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (const char* chunks_per_split : {"1", "2", "3"}) {
+    const ScopedSetting split("FLASHGLA_GLA_BWD_SCAN_SPLIT", chunks_per_split);
+    SCOPED_TRACE(std::string("chunks per split ") + chunks_per_split);
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+      for (Gate gate : {Gate::vector, Gate::scalar, Gate::none}) {
+        Case c = varlen_case(dtype, gate, 3100 + i);
+        if (i % 2) c.K = c.V = 128;  // the paired and pipelined scans
+        c.h0 = i % 3 != 1, c.dht = i % 3 != 2;
+        ++i;
+        check_against_reference(c, Call{});
+      }
+  }
+}
+
 // The paired state scans with x, y and the gate copied one chunk ahead (the
 // default for bf16 rows, K and V multiples of 64, V / 64 even), without
 // (FLASHGLA_GLA_BWD_SCAN_PIPELINE=0) and with (=lean, the default): every gate kind and range, sequences of 1 to

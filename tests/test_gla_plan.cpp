@@ -396,8 +396,31 @@ TEST(GlaPlan, BackwardSplitScansAndWorkspace) {
   EXPECT_EQ(plan.chunk_decays, size_t(2 * 256 * 4 * 2 * 64) * kFloat);
   EXPECT_EQ(plan.total(), 2 * state_bytes(p, 2) + plan.split_summaries + plan.chunk_decays);
   BwdProblem varlen = p;
-  varlen.varlen = true;  // varlen: never split
+  varlen.varlen = true;  // varlen with the lengths only on the device: no split, unless forced
   EXPECT_EQ(plan_backward(varlen, h100(), GlaTuning{}).scan_splits, 1);
+  GlaTuning forced;
+  forced.bwd_scan_split = 100;  // pieces counted from T, the bound of the longest
+  EXPECT_EQ(plan_backward(varlen, h100(), forced).scan_splits, 3);
+  varlen.longest = 16384;  // one sequence, its length known: the fixed-length plan
+  EXPECT_EQ(plan_backward(varlen, h100(), GlaTuning{}).scan_splits, 16);
+  EXPECT_EQ(plan_backward(varlen, h100(), GlaTuning{}).chunks_per_split, 16);
+}
+
+// Varlen, one long sequence among short ones (16384 tokens and eight of 512): counted as ceil(320 / 256) = 2
+// sequences of the longest's 256 chunks, 2 × 2 × 4 × 4 = 64 scan blocks, 528 / 64 = 8 pieces of 32 chunks. Every
+// sequence is cut at the same places; the short ones' later pieces are empty. Many sequences of the longest's
+// length fill the GPU unsplit.
+TEST(GlaPlan, BackwardSplitScansVarlen) {
+  BwdProblem p = backward(1, 16384 + 8 * 512, 4, 128, 128);
+  p.varlen = true, p.num_seqs = 9, p.longest = 16384;
+  const BwdPlan plan = plan_backward(p, h100(), GlaTuning{});
+  EXPECT_EQ(plan.scan_splits, 8);
+  EXPECT_EQ(plan.chunks_per_split, 32);
+  EXPECT_EQ(plan.split_summaries, size_t(2 * 9 * 4 * 8 * 4) * (4096 + 64) * kFloat);
+  p.seq_len = 64 * 4096, p.num_seqs = 64, p.longest = 4096;  // 64 sequences of 4096: 2048 blocks, no room
+  EXPECT_EQ(plan_backward(p, h100(), GlaTuning{}).scan_splits, 1);
+  p.seq_len = p.longest = 0, p.num_seqs = 3;  // only empty sequences
+  EXPECT_EQ(plan_backward(p, h100(), GlaTuning{}).scan_splits, 1);
 }
 
 // The 340M model's heads (K128 V256, H4) at B8 T2048: 4 value tiles (paired), pipelined; 2 scans × 8 × 4 ×

@@ -6,6 +6,7 @@
 
 #include "core/backend.h"
 #include "core/gla_options_backend.h"
+#include "core/sequences.h"
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/gla_bwd.cuh"
 #include "cuda/gla/host/gla_host.cuh"
@@ -39,6 +40,7 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
   b.compute = c == Compute::f32 ? gla::Elem::f32 : (c == Compute::f16 ? gla::Elem::f16 : gla::Elem::bf16);
   b.varlen = pr.varlen;
   b.batch = pr.batch, b.seq_len = pr.seq_len, b.num_seqs = pr.num_seqs;
+  if (pr.varlen) b.longest = longest_sequence(pr, a.cu_seqlens, a.cu_seqlens_host);
   b.heads = int(pr.heads), b.key_dim = int(pr.key_dim), b.value_dim = int(pr.value_dim);
   b.gate = pr.gate;
   gla::View gate, gamma;

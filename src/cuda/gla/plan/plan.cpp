@@ -166,25 +166,40 @@ BwdChunkKernel chunk_kernel(const BwdProblem& pr, const GlaTuning& tuning) {
 }
 
 // Sequence split of the state scans (gla_bwd_states.cu): chunks per piece, 0
-// for none. Fixed-length inputs are split when the blocks of both scans fill
-// at most half of the GPU's resident slots, into as many pieces as fit in one
-// wave, of at least kMinScanChunksPerPiece chunks (each piece costs a fold step).
+// for none. The inputs are split when the blocks of both scans fill at most
+// half of the GPU's resident slots, into as many pieces as fit in one wave, of
+// at least kMinScanChunksPerPiece chunks (each piece costs a fold step).
 // Pipelined scans only where they fill at most a quarter of the slots: at half
 // of the slots the unsplit pipelined scans measured faster than the split ones
 // with their fold (bench/notes_gla_bwd.md). tuning.bwd_scan_split forces it.
+// Varlen: every sequence is cut into pieces of the same length, its pieces past
+// its end empty (identities in the fold). Pieces are sized from the longest
+// sequence, the blocks counted as that many sequences of the longest's length
+// as the tokens make; with the lengths only on the device there is no split
+// unless the tuning forces one (T then bounds the longest).
 constexpr int64_t kMinScanChunksPerPiece = 8;
 
+// Chunks of the longest sequence, as the scans' pieces are counted: T for varlen without the lengths.
+int64_t longest_chunks(const BwdProblem& pr) {
+  const int64_t longest = pr.varlen && pr.longest >= 0 ? pr.longest : pr.seq_len;
+  return (longest + kChunk - 1) / kChunk;
+}
+
 int64_t scan_chunks_per_split(const BwdProblem& pr, const DeviceProps& device, const GlaTuning& tuning) {
-  if (!pr.chunked || pr.varlen || pr.num_seqs * pr.heads == 0) return 0;
-  const int64_t chunks = (pr.seq_len + kChunk - 1) / kChunk;
+  if (!pr.chunked || pr.num_seqs * pr.heads == 0) return 0;
+  const int64_t chunks = longest_chunks(pr);
   const int64_t tiles = ((pr.key_dim + kTile - 1) / kTile) * ((pr.value_dim + kTile - 1) / kTile);
   int64_t per_split = 0;
   if (tuning.bwd_scan_split >= 0) {
     per_split = tuning.bwd_scan_split;
   } else {
+    if (pr.varlen && pr.longest < 0) return 0;
     const int blocks_per_sm = pr.compute == Elem::f32 ? kScanBlocksPerSmOf<4> : kScanBlocksPerSmOf<2>;
     const int64_t resident = int64_t(device.multiprocessors) * blocks_per_sm;
-    const int64_t blocks = 2 * pr.num_seqs * pr.heads * tiles;
+    const int64_t total_chunks = (pr.seq_len + kChunk - 1) / kChunk;
+    const int64_t seqs = !pr.varlen ? pr.num_seqs : chunks > 0 ? (total_chunks + chunks - 1) / chunks : 0;
+    if (seqs == 0) return 0;
+    const int64_t blocks = 2 * seqs * pr.heads * tiles;
     const int64_t min_slots_per_block = pipelined_scans(pr, device, tuning) ? 4 : 2;
     const int64_t splits = std::min(resident / blocks, chunks / kMinScanChunksPerPiece);
     if (resident / blocks >= min_slots_per_block && splits >= 2) per_split = (chunks + splits - 1) / splits;
@@ -205,7 +220,7 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
     plan.states = plan.dstates = size_t(num_slots(pr) * pr.heads * tiles) * kTileElems * elem;
     plan.chunks_per_split = scan_chunks_per_split(pr, device, tuning);
     if (plan.chunks_per_split > 0) {
-      const int64_t chunks = (pr.seq_len + kChunk - 1) / kChunk;
+      const int64_t chunks = longest_chunks(pr);
       const int64_t key_tiles = (pr.key_dim + kTile - 1) / kTile;
       plan.scan_splits = (chunks + plan.chunks_per_split - 1) / plan.chunks_per_split;
       plan.split_summaries =

@@ -84,6 +84,7 @@ struct BwdProblem {
   Elem compute = Elem::bf16;  // the products' operand type (gla_bwd.cuh, Compute): the inputs' f32, bf16 or f16
   bool varlen = false;
   int64_t batch = 0, seq_len = 0, num_seqs = 0;
+  int64_t longest = -1;  // varlen: tokens of the longest sequence where the host knows them, else −1
   int heads = 0, key_dim = 0, value_dim = 0;
   Gate gate = Gate::vector;
   Elem gate_dtype = Elem::bf16;  // of g (any gate kind)
