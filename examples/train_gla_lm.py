@@ -5,10 +5,13 @@
     python examples/train_gla_lm.py --preset small       # a larger one for a GPU
     python examples/sample.py runs/gla-tiny --prompt "And God said"
     torchrun --nproc_per_node 4 examples/train_gla_lm.py --preset small          # FSDP2 on 4 GPUs
-    torchrun --nproc_per_node 4 examples/train_gla_lm.py --preset small --cp 2   # 2 data x 2 context ranks
+    torchrun --nproc_per_node 4 examples/train_gla_lm.py --preset small --context-parallel 2   # 2 data x 2 context
+    torchrun --nproc_per_node 4 examples/train_gla_lm.py --preset 340m --context-parallel 4 --batch-size 1 \
+        --seq-len 1048575 --activation-checkpointing --loss-chunk-size 8192   # one 1M-token window per step
 
-Every byte is a token (vocab 256). The last 5% of the text is held out for evaluation. The run prints a
-progress line (loss, tokens/s), evaluates every --eval-every steps (loss in nats and bits per byte),
+Every byte is a token (vocab 256). The last 5% of the text (at least one window) is held out for
+evaluation. The run prints a progress line (loss, tokens/s), evaluates every --eval-every steps (loss in
+nats and bits per byte, tokens/s, and on GPUs rank 0's peak memory),
 saves the model to --out (config.json + model.pt, loadable with GLAForCausalLM.from_pretrained) and
 model + optimizer as a torch.distributed.checkpoint in --out/checkpoint for --resume, writes losses.json and, when matplotlib is installed, loss.png, and
 finally prints a sampled continuation of --prompt.
@@ -16,8 +19,9 @@ finally prints a sampled continuation of --prompt.
 Under torchrun (WORLD_SIZE > 1) the model is sharded with FSDP2 (flashgla.parallel.parallelize:
 bf16 parameters and fp32 gradient reduction on GPUs, fp32 on the CPU with gloo), each data-parallel
 rank draws its own batches, and rank 0 prints the progress, evaluates (the evaluation batches split
-over the ranks) and plots. Each evaluation and the logged loss average over all ranks. --cp N splits every sequence over N ranks (context parallelism; the
-batch's windows are packed into one sequence of batch-size x (seq-len + 1) tokens per group of N ranks).
+over the ranks) and plots. Each evaluation and the logged loss average over all ranks. --context-parallel N
+(--cp N) splits every sequence over N ranks (context parallelism; the batch's windows are packed into
+one sequence of batch-size x (seq-len + 1) tokens per group of N ranks, which N must divide).
 Checkpoints go through torch.distributed.checkpoint into <out>/checkpoint (any number of ranks can
 --resume from them, one process included); rank 0 also writes config.json + model.pt for sample.py.
 """
@@ -47,6 +51,9 @@ PRESETS = {
     # ~25M parameters: for a GPU.
     "small": dict(hidden_size=512, num_hidden_layers=8, num_heads=4, seq_len=512, batch_size=32, steps=3000,
                   lr=1e-3, eval_every=250),
+    # ~300M parameters (the 340M GLA LM's blocks; a byte vocabulary): for GPUs, and long context under torchrun.
+    "340m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=4, seq_len=2048, batch_size=8, steps=2000,
+                 lr=3e-4, eval_every=250),
 }
 
 
@@ -81,7 +88,8 @@ def build_parser():
                    help="continue the run in --out from its checkpoint (an error when there is none)")
     p.add_argument("--overwrite", action="store_true",
                    help="start a new run in --out even when it holds a run (its files are replaced)")
-    p.add_argument("--cp", type=int, default=1, help="context-parallel ranks per sequence (under torchrun)")
+    p.add_argument("--context-parallel", "--cp", dest="cp", type=int, default=1,
+                   help="context-parallel ranks per sequence (under torchrun)")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in the backward")
     p.add_argument("--loss-chunk-size", type=int, default=None,
                    help="tokens per chunk of the LM head + cross-entropy (never materialises all logits)")
@@ -146,7 +154,10 @@ class Batches:
     """Random windows of seq_len + 1 bytes from the training split; fixed windows for evaluation."""
 
     def __init__(self, data, seq_len, batch_size, seed):
-        split = int(len(data) * 0.95)
+        split = min(int(len(data) * 0.95), len(data) - seq_len - 1)  # at least one window held out
+        if split < seq_len + 2:
+            raise SystemExit(f"--seq-len {seq_len}: the data ({len(data):,} bytes) holds fewer than two windows of "
+                             f"{seq_len + 1} bytes (one to train on, one held out)")
         self.train, self.val = data[:split], data[split:]
         self.seq_len, self.batch_size = seq_len, batch_size
         self.generator = torch.Generator().manual_seed(seed)
@@ -156,8 +167,10 @@ class Batches:
         return torch.stack([self.train[s:s + self.seq_len + 1] for s in starts.tolist()])
 
     def evaluation(self, count):
-        stride = max(1, (len(self.val) - self.seq_len - 1) // (count * self.batch_size))
-        windows = [self.val[i * stride:i * stride + self.seq_len + 1] for i in range(count * self.batch_size)]
+        last = len(self.val) - self.seq_len - 1  # the last start of a whole window (windows repeat past it)
+        stride = max(1, last // (count * self.batch_size))
+        windows = [self.val[min(i * stride, last):min(i * stride, last) + self.seq_len + 1]
+                   for i in range(count * self.batch_size)]
         return [torch.stack(windows[b * self.batch_size:(b + 1) * self.batch_size]) for b in range(count)]
 
 
@@ -202,7 +215,7 @@ class Ranks:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.distributed = self.world > 1
         if args.cp < 1 or (args.cp > 1 and not self.distributed):
-            raise SystemExit(f"--cp {args.cp}: context parallelism needs torchrun with a multiple of {args.cp} processes")
+            raise SystemExit(f"--context-parallel {args.cp}: context parallelism needs torchrun with a multiple of {args.cp} processes")
         self.rank, self.dp_rank, self.dp_size, self.cp_rank, self.cp, self.cp_group, self.mesh = 0, 0, 1, 0, 1, None, None
         if not self.distributed:
             self.device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -256,7 +269,7 @@ class Step:
             window = args.seq_len + 1
             total = args.batch_size * window
             if total % ranks.cp:
-                raise SystemExit(f"--cp {ranks.cp}: batch-size x (seq-len + 1) = {args.batch_size} x {window} = "
+                raise SystemExit(f"--context-parallel {ranks.cp}: batch-size x (seq-len + 1) = {args.batch_size} x {window} = "
                                  f"{total} tokens must divide into the {ranks.cp} CP ranks")
             cu_seqlens = torch.arange(0, total + 1, window, dtype=torch.int32)
             conv = model.config.conv_size if model.config.use_short_conv else None
@@ -442,8 +455,10 @@ def main(argv=None):
             history["eval"].append({"step": step + 1, "loss": held_out})
             if progress:
                 progress.close()
+                peak = (f", peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB on rank 0"
+                        if device.type == "cuda" else "")
                 print(f"step {step + 1}: held-out loss {held_out:.4f} ({held_out / math.log(2):.3f} bits/byte), "
-                      f"{tokens_per_second:,.0f} tokens/s")
+                      f"{tokens_per_second:,.0f} tokens/s{peak}")
             save_checkpoint(checkpoint, model, optimizer, extra={"step": torch.tensor(step + 1)})
             save_plain_model(model, ranks, args.out)
             if ranks.main:
