@@ -39,6 +39,7 @@ struct Call {
   bool reverse = false;
   void* stream = nullptr;
   bool caller_workspace = false;
+  const Buffer* cu_seqlens_host = nullptr;
 };
 
 // One backward call on the inputs' device; dh0 is always asked for. `c`'s
@@ -54,6 +55,7 @@ Grads backward(const Case& c, const Inputs& in, const Call& call) {
   GlaBackwardArgs a;
   a.q = in.q.view(), a.k = in.k.view(), a.v = in.v.view(), a.g = in.g.view();
   a.initial_state = in.h0.view(), a.cu_seqlens = in.cu_seqlens.view();
+  if (call.cu_seqlens_host) a.cu_seqlens_host = call.cu_seqlens_host->view();
   a.algorithm = call.algorithm, a.reverse = call.reverse;
   a.d_o = in.d_o.view(), a.d_final_state = in.dht.view();
   a.dq = dq.view(), a.dk = dk.view(), a.dv = dv.view(), a.dg = dg.view(), a.d_initial_state = dh0.view();
@@ -342,6 +344,36 @@ TEST(CudaGlaBackward, VarlenSplitScansMatchReference) {
         ++i;
         check_against_reference(c, Call{});
       }
+  }
+}
+
+// Varlen with the boundaries only on the device and a sequence long enough for the planner to split the state
+// scans: it reads the boundaries back and plans as with a host copy, so the two calls agree bit for bit (and the
+// unsplit scans, forced, do not: the check can tell the plans apart by dk, which the split dh scan feeds).
+TEST(CudaGlaBackward, VarlenDeviceBoundariesAreReadBackForTheSplit) {
+  SKIP_WITHOUT_GPU();
+  int i = 0;
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    Case c;
+    c.cu_seqlens = {0, 3, 3 + 65536 + 11, 3 + 65536 + 11 + 200};  // past kReadBackTokens (gla_host.cuh)
+    c.B = 1, c.T = c.cu_seqlens.back(), c.H = 1, c.K = 64, c.V = 64, c.dtype = dtype, c.gate = Gate::vector;
+    c.seed = 3200 + i++;
+    SCOPED_TRACE(describe(c));
+    const Inputs host_inputs = make_inputs(c);
+    const Inputs in = to_device(c, host_inputs, gpu());
+    const Buffer host = host_inputs.cu_seqlens;
+    Call with_host;
+    with_host.cu_seqlens_host = &host;
+    const Grads device_only = backward(c, in, Call{});
+    const Grads given = backward(c, in, with_host);
+    expect_grads_close(device_only, reference(c, host_inputs, false), tolerance(dtype));
+    EXPECT_EQ(device_only.dq, given.dq);
+    EXPECT_EQ(device_only.dk, given.dk);
+    EXPECT_EQ(device_only.dv, given.dv);
+    EXPECT_EQ(device_only.dg, given.dg);
+    EXPECT_EQ(device_only.dh0, given.dh0);
+    const ScopedSetting unsplit("FLASHGLA_GLA_BWD_SCAN_SPLIT", "0");
+    EXPECT_NE(backward(c, in, with_host).dk, given.dk);
   }
 }
 

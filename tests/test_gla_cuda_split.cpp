@@ -89,6 +89,34 @@ TEST(CudaGlaSplit, StatesKernelVarlen) {
   check(c, 0, 0, false, false);
 }
 
+// Varlen with the boundaries only on the device and a sequence long enough to split: the planner reads them back
+// and plans as with a host copy, so the two calls agree bit for bit (and the unsplit forward, forced, does not:
+// the check can tell the plans apart).
+TEST(CudaGlaSplit, VarlenDeviceBoundariesAreReadBackForTheSplit) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.cu_seqlens = {0, 5, 5 + 65536 + 17, 5 + 65536 + 17 + 300};  // past kReadBackTokens (gla_host.cuh)
+  c.B = 1, c.T = c.cu_seqlens.back(), c.H = 2, c.K = 128, c.V = 128, c.dtype = DType::bf16;
+  c.gate_dtype = DType::bf16, c.seed = 4160;
+  c.gate_values = GateValues::near_zero;  // decays near 1: the state carries across splits, so the plans differ
+  SCOPED_TRACE(describe_forward_case(c));
+  const Inputs host_inputs = make_inputs(c);
+  const Inputs in = to_device(c, host_inputs, gpu());
+  const Buffer host = host_inputs.cu_seqlens;
+  ForwardCall with_host;
+  with_host.cu_seqlens_host = &host;
+  const Outputs device_only = run_forward(c, in, ForwardCall{});
+  const Outputs given = run_forward(c, in, with_host);
+  const Outputs ref = forward_reference(c, host_inputs);
+  expect_close("o", device_only.o, ref.o, kTolerance);
+  expect_close("final state", device_only.ht, ref.ht, kTolerance);
+  EXPECT_EQ(device_only.o, given.o);
+  EXPECT_EQ(device_only.ht, given.ht);
+  const ScopedTuning unsplit([](GlaTuning& t) { t.splits = 1; });
+  const Outputs whole = run_forward(c, in, with_host);
+  EXPECT_TRUE(whole.o != given.o || whole.ht != given.ht);
+}
+
 // A long sequence with the planner's choice of splits and pieces (B1 H2: 2 tiles, so the split is deep).
 TEST(CudaGlaSplit, StatesKernelLongSequence) {
   SKIP_WITHOUT_GPU();

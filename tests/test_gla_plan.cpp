@@ -180,18 +180,18 @@ TEST(GlaPlan, Forward340MModelHeads) {
 }
 
 // The Hopper path's slots for a varlen batch: one per (chunk of the packed T, head) plus one per sequence and
-// one more (a sequence's chunks start at its own boundary); its chunk pass covers the longest sequence's
-// chunks. Past 65535 chunks of T the Hopper path does not apply (the general kernel runs: the fast path takes
+// one more (a sequence's chunks start at its own boundary), after the split's slots; its chunk pass covers the
+// longest sequence's chunks. Past 65535 chunks of T the Hopper path does not apply (the general kernel runs: the fast path takes
 // K ≤ 128).
 TEST(GlaPlan, ForwardHopperVarlenAndLimits) {
   FwdProblem p = forward(3, 4096, 4, 256, 512);
   p.varlen = true, p.longest = 2000;
   const FwdPlan plan = plan_forward(p, h100(), GlaTuning{});
   EXPECT_EQ(plan.kernel, FwdKernel::hopper);
-  EXPECT_EQ(plan.num_splits, 1);  // 3·4·8 = 96 tiles: 132 / 96 = 1
+  EXPECT_EQ(plan.num_splits, 2);  // 64 chunks, the longest 32: 2 sequences of 4·8 tiles, 132 / 64 = 2 splits
   EXPECT_EQ(plan.prep_chunks, 64);
   EXPECT_EQ(plan.prep_grid_chunks, 32);
-  EXPECT_EQ(plan.workspace_bytes, hopper_slot_bytes(3 + 64 + 1, 4, 256));
+  EXPECT_EQ(plan.workspace_bytes, split_slot_bytes(p, 2) + hopper_slot_bytes(3 + 64 + 1, 4, 256));
   const FwdProblem huge = forward(1, int64_t(65536) * 64, 4, 256, 512);
   EXPECT_EQ(plan_forward(huge, h100(), GlaTuning{}).kernel, FwdKernel::general);
 }
@@ -209,15 +209,30 @@ TEST(GlaPlan, ForwardFp32GeneralKernel) {
   EXPECT_EQ(plan.workspace_bytes, split_slot_bytes(p, 16));
 }
 
-// Varlen without host lengths: nothing to plan a split with; with them, the longest sequence counts.
+// Varlen without host lengths: nothing to plan a split with; with them, the batch counts as as many sequences of
+// the longest's length as its tokens make: T = 30000 is 469 chunks, the longest 313, so 2 sequences of one tile:
+// 132 / 2 = 66 splits (313 / 4 = 78 allowed) of 5 chunks: 63 of them.
 TEST(GlaPlan, ForwardVarlenSplitNeedsHostLengths) {
   FwdProblem p = forward(3, 30000, 1, 64, 64);
   p.varlen = true, p.longest = -1;
   EXPECT_EQ(plan_forward(p, h100(), GlaTuning{}).num_splits, 1);
-  p.longest = 20000;  // 313 chunks; 3 tiles: 132 / 3 = 44 splits (313 / 4 = 78 allowed) of 8 chunks: 40 of them
+  p.longest = 20000;
   const FwdPlan plan = plan_forward(p, h100(), GlaTuning{});
-  EXPECT_EQ(plan.num_splits, 40);
-  EXPECT_EQ(plan.chunks_per_split, 8);
+  EXPECT_EQ(plan.num_splits, 63);
+  EXPECT_EQ(plan.chunks_per_split, 5);
+}
+
+// One long sequence among short ones (issue 24's varlen shape, 1M tokens and 32 of 2048, H16 d128): 17408 chunks,
+// 16384 of them the long one's, count as 2 sequences of 16 value tiles: 132 / 32 = 4 splits (the long sequence
+// alone: 132 / 16 = 8). As many short sequences of the same tokens split none.
+TEST(GlaPlan, ForwardVarlenLongSequenceAmongShortOnes) {
+  FwdProblem p = forward(33, (1 << 20) + 32 * 2048, 16, 128, 128);
+  p.varlen = true, p.longest = 1 << 20;
+  EXPECT_EQ(plan_forward(p, h100(), GlaTuning{}).num_splits, 4);
+  EXPECT_EQ(plan_forward(forward(1, 1 << 20, 16, 128, 128), h100(), GlaTuning{}).num_splits, 8);
+  FwdProblem shorts = forward(544, 544 * 2048, 16, 128, 128);
+  shorts.varlen = true, shorts.longest = 2048;
+  EXPECT_EQ(plan_forward(shorts, h100(), GlaTuning{}).num_splits, 1);
 }
 
 // Inputs the fast path does not take: unaligned rows, an fp64 gate, K > 128.

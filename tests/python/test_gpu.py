@@ -322,6 +322,32 @@ def test_cuda_graph_capture_and_replay(gen, varlen):
             torch.testing.assert_close(out, ref, msg=f"{name}: graph replay differs from an eager call")
 
 
+def test_long_varlen_boundaries_read_back_except_under_capture():
+    """A varlen batch past 64K tokens whose boundaries are only on the GPU: eager calls read them back to plan the
+    sequence split (the same bits as with a host copy); a CUDA graph capture reads nothing back (no split) and
+    replays to the same values within rounding."""
+    torch.manual_seed(0)
+    lengths = [5, 65536 + 17, 300]
+    T, H, D = sum(lengths), 2, 128
+    cu_seqlens = cu(lengths).cuda()
+    q, k, v = (torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    g = F.logsigmoid(torch.randn(1, T, H, D, device="cuda") + 3).to(torch.bfloat16)
+    eager = flashgla.chunk_gla(q, k, v, g, cu_seqlens=cu_seqlens)[0]
+    with_host = flashgla.chunk_gla(q, k, v, g, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens.cpu())[0]
+    assert torch.equal(eager, with_host)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flashgla.chunk_gla(q, k, v, g, cu_seqlens=cu_seqlens)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = flashgla.chunk_gla(q, k, v, g, cu_seqlens=cu_seqlens)[0]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_rms_error(captured.float(), eager.float()) < 1e-2
+
+
 def test_compile_fullgraph(gen):
     torch._dynamo.reset()
     q, k, v, g, h0 = gla_inputs(gen, 2, 128, 2, 64, 64, dtype=torch.bfloat16)

@@ -6,7 +6,6 @@
 
 #include "core/backend.h"
 #include "core/gla_options_backend.h"
-#include "core/sequences.h"
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/gla_bwd.cuh"
 #include "cuda/gla/host/gla_host.cuh"
@@ -40,7 +39,6 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
   b.compute = c == Compute::f32 ? gla::Elem::f32 : (c == Compute::f16 ? gla::Elem::f16 : gla::Elem::bf16);
   b.varlen = pr.varlen;
   b.batch = pr.batch, b.seq_len = pr.seq_len, b.num_seqs = pr.num_seqs;
-  if (pr.varlen) b.longest = longest_sequence(pr, a.cu_seqlens, a.cu_seqlens_host);
   b.heads = int(pr.heads), b.key_dim = int(pr.key_dim), b.value_dim = int(pr.value_dim);
   b.gate = pr.gate;
   gla::View gate, gamma;
@@ -58,6 +56,15 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
   b.g_f32_rows = vector_gate && f32_rows(view_of(a.g), K);
   b.dg_f32_rows = vector_gate && f32_rows(view_of(a.dg), K);
   b.normalize = a.norm_den.defined();
+  if (pr.varlen) {
+    const gla::DeviceProps& device = device_props(a.q.device.index);
+    b.longest = planning_longest(pr, a.cu_seqlens, a.cu_seqlens_host, static_cast<cudaStream_t>(a.stream),
+                                 [&](int64_t longest) {
+                                   gla::BwdProblem bound = b;
+                                   bound.longest = longest;
+                                   return gla::plan_backward(bound, device, a.tuning).chunks_per_split > 0;
+                                 });
+  }
   return b;
 }
 
@@ -79,6 +86,7 @@ void check_supported(const GlaBackwardArgs& a, const GlaProblem& pr) {
 
 size_t gla_backward_workspace_bytes(const GlaBackwardArgs& a, const GlaProblem& pr) {
   check_supported(a, pr);
+  DeviceGuard guard(a.q.device.index);  // the plan may read device-only boundaries back (planning_longest)
   return plan(a, pr).total();
 }
 

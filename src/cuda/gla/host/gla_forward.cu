@@ -44,10 +44,16 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   fp.heads = c.heads, fp.key_dim = c.key_dim, fp.value_dim = c.value_dim;
   fp.num_seqs = p.num_seqs, fp.seq_len = p.seq_len;
   fp.varlen = c.seqs.cu_seqlens != nullptr;
-  fp.longest = longest_sequence(p, a.cu_seqlens, a.cu_seqlens_host);  // -1: unknown, no split
   fp.q_rows16 = c.q.rows16, fp.k_rows16 = c.k.rows16, fp.v_rows16 = c.v.rows16, fp.g_rows16 = c.g.rows16;
   fp.o_rows16 = c.o.rows16;
-  out.plan = gla::plan_forward(fp, device_props(a.q.device.index), a.tuning);
+  const gla::DeviceProps& device = device_props(a.q.device.index);
+  fp.longest = planning_longest(p, a.cu_seqlens, a.cu_seqlens_host, static_cast<cudaStream_t>(a.stream),
+                                [&](int64_t longest) {  // -1: unknown, no split
+                                  gla::FwdProblem bound = fp;
+                                  bound.longest = longest;
+                                  return gla::plan_forward(bound, device, a.tuning).num_splits > 1;
+                                });
+  out.plan = gla::plan_forward(fp, device, a.tuning);
   const gla::FwdPlan& plan = out.plan;
 
   c.num_slices = plan.num_slices;
@@ -150,6 +156,7 @@ int64_t gla_normalize_residual_slots(const GlaForwardArgs& args, const GlaProble
   if (!gla::bf16_rows(view_of(args.q), K) || !gla::bf16_rows(view_of(args.k), K) ||
       !gla::bf16_rows(view_of(args.v), V))
     return 0;
+  DeviceGuard guard(args.q.device.index);  // the plan may read device-only boundaries back (planning_longest)
   if (plan_chunked(args, problem).plan.kernel != gla::FwdKernel::fast) return 0;
   return norm::chunk_slots(problem.batch, problem.seq_len, problem.num_seqs, args.cu_seqlens.defined()).count;
 }

@@ -3,9 +3,12 @@
 // (kernels/gla_segment.cu, gla_options.cu), and the device properties the planner (plan.h) reads.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "core/sequences.h"
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/gla_fwd.cuh"
 #include "cuda/gla/plan/plan.h"
@@ -69,6 +72,37 @@ inline void require_compute_dtype(const TensorView& x, const char* name) {
   FLASHGLA_REQUIRE(x.dtype == DType::f32 || x.dtype == DType::bf16 || x.dtype == DType::f16, ErrorKind::unsupported,
                    name, std::string("the CUDA backend takes float32, bfloat16 or float16 inputs, got ") +
                              dtype_name(x.dtype) + " (use the CPU backend for float64)");
+}
+
+// The longest sequence for the planner (core/sequences.h: -1 where the boundaries are only in device memory).
+// Such boundaries are read back where a sequence split could pay: a long batch (kReadBackTokens) whose plan would
+// split a sequence as long as the whole batch (`splits(T)`; T bounds the longest). The read-back is one copy of
+// the N + 1 offsets, which waits for `stream` (so the host stops running ahead: a short batch is not worth it).
+// Never while the stream is captured into a CUDA graph: the plan then has no split.
+inline constexpr int64_t kReadBackTokens = 65536;
+
+template <class SplitsAt>
+int64_t planning_longest(const GlaProblem& p, const TensorView& cu_seqlens, const TensorView& cu_seqlens_host,
+                         cudaStream_t stream, SplitsAt&& splits) {
+  const int64_t known = longest_sequence(p, cu_seqlens, cu_seqlens_host);
+  if (known >= 0 || p.num_seqs < 1 || p.seq_len < kReadBackTokens || !splits(p.seq_len)) return known;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing (reading cu_seqlens back)");
+  if (capture != cudaStreamCaptureStatusNone) return known;
+  const size_t elem = cu_seqlens.dtype == DType::i64 ? 8 : 4;
+  std::vector<unsigned char> bytes(size_t(p.num_seqs + 1) * elem);
+  check_cuda(cudaMemcpy2DAsync(bytes.data(), elem, cu_seqlens.data, size_t(cu_seqlens.stride[0]) * elem, elem,
+                               size_t(p.num_seqs + 1), cudaMemcpyDeviceToHost, stream),
+             "cudaMemcpy2DAsync (reading cu_seqlens back)");
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (reading cu_seqlens back)");
+  const TensorView host = TensorView::contiguous(bytes.data(), cu_seqlens.dtype, {p.num_seqs + 1}, Device{});
+  int64_t longest = 0;  // the kernels' clamped boundaries (sequences_of)
+  for (int64_t n = 0; n < p.num_seqs; ++n) {
+    const SeqRange s = sequence(p, host, n);
+    const int64_t begin = std::clamp<int64_t>(s.begin, 0, p.seq_len);
+    longest = std::max(longest, std::clamp<int64_t>(s.begin + s.len, 0, p.seq_len) - begin);
+  }
+  return longest;
 }
 
 // The planner's view of device `index` (multiprocessors, shared memory, the loaded code), queried once per

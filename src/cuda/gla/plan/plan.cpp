@@ -65,12 +65,16 @@ FwdPlan plan_forward(const FwdProblem& p, const DeviceProps& device, const GlaTu
                        " bytes of shared memory in the CUDA chunked kernel, more than this device's " +
                        std::to_string(device.max_smem_per_block) + " (K ≤ 512 fits on sm_80 and sm_90)");
 
-  // Split long sequences when (sequences × heads × value tiles) leaves SMs idle.
-  // Without the lengths of a varlen batch on the host there is nothing to plan with: no split.
+  // Split long sequences when (sequences × heads × value tiles) leaves SMs idle. A varlen batch counts as as many
+  // sequences of the longest's length as its tokens make (the backward's scans count so too), so that one long
+  // sequence among short ones splits. Without the lengths of a varlen batch on the host there is nothing to plan
+  // with: no split.
   const int64_t longest = p.longest;
   const int64_t max_chunks = longest < 0 ? (p.seq_len + kChunk - 1) / kChunk : (longest + kChunk - 1) / kChunk;
   const int64_t tile = hopper ? 64 : fast ? fast_value_tile(p.value_dim) : value_tile(p.input);
-  const int64_t tiles = p.num_seqs * p.heads * ((p.value_dim + tile - 1) / tile);
+  const int64_t seqs = p.varlen && max_chunks > 0 ? std::min(p.num_seqs, (chunks_of_t + max_chunks - 1) / max_chunks)
+                                                  : p.num_seqs;
+  const int64_t tiles = seqs * p.heads * ((p.value_dim + tile - 1) / tile);
   int64_t splits = 1;
   if (longest > 0 && tiles > 0) {
     constexpr int64_t kMinChunksPerSplit = 4;
