@@ -26,25 +26,9 @@ import torch.nn.functional as F
 
 import flashgla
 from bench_fla_api import fwd_bwd
-from bench_ops import append_results, fmt, median_ms, ratio
+from bench_ops import append_results, fmt, import_fla, median_ms, ratio
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_gates.md")
-
-
-def import_fla():
-    path = os.environ.get("FLA_PATH")
-    if path:
-        sys.path.insert(0, path)
-    try:
-        import fla
-        from fla.ops.gla import chunk_gla
-        from fla.ops.linear_attn import chunk_linear_attn
-        from fla.ops.simple_gla import chunk_simple_gla
-    except ImportError as error:
-        print(f"bench_gates: FLA not importable ({error}); its columns read n/i", file=sys.stderr)
-        return None, "n/a"
-    ops = {"chunk_gla": chunk_gla, "chunk_simple_gla": chunk_simple_gla, "chunk_linear_attn": chunk_linear_attn}
-    return ops, getattr(fla, "__version__", "?")
 
 
 def cases(B, T, H, D, lib):
@@ -104,7 +88,8 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_gates: needs a CUDA device")
-    fla_ops, fla_version = import_fla()
+    fla_ops, fla_version = import_fla("gla.chunk_gla", "simple_gla.chunk_simple_gla",
+                                      "linear_attn.chunk_linear_attn")
     if args.warm_fla_case is not None:
         if fla_ops is None:
             raise SystemExit("bench_gates: --warm-fla-case needs FLA")

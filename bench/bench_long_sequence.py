@@ -13,31 +13,17 @@ target: within 1.1×). Prints the table last and appends it to bench/results_lon
 
 import argparse
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
 import flashgla
 from bench_fla_api import fwd_bwd
-from bench_ops import append_results, median_ms
+from bench_ops import append_results, import_fla, median_ms
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_long_sequence.md")
 SHAPES = ("8x4096x16,1x32768x16,1x131072x16,1x1048576x16,varlen:1048576x32x2048x16,"
           "8x4096x4,1x32768x4,1x131072x4,1x1048576x4,varlen:1048576x32x2048x4")
-
-
-def import_fla():
-    path = os.environ.get("FLA_PATH")
-    if path:
-        sys.path.insert(0, path)
-    try:
-        import fla
-        from fla.ops.gla import chunk_gla
-    except ImportError as error:
-        print(f"bench_long_sequence: FLA not importable ({error}); its columns stay empty", file=sys.stderr)
-        return None, "n/a"
-    return chunk_gla, getattr(fla, "__version__", "?")
 
 
 def parse_shape(text):
@@ -90,7 +76,8 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_long_sequence: needs a CUDA device")
-    fla_chunk, fla_version = import_fla()
+    fla_ops, fla_version = import_fla("gla.chunk_gla")
+    fla_chunk = fla_ops["chunk_gla"] if fla_ops else None
     rows, anchor = [], {}
     for text in args.shapes.split(","):
         label, B, T, H, lengths = parse_shape(text)

@@ -16,8 +16,10 @@ measured here, over our forward time (1.0 would be at the floor).
 
 import argparse
 import datetime
+import importlib
 import os
 import statistics
+import sys
 import timeit
 
 import torch
@@ -34,6 +36,28 @@ ANCHOR_SHAPES = [  # B, T, H, K, V: the shapes the project measures against its 
     (2, 16384, 16, 128, 128),
 ]
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.md")
+
+
+def import_fla(*names, required=False):
+    """({name: op}, FLA's version) for the ops named "module.op" under fla.ops (flash-linear-attention from the
+    environment, or from FLA_PATH first). Without FLA: (None, "n/a") and a note on stderr, or the ImportError
+    where `required`."""
+    path = os.environ.get("FLA_PATH")
+    if path:
+        sys.path.insert(0, path)
+    try:
+        import fla
+        ops = {}
+        for name in names:
+            module, _, op = name.rpartition(".")
+            ops[op] = getattr(importlib.import_module(f"fla.ops.{module}"), op)
+    except (ImportError, AttributeError) as error:
+        if required:
+            raise ImportError(f"FLA: {error}") from error
+        print(f"{os.path.basename(sys.argv[0])}: FLA not importable ({error}); its columns stay empty",
+              file=sys.stderr)
+        return None, "n/a"
+    return ops, getattr(fla, "__version__", "?")
 
 
 def median_ms(function):

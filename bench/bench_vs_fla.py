@@ -18,25 +18,14 @@ the same function, so a large value would mean the two are not comparable.
 
 import argparse
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
 import flashgla
-from bench_ops import ANCHOR_SHAPES, append_results, fmt, median_ms, ratio
+from bench_ops import ANCHOR_SHAPES, append_results, fmt, import_fla, median_ms, ratio
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_vs_fla.md")
-
-
-def import_fla():
-    path = os.environ.get("FLA_PATH")
-    if path:
-        sys.path.insert(0, path)
-    from fla.ops.gla import chunk_gla, fused_recurrent_gla  # noqa: E402
-    import fla
-
-    return chunk_gla, fused_recurrent_gla, getattr(fla, "__version__", "?")
 
 
 def rel_diff(a, b):
@@ -133,7 +122,8 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_vs_fla: no GPU")
-    fla_chunk, fla_recurrent, fla_version = import_fla()
+    fla_ops, fla_version = import_fla("gla.chunk_gla", "gla.fused_recurrent_gla", required=True)
+    fla_chunk, fla_recurrent = fla_ops["chunk_gla"], fla_ops["fused_recurrent_gla"]
     shapes = ANCHOR_SHAPES if not args.shapes else [ANCHOR_SHAPES[int(i)] for i in args.shapes.split(",")]
     card = torch.cuda.get_device_name()
     head = (f"{card}; flashgla {flashgla.__version__}; FLA {fla_version}; torch {torch.__version__}; "
