@@ -33,6 +33,18 @@ size_t hopper_prep_bytes(const FwdProblem& p) {
   return size_t(slots) * size_t(p.heads) * size_t(hopper::Slot{hopper_key_pad(p.key_dim)}.bytes()) + 1024;
 }
 
+namespace {
+
+// The sequences a split plan counts: a fixed-length batch's, and for varlen as many sequences of the longest's
+// length as the tokens make (at most the batch's count; none where the longest is empty), so that one long
+// sequence among short ones splits. The forward's splits and the backward's scan pieces both count so.
+int64_t counted_sequences(bool varlen, int64_t num_seqs, int64_t total_chunks, int64_t longest_chunks) {
+  if (!varlen) return num_seqs;
+  return longest_chunks > 0 ? std::min(num_seqs, (total_chunks + longest_chunks - 1) / longest_chunks) : 0;
+}
+
+}  // namespace
+
 FwdPlan plan_forward(const FwdProblem& p, const DeviceProps& device, const GlaTuning& tuning) {
   FwdPlan plan;
   plan.num_slices = (p.key_dim + kSlice - 1) / kSlice;
@@ -65,16 +77,14 @@ FwdPlan plan_forward(const FwdProblem& p, const DeviceProps& device, const GlaTu
                        " bytes of shared memory in the CUDA chunked kernel, more than this device's " +
                        std::to_string(device.max_smem_per_block) + " (K ≤ 512 fits on sm_80 and sm_90)");
 
-  // Split long sequences when (sequences × heads × value tiles) leaves SMs idle. A varlen batch counts as as many
-  // sequences of the longest's length as its tokens make (the backward's scans count so too), so that one long
-  // sequence among short ones splits. Without the lengths of a varlen batch on the host there is nothing to plan
-  // with: no split.
+  // Split long sequences when (sequences × heads × value tiles) leaves SMs idle, the sequences counted as
+  // counted_sequences says. Without the lengths of a varlen batch on the host there is nothing to plan with: no
+  // split.
   const int64_t longest = p.longest;
   const int64_t max_chunks = longest < 0 ? (p.seq_len + kChunk - 1) / kChunk : (longest + kChunk - 1) / kChunk;
   const int64_t tile = hopper ? 64 : fast ? fast_value_tile(p.value_dim) : value_tile(p.input);
-  const int64_t seqs = p.varlen && max_chunks > 0 ? std::min(p.num_seqs, (chunks_of_t + max_chunks - 1) / max_chunks)
-                                                  : p.num_seqs;
-  const int64_t tiles = seqs * p.heads * ((p.value_dim + tile - 1) / tile);
+  const int64_t tiles = counted_sequences(p.varlen, p.num_seqs, chunks_of_t, max_chunks) * p.heads *
+                        ((p.value_dim + tile - 1) / tile);
   int64_t splits = 1;
   if (longest > 0 && tiles > 0) {
     constexpr int64_t kMinChunksPerSplit = 4;
@@ -178,9 +188,9 @@ BwdChunkKernel chunk_kernel(const BwdProblem& pr, const GlaTuning& tuning) {
 // with their fold (bench/notes_gla_bwd.md). tuning.bwd_scan_split forces it.
 // Varlen: every sequence is cut into pieces of the same length, its pieces past
 // its end empty (identities in the fold). Pieces are sized from the longest
-// sequence, the blocks counted as that many sequences of the longest's length
-// as the tokens make; with the lengths only on the device there is no split
-// unless the tuning forces one (T then bounds the longest).
+// sequence, the blocks counted by counted_sequences; with the lengths only on
+// the device there is no split unless the tuning forces one (T then bounds the
+// longest).
 constexpr int64_t kMinScanChunksPerPiece = 8;
 
 // Chunks of the longest sequence, as the scans' pieces are counted: T for varlen without the lengths.
@@ -200,8 +210,7 @@ int64_t scan_chunks_per_split(const BwdProblem& pr, const DeviceProps& device, c
     if (pr.varlen && pr.longest < 0) return 0;
     const int blocks_per_sm = pr.compute == Elem::f32 ? kScanBlocksPerSmOf<4> : kScanBlocksPerSmOf<2>;
     const int64_t resident = int64_t(device.multiprocessors) * blocks_per_sm;
-    const int64_t total_chunks = (pr.seq_len + kChunk - 1) / kChunk;
-    const int64_t seqs = !pr.varlen ? pr.num_seqs : chunks > 0 ? (total_chunks + chunks - 1) / chunks : 0;
+    const int64_t seqs = counted_sequences(pr.varlen, pr.num_seqs, (pr.seq_len + kChunk - 1) / kChunk, chunks);
     if (seqs == 0) return 0;
     const int64_t blocks = 2 * seqs * pr.heads * tiles;
     const int64_t min_slots_per_block = pipelined_scans(pr, device, tuning) ? 4 : 2;
