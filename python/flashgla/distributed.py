@@ -150,10 +150,10 @@ class CPContext:
         return self._device_cu_seqlens[device]
 
     def local_op_cu_seqlens(self, q: Tensor):
-        """(cu_seqlens, cu_seqlens_host) for the ordinary op on this rank's [1, T_local] slice: none where the slice
-        is one sequence, so that the op plans it as a fixed-length batch of one (the backward splits the state
-        scans of one long sequence only then)."""
-        if self.num_local_seqs == 1 and self.local_tokens > 0:
+        """(cu_seqlens, cu_seqlens_host) for the ordinary op on this rank's slice q: none for a fixed-length batch
+        (B > 1 rows) and where the [1, T_local] slice is one sequence, so that the op plans it as a fixed-length
+        batch of one (the backward splits the state scans of one long sequence only then)."""
+        if q.shape[0] != 1 or (self.num_local_seqs == 1 and self.local_tokens > 0):
             return None, None
         return self.local_cu_seqlens(q.device), (self.cu_seqlens_cpu if q.is_cuda else None)
 
@@ -561,7 +561,7 @@ class _ChunkGlaCP(torch.autograd.Function):
                 h0 = _state_rows(rows, H, K, V, state_dtype, q.device, state_v_first)
                 _fold(packed[..., :V], packed[..., V], begin, end, False, _first_rows(_kv(h0, state_v_first), varlen))
         # 4. The ordinary chunked forward on the local slice.
-        cu, cu_host = cp.local_op_cu_seqlens(q) if varlen else (None, None)
+        cu, cu_host = cp.local_op_cu_seqlens(q)
         with _phase("local"):
             o, ht = _run_forward(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, scale, False,
                                  output_final_state, state_dtype, g_gamma=g_gamma, state_v_first=state_v_first)
@@ -622,7 +622,7 @@ class _ChunkGlaCP(torch.autograd.Function):
                     _fold(gathered[:, :n].view(P, B * H, K, V), log_decay, begin, end, True,
                           _last_rows(_kv(d_end, vfirst), varlen), accumulate=True)
         # 4. The ordinary chunked backward on the local slice.
-        cu, cu_host = cp.local_op_cu_seqlens(q) if varlen else (None, None)
+        cu, cu_host = cp.local_op_cu_seqlens(q)
         with _phase("local"):
             dq, dk, dv, dg, _, d_gamma = _run_backward_all(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, do,
                                                            d_end, fctx.scale, False, False, state_dtype,
@@ -666,7 +666,7 @@ class _NormalizeCP(torch.autograd.Function):
             with _phase("fold"):
                 _fold(gathered[:, :n].view(P, B * H, K, 1), zero_decay, begin, end, False,
                       _first_rows(z_init.view(rows, H, K, 1), varlen))
-        cu, cu_host = cp.local_op_cu_seqlens(q) if varlen else (None, None)
+        cu, cu_host = cp.local_op_cu_seqlens(q)
         with _phase("local"):
             o, z = _linear_attn_normalize(o_raw, q, k, z_init, cu, cu_host, scale, False)
         fctx.save_for_backward(o_raw, q, k, z_init)
@@ -681,7 +681,7 @@ class _NormalizeCP(torch.autograd.Function):
         cp, varlen = fctx.cp, fctx.varlen
         B, T, H, K = q.shape
         P, n = cp.world_size, B * H * K
-        cu, cu_host = cp.local_op_cu_seqlens(q) if varlen else (None, None)
+        cu, cu_host = cp.local_op_cu_seqlens(q)
         # The local backward first: its dz_init of the first local sequence is what this rank sends (the
         # gradient reaching z from its own outputs and its z_state's gradient, for a zero gradient from later
         # ranks); what the later ranks send is added to dk below.
