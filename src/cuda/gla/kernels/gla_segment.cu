@@ -174,8 +174,7 @@ __global__ void __launch_bounds__(kThreads) segment_summary_kernel(const Segment
       if (val >= V) continue;
       if (single) {
         const View& s = p.states;
-        static_cast<float*>(s.data)[n * s.stride[0] + h * s.stride[1] + key * s.stride[2] + val * s.stride[3]] =
-            acc[ii][jj];
+        static_cast<float*>(s.data)[offset4(s, n, h, key, val)] = acc[ii][jj];
       } else {
         p.piece_states[(slot * K + key) * V + val] = acc[ii][jj];
       }
@@ -186,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) segment_summary_kernel(const Segment
       p.piece_log_decay[slot * K + k0 + gk] = carry;
     } else if (p.log_decay.data) {
       const View& d = p.log_decay;
-      static_cast<float*>(d.data)[n * d.stride[0] + h * d.stride[1] + (k0 + gk) * d.stride[2]] = carry;
+      static_cast<float*>(d.data)[offset3(d, n, h, k0 + gk)] = carry;
     }
   }
 }
@@ -216,7 +215,7 @@ __global__ void __launch_bounds__(kThreads) fold_pieces_kernel(const SegmentPara
     }
   }
   const View& s = p.states;
-  static_cast<float*>(s.data)[n * s.stride[0] + h * s.stride[1] + key * s.stride[2] + val * s.stride[3]] = sum;
+  static_cast<float*>(s.data)[offset4(s, n, h, key, val)] = sum;
   if (val == 0 && !p.grads && p.log_decay.data) {
     const View& d = p.log_decay;
     static_cast<float*>(d.data)[offset3(d, n, h, key)] = log_decay;
