@@ -129,3 +129,35 @@ def test_opcheck_fla_06_options(gen, varlen):
     z0 = randn(gen, 3, 1, 2, 4).abs().requires_grad_()
     torch.library.opcheck(torch.ops.flashgla.linear_attn_normalize.default,
                           (o_raw, q.abs(), k.abs(), z0, cu_seqlens, None, 0.5, varlen))
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "activation-checkpointing"])
+def test_compile_blocks_is_one_graph_for_all_blocks_with_eager_gradients(checkpointed):
+    """flashgla.parallel.compile_blocks: the blocks' forwards compiled (the hooks and parameter names left
+    as they are); every block runs the one graph, without a break, and the loss and gradients are eager's."""
+    from flashgla.models import GLAConfig, GLAForCausalLM
+    from flashgla.parallel import apply_activation_checkpointing, compile_blocks
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # counted over this test only
+    torch.manual_seed(3)
+    config = GLAConfig(vocab_size=40, hidden_size=32, num_hidden_layers=3, num_heads=2, use_short_conv=True)
+    eager = GLAForCausalLM(config)
+    model = GLAForCausalLM(config)
+    model.load_state_dict(eager.state_dict())
+    if checkpointed:
+        for block in model.layers:
+            apply_activation_checkpointing(block)
+    assert compile_blocks(model) is model
+    assert list(model.state_dict()) == list(eager.state_dict())
+    ids = torch.randint(0, 40, (2, 19), generator=torch.Generator().manual_seed(1))
+    loss = model(ids, labels=ids).loss
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    eager_loss = eager(ids, labels=ids).loss
+    eager_grads = torch.autograd.grad(eager_loss, list(eager.parameters()))
+    counters = torch._dynamo.utils.counters
+    assert dict(counters["graph_break"]) == {}, f"graph breaks: {dict(counters['graph_break'])}"
+    assert counters["stats"]["unique_graphs"] == 1, f"expected one graph for the 3 blocks, got {counters['stats']}"
+    assert_close(loss, eager_loss, TOLERANCE[torch.float32], "loss")
+    for (name, _), grad, ref in zip(model.named_parameters(), grads, eager_grads):
+        assert_close(grad, ref, TOLERANCE[torch.float32], f"d{name}")

@@ -3,6 +3,7 @@ written by 2 ranks load on 1 rank and into the plain model; the chunked LM cross
 materialised one. Multi-process tests run under a hard timeout (spawn_utils.run_distributed)."""
 
 import copy
+import re
 
 import pytest
 import torch
@@ -147,13 +148,30 @@ def _fsdp_cases_worker(rank, world_size, cases):
 
 @requires_dist
 def test_fsdp2_training_equals_one_process():
-    """Defaults; activation checkpointing + chunked loss + no reshard + no prefetch; tied embeddings
-    (one spawn of 2 processes for the three)."""
+    """Defaults; activation checkpointing + chunked loss + no reshard + no prefetch; tied embeddings;
+    compiled blocks, two per FSDP unit (3 blocks: one unit of 2, one of 1). One spawn of 2 processes."""
     cases = [(_config(), 1234, {}),
              (_config(), 1234, dict(activation_checkpointing=True, loss_chunk_size=7, reshard_after_forward=False,
                                     prefetch=False)),
-             (_config(tie_word_embeddings=True), 99, {})]
-    run_distributed(_fsdp_cases_worker, 2, cases, timeout=240)
+             (_config(tie_word_embeddings=True), 99, {}),
+             (_config(num_hidden_layers=3), 5, dict(blocks_per_unit=2, compile=True))]
+    run_distributed(_fsdp_cases_worker, 2, cases, timeout=300)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(blocks_per_unit=0), "blocks_per_unit: expected an integer of at least 1, got 0"),
+    (dict(blocks_per_unit=1.5), "blocks_per_unit: expected an integer of at least 1, got 1.5"),
+    (dict(loss_chunk_size=0), "loss_chunk_size: expected at least 1 or None, got 0"),
+], ids=["zero-blocks-per-unit", "fractional-blocks-per-unit", "zero-loss-chunk"])
+def test_parallelize_rejects_bad_arguments_before_sharding(options, message):
+    from flashgla.parallel import parallelize
+
+    model = GLAForCausalLM(_config())
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parallelize(model, **options)
+    with pytest.raises(TypeError, match="model: expected a GLAForCausalLM"):
+        parallelize(torch.nn.Linear(2, 2))
+    assert not any(isinstance(p, DTensor) for p in model.parameters())
 
 
 @requires_dist

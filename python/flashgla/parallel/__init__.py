@@ -2,4 +2,4 @@
 parallelism (the CP context, the GLA op and the layer pieces across ranks) is flashgla.distributed."""
 
 from .checkpoint import load_checkpoint, load_model, save_checkpoint
-from .fsdp import apply_activation_checkpointing, fsdp_mesh, init_mesh, parallelize
+from .fsdp import apply_activation_checkpointing, compile_blocks, fsdp_mesh, init_mesh, parallelize

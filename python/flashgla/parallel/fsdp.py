@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-__all__ = ["parallelize", "fsdp_mesh", "init_mesh", "apply_activation_checkpointing"]
+__all__ = ["parallelize", "fsdp_mesh", "init_mesh", "apply_activation_checkpointing", "compile_blocks"]
 
 
 def _fsdp_api():
@@ -88,10 +88,27 @@ def apply_activation_checkpointing(module: nn.Module) -> None:
     module.forward = checkpointed
 
 
+def compile_blocks(model: nn.Module) -> nn.Module:
+    """torch.compile each block's forward in place (the model's blocks, `model.layers`) and return the model.
+
+    An eager GLA block launches about a hundred kernels per step, each through Python and torch's
+    dispatcher; at 16K tokens per GPU the 340M model's host work then exceeds its GPU work, and every
+    hook FSDP adds per block lengthens the step. Compiled, a block's forward and backward are one graph
+    each (the flashgla ops opaque inside them, the element-wise work around them fused), so the host
+    runs ahead of the GPU. The forward is compiled rather than the module: the module's hooks (FSDP's)
+    stay eager, and the parameter names stay those of the plain model. All blocks share one graph (the
+    same code and shapes). Apply after apply_activation_checkpointing, before fully_shard (parallelize
+    does, with compile=True).
+    """
+    for block in model.layers:
+        block.forward = torch.compile(block.forward)
+    return model
+
+
 def parallelize(model: nn.Module, mesh=None, *, param_dtype: Optional[torch.dtype] = torch.bfloat16,
                 reduce_dtype: Optional[torch.dtype] = torch.float32, activation_checkpointing: bool = False,
                 loss_chunk_size: Optional[int] = None, reshard_after_forward: bool = True,
-                prefetch: bool = True) -> nn.Module:
+                prefetch: bool = True, compile: bool = False, blocks_per_unit: int = 1) -> nn.Module:
     """Shards a GLAForCausalLM in place with FSDP2 and returns it.
 
     mesh: a 1-D DeviceMesh, or ("dp_shard", "cp") from init_mesh (FSDP over both); None: all ranks
@@ -100,7 +117,9 @@ def parallelize(model: nn.Module, mesh=None, *, param_dtype: Optional[torch.dtyp
     block in the backward. loss_chunk_size: tokens per chunk of the LM head + cross-entropy (the
     logits are then never materialised). reshard_after_forward: free the blocks' gathered
     parameters after their forward (False: ZeRO-2-like, more memory, half the all-gathers).
-    prefetch: explicit one-ahead prefetch in forward and backward.
+    prefetch: explicit one-ahead prefetch in forward and backward. compile: compile_blocks first.
+    blocks_per_unit: consecutive blocks sharded together as one FSDP unit (one all-gather and one
+    reduce-scatter for all of them; fewer hooks per step, more memory in flight).
     """
     import torch.distributed as dist
 
@@ -108,6 +127,8 @@ def parallelize(model: nn.Module, mesh=None, *, param_dtype: Optional[torch.dtyp
     for name in ("embeddings", "layers", "norm", "lm_head"):
         if not hasattr(model, name):
             raise TypeError(f"flashgla: model: expected a GLAForCausalLM (with .{name}), got {type(model).__name__}")
+    if not isinstance(blocks_per_unit, int) or blocks_per_unit < 1:
+        raise ValueError(f"flashgla: blocks_per_unit: expected an integer of at least 1, got {blocks_per_unit!r}")
     if loss_chunk_size is not None and loss_chunk_size < 1:
         raise ValueError(f"flashgla: loss_chunk_size: expected at least 1 or None, got {loss_chunk_size}")
     if mesh is None:
@@ -123,15 +144,19 @@ def parallelize(model: nn.Module, mesh=None, *, param_dtype: Optional[torch.dtyp
     if activation_checkpointing:
         for block in blocks:
             apply_activation_checkpointing(block)
+    if compile:
+        compile_blocks(model)
     units = []
     tied = model.lm_head.weight is model.embeddings.weight
     if not tied:  # a tied weight must live in one unit: then the root holds the embedding and the head
         fully_shard(model.embeddings, mesh=shard_mesh, mp_policy=policy, reshard_after_forward=False)
         units.append(model.embeddings)
-    for i, block in enumerate(blocks):
-        last = i == len(blocks) - 1
-        fully_shard(block, mesh=shard_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward and not last)
-        units.append(block)
+    groups = [blocks[i:i + blocks_per_unit] for i in range(0, len(blocks), blocks_per_unit)]
+    for i, group in enumerate(groups):
+        last = i == len(groups) - 1
+        fully_shard(group if len(group) > 1 else group[0], mesh=shard_mesh, mp_policy=policy,
+                    reshard_after_forward=reshard_after_forward and not last)
+        units.append(group[0])  # a group's modules share one FSDP state: the first names the unit
     fully_shard(model, mesh=shard_mesh, mp_policy=policy)
     if prefetch:
         # The root's pre-forward queues the first two units' all-gathers right behind its own.
