@@ -50,7 +50,7 @@ def worker(args):
     import torch.distributed as dist
 
     from flashgla.distributed import build_cp_context, local_slice
-    from flashgla.parallel import init_mesh, parallelize
+    from flashgla.parallel import compile_blocks, init_mesh, parallelize
     from flashgla.models import GLAConfig, GLAForCausalLM
 
     cuda = torch.cuda.is_available() and not args.cpu
@@ -112,11 +112,16 @@ def worker(args):
                 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
                 policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                if args.compile:
+                    compile_blocks(model)
                 for block in model.layers:
                     fully_shard(block, mp_policy=policy)
                 fully_shard(model, mp_policy=policy)
             elif variant != "plain":
-                parallelize(model, init_mesh(device.type), reshard_after_forward=variant != "tuned-noreshard")
+                parallelize(model, init_mesh(device.type), reshard_after_forward=variant != "tuned-noreshard",
+                            compile=args.compile, blocks_per_unit=args.blocks_per_unit)
+            elif args.compile:
+                compile_blocks(model)
             fused = cuda and variant != "probe"
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
             if cuda:
@@ -223,7 +228,8 @@ def driver(args, argv):
         what = f"context parallelism (block checkpointing, chunked CE of {args.loss_chunk_size} tokens)"
     model = "tiny GLA LM (smoke test)" if args.tiny else "340M GLA LM"
     title = (f"## {stamp}, {card} x {','.join(str(g) for g in args.gpus)} GPUs, torch {torch_version}: {model}, "
-             f"{what}, {args.steps} timed steps after {args.warmup}\n\n")
+             f"{what}{', blocks compiled' if args.compile else ''}"
+             f"{f', {args.blocks_per_unit} blocks per FSDP unit' if args.blocks_per_unit > 1 else ''}, {args.steps} timed steps after {args.warmup}\n\n")
     print("\n" + title + text)
     if not args.no_append:
         new_file = not os.path.exists(args.results)
@@ -247,6 +253,9 @@ def main(argv=None):
     p.add_argument("--loss-chunk-size", type=int, default=8192)
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 10 fsdp, 3 cp)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3 fsdp, 1 cp)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each block's forward (flashgla.parallel.compile_blocks), every variant")
+    p.add_argument("--blocks-per-unit", type=int, default=1, help="parallelize's blocks_per_unit (tuned variants)")
     p.add_argument("--trace", default=None, help="directory for a profiler trace of rank 0's timed steps")
     p.add_argument("--tiny", action="store_true", help="a tiny model (smoke test; runs on CPUs with gloo)")
     p.add_argument("--cpu", action="store_true", help="gloo on the CPU even with GPUs (smoke test)")

@@ -91,6 +91,8 @@ def build_parser():
     p.add_argument("--context-parallel", "--cp", dest="cp", type=int, default=1,
                    help="context-parallel ranks per sequence (under torchrun)")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in the backward")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each block (flashgla.parallel.compile_blocks): less host work per step")
     p.add_argument("--loss-chunk-size", type=int, default=None,
                    help="tokens per chunk of the LM head + cross-entropy (never materialises all logits)")
     p.add_argument("--prompt", default="And God said", help="text the sample at the end continues")
@@ -338,13 +340,15 @@ def build_model(args, ranks):
         # bf16 parameters with fp32 gradient reduction on GPUs; fp32 throughout on the CPU (gloo).
         parallelize(model, ranks.mesh, param_dtype=torch.bfloat16 if ranks.device.type == "cuda" else None,
                     reduce_dtype=torch.float32, activation_checkpointing=args.activation_checkpointing,
-                    loss_chunk_size=args.loss_chunk_size)
+                    loss_chunk_size=args.loss_chunk_size, compile=args.compile)
     else:
-        from flashgla.parallel import apply_activation_checkpointing
+        from flashgla.parallel import apply_activation_checkpointing, compile_blocks
 
         if args.activation_checkpointing:
             for block in model.layers:
                 apply_activation_checkpointing(block)
+        if args.compile:
+            compile_blocks(model)
         model.loss_chunk_size = args.loss_chunk_size
     return model
 
