@@ -210,8 +210,8 @@ TEST(GlaPlan, ForwardFp32GeneralKernel) {
 }
 
 // Varlen without host lengths: nothing to plan a split with; with them, the batch counts as as many sequences of
-// the longest's length as its tokens make: T = 30000 is 469 chunks, the longest 313, so 2 sequences of one tile:
-// 132 / 2 = 66 splits (313 / 4 = 78 allowed) of 5 chunks: 63 of them.
+// the longest's length as its tokens make, to the nearest: T = 30000 is 469 chunks, the longest 313, so 1 sequence
+// of one tile: 132 splits wanted, 313 / 4 = 78 allowed, of 5 chunks: 63 of them.
 TEST(GlaPlan, ForwardVarlenSplitNeedsHostLengths) {
   FwdProblem p = forward(3, 30000, 1, 64, 64);
   p.varlen = true, p.longest = -1;
@@ -223,13 +223,17 @@ TEST(GlaPlan, ForwardVarlenSplitNeedsHostLengths) {
 }
 
 // One long sequence among short ones (issue 24's varlen shape, 1M tokens and 32 of 2048, H16 d128): 17408 chunks,
-// 16384 of them the long one's, count as 2 sequences of 16 value tiles: 132 / 32 = 4 splits (the long sequence
-// alone: 132 / 16 = 8). As many short sequences of the same tokens split none.
+// 16384 of them the long one's, count as 1 sequence of 16 value tiles: 132 / 16 = 8 splits, as the long sequence
+// alone. Two sequences of nearly the longest's length count as 2. As many short sequences of the same tokens split
+// none.
 TEST(GlaPlan, ForwardVarlenLongSequenceAmongShortOnes) {
   FwdProblem p = forward(33, (1 << 20) + 32 * 2048, 16, 128, 128);
   p.varlen = true, p.longest = 1 << 20;
-  EXPECT_EQ(plan_forward(p, h100(), GlaTuning{}).num_splits, 4);
+  EXPECT_EQ(plan_forward(p, h100(), GlaTuning{}).num_splits, 8);
   EXPECT_EQ(plan_forward(forward(1, 1 << 20, 16, 128, 128), h100(), GlaTuning{}).num_splits, 8);
+  FwdProblem pair = forward(2, (1 << 20) + (1 << 20) - 64 * 100, 16, 128, 128);
+  pair.varlen = true, pair.longest = 1 << 20;
+  EXPECT_EQ(plan_forward(pair, h100(), GlaTuning{}).num_splits, 4);  // 132 / 32
   FwdProblem shorts = forward(544, 544 * 2048, 16, 128, 128);
   shorts.varlen = true, shorts.longest = 2048;
   EXPECT_EQ(plan_forward(shorts, h100(), GlaTuning{}).num_splits, 1);
@@ -421,17 +425,17 @@ TEST(GlaPlan, BackwardSplitScansAndWorkspace) {
   EXPECT_EQ(plan_backward(varlen, h100(), GlaTuning{}).chunks_per_split, 16);
 }
 
-// Varlen, one long sequence among short ones (16384 tokens and eight of 512): counted as ceil(320 / 256) = 2
-// sequences of the longest's 256 chunks, 2 × 2 × 4 × 4 = 64 scan blocks, 528 / 64 = 8 pieces of 32 chunks. Every
+// Varlen, one long sequence among short ones (16384 tokens and eight of 512): counted as 320 / 256 = 1.25, to the
+// nearest 1 sequence of the longest's 256 chunks, 2 × 4 × 4 = 32 scan blocks, 528 / 32 = 16 pieces of 16 chunks. Every
 // sequence is cut at the same places; the short ones' later pieces are empty. Many sequences of the longest's
 // length fill the GPU unsplit.
 TEST(GlaPlan, BackwardSplitScansVarlen) {
   BwdProblem p = backward(1, 16384 + 8 * 512, 4, 128, 128);
   p.varlen = true, p.num_seqs = 9, p.longest = 16384;
   const BwdPlan plan = plan_backward(p, h100(), GlaTuning{});
-  EXPECT_EQ(plan.scan_splits, 8);
-  EXPECT_EQ(plan.chunks_per_split, 32);
-  EXPECT_EQ(plan.split_summaries, size_t(2 * 9 * 4 * 8 * 4) * (4096 + 64) * kFloat);
+  EXPECT_EQ(plan.scan_splits, 16);
+  EXPECT_EQ(plan.chunks_per_split, 16);
+  EXPECT_EQ(plan.split_summaries, size_t(2 * 9 * 4 * 16 * 4) * (4096 + 64) * kFloat);
   p.seq_len = 64 * 4096, p.num_seqs = 64, p.longest = 4096;  // 64 sequences of 4096: 2048 blocks, no room
   EXPECT_EQ(plan_backward(p, h100(), GlaTuning{}).scan_splits, 1);
   p.seq_len = p.longest = 0, p.num_seqs = 3;  // only empty sequences

@@ -36,11 +36,16 @@ size_t hopper_prep_bytes(const FwdProblem& p) {
 namespace {
 
 // The sequences a split plan counts: a fixed-length batch's, and for varlen as many sequences of the longest's
-// length as the tokens make (at most the batch's count; none where the longest is empty), so that one long
-// sequence among short ones splits. The forward's splits and the backward's scan pieces both count so.
+// length as the tokens make, rounded to the nearest (at least 1 and at most the batch's count; none where the
+// longest is empty), so that one long sequence among short ones splits as if alone: its pieces are the step's
+// critical path, and the short sequences fill the SMs its pieces leave. (Rounded up, 1M tokens with 32 × 2048
+// counted as 2 and got half the pieces: fwd+bwd 1.37-1.61× the sequence alone, 1.01-1.16× as if alone; H200,
+// bench/results_long_sequence.md.) The forward's splits and the backward's scan pieces both count so.
 int64_t counted_sequences(bool varlen, int64_t num_seqs, int64_t total_chunks, int64_t longest_chunks) {
   if (!varlen) return num_seqs;
-  return longest_chunks > 0 ? std::min(num_seqs, (total_chunks + longest_chunks - 1) / longest_chunks) : 0;
+  if (longest_chunks <= 0) return 0;
+  const int64_t nearest = (total_chunks + longest_chunks / 2) / longest_chunks;
+  return std::min(num_seqs, std::max<int64_t>(1, nearest));
 }
 
 }  // namespace
