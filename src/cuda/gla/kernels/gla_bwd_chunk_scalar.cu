@@ -56,8 +56,13 @@ __device__ __forceinline__ void row_dots(const bf16* x, int pitch, const float (
   lo += __shfl_xor_sync(0xffffffffu, lo, 2), hi += __shfl_xor_sync(0xffffffffu, hi, 2);
 }
 
+// Blocks per SM: two at K = V = 64, where two blocks' tiles fit in shared memory (each block's loads and barriers
+// then hide behind the other's work), so the registers are capped at 64; one at the wider shapes.
+template <int KP, int VP>
+inline constexpr int kChunkBlocksPerSm = KP == 64 && VP == 64 ? 2 : 1;
+
 template <int KP, int VP, Gate GK, bool NORM>
-__global__ void __launch_bounds__(kThreads, 1) scalar_chunk_kernel(const BwdParams p) {
+__global__ void __launch_bounds__(kThreads, kChunkBlocksPerSm<KP, VP>) scalar_chunk_kernel(const BwdParams p) {
   static_assert(GK == Gate::scalar || GK == Gate::none, "a scalar gate or none");
   static_assert(!NORM || GK == Gate::none, "the normaliser comes without a gate");
   using L = BwdScalarChunkLayout<KP, VP>;
@@ -349,6 +354,9 @@ void launch_typed(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
   auto kernel = scalar_chunk_kernel<KP, VP, GK, NORM>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (GLA backward scalar chunk kernel)");
+  if constexpr (kChunkBlocksPerSm<KP, VP> > 1)
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
+               "cudaFuncSetAttribute (GLA backward scalar chunk kernel carveout)");
   launch_after_previous(kernel, dim3(unsigned(p.num_slots), unsigned(p.heads)), dim3(kThreads), smem, stream,
                         overlap_scans, p, "GLA backward scalar chunk kernel launch");
 }
