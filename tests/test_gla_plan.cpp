@@ -425,10 +425,10 @@ TEST(GlaPlan, BackwardSplitScansAndWorkspace) {
   EXPECT_EQ(plan_backward(varlen, h100(), GlaTuning{}).chunks_per_split, 16);
 }
 
-// Varlen, one long sequence among short ones (16384 tokens and eight of 512): counted as 320 / 256 = 1.25, to the
-// nearest 1 sequence of the longest's 256 chunks, 2 × 4 × 4 = 32 scan blocks, 528 / 32 = 16 pieces of 16 chunks. Every
-// sequence is cut at the same places; the short ones' later pieces are empty. Many sequences of the longest's
-// length fill the GPU unsplit.
+// Varlen, one long sequence among short ones (16384 tokens and eight of 512): counted as 320 / 256 = 1.25, to
+// the nearest 1 sequence of the longest's 256 chunks, 2 × 4 × 4 = 32 scan blocks, 528 / 32 = 16 pieces of 16
+// chunks. Every sequence is cut at the same places; the short ones' later pieces are empty. Many sequences of the
+// longest's length fill the GPU unsplit.
 TEST(GlaPlan, BackwardSplitScansVarlen) {
   BwdProblem p = backward(1, 16384 + 8 * 512, 4, 128, 128);
   p.varlen = true, p.num_seqs = 9, p.longest = 16384;

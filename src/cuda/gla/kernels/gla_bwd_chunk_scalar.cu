@@ -355,7 +355,8 @@ void launch_typed(const BwdParams& p, bool overlap_scans, cudaStream_t stream) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute (GLA backward scalar chunk kernel)");
   if constexpr (kChunkBlocksPerSm<KP, VP> > 1)
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared),
                "cudaFuncSetAttribute (GLA backward scalar chunk kernel carveout)");
   launch_after_previous(kernel, dim3(unsigned(p.num_slots), unsigned(p.heads)), dim3(kThreads), smem, stream,
                         overlap_scans, p, "GLA backward scalar chunk kernel launch");
