@@ -108,20 +108,18 @@ def worker(args):
                 continue
             torch.manual_seed(0)
             model = GLAForCausalLM(config).to(device)
+            if args.compile:  # before sharding, as parallelize(compile=True) does: every variant alike
+                compile_blocks(model)
             if variant == "probe":
                 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
                 policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                if args.compile:
-                    compile_blocks(model)
                 for block in model.layers:
                     fully_shard(block, mp_policy=policy)
                 fully_shard(model, mp_policy=policy)
             elif variant != "plain":
                 parallelize(model, init_mesh(device.type), reshard_after_forward=variant != "tuned-noreshard",
-                            compile=args.compile, blocks_per_unit=args.blocks_per_unit)
-            elif args.compile:
-                compile_blocks(model)
+                            blocks_per_unit=args.blocks_per_unit)
             fused = cuda and variant != "probe"
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
             if cuda:
