@@ -702,6 +702,13 @@ TEST(CudaGlaForward, SanitizerFastPath) {
     c.gate = i % 2 ? Gate::scalar : Gate::vector, c.seed = 1600 + i++;
     check_against_reference(c, ForwardCall{});
   }
+  // K = V = 64, where the scalar-gate kernel runs two blocks per SM in less shared memory; a scalar gate and none.
+  for (Gate gate : {Gate::scalar, Gate::none}) {
+    Case c;
+    c.B = 2, c.T = 150, c.H = 1, c.K = 64, c.V = 64, c.dtype = DType::bf16, c.gate_dtype = c.dtype;
+    c.gate = gate, c.h0 = true, c.final_state = true, c.seed = 1600 + i++;
+    check_against_reference(c, ForwardCall{});
+  }
   // An fp32 gate (in the operand area), with a split.
   for (int64_t K : {128, 64}) {
     Case c;

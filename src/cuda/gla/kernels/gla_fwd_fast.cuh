@@ -410,14 +410,24 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
   }
 }
 
-// One of the fast kernels, with the fast path's shared memory (FastLayout).
+// One of the fast kernels, with the fast path's shared memory (FastLayout; the scalar-gate kernel's ends at its
+// tables) and, where two blocks share an SM, the carveout that lets their shared memory in.
 template <int KP, int BV>
-void launch_fast_kernel(void (*kernel)(ChunkParams), const ChunkParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr int bytes = FastLayout<KP, BV>::bytes;
+void launch_fast_kernel(void (*kernel)(ChunkParams), const ChunkParams& p, dim3 grid, cudaStream_t stream,
+                        int bytes = FastLayout<KP, BV>::bytes, int blocks_per_sm = 1) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
              "cudaFuncSetAttribute (GLA fast chunk kernel)");
+  if (blocks_per_sm > 1)
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared),
+               "cudaFuncSetAttribute (GLA fast chunk kernel carveout)");
   kernel<<<grid, NT, bytes, stream>>>(p);
   check_cuda(cudaGetLastError(), "GLA fast chunk kernel launch");
+}
+template <class E, int KP, int BV, Gate GK, bool NORM>
+void launch_fast_scalar_kernel(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
+  launch_fast_kernel<KP, BV>(fast_scalar_chunk_kernel<E, KP, BV, GK, NORM>, p, grid, stream,
+                             ScalarTables<KP, BV>::end, kFastScalarBlocksPerSm<KP, BV>);
 }
 
 template <class E, int KP, int BV>
@@ -432,11 +442,10 @@ void launch(const ChunkParams& p, dim3 grid, cudaStream_t stream) {
         return launch_fast_kernel<KP, BV>(fast_chunk_kernel<E, float, KP, BV>, p, grid, stream);
       return launch_fast_kernel<KP, BV>(fast_chunk_kernel<E, E, KP, BV>, p, grid, stream);
     case Gate::scalar:
-      return launch_fast_kernel<KP, BV>(fast_scalar_chunk_kernel<E, KP, BV, Gate::scalar, false>, p, grid, stream);
+      return launch_fast_scalar_kernel<E, KP, BV, Gate::scalar, false>(p, grid, stream);
     case Gate::none:
-      if (p.normalize)
-        return launch_fast_kernel<KP, BV>(fast_scalar_chunk_kernel<E, KP, BV, Gate::none, true>, p, grid, stream);
-      return launch_fast_kernel<KP, BV>(fast_scalar_chunk_kernel<E, KP, BV, Gate::none, false>, p, grid, stream);
+      if (p.normalize) return launch_fast_scalar_kernel<E, KP, BV, Gate::none, true>(p, grid, stream);
+      return launch_fast_scalar_kernel<E, KP, BV, Gate::none, false>(p, grid, stream);
   }
 }
 

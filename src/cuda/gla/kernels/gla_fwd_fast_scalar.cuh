@@ -29,7 +29,8 @@
 namespace flashgla::cuda::gla {
 namespace {
 
-// The scalar kernel's own tables, in FastLayout's off-diagonal operand area (qo, ko), which it does not use.
+// The scalar kernel's own tables, in FastLayout's off-diagonal operand area (qo, ko), which it does not use;
+// its shared memory ends with them.
 template <int KP, int BV>
 struct ScalarTables {
   using L = FastLayout<KP, BV>;
@@ -39,8 +40,13 @@ struct ScalarTables {
   static constexpr int row_sums = z + 2 * KP * 4;        // NORM: [8 column blocks of 8][C] Σ_j A_ij
   static constexpr int qz = row_sums + 8 * C * 4;        // NORM: [C] q_i·z
   static constexpr int end = qz + C * 4;
-  static_assert(end <= L::s, "the tables fit the operand area");
+  static_assert(end <= L::g, "the tables fit the operand area");
 };
+
+// Blocks per SM: two at K = V = 64, where two blocks' shared memory fits (each block's loads and barriers then
+// hide behind the other's work), so the registers are capped at 64; one at the wider shapes.
+template <int KP, int BV>
+inline constexpr int kFastScalarBlocksPerSm = KP == 64 && BV == 64 ? 2 : 1;
 
 // One gate element's bits as loaded (an f64's two words; a 16-bit element in the low half), and as a float.
 __device__ __forceinline__ uint2 load_bits(const View& g, int64_t offset) {
@@ -92,7 +98,8 @@ struct KeySums {
 };
 
 template <class E, int KP, int BV, Gate GK, bool NORM>
-__global__ void __launch_bounds__(NT, 1) fast_scalar_chunk_kernel(const ChunkParams p) {
+__global__ void __launch_bounds__(NT, (kFastScalarBlocksPerSm<KP, BV>))
+    fast_scalar_chunk_kernel(const ChunkParams p) {
   static_assert(GK == Gate::scalar || GK == Gate::none, "a scalar gate or none");
   static_assert(!NORM || GK == Gate::none, "the normaliser comes without a gate");
   using L = FastLayout<KP, BV>;

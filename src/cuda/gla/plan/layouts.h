@@ -111,15 +111,17 @@ template <int KP, int BV>
 struct FastLayout {
   static constexpr int C = kChunk;
   static constexpr int P = KP + 8, PV = BV + 8, PA = C + 8;
+  // The regions every fast kernel uses come first (the scalar-gate kernel's tables then sit at qo, and its
+  // shared memory ends there: gla_fwd_fast_scalar.cuh).
   static constexpr int q = 0;                         // two buffers [64][P]: q, then q ⊙ exp Γ in place
   static constexpr int k = q + 2 * C * P * 2;         // two buffers [64][P]: k, then k ⊙ exp(γ^C − Γ) in place
-  static constexpr int g = k + 2 * C * P * 2;         // vector gate, [64][KP]
-  static constexpr int v = g + C * KP * 2;            // two buffers [64][PV]
-  static constexpr int qo = v + 2 * C * PV * 2;       // 96 rows: query side of the off-diagonal blocks
-  static constexpr int ko = qo + 96 * P * 2;          // 96 rows: key side
-  static constexpr int s = ko + 96 * P * 2;           // bf16 state [KP][PV]
+  static constexpr int v = k + 2 * C * P * 2;         // two buffers [64][PV]
+  static constexpr int s = v + 2 * C * PV * 2;        // bf16 state [KP][PV]
   static constexpr int a = s + KP * PV * 2;           // A [64][PA]
-  static constexpr int totals = a + C * PA * 2;       // [8 groups][KP] float2: (Π of the group's α without its
+  static constexpr int qo = a + C * PA * 2;           // 96 rows: query side of the off-diagonal blocks
+  static constexpr int ko = qo + 96 * P * 2;          // 96 rows: key side
+  static constexpr int g = ko + 96 * P * 2;           // vector gate, [64][KP]
+  static constexpr int totals = g + C * KP * 2;       // [8 groups][KP] float2: (Π of the group's α without its
                                                       // first row, α of its first row)
   static constexpr int diag = totals + 8 * KP * 8;    // [2 key halves][8 groups][36] partial triangles
   static constexpr int decay = diag + 2 * 8 * kFastTriangle * 4;  // [KP] exp(γ^C)
