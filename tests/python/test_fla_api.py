@@ -137,19 +137,23 @@ def folds_the_normaliser_backward(q, k, v, cu_seqlens):
 
 
 @requires_gpu
-@pytest.mark.parametrize("shape", ["varlen d128", "batch K64 V128", "batch d64"])
+@pytest.mark.parametrize("shape", ["varlen d128", "varlen d128 split scan", "batch K64 V128", "batch K128 V64",
+                                   "batch d64"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_normalize_folded_into_the_chunked_forward_gpu(gen, dtype, shape):
+def test_normalize_folded_into_the_chunked_forward_gpu(gen, dtype, shape, monkeypatch):
     """chunk_linear_attn(normalize=True) on the GPU: the fast kernel divides by the normaliser as it stores o; in
-    bf16 the backward folds the normaliser into the op's (its residuals kept by the forward), in fp16 it starts
-    from that o; against fp64 on sequences of many chunks, lengths off the chunk and empty ones: o, both final
-    states and every gradient."""
-    if shape == "varlen d128":
+    bf16 the backward folds the normaliser into the op's (its residuals kept by the forward; the state scans cut
+    into pieces of 2 chunks in the split case), in fp16 it starts from that o; against fp64 on sequences of many
+    chunks, lengths off the chunk and empty ones: o, both final states and every gradient."""
+    if shape == "varlen d128 split scan":
+        monkeypatch.setenv("FLASHGLA_GLA_BWD_SCAN_SPLIT", "2")
+    if shape.startswith("varlen d128"):
         lengths = [0, 700, 1, 0, 1300]
         B, T, H, K, V, N = 1, sum(lengths), 2, 128, 128, len(lengths)
         cu_seqlens = cu(lengths)
     else:
-        B, T, H, K, V = (2, 300, 2, 64, 128) if shape == "batch K64 V128" else (3, 129, 2, 64, 64)
+        B, T, H, K, V = {"batch K64 V128": (2, 300, 2, 64, 128), "batch K128 V64": (2, 300, 2, 128, 64),
+                         "batch d64": (3, 129, 2, 64, 64)}[shape]
         N, cu_seqlens = B, None
     inputs, grad_outputs = normalized_inputs(gen, B, T, H, K, V, N, dtype)
     leaves = [x.cuda().requires_grad_() for x in inputs]
