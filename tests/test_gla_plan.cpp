@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/sequences.h"
 #include "cuda/gla/plan/plan.h"
 #include "flashgla/error.h"
 
@@ -74,6 +75,23 @@ size_t hopper_slot_bytes(int64_t slots, int heads, int key_pad) {
 
 // B8 T2048 H16 d64: the fast path on both (its 64×64 layout fits 163 KB); 8·16 = 128 value tiles fill
 // both GPUs' SMs at one CTA each (132 / 128 = 1, 108 / 128 = 0): no split, no workspace.
+// The longest sequence the planner sees from boundaries on the CPU: checked ones as they are; boundaries read back
+// from the device unchecked, each clamped into [0, T] as the kernels read them (an end before its begin: empty).
+TEST(GlaPlan, LongestSequenceAsTheKernelsReadIt) {
+  GlaProblem p;
+  p.varlen = true, p.batch = 1, p.seq_len = 10;
+  std::vector<int32_t> checked = {0, 3, 9, 10};
+  p.num_seqs = 3;
+  const TensorView none;
+  EXPECT_EQ(longest_sequence(p, TensorView::contiguous(checked.data(), DType::i32, {4}), none), 6);
+  std::vector<int64_t> wild = {-4, 2, 1000, 3};  // [-4, 2) -> [0, 2); [2, 1000) -> [2, 10); [1000, 3) -> empty
+  EXPECT_EQ(longest_of_boundaries(p, TensorView::contiguous(wild.data(), DType::i64, {4})), 8);
+  wild = {-4, 2, 1, 1};
+  EXPECT_EQ(longest_of_boundaries(p, TensorView::contiguous(wild.data(), DType::i64, {4})), 2);
+  p.varlen = false;
+  EXPECT_EQ(longest_sequence(p, none, none), 10);
+}
+
 TEST(GlaPlan, ForwardAnchorD64) {
   const FwdProblem p = forward(8, 2048, 16, 64, 64);
   for (const DeviceProps& d : {h100(), a100()}) {

@@ -26,15 +26,26 @@ inline SeqRange sequence(const GlaProblem& p, const TensorView& cu_seqlens, int6
   return {0, b, e - b};
 }
 
+// The longest of a varlen problem's sequences from boundaries on the CPU, as the CUDA kernels read them: each
+// boundary clamped into [0, T] (cuda/common/sequences.cuh). For checked boundaries the clamp changes nothing;
+// boundaries read back from the device (the CUDA planner's) are unchecked.
+inline int64_t longest_of_boundaries(const GlaProblem& p, const TensorView& host_cu_seqlens) {
+  int64_t longest = 0;
+  for (int64_t n = 0; n < p.num_seqs; ++n) {
+    const SeqRange s = sequence(p, host_cu_seqlens, n);
+    const int64_t begin = std::clamp<int64_t>(s.begin, 0, p.seq_len);
+    longest = std::max(longest, std::clamp<int64_t>(s.begin + s.len, 0, p.seq_len) - begin);
+  }
+  return longest;
+}
+
 // The longest sequence of a checked problem as the host can know it: the fixed length, else from
 // cu_seqlens_host or a cu_seqlens on the CPU; -1 where the boundaries are only in device memory.
 inline int64_t longest_sequence(const GlaProblem& p, const TensorView& cu_seqlens, const TensorView& cu_seqlens_host) {
   if (!p.varlen) return p.seq_len;
   const TensorView& host = cu_seqlens_host.defined() ? cu_seqlens_host : cu_seqlens;
   if (host.device.type != DeviceType::cpu) return -1;
-  int64_t longest = 0;
-  for (int64_t n = 0; n < p.num_seqs; ++n) longest = std::max(longest, sequence(p, host, n).len);
-  return longest;
+  return longest_of_boundaries(p, host);
 }
 
 }  // namespace flashgla

@@ -3,7 +3,6 @@
 // (kernels/gla_segment.cu, gla_options.cu), and the device properties the planner (plan.h) reads.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -95,14 +94,7 @@ int64_t planning_longest(const GlaProblem& p, const TensorView& cu_seqlens, cons
                                size_t(p.num_seqs + 1), cudaMemcpyDeviceToHost, stream),
              "cudaMemcpy2DAsync (reading cu_seqlens back)");
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (reading cu_seqlens back)");
-  const TensorView host = TensorView::contiguous(bytes.data(), cu_seqlens.dtype, {p.num_seqs + 1}, Device{});
-  int64_t longest = 0;  // the kernels' clamped boundaries (sequences_of)
-  for (int64_t n = 0; n < p.num_seqs; ++n) {
-    const SeqRange s = sequence(p, host, n);
-    const int64_t begin = std::clamp<int64_t>(s.begin, 0, p.seq_len);
-    longest = std::max(longest, std::clamp<int64_t>(s.begin + s.len, 0, p.seq_len) - begin);
-  }
-  return longest;
+  return longest_of_boundaries(p, TensorView::contiguous(bytes.data(), cu_seqlens.dtype, {p.num_seqs + 1}, Device{}));
 }
 
 // The planner's view of device `index` (multiprocessors, shared memory, the loaded code), queried once per
