@@ -224,10 +224,13 @@ def driver(args, argv):
         what = f"FSDP2 weak scaling, {args.tokens_per_gpu} tokens per GPU, T = {args.seq_len}"
     else:
         what = f"context parallelism (block checkpointing, chunked CE of {args.loss_chunk_size} tokens)"
+    if args.compile:
+        what += ", blocks compiled"
+    if args.blocks_per_unit > 1:
+        what += f", {args.blocks_per_unit} blocks per FSDP unit"
     model = "tiny GLA LM (smoke test)" if args.tiny else "340M GLA LM"
     title = (f"## {stamp}, {card} x {','.join(str(g) for g in args.gpus)} GPUs, torch {torch_version}: {model}, "
-             f"{what}{', blocks compiled' if args.compile else ''}"
-             f"{f', {args.blocks_per_unit} blocks per FSDP unit' if args.blocks_per_unit > 1 else ''}, {args.steps} timed steps after {args.warmup}\n\n")
+             f"{what}, {args.steps} timed steps after {args.warmup}\n\n")
     print("\n" + title + text)
     if not args.no_append:
         new_file = not os.path.exists(args.results)
