@@ -73,8 +73,6 @@ size_t hopper_slot_bytes(int64_t slots, int heads, int key_pad) {
 
 // ---- forward: the decision table ---------------------------------------------------------
 
-// B8 T2048 H16 d64: the fast path on both (its 64×64 layout fits 163 KB); 8·16 = 128 value tiles fill
-// both GPUs' SMs at one CTA each (132 / 128 = 1, 108 / 128 = 0): no split, no workspace.
 // The longest sequence the planner sees from boundaries on the CPU: checked ones as they are; boundaries read back
 // from the device unchecked, each clamped into [0, T] as the kernels read them (an end before its begin: empty).
 TEST(GlaPlan, LongestSequenceAsTheKernelsReadIt) {
@@ -92,6 +90,8 @@ TEST(GlaPlan, LongestSequenceAsTheKernelsReadIt) {
   EXPECT_EQ(longest_sequence(p, none, none), 10);
 }
 
+// B8 T2048 H16 d64: the fast path on both (its 64×64 layout fits 163 KB); 8·16 = 128 value tiles fill
+// both GPUs' SMs at one CTA each (132 / 128 = 1, 108 / 128 = 0): no split, no workspace.
 TEST(GlaPlan, ForwardAnchorD64) {
   const FwdProblem p = forward(8, 2048, 16, 64, 64);
   for (const DeviceProps& d : {h100(), a100()}) {
@@ -199,8 +199,8 @@ TEST(GlaPlan, Forward340MModelHeads) {
 
 // The Hopper path's slots for a varlen batch: one per (chunk of the packed T, head) plus one per sequence and
 // one more (a sequence's chunks start at its own boundary), after the split's slots; its chunk pass covers the
-// longest sequence's chunks. Past 65535 chunks of T the Hopper path does not apply (the general kernel runs: the fast path takes
-// K ≤ 128).
+// longest sequence's chunks. Past 65535 chunks of T the Hopper path does not apply (the general kernel runs: the
+// fast path takes K ≤ 128).
 TEST(GlaPlan, ForwardHopperVarlenAndLimits) {
   FwdProblem p = forward(3, 4096, 4, 256, 512);
   p.varlen = true, p.longest = 2000;
