@@ -11,6 +11,7 @@ Run on a GPU machine, with flashgla importable (`pip install .`, or a CMake buil
 (d <= 128) through FLASHGLA_ATTENTION_KERNEL, with the default backward. --backward portable,hopper
 adds "flashgla-bwd-portable" and "flashgla-bwd-hopper": the default forward with the backward forced
 through FLASHGLA_ATTENTION_BACKWARD (read when .backward() runs, so each call sets or clears it).
+--deterministic adds "flashgla-deterministic": the default kernels, flash_attention(deterministic=True).
 
 Shapes follow the FlashAttention-2 paper: B*T = 16K tokens, H = 2048 / d, bf16, layout [B, T, H, d]
 (SDPA gets the transposed [B, H, T, d] views of the same memory). TFLOP/s count 4*B*H*T^2*d for the
@@ -69,6 +70,12 @@ def ours_backward(kernel):
         os.environ["FLASHGLA_ATTENTION_BACKWARD"] = kernel
         return flashgla.flash_attention(q, k, v, causal=causal)
     return run
+
+
+def ours_deterministic(q, k, v, causal):
+    """flashgla with deterministic=True (its backward adds dq in turns)."""
+    os.environ.pop("FLASHGLA_ATTENTION_BACKWARD", None)
+    return flashgla.flash_attention(q, k, v, causal=causal, deterministic=True)
 
 
 def ours_with(kernel):
@@ -188,7 +195,12 @@ def main():
     parser.add_argument("--dims", default="64,128", help="head dims to time")
     parser.add_argument("--ts", default="", help="sequence lengths to time, e.g. 2048,8192 (overrides --quick)")
     parser.add_argument("--modes", default="fwd,fwd+bwd", help="passes to time: fwd, fwd+bwd or both")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="add flashgla-deterministic: the default kernels with deterministic=True")
     args = parser.parse_args()
+    if args.deterministic:
+        IMPLS["flashgla-deterministic"] = ours_deterministic
+        OURS.append("flashgla-deterministic")
     for kernel in filter(None, args.kernels.split(",")):
         IMPLS[f"flashgla-{kernel}"] = ours_with(kernel)
         OURS.append(f"flashgla-{kernel}")

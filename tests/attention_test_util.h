@@ -27,6 +27,8 @@ struct Case {
   std::vector<int64_t> seqlens_q, seqlens_k;
   std::optional<double> scale;
   int64_t row_padding = 0;  // > 0: every tensor on the GPU, inputs and outputs, is a strided slice
+  bool deterministic = false;                                // AttentionBackwardArgs::deterministic
+  std::optional<AttentionTuning::Kernel> backward_kernel;    // else the environment's (tuning_test_util.h)
 
   Case lens(int64_t tq, int64_t tk) const { Case c = *this; c.q_len = tq, c.k_len = tk; return c; }
   Case heads(int64_t hq, int64_t hkv) const { Case c = *this; c.q_heads = hq, c.kv_heads = hkv; return c; }
@@ -38,6 +40,8 @@ struct Case {
   Case fp16() const { return with_dtype(DType::f16); }
   Case with_scale(double s) const { Case c = *this; c.scale = s; return c; }
   Case padded(int64_t p) const { Case c = *this; c.row_padding = p; return c; }
+  Case in_turns() const { Case c = *this; c.deterministic = true; return c; }
+  Case backward_on(AttentionTuning::Kernel k) const { Case c = *this; c.backward_kernel = k; return c; }
   Case varlen(std::vector<int64_t> lq, std::vector<int64_t> lk) const {
     Case c = *this;
     c.batch = 1, c.q_len = 0, c.k_len = 0;
@@ -59,6 +63,9 @@ inline void PrintTo(const Case& c, std::ostream* os) {
   }
   if (c.scale) *os << " scale=" << *c.scale;
   if (c.row_padding > 0) *os << " padding=" << c.row_padding;
+  if (c.deterministic) *os << " deterministic";
+  if (c.backward_kernel)
+    *os << (*c.backward_kernel == AttentionTuning::Kernel::hopper ? " hopper-bwd" : " portable-bwd");
 }
 
 // cu_seqlens [N+1] (int32) from the lengths; absent for fixed-length cases.
@@ -135,7 +142,9 @@ inline Results run(const Case& c, const Tensors& in, Device device, AttentionAlg
   b.causal = c.causal, b.scale = c.scale, b.algorithm = algorithm;
   b.o = r.o.view(), b.lse = r.lse.view(), b.d_o = in.d_o.view();
   b.dq = r.dq.view(), b.dk = r.dk.view(), b.dv = r.dv.view();
+  b.deterministic = c.deterministic;
   b.tuning = test_attention_backward_tuning();
+  if (c.backward_kernel) b.tuning.kernel = *c.backward_kernel;
   attention_backward(b);
   synchronize(device);
   return r;

@@ -2,7 +2,7 @@
 // and dv over head dims, lengths around the tile sizes, causal and full masks,
 // Tq != Tk, grouped KV heads, varlen (with empty and length-1 sequences),
 // fully masked rows, strided (aligned and unaligned) tensors, custom scales,
-// fp16, caller-provided workspace, and bad input. Outputs are poisoned (NaN)
+// fp16, the deterministic backward, caller-provided workspace, and bad input. Outputs are poisoned (NaN)
 // before every call, so an element never written fails. The forward checked
 // is the one the library picks; on an H100, run the binary once with
 // FLASHGLA_ATTENTION_KERNEL=portable and once with =hopper to check both
@@ -142,6 +142,25 @@ std::vector<Case> strided_and_more() {
 }
 INSTANTIATE_TEST_SUITE_P(StridesDtypesScales, AttentionCuda, ::testing::ValuesIn(strided_and_more()));
 
+// The deterministic backward (dq added in turns) on both fast kernels: the same accuracy. Tq ≠ Tk (the causal
+// diagonal off the tile grid), grouped heads, varlen with empty and short sequences, unaligned rows (portable).
+std::vector<Case> deterministic() {
+  std::vector<Case> cases;
+  for (auto kernel : {AttentionTuning::Kernel::portable, AttentionTuning::Kernel::hopper})
+    for (int64_t d : {64, 128})
+      for (bool causal : {true, false}) {
+        const Case c = Case().dim(d).masked(causal).in_turns().backward_on(kernel);
+        cases.push_back(c.lens(333, 700).heads(4, 2));
+        cases.push_back(c.lens(700, 333).heads(8, 1).fp16());
+        cases.push_back(c.heads(4, 2).varlen({70, 0, 1, 200, 129, 3}, {70, 5, 1, 64, 300, 0}));
+        cases.push_back(c.heads(2, 1).varlen({300, 129, 128, 1}, {300, 129, 128, 1}));
+      }
+  cases.push_back(Case().dim(128).lens(100, 150).padded(3).in_turns());  // element loads: the portable kernel
+  cases.push_back(Case().dim(256).lens(130, 300).heads(4, 2).in_turns());
+  return cases;
+}
+INSTANTIATE_TEST_SUITE_P(Deterministic, AttentionCuda, ::testing::ValuesIn(deterministic()));
+
 class AttentionCudaApi : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -159,6 +178,34 @@ TEST_F(AttentionCudaApi, ForwardIsDeterministic) {
     EXPECT_EQ(a.o.values(), b.o.values());
     EXPECT_EQ(a.lse.values(), b.lse.values());
   }
+}
+
+// deterministic: five backward runs give the same bits, on both fast kernels, at shapes where many key tiles
+// add into every dq element (16 at Tk = 2048). The runs without the flag are counted, not judged: their atomics
+// may or may not land in another order.
+TEST_F(AttentionCudaApi, DeterministicBackwardRepeatsBitForBit) {
+  for (auto kernel : {AttentionTuning::Kernel::portable, AttentionTuning::Kernel::hopper})
+    for (int64_t d : {64, 128})
+      for (bool causal : {false, true}) {
+        const Case base = Case().dim(d).lens(2048, 2048).heads(8, 2).masked(causal).backward_on(kernel);
+        const Case c = base.in_turns();
+        SCOPED_TRACE(::testing::PrintToString(c));
+        const Tensors in = to_device(make_inputs(c, 11), 0);
+        const Results first = run(c, in, kCuda, AttentionAlgorithm::tiled, 0);
+        for (int rerun = 0; rerun < 4; ++rerun) {
+          const Results again = run(c, in, kCuda, AttentionAlgorithm::tiled, 0);
+          ASSERT_EQ(again.dq.values(), first.dq.values()) << "rerun " << rerun;
+          ASSERT_EQ(again.dk.values(), first.dk.values()) << "rerun " << rerun;
+          ASSERT_EQ(again.dv.values(), first.dv.values()) << "rerun " << rerun;
+        }
+        const std::vector<double> free_order = run(base, in, kCuda, AttentionAlgorithm::tiled, 0).dq.values();
+        size_t differ = 0;
+        const std::vector<double> turns = first.dq.values();
+        for (size_t i = 0; i < turns.size(); ++i) differ += turns[i] != free_order[i];
+        std::printf("  without the flag: %zu of %zu dq elements differ from the deterministic run\n", differ,
+                    turns.size());
+        EXPECT_LE(rel_rms_error(free_order, turns), 1e-2);
+      }
 }
 
 TEST_F(AttentionCudaApi, CallerWorkspaceAndAllocatorGiveTheSameGradients) {

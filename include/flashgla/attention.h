@@ -46,6 +46,10 @@ struct AttentionBackwardArgs {
   TensorView d_o;  // [B,Tq,Hq,Dv], dtype of q
 
   TensorView dq, dk, dv;  // out: shapes and dtype of q, k, v
+  // Bitwise the same dq on every run. The CPU and the CUDA kernels for fp32 and other head dims are deterministic
+  // anyway; the CUDA bf16/fp16 kernels for D in {64, 128} otherwise add the key tiles' shares of dq in whatever
+  // order they arrive (faster), and with this flag in a fixed order.
+  bool deterministic = false;
   void* stream = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;

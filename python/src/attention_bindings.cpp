@@ -52,6 +52,7 @@ void bind_attention(nb::module_& m) {
 
   auto backward = attention_args_class<AttentionBackwardArgs>(
       m, "AttentionBackwardArgs", "flashgla::AttentionBackwardArgs (flashgla/attention.h).");
+  backward.def_rw("deterministic", &AttentionBackwardArgs::deterministic);
   tensor_fields<AttentionBackwardArgs>(backward, {{"d_o", &AttentionBackwardArgs::d_o},
                                                   {"dq", &AttentionBackwardArgs::dq},
                                                   {"dk", &AttentionBackwardArgs::dk},

@@ -91,3 +91,15 @@ def test_gradcheck_fp64_varlen(gen):
     inputs = [x.requires_grad_() for x in attention_inputs(gen, 1, 8, 8, 2, 2, 4, 3, torch.float64)]
     assert torch.autograd.gradcheck(lambda q, k, v: flashgla.flash_attention(q, k, v, cu_seqlens=cu_seqlens),
                                     inputs)
+
+
+def test_deterministic_flag_on_cpu(gen):
+    """The CPU backward is deterministic anyway: the flag gives the same gradients; a non-bool is refused."""
+    q, k, v = [x.requires_grad_() for x in attention_inputs(gen, *CASES["gqa_Dv_ne_D"], torch.float32)]
+    do = randn(gen, *q.shape[:3], v.shape[-1], dtype=torch.float32)
+    plain = torch.autograd.grad(flashgla.flash_attention(q, k, v), (q, k, v), do)
+    in_turns = torch.autograd.grad(flashgla.flash_attention(q, k, v, deterministic=True), (q, k, v), do)
+    for name, a, b in zip(("dq", "dk", "dv"), plain, in_turns):
+        assert torch.equal(a, b), name
+    with pytest.raises(TypeError, match="deterministic: expected a bool, got int"):
+        flashgla.flash_attention(q, k, v, deterministic=1)

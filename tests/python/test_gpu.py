@@ -399,6 +399,25 @@ def test_flash_attention_vs_sdpa(gen, shape, dtype, causal):
         assert_close(ours, ref, bound, f"{name} (SDPA's error {rel_rms_error(theirs, ref):.3g})")
 
 
+@pytest.mark.parametrize("D", [64, 128])
+def test_flash_attention_deterministic_backward(gen, D):
+    """deterministic=True: three backward runs give the same bits, close to the default's gradients."""
+    q, k, v = (randn(gen, 1, 1500, 8, D, dtype=torch.bfloat16) for _ in range(3))
+    do = randn(gen, 1, 1500, 8, D, dtype=torch.bfloat16).cuda()
+    inputs = leaves(*cuda(q, k, v))
+
+    def grads(deterministic):
+        o = on_gpu(flashgla.flash_attention, *inputs, causal=False, deterministic=deterministic)
+        return on_gpu(torch.autograd.grad, o, inputs, do)
+
+    first = grads(True)
+    for _ in range(2):
+        for name, a, b in zip(("dq", "dk", "dv"), first, grads(True)):
+            assert torch.equal(a, b), name
+    for name, a, b in zip(("dq", "dk", "dv"), first, grads(False)):
+        assert_close(a, b, 1e-2, name)
+
+
 def test_flash_attention_varlen(gen):
     lengths = [3, 0, 1, 200, 64]
     cu_seqlens = cu(lengths)

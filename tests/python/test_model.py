@@ -170,6 +170,15 @@ def test_save_and_load(tmp_path):
         assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
+def test_attn_deterministic_reaches_the_attention_layers():
+    model = tiny(attn_deterministic=True, **HYBRID)
+    assert [getattr(block.attn, "deterministic", None) for block in model.layers] == [None, True, None]
+    ids = torch.randint(0, 40, (2, 9))
+    model(ids).logits.sum().backward()  # the flag reaches flash_attention's backward (CPU: deterministic anyway)
+    with pytest.raises(TypeError, match="attn_deterministic"):
+        tiny(attn_deterministic=1, **HYBRID)
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(attn_layers=[5]), "attn_layers"),
     (dict(attn_layers=[1, 1]), "repeated"),

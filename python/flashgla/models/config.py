@@ -45,7 +45,8 @@ _FIELD_RULES = {
     "use_short_conv": ("bool", None, False), "conv_size": ("int", 1, False),
     "mode": (("chunk", "fused_recurrent"), None, False), "intermediate_size": ("int", 1, True),
     "norm_eps": ("float", ">0", False), "attn_num_heads": ("int", 1, True), "attn_num_kv_heads": ("int", 1, True),
-    "attn_backend": (("flashgla", "sdpa"), None, False), "rope_theta": ("float", ">0", False),
+    "attn_backend": (("flashgla", "sdpa"), None, False), "attn_deterministic": ("bool", None, False),
+    "rope_theta": ("float", ">0", False),
     "tie_word_embeddings": ("bool", None, False), "initializer_range": ("float", 0, False),
 }
 
@@ -111,6 +112,7 @@ class GLAConfig:
     attn_num_heads: Optional[int] = None     # default: num_heads
     attn_num_kv_heads: Optional[int] = None  # default: attn_num_heads
     attn_backend: str = "flashgla"           # or "sdpa" (torch's attention; no packed sequences)
+    attn_deterministic: bool = False         # flashgla's attention backward bitwise the same on every run
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02

@@ -69,7 +69,7 @@ class GLABlock(nn.Module):
         if layer_idx in config.attn_layers:
             heads = config.attn_num_heads or config.num_heads
             self.attn = Attention(config.hidden_size, heads, config.attn_num_kv_heads or heads, config.rope_theta,
-                                  config.attn_backend, layer_idx)
+                                  config.attn_backend, layer_idx, config.attn_deterministic)
         else:
             self.attn = GatedLinearAttention(
                 config.hidden_size, config.num_heads, config.num_kv_heads, config.expand_k, config.expand_v,

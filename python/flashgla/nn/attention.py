@@ -99,11 +99,15 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    """Causal multi-head softmax attention with RoPE. Input and output [B, T, hidden_size]."""
+    """Causal multi-head softmax attention with RoPE. Input and output [B, T, hidden_size]. deterministic: the
+    flashgla backend's backward gives bitwise the same gradients on every run (flash_attention's flag)."""
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: Optional[int] = None,
-                 rope_theta: float = 10000.0, backend: str = "flashgla", layer_idx: Optional[int] = None):
+                 rope_theta: float = 10000.0, backend: str = "flashgla", layer_idx: Optional[int] = None,
+                 deterministic: bool = False):
         super().__init__()
+        if not isinstance(deterministic, bool):
+            raise TypeError(f"attention: deterministic: expected a bool, got {type(deterministic).__name__}")
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads < 1 or num_kv_heads < 1 or hidden_size % num_heads:
             raise ValueError(f"attention: hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
@@ -113,7 +117,7 @@ class Attention(nn.Module):
             raise ValueError(f"attention backend must be one of {_BACKENDS}, got {backend!r}")
         self.hidden_size, self.num_heads, self.num_kv_heads = hidden_size, num_heads, num_kv_heads
         self.head_dim = hidden_size // num_heads
-        self.backend, self.layer_idx = backend, layer_idx
+        self.backend, self.layer_idx, self.deterministic = backend, layer_idx, deterministic
         self.q_proj = nn.Linear(hidden_size, hidden_size, bias=False)
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=False)
@@ -166,7 +170,7 @@ class Attention(nn.Module):
             k, v = torch.cat([cache.k[:, :cache.length], k], 1), torch.cat([cache.v[:, :cache.length], v], 1)
         if self.backend == "flashgla":
             # Causal masking is aligned to the last key, so queries after a cache see all of it.
-            o = flash_attention(q, k, v, causal=True, cu_seqlens=cu_seqlens)
+            o = flash_attention(q, k, v, causal=True, cu_seqlens=cu_seqlens, deterministic=self.deterministic)
         else:
             if cu_seqlens is not None:
                 raise NotImplementedError("attention backend 'sdpa' takes no packed or padded sequences")
@@ -251,7 +255,8 @@ class Attention(nn.Module):
         key_begin, key_end, cu_q, cu_k = attention_layout(ctx, batch, x.device)
         k, v = k[:, key_begin:key_end], v[:, key_begin:key_end]
         if self.backend == "flashgla":
-            o = flash_attention(q, k, v, causal=True, cu_seqlens=cu_q, cu_seqlens_k=cu_k)
+            o = flash_attention(q, k, v, causal=True, cu_seqlens=cu_q, cu_seqlens_k=cu_k,
+                                deterministic=self.deterministic)
         elif cu_q is None:
             o = self._sdpa(q, k, v)
         else:

@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -119,17 +120,25 @@ void dispatch(DType dtype, int64_t head_dim, Fn&& fn) {
   else by_dim(__half{});
 }
 
-// Backward scratch, each piece 256-byte aligned: dq_accum [B, Hq, Tq, D] and
-// lse_log2, dsum [B, Hq, Tq], all fp32. The generic kernels use dsum alone.
+// Backward scratch, each piece 256-byte aligned: dq_accum [B, Hq, Tq, D] fp32, the deterministic backward's dq
+// turn counters (int32, zeroed with dq_accum), lse_log2 and dsum [B, Hq, Tq] fp32. The generic kernels use dsum
+// alone.
 struct BackwardScratch {
-  size_t rows = 0, dq_bytes = 0, row_bytes = 0;
-  BackwardScratch(const AttentionProblem& p, bool fast) {
+  size_t rows = 0, dq_bytes = 0, turn_bytes = 0, row_bytes = 0;
+  BackwardScratch(const AttentionProblem& p, bool fast, bool deterministic) {
     rows = size_t(p.batch * p.q_heads * p.q_len);
     dq_bytes = fast ? align(rows * size_t(p.head_dim) * sizeof(float)) : 0;
+    turn_bytes = fast && deterministic ? align(turn_count(p) * sizeof(int)) : 0;
     row_bytes = align(rows * sizeof(float));
   }
-  size_t total() const { return dq_bytes + 2 * row_bytes; }
+  size_t total() const { return dq_bytes + turn_bytes + 2 * row_bytes; }
   static size_t align(size_t n) { return (n + 255) / 256 * 256; }
+  // One counter per (batch row, query head, query tile slot, 64-column block): enough for the shortest query
+  // tiles (32 rows) and the most column blocks any backward kernel uses.
+  static size_t turn_count(const AttentionProblem& p) {
+    const int64_t slots = (p.q_len + 31) / 32 + (p.varlen ? p.num_seqs : 0);
+    return size_t((p.varlen ? 1 : p.batch) * p.q_heads * slots * std::max<int64_t>(1, p.head_dim / 64));
+  }
 };
 
 }  // namespace
@@ -175,18 +184,20 @@ void attention_backward(const AttentionBackwardArgs& args, const AttentionProble
   const auto stream = static_cast<cudaStream_t>(args.stream);
 
   const bool fast = fast_kernels_apply(args.q.dtype, problem);
-  const BackwardScratch scratch(problem, fast);
+  const BackwardScratch scratch(problem, fast, args.deterministic);
   const Scratch workspace(args.workspace, args.workspace_bytes, args.allocate_workspace, scratch.total(), stream,
                           "attention_backward_workspace_bytes");
   char* base = workspace.bytes();
   p.dq_accum = reinterpret_cast<float*>(base);
-  p.lse_log2 = reinterpret_cast<float*>(base + scratch.dq_bytes);
-  p.dsum = reinterpret_cast<float*>(base + scratch.dq_bytes + scratch.row_bytes);
+  p.dq_turns = scratch.turn_bytes > 0 ? reinterpret_cast<int*>(base + scratch.dq_bytes) : nullptr;
+  p.lse_log2 = reinterpret_cast<float*>(base + scratch.dq_bytes + scratch.turn_bytes);
+  p.dsum = reinterpret_cast<float*>(base + scratch.dq_bytes + scratch.turn_bytes + scratch.row_bytes);
   if (!fast) {
     attn::run_attention_generic_backward(p, args.q.dtype, int(problem.head_dim), int(problem.value_dim), stream);
   } else {
-    if (scratch.dq_bytes > 0)
-      check_cuda(cudaMemsetAsync(p.dq_accum, 0, scratch.dq_bytes, stream), "cudaMemsetAsync (dq accumulator)");
+    const size_t zeroed = scratch.dq_bytes + scratch.turn_bytes;
+    if (zeroed > 0)
+      check_cuda(cudaMemsetAsync(p.dq_accum, 0, zeroed, stream), "cudaMemsetAsync (dq accumulator, turns)");
     const bool hopper_required = args.tuning.kernel == Kernel::hopper;
     const bool try_hopper = args.tuning.kernel != Kernel::portable;
     dispatch(args.q.dtype, problem.head_dim, [&](auto type, auto dim) {
@@ -214,7 +225,7 @@ size_t attention_forward_workspace_bytes(const AttentionForwardArgs& args, const
 
 size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& args, const AttentionProblem& problem) {
   check_supported(args.q, problem);
-  return BackwardScratch(problem, fast_kernels_apply(args.q.dtype, problem)).total();
+  return BackwardScratch(problem, fast_kernels_apply(args.q.dtype, problem), args.deterministic).total();
 }
 
 }  // namespace flashgla::cuda

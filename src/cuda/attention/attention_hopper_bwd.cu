@@ -15,7 +15,7 @@
 //   P^T = exp2(S^T·c − lse2), dS^T = P^T ⊙ (dP^T − dsum)   in registers
 //   dV += P^T dO, dK += dS^T Q           wgmma, P^T and dS^T from registers
 //   dS^T -> shared memory; dQ = dS K     wgmma, both operands MN-major
-//   dQ -> fp32 atomics into dq_accum.
+//   dQ -> fp32 atomics into dq_accum (deterministic: in turns, attention_dq_turns.cuh).
 // dQ of a 64-query tile is 64 x D: at D = 128 warpgroup w computes columns
 // 64w..64w+63; at D = 64 the warpgroups take turns (tile parity).
 //
@@ -28,6 +28,7 @@
 //
 // Used for bf16/fp16, D in {64, 128}, q, k, v and dO that TMA can address;
 // the portable backward runs everything else.
+#include "cuda/attention/attention_dq_turns.cuh"
 #include "cuda/attention/attention_kernels.cuh"
 #include "cuda/attention/attention_tma.cuh"
 #include "cuda/common/barriers.cuh"
@@ -80,7 +81,8 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
   auto full = [&](int st) { return barriers + 8 * (1 + st); };
 
   Work w;
-  if (!decode_work(p, BN, false, p.kv_heads, false, w)) return;
+  // Key tiles last first when the dq additions take turns (attention_dq_turns.cuh).
+  if (!decode_work(p, BN, false, p.kv_heads, p.dq_turns != nullptr, w)) return;
   const Seq& s = w.seq;
   const int64_t k0 = w.tile * BN;
   const int64_t diag = s.k_len - s.q_len;  // causal: query i sees keys j <= i + diag
@@ -291,6 +293,13 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
     if (next < iterations) store_row(next, next_row);
     if (dq_mine) {
       fence_registers(dq);
+      // Deterministic: the warpgroup adds its column block when the later key tiles have added theirs.
+      int* turn = p.dq_turns ? dq_turn(p, s, first_head + hg, q0 / BM, BM, D / 64, block) : nullptr;
+      auto warpgroup_sync = [&] { wg == 0 ? named_barrier_sync<4>(128) : named_barrier_sync<5>(128); };
+      if (turn) {
+        if (tid % 128 == 0) wait_for_dq_turn(turn, dq_turn_of(p, s, q0 / BM, BM, BN, w.tile));
+        warpgroup_sync();
+      }
       float* accum = p.dq_accum + (row_start + hg * p.q_len + q0) * D + block * 64;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -300,6 +309,10 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
         for (int nb = 0; nb < 8; ++nb)
           atomicAdd(reinterpret_cast<float2*>(accum + int64_t(q) * D + nb * 8 + col),
                     make_float2(dq[nb * 4 + 2 * h], dq[nb * 4 + 2 * h + 1]));
+      }
+      if (turn) {
+        warpgroup_sync();
+        if (tid % 128 == 0) pass_dq_turn(turn);
       }
     }
   }
@@ -353,6 +366,7 @@ const char* run_attention_backward_hopper(AttentionParams p, cudaStream_t stream
   attention_backward_preprocess_kernel<T, D><<<unsigned((rows * 32 + 255) / 256), 256, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "attention backward preprocess kernel launch");
   const int64_t blocks = plan_grid(p, Cfg::kBlockN, false, p.kv_heads);
+  p.dq_turn_slots = dq_turn_slots(p, Cfg::kBlockM);
   if (blocks > 0) {
     prepare_smem(kernel, Cfg::kSmemBytes);
     kernel<<<unsigned(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, p);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "cuda/attention/attention_dq_turns.cuh"
 #include "cuda/attention/attention_mma.cuh"
 #include "cuda/attention/attention_params.cuh"
 #include "cuda/attention/attention_sequences.cuh"
@@ -346,7 +347,8 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kWarps * 32, 1)
   float* sDsum = sLse + 2 * BM;                            // [2][BM]
 
   Work w;
-  if (!decode_work(p, BN, false, p.kv_heads, false, w)) return;
+  // Key tiles last first when the dq additions take turns (attention_dq_turns.cuh).
+  if (!decode_work(p, BN, false, p.kv_heads, p.dq_turns != nullptr, w)) return;
   const Seq& s = w.seq;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t k0 = w.tile * BN;
@@ -458,6 +460,12 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kWarps * 32, 1)
       float dq[MT5][NB5][4];
       zero(dq);
       warp_gemm<T, MT5, NB5, BN, false, BN, true, D>(dq, sdSa, m0, sKa, n0, lane);
+      // Deterministic: the CTA adds when the later key tiles have added theirs.
+      int* turn = p.dq_turns ? dq_turn(p, s, first_head + hg, q0 / BM, BM, 1, 0) : nullptr;
+      if (turn) {
+        if (tid == 0) wait_for_dq_turn(turn, dq_turn_of(p, s, q0 / BM, BM, BN, w.tile));
+        __syncthreads();
+      }
       float* accum = p.dq_accum + (row_start + hg * p.q_len + q0) * D;
 #pragma unroll
       for (int mt = 0; mt < MT5; ++mt)
@@ -476,6 +484,10 @@ __global__ void __launch_bounds__(BackwardConfig<D>::kWarps * 32, 1)
 #endif
           }
         }
+      if (turn) {
+        __syncthreads();
+        if (tid == 0) pass_dq_turn(turn);
+      }
     }
   }
 
@@ -547,6 +559,7 @@ void run_attention_backward(AttentionParams p, cudaStream_t stream) {
     check_cuda(cudaGetLastError(), "attention backward preprocess kernel launch");
   }
   const int64_t blocks = plan_grid(p, Cfg::kBlockN, false, p.kv_heads);
+  p.dq_turn_slots = dq_turn_slots(p, Cfg::kBlockM);
   if (blocks > 0) {
     prepare_smem(attention_backward_kernel<T, D>, Cfg::kSmemBytes);
     attention_backward_kernel<T, D><<<unsigned(blocks), Cfg::kWarps * 32, Cfg::kSmemBytes, stream>>>(p);

@@ -46,6 +46,12 @@ struct AttentionParams {
   float* dq_accum = nullptr;
   float* lse_log2 = nullptr;
   float* dsum = nullptr;
+
+  // The deterministic backward (attention_dq_turns.cuh): one turn counter per (batch row, query head, query tile
+  // slot, 64-column block of dq), zeroed with dq_accum; null when dq is added in whatever order the CTAs arrive.
+  // dq_turn_slots: query tile slots per (batch row, head), set by the launcher for its tile height.
+  int* dq_turns = nullptr;
+  int64_t dq_turn_slots = 0;
 };
 
 // Tile shapes, shared by the launchers and the host (grid and workspace sizes).
