@@ -71,9 +71,10 @@ def test_opcheck_gla(gen, op, varlen):
 
 def test_opcheck_attention_and_decode(gen):
     q, k, v = (randn(gen, 1, 7, 2, 4).requires_grad_() for _ in range(3))
-    torch.library.opcheck(torch.ops.flashgla.flash_attention.default, (q, k, v, cu([3, 4]), cu([3, 4]), True, None))
+    attention = torch.ops.flashgla.flash_attention.default
+    torch.library.opcheck(attention, (q, k, v, cu([3, 4]), cu([3, 4]), True, None, False))
     q = randn(gen, 1, 2, 2, 4).requires_grad_()
-    torch.library.opcheck(torch.ops.flashgla.flash_attention.default, (q, k, v, cu([1, 1]), cu([3, 4]), True, None))
+    torch.library.opcheck(attention, (q, k, v, cu([1, 1]), cu([3, 4]), True, None, True))  # deterministic
     q, k, v, g, state = gla_inputs(gen, 3, 1, 2, 4, 5)
     torch.library.opcheck(torch.ops.flashgla.gla_decode_step.default,
                           (q[:, 0], k[:, 0], v[:, 0], g[:, 0], state.float(), 0.5, None, False))

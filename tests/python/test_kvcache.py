@@ -123,6 +123,28 @@ def test_opcheck(gen):
                           test_utils=("test_schema", "test_faketensor"))
 
 
+class _AnyFunctionMode(torch.overrides.TorchFunctionMode):
+    """A mode that changes nothing: with it active the call goes through the custom op's dispatch."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_call_and_custom_op_agree(gen):
+    """A plain eager call skips the custom op's dispatch: the same outputs and cache writes as through it, and
+    the written caches' version counters move as the op's mutation bookkeeping moves them."""
+    inputs, _ = make_case(gen, 2, 2, 4, 2, 16, 16, 32, [3, 20], 8, True, torch.float32)
+    through_op = {name: t.clone() if t is not None else None for name, t in inputs.items()}
+    versions = inputs["k_cache"]._version, inputs["v_cache"]._version
+    o, lse = flashgla.flash_attention_with_kvcache(**inputs, return_softmax_lse=True)
+    assert (inputs["k_cache"]._version, inputs["v_cache"]._version) == (versions[0] + 1, versions[1] + 1)
+    with _AnyFunctionMode():
+        o_op, lse_op = flashgla.flash_attention_with_kvcache(**through_op, return_softmax_lse=True)
+    assert torch.equal(o, o_op) and torch.equal(lse, lse_op)
+    for cache in ("k_cache", "v_cache"):
+        assert torch.equal(inputs[cache], through_op[cache]), cache
+
+
 def tiny_hybrid(seed, dtype=torch.float64, device="cpu", hidden_size=32, attn_heads=(4, 2)):
     torch.manual_seed(seed)
     config = GLAConfig(vocab_size=40, hidden_size=hidden_size, num_hidden_layers=3, num_heads=2,

@@ -19,11 +19,7 @@ def _outputs(q, v_cache):
     return o, torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
 
 
-@torch.library.custom_op("flashgla::flash_attention_with_kvcache", mutates_args=("k_cache", "v_cache"))
-def _flash_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
-                                  block_table: Optional[Tensor], k: Optional[Tensor], v: Optional[Tensor],
-                                  causal: bool, scale: Optional[float], max_seqlen_k: Optional[int],
-                                  num_splits: int) -> Tuple[Tensor, Tensor]:
+def _run(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale, max_seqlen_k, num_splits):
     require_outputs("flash_attention_with_kvcache", q.device,
                     [("o", (*q.shape[:3], v_cache.shape[-1]), q.dtype),
                      ("lse", (q.shape[0], q.shape[2], q.shape[1]), torch.float32)])
@@ -33,6 +29,26 @@ def _flash_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, c
                      num_splits=num_splits, o=o, lse=lse)
     run_op(_C.attention_with_kvcache, args, q.device)
     return o, lse
+
+
+@torch.library.custom_op("flashgla::flash_attention_with_kvcache", mutates_args=("k_cache", "v_cache"))
+def _flash_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
+                                  block_table: Optional[Tensor], k: Optional[Tensor], v: Optional[Tensor],
+                                  causal: bool, scale: Optional[float], max_seqlen_k: Optional[int],
+                                  num_splits: int) -> Tuple[Tensor, Tensor]:
+    return _run(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale, max_seqlen_k, num_splits)
+
+
+def _plain_eager(tensors) -> bool:
+    """Whether the custom op would do nothing but call _run: eager (not traced by torch.compile), no
+    dispatch or function mode and no functorch transform active, plain tensors that need no gradient. A
+    decode step is such a call, and the custom op's dispatch costs it about as much host time as the rest
+    (bench/notes_kvcache.md), so there _run is called directly."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack():
+        return False
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return False
+    return all(t is None or (type(t) is torch.Tensor and not t.requires_grad) for t in tensors)
 
 
 @_flash_attention_with_kvcache.register_fake
@@ -88,6 +104,11 @@ def flash_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, ca
     scale = as_scale(scale, "flash_attention_with_kvcache")
     max_seqlen_k = _count(max_seqlen_k, "max_seqlen_k", 0)
     num_splits = _count(num_splits, "num_splits", 0)
-    o, lse = _flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, k, v, bool(causal), scale,
-                                           max_seqlen_k, num_splits)
+    call = (q, k_cache, v_cache, cache_seqlens, block_table, k, v, bool(causal), scale, max_seqlen_k, num_splits)
+    if _plain_eager(call[:7]):
+        o, lse = _run(*call)
+        if k is not None:  # the cache was written: what the custom op's mutation bookkeeping records
+            torch.autograd.graph.increment_version((k_cache, v_cache))
+    else:
+        o, lse = _flash_attention_with_kvcache(*call)
     return (o, lse) if return_softmax_lse else o
