@@ -9,6 +9,7 @@ sequence, contiguous cache), per shape:
     python bench/profile_kvcache.py
 """
 
+import re
 import time
 
 import torch
@@ -78,8 +79,8 @@ def kernel_times(fn, n=10):
     times = {}
     for event in prof.events():
         if event.device_type.name == "CUDA":
-            name = event.name.split("(")[0].split("<")[0].split("::")[-1]
-            times.setdefault(name, []).append(event.device_time)
+            found = re.search(r"(\w+_kernel)", event.name)
+            times.setdefault(found.group(1) if found else event.name[:40], []).append(event.device_time)
     return ", ".join(f"{name} {sum(t) / len(t):.1f}" for name, t in times.items())
 
 

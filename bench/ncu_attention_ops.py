@@ -1,0 +1,41 @@
+"""One attention op, a few times, for Nsight Compute to profile one of its launches (bf16, D 128):
+
+    ncu --kernel-name regex:attention_forward_hopper --launch-skip 2 --launch-count 1 --set full \\
+        python bench/ncu_attention_ops.py fwd
+
+ops: fwd, bwd, bwd-deterministic (B2 T8K H16 causal, the anchor shape of issue #25) and kvcache (B64 L16K
+Hq = Hkv = 16, one query per sequence). Each runs three times; the backward ops run their forward first.
+"""
+
+import sys
+
+import torch
+
+import flashgla
+
+
+def main():
+    op = sys.argv[1] if len(sys.argv) > 1 else "fwd"
+    if op not in ("fwd", "bwd", "bwd-deterministic", "kvcache"):
+        raise SystemExit(f"ncu_attention_ops: expected fwd, bwd, bwd-deterministic or kvcache, got {op!r}")
+    torch.manual_seed(0)
+    if op == "kvcache":
+        q = torch.randn(64, 1, 16, 128, device="cuda", dtype=torch.bfloat16)
+        k_cache = torch.randn(64, 16384, 16, 128, device="cuda", dtype=torch.bfloat16)
+        v_cache = torch.randn_like(k_cache)
+        lengths = torch.full((64,), 16384, dtype=torch.int32, device="cuda")
+        for _ in range(3):
+            flashgla.flash_attention_with_kvcache(q, k_cache, v_cache, lengths)
+    else:
+        q, k, v = (torch.randn(2, 8192, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        do = torch.randn(2, 8192, 16, 128, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            o = flashgla.flash_attention(q, k, v, causal=True, deterministic=op == "bwd-deterministic")
+            if op != "fwd":
+                torch.autograd.grad(o, (q, k, v), do)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
