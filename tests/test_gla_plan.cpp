@@ -149,6 +149,22 @@ TEST(GlaPlan, ForwardAnchorLongSequenceSplits) {
   EXPECT_EQ(on_a100.workspace_bytes, split_slot_bytes(p, 3));
 }
 
+// One long sequence, B1 T1M H16 d128: 16 tiles, 132 / 16 = 8 splits of 2048 chunks; one piece per split would
+// leave 132 − 7 · 16 = 20 SMs idle, and the pieces stay long, so two (224 CTAs, at most 2 per SM). B1 T128K:
+// splits of 256 chunks, two pieces of 128. B2 T16K above keeps one (pieces of 32 chunks).
+TEST(GlaPlan, ForwardOneLongSequenceTakesASecondPiece) {
+  const FwdPlan million = plan_forward(forward(1, 1 << 20, 16, 128, 128), h100(), GlaTuning{});
+  EXPECT_EQ(million.kernel, FwdKernel::fast);
+  EXPECT_EQ(million.num_splits, 8);
+  EXPECT_EQ(million.chunks_per_split, 2048);
+  EXPECT_EQ(million.state_pieces, 2);
+  EXPECT_EQ(million.piece_states_floats, size_t(16 * 7 * 2) * 128 * 128);
+  EXPECT_EQ(plan_forward(forward(1, 1 << 17, 16, 128, 128), h100(), GlaTuning{}).state_pieces, 2);
+  GlaTuning one;
+  one.state_pieces = 1;  // the override still wins
+  EXPECT_EQ(plan_forward(forward(1, 1 << 20, 16, 128, 128), h100(), one).state_pieces, 1);
+}
+
 // B4 T4096 H4 K256 V512, the GLA layer's heads: the Hopper path on sm_90a (128 < K ≤ 256), 4·4·8 = 128 value
 // tiles of 64 columns: no split; its workspace is the chunk pass's slots (4 · 64 chunks × 4 heads, key pad
 // 256). The A100 has neither the Hopper code nor room for the fast path's 128×128 tiles: the general kernel.

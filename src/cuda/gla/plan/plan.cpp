@@ -115,12 +115,19 @@ FwdPlan plan_forward(const FwdProblem& p, const DeviceProps& device, const GlaTu
   // split shape than the fast kernel's own states pass, since retired; the general and Hopper kernels keep
   // theirs). Its shared memory is less than the fast kernel's for every tile shape (tests/test_gla_plan.cpp),
   // so it fits wherever the fast path does. Pieces per split: enough for one CTA per SM (one piece per
-  // split beat 2–4 pieces at 2 CTAs per SM, whose smaller states pass the larger fold outweighed);
-  // tuning.state_pieces overrides. The fold writes prefix slots (one read per state element in the output pass).
+  // split beat 2–4 pieces at 2 CTAs per SM, whose smaller states pass the larger fold outweighed); one more
+  // where that leaves SMs idle and the pieces stay long (kLongPieceChunks each), since each CTA walks its piece
+  // chunk by chunk (B1 T1M H16 on an H200: 112 CTAs of 2048 chunks; 2 pieces, 224 CTAs at up to 2 per SM,
+  // forward 22.8 -> 21.6 ms, bench/results_long_sequence.md). tuning.state_pieces overrides. The fold writes
+  // prefix slots (one read per state element in the output pass).
   if (fast && plan.num_splits > 1) {
     plan.states = StatesPass::states_kernel;
-    const int64_t tiles_per_piece = tiles * (plan.num_splits - 1);  // CTAs of one piece per split
-    int64_t pieces = std::max<int64_t>(1, int64_t(sms) / std::max<int64_t>(1, tiles_per_piece));
+    constexpr int64_t kLongPieceChunks = 128;
+    const int64_t tiles_per_piece = std::max<int64_t>(1, tiles * (plan.num_splits - 1));  // CTAs of one piece
+    int64_t pieces = std::max<int64_t>(1, int64_t(sms) / tiles_per_piece);
+    if (pieces * tiles_per_piece < sms && plan.chunks_per_split / (pieces + 1) >= kLongPieceChunks &&
+        (pieces + 1) * tiles_per_piece <= 2 * int64_t(sms))
+      ++pieces;
     if (tuning.state_pieces > 0) pieces = tuning.state_pieces;
     pieces = std::min<int64_t>({pieces, plan.chunks_per_split, 65535 / (plan.num_splits - 1)});
     plan.state_pieces = int(std::max<int64_t>(1, pieces));
