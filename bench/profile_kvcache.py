@@ -7,8 +7,10 @@ sequence, contiguous cache), per shape:
 - the kernels' own times, from torch.profiler.
 
     python bench/profile_kvcache.py
+    python bench/profile_kvcache.py --splits 0,1,2,4,8,16,32   # graph µs per call with num_splits forced (0: the plan)
 """
 
+import argparse
 import re
 import time
 
@@ -22,14 +24,18 @@ SHAPES = [(1, 1024, 16, 16), (1, 1024, 64, 8), (1, 4096, 64, 8), (1, 16384, 64, 
           (64, 16384, 16, 16)]  # B, L, Hq, Hkv
 
 
-def calls(B, L, Hq, Hkv, D=128):
+SPLIT_SHAPES = [(1, 1024, 16, 16), (1, 4096, 16, 16), (1, 1024, 64, 8), (1, 4096, 64, 8), (1, 16384, 64, 8),
+                (8, 1024, 16, 16), (8, 4096, 64, 8), (8, 16384, 16, 16)]
+
+
+def calls(B, L, Hq, Hkv, D=128, num_splits=0):
     q = torch.randn(B, 1, Hq, D, device="cuda", dtype=torch.bfloat16)
     k_cache = torch.randn(B, L, Hkv, D, device="cuda", dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
     lengths = torch.full((B,), L, dtype=torch.int32, device="cuda")
 
     def ours():
-        return flashgla.flash_attention_with_kvcache(q, k_cache, v_cache, lengths)
+        return flashgla.flash_attention_with_kvcache(q, k_cache, v_cache, lengths, num_splits=num_splits)
 
     def sdpa():
         return F.scaled_dot_product_attention(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
@@ -84,9 +90,25 @@ def kernel_times(fn, n=10):
     return ", ".join(f"{name} {sum(t) / len(t):.1f}" for name, t in times.items())
 
 
+def split_sweep(splits):
+    print("| B | L | Hq / Hkv | " + " | ".join(f"{s or 'plan'}" for s in splits) + " | SDPA |")
+    print("|---|---|---|" + "---|" * (len(splits) + 1))
+    for B, L, Hq, Hkv in SPLIT_SHAPES:
+        times = [graph_us(calls(B, L, Hq, Hkv, num_splits=s)[0]) for s in splits]
+        sdpa = graph_us(calls(B, L, Hq, Hkv)[1])
+        print(f"| {B} | {L} | {Hq} / {Hkv} | " + " | ".join(f"{t:.1f}" for t in times) + f" | {sdpa:.1f} |",
+              flush=True)
+
+
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--splits", default="", help="comma-separated num_splits to sweep (0: the plan's)")
+    args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
     print(f"# {props.name}, torch {torch.__version__}")
+    if args.splits:
+        split_sweep([int(s) for s in args.splits.split(",")])
+        return
     print("| B | L | Hq / Hkv | host µs: flashgla | SDPA | graph µs: flashgla | SDPA | flashgla kernels µs |")
     print("|---|---|---|---|---|---|---|---|")
     for B, L, Hq, Hkv in SHAPES:
