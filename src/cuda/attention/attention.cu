@@ -136,7 +136,7 @@ struct BackwardScratch {
   // One counter per (batch row, query head, query tile slot, 64-column block): enough for the shortest query
   // tiles (32 rows) and the most column blocks any backward kernel uses.
   static size_t turn_count(const AttentionProblem& p) {
-    const int64_t slots = (p.q_len + 31) / 32 + (p.varlen ? p.num_seqs : 0);
+    const int64_t slots = attn::tile_slots_of(p.q_len, 32, p.varlen, p.num_seqs);
     return size_t((p.varlen ? 1 : p.batch) * p.q_heads * slots * std::max<int64_t>(1, p.head_dim / 64));
   }
 };

@@ -21,11 +21,6 @@
 
 namespace flashgla::cuda::attn {
 
-// Query tile slots per (batch row, head) for tiles of `rows` queries, as decode_work counts them.
-inline int64_t dq_turn_slots(const AttentionParams& p, int rows) {
-  return (p.q_len + rows - 1) / rows + (p.varlen ? p.num_seqs : 0);
-}
-
 // The counter of query tile m (queries m·bm ..) of query head `head` in sequence s, column block `block` of
 // `blocks`.
 __device__ __forceinline__ int* dq_turn(const AttentionParams& p, const Seq& s, int64_t head, int64_t m, int bm,

@@ -366,7 +366,7 @@ const char* run_attention_backward_hopper(AttentionParams p, cudaStream_t stream
   attention_backward_preprocess_kernel<T, D><<<unsigned((rows * 32 + 255) / 256), 256, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "attention backward preprocess kernel launch");
   const int64_t blocks = plan_grid(p, Cfg::kBlockN, false, p.kv_heads);
-  p.dq_turn_slots = dq_turn_slots(p, Cfg::kBlockM);
+  p.dq_turn_slots = tile_slots_of(p.q_len, Cfg::kBlockM, p.varlen, p.num_seqs);
   if (blocks > 0) {
     prepare_smem(kernel, Cfg::kSmemBytes);
     kernel<<<unsigned(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, p);

@@ -532,7 +532,7 @@ void prepare_smem(Kernel kernel, int bytes) {
 // returns the number of CTAs: tile slots x heads x batch rows.
 inline int64_t plan_grid(AttentionParams& p, int rows, bool by_query, int64_t heads) {
   const int64_t len = by_query ? p.q_len : p.k_len;
-  p.tile_slots = (len + rows - 1) / rows + (p.varlen ? p.num_seqs : 0);
+  p.tile_slots = tile_slots_of(len, rows, p.varlen, p.num_seqs);
   const int64_t blocks = p.tile_slots * heads * (p.varlen ? 1 : p.batch);
   if (blocks > 0x7fffffff)
     check::fail(ErrorKind::unsupported, "q", "too many tiles for one launch (" + std::to_string(blocks) + ")");
@@ -559,7 +559,7 @@ void run_attention_backward(AttentionParams p, cudaStream_t stream) {
     check_cuda(cudaGetLastError(), "attention backward preprocess kernel launch");
   }
   const int64_t blocks = plan_grid(p, Cfg::kBlockN, false, p.kv_heads);
-  p.dq_turn_slots = dq_turn_slots(p, Cfg::kBlockM);
+  p.dq_turn_slots = tile_slots_of(p.q_len, Cfg::kBlockM, p.varlen, p.num_seqs);
   if (blocks > 0) {
     prepare_smem(attention_backward_kernel<T, D>, Cfg::kSmemBytes);
     attention_backward_kernel<T, D><<<unsigned(blocks), Cfg::kWarps * 32, Cfg::kSmemBytes, stream>>>(p);

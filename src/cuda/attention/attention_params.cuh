@@ -49,10 +49,16 @@ struct AttentionParams {
 
   // The deterministic backward (attention_dq_turns.cuh): one turn counter per (batch row, query head, query tile
   // slot, 64-column block of dq), zeroed with dq_accum; null when dq is added in whatever order the CTAs arrive.
-  // dq_turn_slots: query tile slots per (batch row, head), set by the launcher for its tile height.
+  // dq_turn_slots: query tile slots per (batch row, head) (tile_slots_of), set by the launcher for its tile height.
   int* dq_turns = nullptr;
   int64_t dq_turn_slots = 0;
 };
+
+// Tile slots per (batch row, head) for tiles of `rows` along `len` tokens, as decode_work numbers them: with
+// varlen, sequence n's tiles start at slot n + begin_n / rows, so N + ⌈T / rows⌉ slots cover every tile.
+inline int64_t tile_slots_of(int64_t len, int rows, bool varlen, int64_t num_seqs) {
+  return (len + rows - 1) / rows + (varlen ? num_seqs : 0);
+}
 
 // Tile shapes, shared by the launchers and the host (grid and workspace sizes).
 template <int D>
