@@ -64,7 +64,7 @@ struct StatesTiles {
 };
 
 template <class E, class G, int KP, int BV, Gate GK>
-__global__ void __launch_bounds__(kThreads, 2) split_states_kernel(const ChunkParams p) {
+__global__ void __launch_bounds__(kThreads, kStatesBlocksPerSm) split_states_kernel(const ChunkParams p) {
   using L = StatesLayout<E, G, KP, BV, GK>;
   constexpr int STAGES = kStateStages;
   using M = Mma<E>;

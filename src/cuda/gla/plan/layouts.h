@@ -141,6 +141,7 @@ inline int fast_chunk_smem_bytes(int key_dim, int value_dim) {
 // 8 apart share banks, no others: ldmatrix and the gate phase without bank conflicts); then the scalar gate of
 // the current chunk. ES, GS: bytes of an input and of a gate element.
 inline constexpr int kStateStages = 2;  // chunks of k, v, g in shared memory: one in flight while one is computed
+inline constexpr int kStatesBlocksPerSm = 2;  // the kernel's launch bounds; the planner fills SMs up to them
 template <int ES, int GS, int KP, int BV, Gate GK>
 struct StatesLayoutBytes {
   static constexpr int C = kChunk;

@@ -126,7 +126,7 @@ FwdPlan plan_forward(const FwdProblem& p, const DeviceProps& device, const GlaTu
     const int64_t tiles_per_piece = std::max<int64_t>(1, tiles * (plan.num_splits - 1));  // CTAs of one piece
     int64_t pieces = std::max<int64_t>(1, int64_t(sms) / tiles_per_piece);
     if (pieces * tiles_per_piece < sms && plan.chunks_per_split / (pieces + 1) >= kLongPieceChunks &&
-        (pieces + 1) * tiles_per_piece <= 2 * int64_t(sms))
+        (pieces + 1) * tiles_per_piece <= kStatesBlocksPerSm * int64_t(sms))
       ++pieces;
     if (tuning.state_pieces > 0) pieces = tuning.state_pieces;
     pieces = std::min<int64_t>({pieces, plan.chunks_per_split, 65535 / (plan.num_splits - 1)});
