@@ -38,7 +38,7 @@
 // of the operands.
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/elements.cuh"
-#include "cuda/gla/device/launch.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/gla/device/chunk_slots.cuh"
 #include "cuda/gla/device/gate_tile.cuh"
 #include "cuda/gla/device/tiles.cuh"

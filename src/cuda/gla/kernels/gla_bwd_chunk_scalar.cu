@@ -28,7 +28,7 @@
 #include "cuda/gla/device/chunk_slots.cuh"
 #include "cuda/gla/device/decay_tables.cuh"
 #include "cuda/gla/device/elements.cuh"
-#include "cuda/gla/device/launch.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/gla/device/tiles.cuh"
 #include "cuda/gla/device/warp_mma.cuh"
 #include "cuda/gla/device/gla_bwd.cuh"

@@ -28,7 +28,7 @@
 
 #include "cuda/gla/kernels/gla_fwd_hopper.cuh"
 #include "cuda/gla/device/elements.cuh"
-#include "cuda/gla/device/launch.cuh"
+#include "cuda/common/launch.cuh"
 
 namespace flashgla::cuda::gla::hopper {
 

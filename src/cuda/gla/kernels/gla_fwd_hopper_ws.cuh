@@ -31,7 +31,7 @@
 #include "cuda/common/copy.cuh"
 #include "cuda/gla/kernels/gla_fwd_hopper.cuh"
 #include "cuda/gla/device/elements.cuh"
-#include "cuda/gla/device/launch.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/gla/device/split_chunks.cuh"
 #include "cuda/gla/device/warp_mma.cuh"
 #include "cuda/gla/stages/chunk_fwd_hopper.cuh"

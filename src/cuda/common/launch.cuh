@@ -1,4 +1,4 @@
-// Programmatic dependent launch (griddepcontrol): from inside a GLA kernel, and the host's launch of one.
+// Programmatic dependent launch (griddepcontrol): from inside a kernel, and the host's launch of one.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,7 +7,7 @@
 
 #include "cuda/common/host.cuh"
 
-namespace flashgla::cuda::gla {
+namespace flashgla::cuda {
 
 // Programmatic dependent launch (sm_90+): a kernel lets the next one start
 // (launch_dependents), and that one waits for it to finish and its writes to
@@ -43,4 +43,4 @@ void launch_after_previous(void (*kernel)(Params), dim3 grid, dim3 block, size_t
   check_cuda(cudaLaunchKernelEx(&config, kernel, params), what);
 }
 
-}  // namespace flashgla::cuda::gla
+}  // namespace flashgla::cuda
