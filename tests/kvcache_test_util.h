@@ -46,6 +46,7 @@ struct Case {
   Case full() const { Case c = *this; c.causal = false; return c; }
   Case splits(int n) const { Case c = *this; c.num_splits = n; return c; }
   Case padded(int64_t n) const { Case c = *this; c.cache_padding = n; return c; }
+  Case scaled(double s) const { Case c = *this; c.scale = s; return c; }
 };
 
 inline void PrintTo(const Case& c, std::ostream* os) {
@@ -56,6 +57,7 @@ inline void PrintTo(const Case& c, std::ostream* os) {
   *os << (c.causal ? " causal" : " full");
   if (c.num_splits) *os << " splits=" << c.num_splits;
   if (c.cache_padding) *os << " cache padding=" << c.cache_padding;
+  if (c.scale) *os << " scale=" << *c.scale;
   if (!c.seqlens.empty()) {
     *os << " lens:";
     for (int64_t l : c.seqlens) *os << " " << l;

@@ -74,7 +74,11 @@ INSTANTIATE_TEST_SUITE_P(
                       long_case(4096, {3000, 17, 0}).heads(16, 2).queries(6), long_case(4096, {3000, 40}).heads(8, 8).queries(5).full(),
                       long_case(8192, {0, 8192, 1, 4097, 63, 2048}), long_case(8192, {0, 8191, 1, 4097, 63, 2048}).paged(16).appending(),
                       kBf16.heads(16, 2).cap(8192).lens({8191, 5000}), long_case(4096, {1000}).splits(37),
-                      long_case(1024, {1009, 15, 17}).queries(3).appending()));
+                      long_case(1024, {1009, 15, 17}).queries(3).appending(),
+                      // Scores of spread ±30 or so (scale 1 instead of D^-1/2): chunks that raise a row's running
+                      // max by a lot (o rescaled) among chunks that raise none (o left as it is), split or not.
+                      long_case(4096, {4000, 1}).scaled(1.0), long_case(4096, {4000, 700}).scaled(1.0).splits(1),
+                      long_case(2048, {2000}).paged(16).heads(32, 4).scaled(1.0).with(DType::f16)));
 
 TEST(KvCacheCudaSmallApi, UnsupportedAndBounds) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";

@@ -1,7 +1,8 @@
 // The split plan of CUDA attention over a KV cache (src/cuda/attention/kvcache_plan.h) on the CPU: its
 // choices at the shapes of bench/bench_kvcache.py on an H100-like device running the tensor-core kernel
 // (132 SMs × 2 resident CTAs, 64-key steps, a CTA's fixed cost worth 128 keys), worked out here from the
-// rule (waves of CTAs × (keys per split + fixed cost), ties to fewer splits), and its invariants.
+// rule (waves of CTAs × (keys per split + fixed cost), plus the combine's cost, ties to fewer splits), and its
+// invariants.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -43,6 +44,34 @@ TEST(KvCachePlan, ManySequencesDoNotSplit) {
   // B 64 × 16 heads = 1024 CTAs already make 3.9 waves: two splits double the waves and add fixed costs.
   expect_plan(h100(64, 16, 1024), 1, 1024);
   expect_plan(h100(64, 16, 16384), 1, 16384);
+}
+
+// As the library plans the tensor-core kernel: one CTA per SM (a second shares the SM's issue rate) and the
+// combine kernel's cost (192 keys). These are the split counts that measured best, or within 5% of it, in a
+// forced sweep on an H200 (bench/results_kvcache.md, 2026-11-29).
+KvCachePlanInput one_per_sm(int64_t batch, int64_t kv_heads, int64_t max_seqlen_k) {
+  KvCachePlanInput in = h100(batch, kv_heads, max_seqlen_k);
+  in.slots = 132;
+  in.combine_keys = 192;
+  return in;
+}
+
+TEST(KvCachePlan, OneCtaPerSmAndTheCombine) {
+  // B 1, 16 heads: 8 splits make 128 CTAs; a 9th split would put two CTAs on 12 SMs (50 µs against 40 at L16K).
+  expect_plan(one_per_sm(1, 16, 1024), 8, 128);
+  expect_plan(one_per_sm(1, 16, 16384), 8, 2048);
+  // B 8, 16 heads: 128 CTAs of one split; a second split adds a wave and the combine.
+  expect_plan(one_per_sm(8, 16, 1024), 1, 1024);
+  // GQA 64 / 8 (8 KV heads): 16 splits at B 1, 2 at B 8.
+  expect_plan(one_per_sm(1, 8, 16384), 16, 1024);
+  expect_plan(one_per_sm(8, 8, 4096), 2, 2048);
+  expect_plan(one_per_sm(64, 16, 16384), 1, 16384);
+  // 64 units: two splits (128 CTAs, still one wave) halve each CTA's keys, worth the combine's 192 keys; a
+  // combine that cost more than the 1024 keys saved would keep one split.
+  KvCachePlanInput in = one_per_sm(1, 64, 2048);
+  expect_plan(in, 2, 1024);
+  in.combine_keys = 1200;
+  expect_plan(in, 1, 2048);
 }
 
 TEST(KvCachePlan, ShortAndEmptyCaches) {

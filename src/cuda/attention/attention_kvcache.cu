@@ -13,6 +13,8 @@
 //    cp.async pipelines, mma.m16n8k16); fp32 and other layouts the general one
 //    (split_kernel). The split count comes from kvcache_plan.h.
 // 3. With several splits, the combine kernel merges the partials by their lse.
+//    It is launched to overlap the split kernel (programmatic dependent
+//    launch) and waits for that grid's end before it reads the partials.
 //
 // Nothing is read back to the host (graph-capturable): the split plan comes
 // from the host-side bound max_seqlen_k (default: the capacity). Lengths and
@@ -23,7 +25,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <climits>
@@ -32,6 +33,7 @@
 
 #include "core/backend.h"
 #include "cuda/common/host.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/attention/kvcache_plan.h"
 #include "cuda/common/copy.cuh"
 #include "cuda/common/dtype.cuh"
@@ -65,8 +67,9 @@ struct Params {
   int batch, q_len, q_heads, kv_heads, group;
   int capacity, block_size, num_blocks;
   int splits, keys_per_split, row_chunks;
+  int value_dim;
   float scale;
-  bool causal, append, vec_k, vec_v;
+  bool causal, append, vec_k, vec_v, vec_q;
 };
 
 // Cached keys after the append, trusted only once clamped.
@@ -159,6 +162,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(Params p) {
   __shared__ float p_s[kRows * KT];
   __shared__ float row_max[kRows], row_sum[kRows], row_scale[kRows];
   __shared__ int64_t k_rows[KT], v_rows[KT];
+  allow_dependent_launch();  // the combine kernel's blocks may start; they wait for this grid's end
 
   const int split = blockIdx.x, b = blockIdx.z;
   const int kv_head = blockIdx.y / p.row_chunks, chunk = blockIdx.y % p.row_chunks;
@@ -316,7 +320,8 @@ struct MmaConfig {
   static constexpr int kStageElems = 2 * kChunk * kLd;  // K chunk, then V chunk
   static constexpr size_t kQBytes = size_t(kRows) * kLd * 2;
   static constexpr size_t kStageBytes = size_t(kWarps) * kStages * kStageElems * 2;
-  static constexpr size_t kMergeBytes = (size_t(kWarps) * kRows * kOutLd + 2 * kWarps * kRows) * 4;
+  // The warps' merge: o, m, l and the weights per warp and row, then each row's lse.
+  static constexpr size_t kMergeBytes = (size_t(kWarps) * kRows * (kOutLd + 3) + kRows) * 4;
   static constexpr size_t kValidBytes = size_t(kWarps) * kStages * 4;
   static constexpr size_t kSmemBytes = kQBytes + (kStageBytes > kMergeBytes ? kStageBytes : kMergeBytes) + kValidBytes;
 };
@@ -353,6 +358,7 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
   E* stages = reinterpret_cast<E*>(ring);
   unsigned* valid_s = reinterpret_cast<unsigned*>(
       ring + (Cfg::kStageBytes > Cfg::kMergeBytes ? Cfg::kStageBytes : Cfg::kMergeBytes));
+  allow_dependent_launch();  // the combine kernel's blocks may start; they wait for this grid's end
 
   const int split = blockIdx.x, b = blockIdx.z;
   const int kv_head = blockIdx.y / p.row_chunks, chunk = blockIdx.y % p.row_chunks;
@@ -382,22 +388,43 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
   E* kc = static_cast<E*>(p.k_cache) + kv_head * p.kc_stride[2];
   E* vc = static_cast<E*>(p.v_cache) + kv_head * p.vc_stride[2];
 
-  // Starts the copies of the warp's n-th chunk into `stage`: lane l finds key l % 16's rows (one block-table
-  // read per key), the lanes then copy whole rows, 16 bytes each (keys outside the split or in an invalid
-  // block are zero-filled and marked invalid).
+  // Starts the copies of the warp's n-th chunk into `stage`: the lanes copy whole rows, 16 bytes each; keys
+  // outside the split or in an invalid block are zero-filled and marked invalid. A contiguous cache's rows
+  // are a fixed stride apart (a pointer per lane, advanced); a paged one's come from the block table (lane
+  // l reads key l % 16's entry and the lanes share the offsets).
+  constexpr int kParts = D / 8;              // 16-byte pieces of a row
+  constexpr int kRowsPerPass = 32 / kParts;  // rows one instruction of the warp copies
+  const int lane_row = lane / kParts, part = lane % kParts;
+  const E* k_lane = kc + b * p.kc_stride[0] + int64_t(lane_row) * p.kc_stride[1] + part * 8;
+  const E* v_lane = vc + b * p.vc_stride[0] + int64_t(lane_row) * p.vc_stride[1] + part * 8;
   auto issue = [&](int n, int stage) {
-    const int j = begin + (warp + n * kWarps) * kChunk + lane % kChunk;
+    const int j0 = begin + (warp + n * kWarps) * kChunk;
+    E* kt = my_stages + stage * Cfg::kStageElems;
+    E* vt = kt + kChunk * LD;
+    if (p.block_table == nullptr) {
+      const int count = min(max(seen_end - j0, 0), kChunk);
+      if (lane == 0) valid_s[warp * S + stage] = (1u << count) - 1u;
+      const E* kr = k_lane + int64_t(j0) * p.kc_stride[1];
+      const E* vr = v_lane + int64_t(j0) * p.vc_stride[1];
+#pragma unroll
+      for (int it = 0; it < kChunk / kRowsPerPass; ++it) {
+        const int c = lane_row + it * kRowsPerPass;
+        const bool ok = c < count;
+        cp_async16_ordered(kt + c * LD + part * 8, ok ? kr : kc, ok ? 16 : 0);
+        cp_async16_ordered(vt + c * LD + part * 8, ok ? vr : vc, ok ? 16 : 0);
+        kr += kRowsPerPass * p.kc_stride[1];
+        vr += kRowsPerPass * p.vc_stride[1];
+      }
+      return;
+    }
+    const int j = j0 + lane % kChunk;
     int64_t koff = -1, voff = -1;
     if (j < seen_end) row_offsets(p, b, j, koff, voff);
     const unsigned valid = __ballot_sync(0xffffffffu, koff >= 0 && voff >= 0) & 0xffffu;
     if (lane == 0) valid_s[warp * S + stage] = valid;
-    E* kt = my_stages + stage * Cfg::kStageElems;
-    E* vt = kt + kChunk * LD;
-    constexpr int kParts = D / 8;              // 16-byte pieces of a row
-    constexpr int kRowsPerPass = 32 / kParts;  // rows one instruction of the warp copies
 #pragma unroll
     for (int it = 0; it < kChunk / kRowsPerPass; ++it) {
-      const int c = lane / kParts + it * kRowsPerPass, part = lane % kParts;
+      const int c = lane_row + it * kRowsPerPass;
       const int64_t ko = __shfl_sync(0xffffffffu, koff, c), vo = __shfl_sync(0xffffffffu, voff, c);
       const bool ok = (valid >> c) & 1u;
       cp_async16_ordered(kt + c * LD + part * 8, ok ? kc + ko + part * 8 : kc, ok ? 16 : 0);
@@ -435,16 +462,28 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
     cp_async_commit_ordered();  // a group per chunk, empty or not: the wait below counts them
   }
   // Queries as they are (the scale is applied to the fp32 scores; padding rows are 0), read while the
-  // first chunks are on their way.
+  // first chunks are on their way: 16 bytes at a time where q's layout allows.
   const E* q = static_cast<const E*>(p.q);
-  for (int idx = threadIdx.x; idx < kRows * D; idx += kThreads) {
-    const int r = idx / D, d = idx % D;
-    E value = from_float<E>(0.f);
-    if (r < rows) {
-      const int rr = row0 + r, i = rr / p.group, h = kv_head * p.group + rr % p.group;
-      value = q[b * p.q_stride[0] + i * p.q_stride[1] + h * p.q_stride[2] + d * p.q_stride[3]];
+  if (p.vec_q) {
+    for (int idx = threadIdx.x; idx < kRows * kParts; idx += kThreads) {
+      const int r = idx / kParts, d = (idx % kParts) * 8;
+      uint4 value = make_uint4(0, 0, 0, 0);
+      if (r < rows) {
+        const int rr = row0 + r, i = rr / p.group, h = kv_head * p.group + rr % p.group;
+        value = *reinterpret_cast<const uint4*>(q + b * p.q_stride[0] + i * p.q_stride[1] + h * p.q_stride[2] + d);
+      }
+      *reinterpret_cast<uint4*>(q_s + r * LD + d) = value;
     }
-    q_s[r * LD + d] = value;
+  } else {
+    for (int idx = threadIdx.x; idx < kRows * D; idx += kThreads) {
+      const int r = idx / D, d = idx % D;
+      E value = from_float<E>(0.f);
+      if (r < rows) {
+        const int rr = row0 + r, i = rr / p.group, h = kv_head * p.group + rr % p.group;
+        value = q[b * p.q_stride[0] + i * p.q_stride[1] + h * p.q_stride[2] + d * p.q_stride[3]];
+      }
+      q_s[r * LD + d] = value;
+    }
   }
   __syncthreads();
   uint32_t qf[D / 16][4];
@@ -473,11 +512,15 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
       mma16816<E>(s[1], qf[kk], kf[2], kf[3]);
     }
 
-    // Online softmax of rows g (h = 0) and g + 8 (h = 1); the row's max is shared by its quad.
-    float factor[2];
+    // Online softmax of rows g (h = 0) and g + 8 (h = 1); the row's max is shared by its quad. o and l are
+    // rescaled only in a chunk that raises some row's max (factor 1 in the others): a running max grows
+    // ever more rarely along a split, so most chunks of a long one skip the D / 2 multiplies per lane. (A
+    // max allowed to lag the scores would skip more, but the largest p would no longer be exactly 1 in
+    // bf16: ~5% more error.)
+    float chunk_max[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float chunk_max = -INFINITY;
+      chunk_max[h] = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -486,15 +529,30 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
           const bool visible = ((valid >> key) & 1u) && j0 + key <= limit[h];
           float& x = s[nt][2 * h + e];
           x = visible ? x * scale_log2 : -INFINITY;
-          chunk_max = fmaxf(chunk_max, x);
+          chunk_max[h] = fmaxf(chunk_max[h], x);
         }
-      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, 1));
-      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, 2));
-      const float new_max = fmaxf(m[h], chunk_max);
-      // A row that has seen nothing yet (new_max = −inf) keeps p = 0 and its stats.
-      const float base = new_max == -INFINITY ? 0.f : new_max;
-      factor[h] = m[h] == -INFINITY ? 0.f : exp2_approx(m[h] - new_max);
-      m[h] = new_max;
+      chunk_max[h] = fmaxf(chunk_max[h], __shfl_xor_sync(0xffffffffu, chunk_max[h], 1));
+      chunk_max[h] = fmaxf(chunk_max[h], __shfl_xor_sync(0xffffffffu, chunk_max[h], 2));
+    }
+    // A row that has seen nothing yet (m = −inf) grows on its first visible key.
+    if (__any_sync(0xffffffffu, chunk_max[0] > m[0] || chunk_max[1] > m[1])) {
+      float factor[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float new_max = fmaxf(m[h], chunk_max[h]);
+        factor[h] = m[h] == -INFINITY ? 0.f : exp2_approx(m[h] - new_max);
+        m[h] = new_max;
+        l[h] *= factor[h];
+      }
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) {
+        o[nd][0] *= factor[0], o[nd][1] *= factor[0];
+        o[nd][2] *= factor[1], o[nd][3] *= factor[1];
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float base = m[h] == -INFINITY ? 0.f : m[h];  // nothing seen yet: every p is 0
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -504,17 +562,12 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
           x = exp2_approx(x - base);
           sum += x;
         }
-      l[h] = l[h] * factor[h] + sum;  // this lane's columns; the quad's are summed at the end
+      l[h] += sum;  // this lane's columns; the quad's are summed at the end
     }
 
-    // O = O · factor + P V: P's accumulators are the A fragment as they lie (mma.cuh's layouts).
+    // O += P V: P's accumulators are the A fragment as they lie (mma.cuh's layouts).
     const uint32_t pa[4] = {pack2<E>(s[0][0], s[0][1]), pack2<E>(s[0][2], s[0][3]), pack2<E>(s[1][0], s[1][1]),
                             pack2<E>(s[1][2], s[1][3])};
-#pragma unroll
-    for (int nd = 0; nd < D / 8; ++nd) {
-      o[nd][0] *= factor[0], o[nd][1] *= factor[0];
-      o[nd][2] *= factor[1], o[nd][3] *= factor[1];
-    }
 #pragma unroll
     for (int nd = 0; nd < D / 8; nd += 2) {
       uint32_t vf[4];
@@ -547,31 +600,47 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
     l_w[warp * kRows + g] = l[0], l_w[warp * kRows + g + 8] = l[1];
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < rows * D; idx += kThreads) {
-    const int r = idx / D, col = idx % D;
+  // Each row's weights (warp w's share exp2(m_w − max) / Σ) and lse, once per row; then 4 columns per thread.
+  float* weight_w = l_w + kWarps * kRows;
+  float* lse_r = weight_w + kWarps * kRows;
+  if (threadIdx.x < kRows) {
+    const int r = threadIdx.x;
     float top = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) top = fmaxf(top, m_w[w * kRows + r]);
-    float sum = 0.f, acc = 0.f;
+    float weight[kWarps], sum = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       const float mw = m_w[w * kRows + r];
-      const float weight = mw == -INFINITY ? 0.f : exp2_approx(mw - top);
-      sum += weight * l_w[w * kRows + r];
-      acc += weight * o_w[(w * kRows + r) * OLD + col];
+      weight[w] = mw == -INFINITY ? 0.f : exp2_approx(mw - top);
+      sum += weight[w] * l_w[w * kRows + r];
     }
-    const float value = sum > 0.f ? acc / sum : 0.f;
-    const float lse = sum > 0.f ? (top + log2f(sum)) * 0.6931471805599453f : -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) weight_w[w * kRows + r] = sum > 0.f ? weight[w] / sum : 0.f;
+    lse_r[r] = sum > 0.f ? (top + log2f(sum)) * 0.6931471805599453f : -INFINITY;
+  }
+  __syncthreads();
+  const int64_t total = int64_t(p.batch) * p.q_heads * p.q_len;
+  for (int idx = threadIdx.x; idx < rows * (D / 4); idx += kThreads) {
+    const int r = idx / (D / 4), col = (idx % (D / 4)) * 4;
+    float4 value = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = weight_w[w * kRows + r];
+      const float4 x = *reinterpret_cast<const float4*>(o_w + (w * kRows + r) * OLD + col);
+      value.x += weight * x.x, value.y += weight * x.y, value.z += weight * x.z, value.w += weight * x.w;
+    }
     const int rr = row0 + r, i = rr / p.group, h = kv_head * p.group + rr % p.group;
     if (p.splits == 1) {
-      E* out = static_cast<E*>(p.o);
-      out[b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] + col * p.o_stride[3]] = from_float<E>(value);
-      if (col == 0 && p.lse != nullptr) p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] = lse;
+      E* out = static_cast<E*>(p.o) + b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] + col * p.o_stride[3];
+      out[0] = from_float<E>(value.x), out[p.o_stride[3]] = from_float<E>(value.y);
+      out[2 * p.o_stride[3]] = from_float<E>(value.z), out[3 * p.o_stride[3]] = from_float<E>(value.w);
+      if (col == 0 && p.lse != nullptr) p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] = lse_r[r];
     } else {
       const int64_t row = (int64_t(b) * p.q_heads + h) * p.q_len + i;
-      const int64_t total = int64_t(p.batch) * p.q_heads * p.q_len;
-      p.part_o[(split * total + row) * D + col] = value;
-      if (col == 0) p.part_lse[split * total + row] = lse;
+      float* part = p.part_o + (split * total + row) * D + col;
+      part[0] = value.x, part[1] = value.y, part[2] = value.z, part[3] = value.w;
+      if (col == 0) p.part_lse[split * total + row] = lse_r[r];
     }
   }
 }
@@ -598,8 +667,10 @@ __device__ __forceinline__ float cta_reduce(float x, float* scratch) {
 // denominator are reduced over the CTA; each column's sum reads 8 splits' partials before using them, so
 // their loads are in flight together rather than one split's latency after another.
 template <class E>
-__global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p, int value_dim) {
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p) {
   __shared__ float scratch[kCombineThreads / 32];
+  const int value_dim = p.value_dim;
+  wait_for_previous_grid();  // launched while the split kernel runs: its partials are complete from here
   const int64_t row = blockIdx.x;
   const int64_t total = int64_t(p.batch) * p.q_heads * p.q_len;
   const int i = int(row % p.q_len), h = int((row / p.q_len) % p.q_heads), b = int(row / (int64_t(p.q_len) * p.q_heads));
@@ -668,6 +739,13 @@ int sm_count(int device) {
   return count;
 }
 
+// Programmatic dependent launch needs sm_90.
+bool overlaps_launches(int device) {
+  int major = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  return major >= 9;
+}
+
 // 16-byte loads need a unit stride along D and every other stride, and the pointer, 16-byte aligned.
 bool vector_loads(const TensorView& t) {
   const int64_t elems = 16 / int64_t(dtype_size(t.dtype));
@@ -692,31 +770,8 @@ void allow_mma_smem() {
              "cudaFuncSetAttribute (attention_with_kvcache)");
 }
 
-// The kernel's resident CTAs per SM, queried once per device (a host-side query: a captured call may make it).
-template <class E, int D>
-int mma_blocks_per_sm() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices];
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  if (device < kMaxDevices && known[device].load(std::memory_order_acquire) > 0) return known[device].load();
-  allow_mma_smem<E, D>();
-  int blocks = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_split_kernel<E, D>, kThreads,
-                                                           MmaConfig<D>::kSmemBytes),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  blocks = std::max(blocks, 1);
-  if (device < kMaxDevices) known[device].store(blocks, std::memory_order_release);
-  return blocks;
-}
-
-template <class E>
-int mma_blocks_per_sm(int64_t head_dim) {
-  return head_dim == 64 ? mma_blocks_per_sm<E, 64>() : mma_blocks_per_sm<E, 128>();
-}
-
-// Key splits per (sequence, KV head, row chunk) and keys per split (kvcache_plan.h), from the resident
-// CTAs of the kernel that will run. Reads nothing from the device.
+// Key splits per (sequence, KV head, row chunk) and keys per split (kvcache_plan.h), from the SMs (and for
+// the general kernel its resident CTAs). Reads nothing from the device.
 KvCachePlan plan_splits(const AttentionKvCacheArgs& a, const KvCacheProblem& p) {
   DeviceGuard guard(a.q.device.index);
   KvCachePlanInput in;
@@ -728,8 +783,10 @@ KvCachePlan plan_splits(const AttentionKvCacheArgs& a, const KvCacheProblem& p) 
     // Splits of whole 64-key steps (4 warps × 16 keys); the plan's fixed cost keeps them from getting short.
     in.tile = kWarps * kChunk;
     in.min_keys = kWarps * kChunk;
-    in.slots = sms * (a.q.dtype == DType::bf16 ? mma_blocks_per_sm<__nv_bfloat16>(p.head_dim)
-                                               : mma_blocks_per_sm<__half>(p.head_dim));
+    // One CTA per SM: a second CTA on an SM shares its issue rate rather than adding to it (measured: B1 L16K
+    // in 8 splits, 128 CTAs, 40 µs; in 9, 144 CTAs, 50 µs), so the slots are the SMs though two fit.
+    in.slots = sms;
+    in.combine_keys = 192;  // the combine kernel: about 3 µs, a CTA's time for about 200 keys
   } else {
     in.tile = a.q.dtype == DType::f32 ? key_tile<float>() : key_tile<__nv_bfloat16>();
     in.min_keys = 128;
@@ -739,7 +796,7 @@ KvCachePlan plan_splits(const AttentionKvCacheArgs& a, const KvCacheProblem& p) 
 }
 
 template <class E>
-void launch(const Params& prm, const KvCacheProblem& p, bool tensor_cores, cudaStream_t stream) {
+void launch(const Params& prm, const KvCacheProblem& p, bool tensor_cores, bool overlap, cudaStream_t stream) {
   if (p.append && !tensor_cores) {  // the tensor-core kernel appends by itself
     append_kernel<E><<<dim3(unsigned(p.batch * p.q_len), unsigned(p.kv_heads)), 128, 0, stream>>>(
         prm, int(p.head_dim), int(p.value_dim));
@@ -765,8 +822,8 @@ void launch(const Params& prm, const KvCacheProblem& p, bool tensor_cores, cudaS
   }
   check_cuda(cudaGetLastError(), "attention_with_kvcache kernel launch");
   if (prm.splits > 1) {
-    combine_kernel<E><<<unsigned(p.batch * p.q_heads * p.q_len), kCombineThreads, 0, stream>>>(prm, int(p.value_dim));
-    check_cuda(cudaGetLastError(), "attention_with_kvcache combine kernel launch");
+    launch_after_previous(combine_kernel<E>, dim3(unsigned(p.batch * p.q_heads * p.q_len)), dim3(kCombineThreads), 0,
+                          stream, overlap, prm, "attention_with_kvcache combine kernel launch");
   }
 }
 
@@ -811,12 +868,14 @@ void attention_with_kvcache(const AttentionKvCacheArgs& a, const KvCacheProblem&
   prm.group = int(p.q_heads / p.kv_heads);
   prm.capacity = int(p.capacity), prm.block_size = int(p.block_size), prm.num_blocks = int(p.num_blocks);
   prm.row_chunks = ceil_div(p.q_len * prm.group, kRows);
+  prm.value_dim = int(p.value_dim);
   const KvCachePlan plan = plan_splits(a, p);
   prm.splits = plan.splits, prm.keys_per_split = plan.keys_per_split;
   prm.scale = float(p.scale);
   prm.causal = p.causal, prm.append = p.append;
-  prm.vec_k = vector_loads(a.k_cache), prm.vec_v = vector_loads(a.v_cache);
+  prm.vec_k = vector_loads(a.k_cache), prm.vec_v = vector_loads(a.v_cache), prm.vec_q = vector_loads(a.q);
   const bool tensor_cores = tensor_core_path(a);
+  const bool overlap = prm.splits > 1 && overlaps_launches(a.q.device.index);
   const size_t needed = workspace_for(p, prm.splits);
   Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, needed, stream,
                   "attention_with_kvcache_workspace_bytes", "workspace", 16);
@@ -826,9 +885,9 @@ void attention_with_kvcache(const AttentionKvCacheArgs& a, const KvCacheProblem&
     prm.part_o = scratch.floats() + prm.splits * total;
   }
   switch (a.q.dtype) {
-    case DType::f32: launch<float>(prm, p, false, stream); break;
-    case DType::bf16: launch<__nv_bfloat16>(prm, p, tensor_cores, stream); break;
-    case DType::f16: launch<__half>(prm, p, tensor_cores, stream); break;
+    case DType::f32: launch<float>(prm, p, false, overlap, stream); break;
+    case DType::bf16: launch<__nv_bfloat16>(prm, p, tensor_cores, overlap, stream); break;
+    case DType::f16: launch<__half>(prm, p, tensor_cores, overlap, stream); break;
     default: break;  // f64 refused in check_supported
   }
 }

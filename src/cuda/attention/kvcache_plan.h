@@ -7,8 +7,9 @@
 // as few splits as it can: a CTA's time is taken as its keys plus a fixed cost
 // (reading q, starting its pipeline, writing its output or partial), and the
 // kernel's time as the waves of CTAs times that. More splits shorten each CTA
-// but, once the CTAs pass one wave, add waves; the fixed cost and the combine's
-// partials make a split that buys nothing a loss, so ties go to fewer splits.
+// but, once the CTAs pass one wave, add waves; the fixed cost and the combine
+// kernel (combine_keys, paid by any plan of more than one split) make a split
+// that buys nothing a loss, so ties go to fewer splits.
 #pragma once
 
 #include <algorithm>
@@ -24,6 +25,7 @@ struct KvCachePlanInput {
   int min_keys = 256;        // the fewest keys a split is given (when there are that many)
   int max_splits = 256;
   int fixed_keys = 128;      // a CTA's fixed cost, in keys' worth of time
+  int combine_keys = 0;      // the combine kernel's cost, in keys' worth of a CTA's time
   int forced = 0;            // > 0: the caller's num_splits
 };
 
@@ -56,7 +58,7 @@ inline KvCachePlan plan_kvcache(const KvCachePlanInput& in) {
     const int64_t used = kvcache_ceil_div(keys, per);  // splits that hold keys; more would be empty
     if (used != s) continue;
     const int64_t waves = kvcache_ceil_div(units * s, slots);
-    const int64_t cost = waves * (per + in.fixed_keys);
+    const int64_t cost = waves * (per + in.fixed_keys) + (s > 1 ? in.combine_keys : 0);
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
       plan.splits = int(s);
