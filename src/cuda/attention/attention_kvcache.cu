@@ -397,6 +397,7 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
   const int lane_row = lane / kParts, part = lane % kParts;
   const E* k_lane = kc + b * p.kc_stride[0] + int64_t(lane_row) * p.kc_stride[1] + part * 8;
   const E* v_lane = vc + b * p.vc_stride[0] + int64_t(lane_row) * p.vc_stride[1] + part * 8;
+  const int64_t k_pass = kRowsPerPass * p.kc_stride[1], v_pass = kRowsPerPass * p.vc_stride[1];  // a pass's rows
   auto issue = [&](int n, int stage) {
     const int j0 = begin + (warp + n * kWarps) * kChunk;
     E* kt = my_stages + stage * Cfg::kStageElems;
@@ -406,14 +407,23 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
       if (lane == 0) valid_s[warp * S + stage] = (1u << count) - 1u;
       const E* kr = k_lane + int64_t(j0) * p.kc_stride[1];
       const E* vr = v_lane + int64_t(j0) * p.vc_stride[1];
+      if (count == kChunk) {  // every row (all but a split's last chunk): no predicates, no selects
+#pragma unroll
+        for (int it = 0; it < kChunk / kRowsPerPass; ++it) {
+          const int c = lane_row + it * kRowsPerPass;
+          cp_async16_ordered(kt + c * LD + part * 8, kr + it * k_pass, 16);
+          cp_async16_ordered(vt + c * LD + part * 8, vr + it * v_pass, 16);
+        }
+        return;
+      }
 #pragma unroll
       for (int it = 0; it < kChunk / kRowsPerPass; ++it) {
         const int c = lane_row + it * kRowsPerPass;
         const bool ok = c < count;
         cp_async16_ordered(kt + c * LD + part * 8, ok ? kr : kc, ok ? 16 : 0);
         cp_async16_ordered(vt + c * LD + part * 8, ok ? vr : vc, ok ? 16 : 0);
-        kr += kRowsPerPass * p.kc_stride[1];
-        vr += kRowsPerPass * p.vc_stride[1];
+        kr += k_pass;
+        vr += v_pass;
       }
       return;
     }
@@ -663,9 +673,13 @@ __device__ __forceinline__ float cta_reduce(float x, float* scratch) {
   return x;
 }
 
-// Merges the splits' partials of one (sequence, head, query): weights exp(lse_s − lse). The max and the
-// denominator are reduced over the CTA; each column's sum reads 8 splits' partials before using them, so
-// their loads are in flight together rather than one split's latency after another.
+constexpr int kFewSplits = 16;
+
+// Merges the splits' partials of one (sequence, head, query): weights exp(lse_s − lse). Up to kFewSplits
+// splits (and Dv ≤ the CTA's threads), each thread loads every split's lse and its column's partials at once
+// and reduces them itself: one memory round trip, no barrier. Otherwise the max and the denominator are
+// reduced over the CTA, and each column's sum reads 8 splits' partials before using them, so their loads
+// are in flight together rather than one split's latency after another.
 template <class E>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p) {
   __shared__ float scratch[kCombineThreads / 32];
@@ -674,6 +688,31 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p) {
   const int64_t row = blockIdx.x;
   const int64_t total = int64_t(p.batch) * p.q_heads * p.q_len;
   const int i = int(row % p.q_len), h = int((row / p.q_len) % p.q_heads), b = int(row / (int64_t(p.q_len) * p.q_heads));
+  if (p.splits <= kFewSplits && value_dim <= kCombineThreads) {
+    const int d = threadIdx.x;
+    float l[kFewSplits], x[kFewSplits];
+#pragma unroll
+    for (int s = 0; s < kFewSplits; ++s) {
+      l[s] = s < p.splits ? p.part_lse[s * total + row] : -INFINITY;
+      x[s] = s < p.splits && d < value_dim ? p.part_o[(s * total + row) * value_dim + d] : 0.f;
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kFewSplits; ++s) m = fmaxf(m, l[s]);
+    float denom = 0.f, value = 0.f;
+#pragma unroll
+    for (int s = 0; s < kFewSplits; ++s) {
+      const float weight = l[s] == -INFINITY ? 0.f : __expf(l[s] - m);
+      denom += weight;
+      value += weight * x[s];
+    }
+    if (d < value_dim)
+      static_cast<E*>(p.o)[b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] + d * p.o_stride[3]] =
+          from_float<E>(denom > 0.f ? value / denom : 0.f);
+    if (d == 0 && p.lse != nullptr)
+      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] = denom > 0.f ? m + logf(denom) : -INFINITY;
+    return;
+  }
   float m = -INFINITY;
   for (int s = threadIdx.x; s < p.splits; s += kCombineThreads) m = fmaxf(m, p.part_lse[s * total + row]);
   m = cta_reduce<true>(m, scratch);
