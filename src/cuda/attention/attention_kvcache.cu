@@ -778,13 +778,6 @@ int sm_count(int device) {
   return count;
 }
 
-// Programmatic dependent launch needs sm_90.
-bool overlaps_launches(int device) {
-  int major = 0;
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-  return major >= 9;
-}
-
 // 16-byte loads need a unit stride along D and every other stride, and the pointer, 16-byte aligned.
 bool vector_loads(const TensorView& t) {
   const int64_t elems = 16 / int64_t(dtype_size(t.dtype));
@@ -914,7 +907,9 @@ void attention_with_kvcache(const AttentionKvCacheArgs& a, const KvCacheProblem&
   prm.causal = p.causal, prm.append = p.append;
   prm.vec_k = vector_loads(a.k_cache), prm.vec_v = vector_loads(a.v_cache), prm.vec_q = vector_loads(a.q);
   const bool tensor_cores = tensor_core_path(a);
-  const bool overlap = prm.splits > 1 && overlaps_launches(a.q.device.index);
+  // The combine may start early only where the code the device runs has its griddepcontrol wait (code built
+  // for sm_90 or newer; an sm_80 build compiles it out, whatever the device), as for the GLA kernels.
+  const bool overlap = prm.splits > 1 && loaded_code().sm90;
   const size_t needed = workspace_for(p, prm.splits);
   Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, needed, stream,
                   "attention_with_kvcache_workspace_bytes", "workspace", 16);
