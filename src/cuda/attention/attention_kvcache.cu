@@ -315,9 +315,12 @@ constexpr int kChunk = 16;  // keys per warp step
 template <int D>
 struct MmaConfig {
   static constexpr int kStages = 3;
-  static constexpr int kLd = D + 8;       // padded rows: ldmatrix's 8 row addresses fall in distinct banks
+  static constexpr int kLd = D + 8;       // q's padded rows: ldmatrix's 8 row addresses fall in distinct banks
   static constexpr int kOutLd = D + 8;    // fp32 rows of the warps' merge, padded likewise
-  static constexpr int kStageElems = 2 * kChunk * kLd;  // K chunk, then V chunk
+  // A stage's K and V rows are unpadded, their 16-byte pieces swizzled (stage_piece): a warp's copies then
+  // fill whole 128-byte lines of shared memory, so the global reads stay whole lines too (padded rows split
+  // them and read half again as many L2 sectors), and ldmatrix still finds its 8 rows in distinct banks.
+  static constexpr int kStageElems = 2 * kChunk * D;  // K chunk, then V chunk
   static constexpr size_t kQBytes = size_t(kRows) * kLd * 2;
   static constexpr size_t kStageBytes = size_t(kWarps) * kStages * kStageElems * 2;
   // The warps' merge: o, m, l and the weights per warp and row, then each row's lse.
@@ -325,6 +328,15 @@ struct MmaConfig {
   static constexpr size_t kValidBytes = size_t(kWarps) * kStages * 4;
   static constexpr size_t kSmemBytes = kQBytes + (kStageBytes > kMergeBytes ? kStageBytes : kMergeBytes) + kValidBytes;
 };
+
+// Element offset of row `row`, 16-byte piece `piece` (of D / 8) in a stage's unpadded K or V chunk: the
+// piece index is XORed with row % 8, so the 8 rows an ldmatrix reads at one piece lie in 8 distinct 16-byte
+// bank groups.
+template <int D>
+__device__ __forceinline__ int stage_piece(int row, int piece) {
+  static_assert(D % 64 == 0, "a row holds at least 8 pieces, so piece ^ (row % 8) stays in the row");
+  return row * D + ((piece ^ (row & 7)) * 8);
+}
 
 template <int N>
 __device__ __forceinline__ void cp_async_wait_pending() {
@@ -401,7 +413,7 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
   auto issue = [&](int n, int stage) {
     const int j0 = begin + (warp + n * kWarps) * kChunk;
     E* kt = my_stages + stage * Cfg::kStageElems;
-    E* vt = kt + kChunk * LD;
+    E* vt = kt + kChunk * D;
     if (p.block_table == nullptr) {
       const int count = min(max(seen_end - j0, 0), kChunk);
       if (lane == 0) valid_s[warp * S + stage] = (1u << count) - 1u;
@@ -411,8 +423,8 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
 #pragma unroll
         for (int it = 0; it < kChunk / kRowsPerPass; ++it) {
           const int c = lane_row + it * kRowsPerPass;
-          cp_async16_ordered(kt + c * LD + part * 8, kr + it * k_pass, 16);
-          cp_async16_ordered(vt + c * LD + part * 8, vr + it * v_pass, 16);
+          cp_async16_ordered(kt + stage_piece<D>(c, part), kr + it * k_pass, 16);
+          cp_async16_ordered(vt + stage_piece<D>(c, part), vr + it * v_pass, 16);
         }
         return;
       }
@@ -420,8 +432,8 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
       for (int it = 0; it < kChunk / kRowsPerPass; ++it) {
         const int c = lane_row + it * kRowsPerPass;
         const bool ok = c < count;
-        cp_async16_ordered(kt + c * LD + part * 8, ok ? kr : kc, ok ? 16 : 0);
-        cp_async16_ordered(vt + c * LD + part * 8, ok ? vr : vc, ok ? 16 : 0);
+        cp_async16_ordered(kt + stage_piece<D>(c, part), ok ? kr : kc, ok ? 16 : 0);
+        cp_async16_ordered(vt + stage_piece<D>(c, part), ok ? vr : vc, ok ? 16 : 0);
         kr += k_pass;
         vr += v_pass;
       }
@@ -437,8 +449,8 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
       const int c = lane_row + it * kRowsPerPass;
       const int64_t ko = __shfl_sync(0xffffffffu, koff, c), vo = __shfl_sync(0xffffffffu, voff, c);
       const bool ok = (valid >> c) & 1u;
-      cp_async16_ordered(kt + c * LD + part * 8, ok ? kc + ko + part * 8 : kc, ok ? 16 : 0);
-      cp_async16_ordered(vt + c * LD + part * 8, ok ? vc + vo + part * 8 : vc, ok ? 16 : 0);
+      cp_async16_ordered(kt + stage_piece<D>(c, part), ok ? kc + ko + part * 8 : kc, ok ? 16 : 0);
+      cp_async16_ordered(vt + stage_piece<D>(c, part), ok ? vc + vo + part * 8 : vc, ok ? 16 : 0);
     }
   };
 
@@ -508,7 +520,7 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
     __syncwarp();                    // and every lane's
     const int stage = n % S;
     const E* kt = my_stages + stage * Cfg::kStageElems;
-    const E* vt = kt + kChunk * LD;
+    const E* vt = kt + kChunk * D;
     const unsigned valid = valid_s[warp * S + stage];
     const int j0 = begin + (warp + n * kWarps) * kChunk;
 
@@ -517,7 +529,7 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t kf[4];
-      ldmatrix_x4_ordered(kf, kt + ((lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
+      ldmatrix_x4_ordered(kf, kt + stage_piece<D>((lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2));
       mma16816<E>(s[0], qf[kk], kf[0], kf[1]);
       mma16816<E>(s[1], qf[kk], kf[2], kf[3]);
     }
@@ -581,7 +593,7 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
 #pragma unroll
     for (int nd = 0; nd < D / 8; nd += 2) {
       uint32_t vf[4];
-      ldmatrix_x4_trans_ordered(vf, vt + (((lane / 8) % 2) * 8 + lane % 8) * LD + (nd + lane / 16) * 8);
+      ldmatrix_x4_trans_ordered(vf, vt + stage_piece<D>(((lane / 8) % 2) * 8 + lane % 8, nd + lane / 16));
       mma16816<E>(o[nd], pa, vf[0], vf[1]);
       mma16816<E>(o[nd + 1], pa, vf[2], vf[3]);
     }
