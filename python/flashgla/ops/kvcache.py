@@ -14,16 +14,20 @@ from ._memory import require_outputs
 __all__ = ["flash_attention_with_kvcache"]
 
 
-def _outputs(q, v_cache):
+def _outputs(q, v_cache, with_lse=True):
     o = torch.empty((*q.shape[:3], v_cache.shape[-1]), dtype=q.dtype, device=q.device)
+    if not with_lse:
+        return o, None
     return o, torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
 
 
-def _run(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale, max_seqlen_k, num_splits):
+def _run(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, scale, max_seqlen_k, num_splits,
+         with_lse=True):
+    """o and lse; with_lse=False leaves lse out (None): the kernels then skip it."""
     require_outputs("flash_attention_with_kvcache", q.device,
                     [("o", (*q.shape[:3], v_cache.shape[-1]), q.dtype),
                      ("lse", (q.shape[0], q.shape[2], q.shape[1]), torch.float32)])
-    o, lse = _outputs(q, v_cache)
+    o, lse = _outputs(q, v_cache, with_lse)
     args = make_args(_C.AttentionKvCacheArgs, q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
                      block_table=block_table, k=k, v=v, causal=causal, scale=scale, max_seqlen_k=max_seqlen_k,
                      num_splits=num_splits, o=o, lse=lse)
@@ -106,7 +110,7 @@ def flash_attention_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, ca
     num_splits = _count(num_splits, "num_splits", 0)
     call = (q, k_cache, v_cache, cache_seqlens, block_table, k, v, bool(causal), scale, max_seqlen_k, num_splits)
     if _plain_eager(call[:7]):
-        o, lse = _run(*call)
+        o, lse = _run(*call, with_lse=return_softmax_lse)
         if k is not None:  # the cache was written: what the custom op's mutation bookkeeping records
             torch.autograd.graph.increment_version((k_cache, v_cache))
     else:
