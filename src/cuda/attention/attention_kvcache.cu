@@ -686,12 +686,56 @@ __device__ __forceinline__ float cta_reduce(float x, float* scratch) {
 }
 
 constexpr int kFewSplits = 16;
+constexpr int kCombineRows = kCombineThreads / 32;  // rows per CTA of combine_rows_kernel: a warp each
 
-// Merges the splits' partials of one (sequence, head, query): weights exp(lse_s − lse). Up to kFewSplits
-// splits (and Dv ≤ the CTA's threads), each thread loads every split's lse and its column's partials at once
-// and reduces them itself: one memory round trip, no barrier. Otherwise the max and the denominator are
-// reduced over the CTA, and each column's sum reads 8 splits' partials before using them, so their loads
-// are in flight together rather than one split's latency after another.
+// Whether combine_rows_kernel takes the merge: up to kFewSplits splits and 4 columns per lane.
+bool merge_by_rows(const Params& p) { return p.splits <= kFewSplits && p.value_dim <= 128 && p.value_dim % 4 == 0; }
+
+// Merges the splits' partials of one (sequence, head, query) per warp: weights exp(lse_s − lse). Each lane
+// loads every split's lse and its 4 columns' partials at once and reduces them itself: one memory round trip,
+// no barrier, and a CTA's index arithmetic shared by 4 rows. Grid: (⌈Hq · Tq / kCombineRows⌉, B).
+template <class E>
+__global__ void __launch_bounds__(kCombineThreads) combine_rows_kernel(Params p) {
+  wait_for_previous_grid();  // launched while the split kernel runs: its partials are complete from here
+  const int per_sequence = p.q_heads * p.q_len;
+  const int r = blockIdx.x * kCombineRows + threadIdx.x / 32;
+  if (r >= per_sequence) return;
+  const int b = blockIdx.y, h = r / p.q_len, i = r % p.q_len;
+  const int64_t total = int64_t(p.batch) * per_sequence, row = int64_t(b) * per_sequence + r;
+  const int d = (threadIdx.x % 32) * 4;
+  const bool mine = d < p.value_dim;
+  float l[kFewSplits];
+  float4 x[kFewSplits];
+#pragma unroll
+  for (int s = 0; s < kFewSplits; ++s) {
+    l[s] = s < p.splits ? p.part_lse[s * total + row] : -INFINITY;
+    x[s] = s < p.splits && mine ? *reinterpret_cast<const float4*>(p.part_o + (s * total + row) * p.value_dim + d)
+                                : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float m = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < kFewSplits; ++s) m = fmaxf(m, l[s]);
+  float denom = 0.f;
+  float4 value = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int s = 0; s < kFewSplits; ++s) {
+    const float weight = l[s] == -INFINITY ? 0.f : __expf(l[s] - m);
+    denom += weight;
+    value.x += weight * x[s].x, value.y += weight * x[s].y, value.z += weight * x[s].z, value.w += weight * x[s].w;
+  }
+  const float inv = denom > 0.f ? 1.f / denom : 0.f;
+  if (mine) {
+    E* o = static_cast<E*>(p.o) + b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] + d * p.o_stride[3];
+    o[0] = from_float<E>(value.x * inv), o[p.o_stride[3]] = from_float<E>(value.y * inv);
+    o[2 * p.o_stride[3]] = from_float<E>(value.z * inv), o[3 * p.o_stride[3]] = from_float<E>(value.w * inv);
+  }
+  if (d == 0 && p.lse != nullptr)
+    p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] = denom > 0.f ? m + logf(denom) : -INFINITY;
+}
+
+// The general merge, a CTA per (sequence, head, query): the max and the denominator are reduced over the CTA,
+// and each column's sum reads 8 splits' partials before using them, so their loads are in flight together
+// rather than one split's latency after another.
 template <class E>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p) {
   __shared__ float scratch[kCombineThreads / 32];
@@ -700,31 +744,6 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p) {
   const int64_t row = blockIdx.x;
   const int64_t total = int64_t(p.batch) * p.q_heads * p.q_len;
   const int i = int(row % p.q_len), h = int((row / p.q_len) % p.q_heads), b = int(row / (int64_t(p.q_len) * p.q_heads));
-  if (p.splits <= kFewSplits && value_dim <= kCombineThreads) {
-    const int d = threadIdx.x;
-    float l[kFewSplits], x[kFewSplits];
-#pragma unroll
-    for (int s = 0; s < kFewSplits; ++s) {
-      l[s] = s < p.splits ? p.part_lse[s * total + row] : -INFINITY;
-      x[s] = s < p.splits && d < value_dim ? p.part_o[(s * total + row) * value_dim + d] : 0.f;
-    }
-    float m = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < kFewSplits; ++s) m = fmaxf(m, l[s]);
-    float denom = 0.f, value = 0.f;
-#pragma unroll
-    for (int s = 0; s < kFewSplits; ++s) {
-      const float weight = l[s] == -INFINITY ? 0.f : __expf(l[s] - m);
-      denom += weight;
-      value += weight * x[s];
-    }
-    if (d < value_dim)
-      static_cast<E*>(p.o)[b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] + d * p.o_stride[3]] =
-          from_float<E>(denom > 0.f ? value / denom : 0.f);
-    if (d == 0 && p.lse != nullptr)
-      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] = denom > 0.f ? m + logf(denom) : -INFINITY;
-    return;
-  }
   float m = -INFINITY;
   for (int s = threadIdx.x; s < p.splits; s += kCombineThreads) m = fmaxf(m, p.part_lse[s * total + row]);
   m = cta_reduce<true>(m, scratch);
@@ -865,15 +884,25 @@ void launch(const Params& prm, const KvCacheProblem& p, bool tensor_cores, bool 
       split_kernel<E, 128><<<grid, kThreads, 0, stream>>>(prm);
   }
   check_cuda(cudaGetLastError(), "attention_with_kvcache kernel launch");
-  if (prm.splits > 1) {
+  if (prm.splits > 1 && merge_by_rows(prm)) {
+    const dim3 rows_grid(unsigned(ceil_div(p.q_heads * p.q_len, kCombineRows)), unsigned(p.batch));
+    launch_after_previous(combine_rows_kernel<E>, rows_grid, dim3(kCombineThreads), 0, stream, overlap, prm,
+                          "attention_with_kvcache combine kernel launch");
+  } else if (prm.splits > 1) {
     launch_after_previous(combine_kernel<E>, dim3(unsigned(p.batch * p.q_heads * p.q_len)), dim3(kCombineThreads), 0,
                           stream, overlap, prm, "attention_with_kvcache combine kernel launch");
   }
 }
 
+// The splits' lse, then their partial outputs from a 16-byte boundary (the combine reads 4 columns at once).
+int64_t partial_lse_floats(const KvCacheProblem& p, int splits) {
+  return (int64_t(splits) * p.batch * p.q_heads * p.q_len + 3) / 4 * 4;
+}
+
 size_t workspace_for(const KvCacheProblem& p, int splits) {
   if (splits <= 1) return 0;
-  return size_t(splits) * size_t(p.batch * p.q_heads * p.q_len) * size_t(p.value_dim + 1) * sizeof(float);
+  const int64_t partial_floats = int64_t(splits) * p.batch * p.q_heads * p.q_len * p.value_dim;
+  return size_t(partial_lse_floats(p, splits) + partial_floats) * sizeof(float);
 }
 
 void copy_strides(const TensorView& t, int64_t* out, int n) {
@@ -926,9 +955,8 @@ void attention_with_kvcache(const AttentionKvCacheArgs& a, const KvCacheProblem&
   Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, needed, stream,
                   "attention_with_kvcache_workspace_bytes", "workspace", 16);
   if (needed > 0) {
-    const int64_t total = p.batch * p.q_heads * p.q_len;
     prm.part_lse = scratch.floats();
-    prm.part_o = scratch.floats() + prm.splits * total;
+    prm.part_o = scratch.floats() + partial_lse_floats(p, prm.splits);
   }
   switch (a.q.dtype) {
     case DType::f32: launch<float>(prm, p, false, overlap, stream); break;
