@@ -104,6 +104,38 @@ def test_rows_per_sequence(gen, device, gate, varlen):
             assert torch.equal(pool[row], pool0[row]), f"pool row {row}: written, though no sequence ends there"
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gate", GATES, ids=str)
+@pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "v_first"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("T", [1, 3])
+def test_decode_steps_in_place(gen, device, gate, state_v_first, dtype, T):
+    """The serving step: a fixed-length batch of T tokens per sequence, ssm_state_indices [N], the pool written in
+    place (on CUDA the decode kernel runs it); each sequence as it runs alone, the other rows untouched."""
+    H, K, V = 2, 32, 16
+    q, k, v, g, _ = inputs(gen, gate, [T] * 4, H, K, V, dtype=dtype, device=device, varlen=False)
+    rows = torch.tensor([3, -1, 0, 5], dtype=torch.int32, device=device)  # sequence 1: a padded slot
+    pool0 = pool_of(gen, 7, H, K, V, device, state_v_first)
+    pool = pool0.clone()
+    with poisoned_outputs():
+        o, ht = call(gate, q, k, v, g, initial_state=pool, ssm_state_indices=rows, output_final_state=True,
+                     state_v_first=state_v_first)
+    assert ht is pool
+    for n in range(4):
+        row = int(rows[n])
+        if row < 0:
+            assert torch.equal(o[n], torch.zeros_like(o[n])), f"padded slot {n}: o not zero"
+            continue
+        o_ref, ht_ref = alone(gate, q, k, v, g, pool0[row], (n, 0, T), state_v_first=state_v_first)
+        if device == "cpu":
+            expect_equal(o[n], o_ref, f"o of sequence {n}", device)
+        else:
+            assert_close(o[n], o_ref, TOLERANCE[dtype], f"o of sequence {n}")
+        expect_equal(pool[row], ht_ref, f"pool row {row} (sequence {n})", device)
+    for row in (1, 2, 4, 6):
+        assert torch.equal(pool[row], pool0[row]), f"pool row {row}: written, though no sequence maps to it"
+
+
 def speculative_case(gen, gate, device, state_v_first=False):
     """Three sequences of up to T_max = 4 draft tokens each (varlen), a pool row per draft token, and the
     number of tokens accepted in the previous step; the last sequence is a padded slot."""

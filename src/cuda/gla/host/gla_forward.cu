@@ -183,11 +183,46 @@ void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
 
 namespace {
 
+// The decode kernel's parameters for [N, T, H, *] inputs and f32 states [P, H, K, V] updated in place
+// (state_indices: a pool row per sequence, or none: row n).
+gla::DecodeParams decode_params(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
+                                const TensorView& o, const TensorView& state, const TensorView& state_indices,
+                                const GlaProblem& problem) {
+  gla::DecodeParams d;
+  d.q = view_of(q), d.k = view_of(k), d.v = view_of(v), d.g = view_of(g), d.o = view_of(o);
+  d.state = view_of(state);
+  if (state_indices.defined()) {
+    d.state_indices = static_cast<const int32_t*>(state_indices.data);
+    d.index_stride = state_indices.stride[0];
+  }
+  d.state_rows = state.shape[0];
+  d.heads = int(problem.heads), d.key_dim = int(problem.key_dim), d.value_dim = int(problem.value_dim);
+  d.tokens = int(problem.seq_len);
+  d.gate = problem.gate;
+  d.scale = float(problem.scale);
+  return d;
+}
+
+// vLLM's decode into a state pool (ssm_state_indices [N], written back in place, a fixed-length batch of up to
+// kMaxDecodeTokens tokens): the decode kernel, a pass over the pool rows at the state's bandwidth, in place of
+// the recurrent kernel (bench/results_decode.md: 1.35-1.8x the decode kernel's time at T = 1). The same
+// recurrence token by token; a padded slot (a row < 0 or >= P) gets zero outputs either way.
+bool pool_decode(const GlaForwardArgs& a, const GlaProblem& p) {
+  return a.ssm_state_indices.defined() && a.ssm_state_indices.ndim == 1 && !a.num_accepted_tokens.defined() &&
+         a.inplace_final_state && !a.cu_seqlens.defined() && !a.reverse && !a.normalize &&
+         p.seq_len >= 1 && p.seq_len <= kMaxDecodeTokens;
+}
+
 void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
   require_compute_dtype(args.q, "q");
   DeviceGuard guard(args.q.device.index);
   const auto stream = static_cast<cudaStream_t>(args.stream);
 
+  if (args.algorithm == GlaAlgorithm::recurrent && pool_decode(args, problem)) {
+    return gla::launch_decode(decode_params(args.q, args.k, args.v, args.g, args.o, args.initial_state,
+                                            args.ssm_state_indices, problem),
+                              int(problem.num_seqs), device_props(args.q.device.index).multiprocessors, stream);
+  }
   if (args.algorithm == GlaAlgorithm::recurrent) {
     gla::RecurrentParams r;
     r.q = view_of(args.q), r.k = view_of(args.k), r.v = view_of(args.v), r.g = view_of(args.g);
@@ -294,18 +329,9 @@ void launch_chunked(gla::ChunkParams& c, const gla::FwdPlan& plan, Scratch& work
 void gla_decode(const GlaDecodeArgs& args, const GlaProblem& problem) {
   require_compute_dtype(args.q, "q");
   DeviceGuard guard(args.q.device.index);
-  gla::DecodeParams d;
-  d.q = view_of(args.q), d.k = view_of(args.k), d.v = view_of(args.v), d.g = view_of(args.g);
-  d.o = view_of(args.o), d.state = view_of(args.state), d.token_states = view_of(args.token_states);
-  if (args.state_indices.defined()) {
-    d.state_indices = static_cast<const int32_t*>(args.state_indices.data);
-    d.index_stride = args.state_indices.stride[0];
-  }
-  d.state_rows = problem.state_rows;
-  d.heads = int(problem.heads), d.key_dim = int(problem.key_dim), d.value_dim = int(problem.value_dim);
-  d.tokens = int(problem.seq_len);
-  d.gate = problem.gate;
-  d.scale = float(problem.scale);
+  gla::DecodeParams d =
+      decode_params(args.q, args.k, args.v, args.g, args.o, args.state, args.state_indices, problem);
+  d.token_states = view_of(args.token_states);
   gla::launch_decode(d, int(problem.num_seqs), device_props(args.q.device.index).multiprocessors,
                      static_cast<cudaStream_t>(args.stream));
 }
