@@ -85,8 +85,8 @@ struct GlaForwardArgs {
   // are not written. Rows are checked (< P, non-negative ones distinct, a_n in range) for CPU
   // tensors only; on CUDA a start row ≥ P or an a_n out of range counts as padded and a write
   // row ≥ P is not written; duplicates are undefined there. On CUDA a fixed-length batch of up to
-  // kMaxDecodeTokens tokens with [N] rows and inplace_final_state (vLLM's decode step) runs
-  // gla_decode's kernel on the pool rows.
+  // kMaxDecodeTokens tokens, or [N, T_max] rows with T_max ≤ kMaxDecodeTokens (vLLM's decode and
+  // speculative steps), runs gla_decode's kernel on the pool rows.
   TensorView ssm_state_indices;
   TensorView num_accepted_tokens;
   bool inplace_final_state = false;

@@ -182,6 +182,32 @@ def test_speculative_decoding_in_place(gen, device, gate, state_v_first):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gate", ["vector", "scalar"], ids=str)
+def test_more_tokens_than_rows(gen, device, gate):
+    """A sequence longer than T_max runs on past its last row: its later states go nowhere, its outputs are
+    those of the sequence run alone."""
+    H, K, V = 2, 16, 8
+    q, k, v, g, cu_seqlens = inputs(gen, gate, [6, 2], H, K, V, device=device)
+    rows = torch.tensor([[4, 1, 3], [0, 2, -1]], dtype=torch.int32, device=device)
+    accepted = torch.tensor([3, 1], dtype=torch.int32, device=device)
+    pool0 = pool_of(gen, 6, H, K, V, device)
+    pool = pool0.clone()
+    o, _ = call(gate, q, k, v, g, initial_state=pool, ssm_state_indices=rows, num_accepted_tokens=accepted,
+                cu_seqlens=cu_seqlens)
+    starts = [3, 0]
+    for n, span in enumerate(sequences(1, q.shape[1], cu_seqlens)):
+        _, begin, end = span
+        o_ref, _ = alone(gate, q, k, v, g, pool0[starts[n]], span)
+        expect_equal(o[0, begin:end], o_ref, f"o of sequence {n}", device)
+        for t in range(min(end - begin, 3)):
+            row = int(rows[n, t])
+            if row >= 0:
+                _, state = alone(gate, q, k, v, g, pool0[starts[n]], span, tokens=t + 1)
+                expect_equal(pool[row], state, f"pool row {row} (sequence {n} after token {t})", device)
+    assert torch.equal(pool[5], pool0[5]), "pool row 5: written, though no token maps to it"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("gate", ["vector", "gamma"], ids=str)
 def test_token_states_out_of_place(gen, device, gate):
     """inplace_final_state=False: the pool is only read; the state after every token comes back [B*T, H, K, V]."""

@@ -129,13 +129,25 @@ void launch_recurrent_forward(RecurrentParams p, int num_seqs, cudaStream_t stre
 
 // ---- decode --------------------------------------------------------------------
 struct DecodeParams {
-  View q, k, v, g, o;   // [N,T,H,*]; g [N,T,H] for a scalar gate
-  View state;           // [P,H,K,V] f32, updated in place (P = N without indices)
-  View token_states;    // optional out: [N*T,H,K,V] f32, row n*T + t
-  const int32_t* state_indices = nullptr;  // [N] pool rows (null: row n); < 0 or ≥ P: padded slot
+  View q, k, v, g, o;   // [N,T,H,*] (or [1,total,H,*] with cu_seqlens in seqs); g [N,T,H] for a scalar gate
+  View state;           // [P,H,K,V] f32 (P = N without indices)
+  View token_states;    // optional out: [N*T,H,K,V] (or [total,H,K,V]) f32, the state after each token
+  Sequences seqs;       // sequence n: row n of T tokens, or cu_seqlens' [cu[n], cu[n+1]) of row 0
+  const int32_t* state_indices = nullptr;  // [N] pool rows (null: row n), or [N, pool_cols]; < 0 or ≥ P: padded
   int64_t index_stride = 1;
   int64_t state_rows = 0;                  // P
-  int heads = 0, key_dim = 0, value_dim = 0, tokens = 1;
+  bool write_back = true;                  // the state after the last token back into the start row
+  bool zero_padded_token_states = true;    // a padded slot's token_states: zeros, or (false) left as they are
+  // vLLM's per-token pool rows (ssm_state_indices [N, T_max], pool_cols = T_max): sequence n starts from
+  // column a_n − 1 (a_n = accepted[n], or 1; out of range: padded), and with pool_token_rows the state after
+  // token t < pool_cols goes to the row of column t (a row < 0 or ≥ P is not written).
+  int pool_cols = 0;
+  int64_t pool_col_stride = 0;
+  const int32_t* accepted = nullptr;
+  int64_t accepted_stride = 1;
+  bool pool_token_rows = false;
+  int heads = 0, key_dim = 0, value_dim = 0;
+  int tokens = 1;                          // tokens per sequence (with cu_seqlens: a bound, for the launch shape)
   GateByte gate = Gate::none;
   float scale = 1.f;
 };

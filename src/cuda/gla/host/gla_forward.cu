@@ -184,7 +184,7 @@ void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
 namespace {
 
 // The decode kernel's parameters for [N, T, H, *] inputs and f32 states [P, H, K, V] updated in place
-// (state_indices: a pool row per sequence, or none: row n).
+// (state_indices: a pool row per sequence, or none: row n), every sequence of T tokens.
 gla::DecodeParams decode_params(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
                                 const TensorView& o, const TensorView& state, const TensorView& state_indices,
                                 const GlaProblem& problem) {
@@ -198,19 +198,41 @@ gla::DecodeParams decode_params(const TensorView& q, const TensorView& k, const 
   d.state_rows = state.shape[0];
   d.heads = int(problem.heads), d.key_dim = int(problem.key_dim), d.value_dim = int(problem.value_dim);
   d.tokens = int(problem.seq_len);
+  d.seqs.total_len = problem.seq_len;
   d.gate = problem.gate;
   d.scale = float(problem.scale);
   return d;
 }
 
-// vLLM's decode into a state pool (ssm_state_indices [N], written back in place, a fixed-length batch of up to
-// kMaxDecodeTokens tokens): the decode kernel, a pass over the pool rows at the state's bandwidth, in place of
-// the recurrent kernel (bench/results_decode.md: 1.35-1.8x the decode kernel's time at T = 1). The same
-// recurrence token by token; a padded slot (a row < 0 or >= P) gets zero outputs either way.
+// vLLM's steps on a state pool through the decode kernel, a pass over the pool rows at the state's bandwidth,
+// in place of the recurrent kernel (bench/results_decode.md: 2x faster at N ≥ 64): a fixed-length batch of up
+// to kMaxDecodeTokens tokens, or sequences of up to T_max ≤ kMaxDecodeTokens draft tokens each with a row per
+// token (ssm_state_indices [N, T_max]; longer ones still run right, token by token, only slower). The same
+// recurrence token by token, and the same padded slots (zero outputs, no pool row touched).
 bool pool_decode(const GlaForwardArgs& a, const GlaProblem& p) {
-  return a.ssm_state_indices.defined() && a.ssm_state_indices.ndim == 1 && !a.num_accepted_tokens.defined() &&
-         a.inplace_final_state && !a.cu_seqlens.defined() && !a.reverse && !a.normalize &&
-         p.seq_len >= 1 && p.seq_len <= kMaxDecodeTokens;
+  if (!a.ssm_state_indices.defined() || a.reverse || a.normalize) return false;
+  const bool per_token = a.ssm_state_indices.ndim == 2;
+  const int64_t tokens = per_token && a.cu_seqlens.defined() ? a.ssm_state_indices.shape[1] : p.seq_len;
+  return (per_token || !a.cu_seqlens.defined()) && tokens >= 1 && tokens <= kMaxDecodeTokens;
+}
+
+void launch_pool_decode(const GlaForwardArgs& a, const GlaProblem& p, cudaStream_t stream) {
+  const TensorView& rows = a.ssm_state_indices;
+  gla::DecodeParams d = decode_params(a.q, a.k, a.v, a.g, a.o, a.initial_state, rows, p);
+  d.seqs = sequences_of(a.cu_seqlens, p.seq_len);
+  d.write_back = a.inplace_final_state && rows.ndim == 1;
+  if (!a.inplace_final_state) d.token_states = view_of(a.final_state);  // the state after every token, if asked
+  d.zero_padded_token_states = false;  // (GlaForwardArgs: a padded slot's rows are not written)
+  if (rows.ndim == 2) {
+    d.pool_cols = int(rows.shape[1]), d.pool_col_stride = rows.stride[1];
+    d.pool_token_rows = a.inplace_final_state;
+    if (a.num_accepted_tokens.defined()) {
+      d.accepted = static_cast<const int32_t*>(a.num_accepted_tokens.data);
+      d.accepted_stride = a.num_accepted_tokens.stride[0];
+    }
+    if (a.cu_seqlens.defined()) d.tokens = d.pool_cols;
+  }
+  gla::launch_decode(d, int(p.num_seqs), device_props(a.q.device.index).multiprocessors, stream);
 }
 
 void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
@@ -218,11 +240,8 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
   DeviceGuard guard(args.q.device.index);
   const auto stream = static_cast<cudaStream_t>(args.stream);
 
-  if (args.algorithm == GlaAlgorithm::recurrent && pool_decode(args, problem)) {
-    return gla::launch_decode(decode_params(args.q, args.k, args.v, args.g, args.o, args.initial_state,
-                                            args.ssm_state_indices, problem),
-                              int(problem.num_seqs), device_props(args.q.device.index).multiprocessors, stream);
-  }
+  if (args.algorithm == GlaAlgorithm::recurrent && pool_decode(args, problem))
+    return launch_pool_decode(args, problem, stream);
   if (args.algorithm == GlaAlgorithm::recurrent) {
     gla::RecurrentParams r;
     r.q = view_of(args.q), r.k = view_of(args.k), r.v = view_of(args.v), r.g = view_of(args.g);

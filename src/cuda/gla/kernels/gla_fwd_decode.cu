@@ -16,7 +16,10 @@
 // no synchronisation is needed between tokens). The partial products q·S are
 // summed by warp shuffles, then across the 8 warps in shared memory. With a
 // state pool, a negative (or out-of-range) row makes the CTA write zero
-// outputs (and zero token states) and touch no pool row.
+// outputs (and zero token states) and touch no pool row. vLLM's state-pool
+// steps (DecodeParams: cu_seqlens, a start row picked by num_accepted_tokens,
+// the state after each token to its own row) run here too, the state then
+// held in registers throughout so that its start row is only ever read.
 #include <algorithm>
 
 #include "cuda/common/host.cuh"
@@ -60,34 +63,45 @@ __device__ __forceinline__ void store_row(const Slice& s, int k, int col, int V,
     if (col + j < V) row[(col + j) * s.col_stride] = e[j];
 }
 
+// The packed row of token t of `seq` in [N·T, …] (fixed length) or [total, …] (cu_seqlens) per-token outputs.
+__device__ __forceinline__ int64_t token_row(const DecodeParams& p, const SeqSpan& seq, int t) {
+  return seq.batch * p.seqs.total_len + seq.begin + t;
+}
+
 template <class E>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_kernel(const DecodeParams p, const int columns,
                                                           const int stage_tokens) {
   extern __shared__ __align__(16) float shared[];
-  const int K = p.key_dim, V = p.value_dim, T = p.tokens;
+  const int K = p.key_dim, V = p.value_dim;
   const int vectors = columns / 4, groups = kThreads / vectors;
   const int tid = threadIdx.x, group = tid / vectors, vec = tid % vectors;
   const int64_t n = blockIdx.x / p.heads;
   const int h = int(blockIdx.x % p.heads);
   const int col0 = blockIdx.y * columns, col = col0 + 4 * vec;
-  E* const o = static_cast<E*>(p.o.data) + n * p.o.stride[0] + h * p.o.stride[2];
+  const SeqSpan seq = sequence_span(p.seqs, n);
+  const int T = int(seq.len);
+  auto at = [&](const View& t, int token) { return token_offset(t, seq, h, token); };
+  E* const o = static_cast<E*>(p.o.data) + at(p.o, 0);
 
   int64_t row = n;
-  if (p.state_indices != nullptr) {
+  if (p.pool_cols > 0) {  // per-token rows: start from column a_n − 1
+    const int64_t first = p.accepted ? int64_t(p.accepted[n * p.accepted_stride]) - 1 : 0;
+    row = first >= 0 && first < p.pool_cols ? p.state_indices[n * p.index_stride + first * p.pool_col_stride] : -1;
+  } else if (p.state_indices != nullptr) {
     row = p.state_indices[n * p.index_stride];
-    if (row >= p.state_rows) row = -1;  // cannot be checked on the host without a sync: never accessed
   }
+  if (row >= p.state_rows) row = -1;  // cannot be checked on the host without a sync: never accessed
   if (row < 0) {  // padded slot (uniform over the CTA): zero outputs and token states
     for (int i = tid; i < T * columns; i += kThreads) {
       const int t = i / columns, c = col0 + i % columns;
       if (c < V) o[t * p.o.stride[1] + c * p.o.stride[3]] = from_float<E>(0.f);
     }
-    if (p.token_states.data != nullptr)
+    if (p.token_states.data != nullptr && p.zero_padded_token_states)
       for (int64_t i = tid; i < int64_t(T) * K * columns; i += kThreads) {
         const int64_t t = i / (int64_t(K) * columns), k = i / columns % K;
         const int c = col0 + int(i % columns);
         if (c < V)
-          static_cast<float*>(p.token_states.data)[(n * T + t) * p.token_states.stride[0] + h * p.token_states.stride[1] +
+          static_cast<float*>(p.token_states.data)[token_row(p, seq, t) * p.token_states.stride[0] + h * p.token_states.stride[1] +
                                                    k * p.token_states.stride[2] + c * p.token_states.stride[3]] = 0.f;
       }
     return;
@@ -120,19 +134,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_kernel(const Deco
     const int staged = min(stage_tokens, T - t0);
     for (int i = tid; i < staged * K; i += kThreads) {
       const int t = t0 + i / K, kk = i % K;
-      qs[i] = load_as<float>(p.q.data, n * p.q.stride[0] + t * p.q.stride[1] + h * p.q.stride[2] + kk * p.q.stride[3], p.q.dtype);
-      ks[i] = load_as<float>(p.k.data, n * p.k.stride[0] + t * p.k.stride[1] + h * p.k.stride[2] + kk * p.k.stride[3], p.k.dtype);
+      qs[i] = load_as<float>(p.q.data, at(p.q, t) + kk * p.q.stride[3], p.q.dtype);
+      ks[i] = load_as<float>(p.k.data, at(p.k, t) + kk * p.k.stride[3], p.k.dtype);
       float g = 0.f;
       if (p.gate == Gate::vector)
-        g = load_as<float>(p.g.data, n * p.g.stride[0] + t * p.g.stride[1] + h * p.g.stride[2] + kk * p.g.stride[3], p.g.dtype);
+        g = load_as<float>(p.g.data, at(p.g, t) + kk * p.g.stride[3], p.g.dtype);
       if (p.gate == Gate::scalar)
-        g = load_as<float>(p.g.data, n * p.g.stride[0] + t * p.g.stride[1] + h * p.g.stride[2], p.g.dtype);
+        g = load_as<float>(p.g.data, at(p.g, t), p.g.dtype);
       as[i] = p.gate == Gate::none ? 1.f : __expf(g);
     }
     for (int i = tid; i < staged * columns; i += kThreads) {
       const int t = t0 + i / columns, c = col0 + i % columns;
-      vs[i] = c < V ? load_as<float>(p.v.data, n * p.v.stride[0] + t * p.v.stride[1] + h * p.v.stride[2] + c * p.v.stride[3],
-                                 p.v.dtype)
+      vs[i] = c < V ? load_as<float>(p.v.data, at(p.v, t) + c * p.v.stride[3], p.v.dtype)
                     : 0.f;
     }
     __syncthreads();
@@ -145,11 +158,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_kernel(const Deco
       const float* vt = vs + ts * columns + 4 * vec;  // (offsets need not be 16-byte aligned: K may be odd)
       const float4 v = make_float4(vt[0], vt[1], vt[2], vt[3]);
       const bool last = t == T - 1;
-      Slice out{nullptr, 0, 0, false};
-      if (p.token_states.data != nullptr)
-        out = Slice{static_cast<float*>(p.token_states.data) + (n * T + t) * p.token_states.stride[0] +
+      Slice out{nullptr, 0, 0, false};  // where the state after this token goes too, if anywhere
+      if (p.token_states.data != nullptr) {
+        out = Slice{static_cast<float*>(p.token_states.data) + token_row(p, seq, t) * p.token_states.stride[0] +
                         h * p.token_states.stride[1],
                     p.token_states.stride[2], p.token_states.stride[3], p.token_states.rows16 && vector_cols};
+      } else if (p.pool_token_rows && t < p.pool_cols) {
+        const int64_t r = p.state_indices[n * p.index_stride + t * p.pool_col_stride];
+        if (r >= 0 && r < p.state_rows)
+          out = Slice{static_cast<float*>(p.state.data) + r * p.state.stride[0] + h * p.state.stride[1],
+                      p.state.stride[2], p.state.stride[3], p.state.rows16 && vector_cols};
+      }
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int k0 = group; k0 < K; k0 += block_rows) {
         if (!resident && (t > 0 || k0 != group)) {
@@ -173,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_kernel(const Deco
           acc.z = fmaf(qk, s.z, acc.z), acc.w = fmaf(qk, s.w, acc.w);
           x[u] = s;
           if (out.base != nullptr) store_row(out, k, col, V, s);
-          if (!resident || last) store_row(state, k, col, V, s);
+          if (!resident || (last && p.write_back)) store_row(state, k, col, V, s);
         }
       }
       // Sum over the row groups: first the groups within a warp (lanes that
@@ -244,8 +263,10 @@ void launch_decode(const DecodeParams& p, int num_seqs, int multiprocessors, cud
   // latency), while V leaves half the columns idle, or while several tokens
   // would otherwise stream the slice through memory once per token.
   int columns = 64;
+  // The state streams through its start row only where that row takes the final state (write_back).
+  const bool keep_resident = p.tokens > 1 || !p.write_back;
   while (columns > 16 && (ctas(columns) < 2 * int64_t(multiprocessors) || V <= columns / 2 ||
-                          (p.tokens > 1 && !resident(columns))))
+                          (keep_resident && !resident(columns))))
     columns /= 2;
   const int fixed = 2 * kWarps * columns;  // partial sums
   const int per_token = 3 * K + columns;
