@@ -152,6 +152,10 @@ struct DecodeParams {
   float scale = 1.f;
 };
 
+// The most keys the decode kernel holds in registers (its narrowest slice, 16 columns per CTA); beyond them a
+// slice streams through its start row, which then must take the final state (DecodeParams::write_back).
+inline constexpr int kDecodeResidentKeys = 512;
+
 // multiprocessors: of the device, to size the grid.
 void launch_decode(const DecodeParams& p, int num_seqs, int multiprocessors, cudaStream_t stream);
 

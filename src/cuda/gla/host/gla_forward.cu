@@ -210,7 +210,8 @@ gla::DecodeParams decode_params(const TensorView& q, const TensorView& k, const 
 // token (ssm_state_indices [N, T_max]; longer ones still run right, token by token, only slower). The same
 // recurrence token by token, and the same padded slots (zero outputs, no pool row touched).
 bool pool_decode(const GlaForwardArgs& a, const GlaProblem& p) {
-  if (!a.ssm_state_indices.defined() || a.reverse || a.normalize) return false;
+  if (!a.ssm_state_indices.defined() || a.reverse || a.normalize || p.key_dim > gla::kDecodeResidentKeys)
+    return false;
   const bool per_token = a.ssm_state_indices.ndim == 2;
   const int64_t tokens = per_token && a.cu_seqlens.defined() ? a.ssm_state_indices.shape[1] : p.seq_len;
   return (per_token || !a.cu_seqlens.defined()) && tokens >= 1 && tokens <= kMaxDecodeTokens;

@@ -35,6 +35,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMinBlocks = 3;       // CTAs per SM the registers must allow (in-flight loads)
 constexpr int kRows = 8;             // state rows per thread held in registers
 constexpr int kStageFloats = 12288;  // shared memory for staged tokens: 48 KB, no opt-in needed
+static_assert(kThreads / (16 / 4) * kRows == kDecodeResidentKeys, "the narrowest slice's rows in registers");
 
 struct Slice {  // where one thread's 4 columns live in a [*, H, K, V] f32 tensor
   float* base;
