@@ -7,7 +7,6 @@ timed alone, so they do not add up exactly to the whole.
 """
 
 import functools
-import time
 
 import torch
 import torch.nn.functional as F
@@ -16,18 +15,7 @@ import flashgla
 from flashgla import _C
 from flashgla._torch import make_args, on_device, run_op, stream_of, view, workspace
 from flashgla.ops import kvcache as kv
-
-
-def per_call_us(fn, calls=5000):
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+from profile_kvcache import host_us
 
 
 def main():
@@ -78,7 +66,7 @@ def main():
     print("| what | µs |")
     print("|---|---|")
     for name, fn in rows:
-        print(f"| {name} | {per_call_us(fn):.2f} |")
+        print(f"| {name} | {host_us(fn, n=5000, warmup=200):.2f} |")
 
 
 if __name__ == "__main__":

@@ -42,8 +42,9 @@ def calls(B, L, Hq, Hkv, D=128, num_splits=0):
     return ours, sdpa
 
 
-def host_us(fn, n=2000):
-    for _ in range(50):
+def host_us(fn, n=2000, warmup=50):
+    """Host µs per call: n back-to-back calls after `warmup`, the queue never drained in between."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     start = time.perf_counter()

@@ -338,6 +338,13 @@ __device__ __forceinline__ int stage_piece(int row, int piece) {
   return row * D + ((piece ^ (row & 7)) * 8);
 }
 
+// Four consecutive columns of an output row, `stride` elements apart, each times `scale`.
+template <class E>
+__device__ __forceinline__ void store_columns4(E* out, int64_t stride, float4 value, float scale = 1.f) {
+  out[0] = from_float<E>(value.x * scale), out[stride] = from_float<E>(value.y * scale);
+  out[2 * stride] = from_float<E>(value.z * scale), out[3 * stride] = from_float<E>(value.w * scale);
+}
+
 template <int N>
 __device__ __forceinline__ void cp_async_wait_pending() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -654,9 +661,9 @@ __global__ void __launch_bounds__(kThreads) mma_split_kernel(Params p) {
     }
     const int rr = row0 + r, i = rr / p.group, h = kv_head * p.group + rr % p.group;
     if (p.splits == 1) {
-      E* out = static_cast<E*>(p.o) + b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] + col * p.o_stride[3];
-      out[0] = from_float<E>(value.x), out[p.o_stride[3]] = from_float<E>(value.y);
-      out[2 * p.o_stride[3]] = from_float<E>(value.z), out[3 * p.o_stride[3]] = from_float<E>(value.w);
+      store_columns4(static_cast<E*>(p.o) + b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] +
+                         col * p.o_stride[3],
+                     p.o_stride[3], value);
       if (col == 0 && p.lse != nullptr) p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] = lse_r[r];
     } else {
       const int64_t row = (int64_t(b) * p.q_heads + h) * p.q_len + i;
@@ -724,11 +731,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_rows_kernel(Params p)
     value.x += weight * x[s].x, value.y += weight * x[s].y, value.z += weight * x[s].z, value.w += weight * x[s].w;
   }
   const float inv = denom > 0.f ? 1.f / denom : 0.f;
-  if (mine) {
-    E* o = static_cast<E*>(p.o) + b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] + d * p.o_stride[3];
-    o[0] = from_float<E>(value.x * inv), o[p.o_stride[3]] = from_float<E>(value.y * inv);
-    o[2 * p.o_stride[3]] = from_float<E>(value.z * inv), o[3 * p.o_stride[3]] = from_float<E>(value.w * inv);
-  }
+  if (mine)
+    store_columns4(static_cast<E*>(p.o) + b * p.o_stride[0] + i * p.o_stride[1] + h * p.o_stride[2] + d * p.o_stride[3],
+                   p.o_stride[3], value, inv);
   if (d == 0 && p.lse != nullptr)
     p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] = denom > 0.f ? m + logf(denom) : -INFINITY;
 }
