@@ -86,6 +86,12 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap, BlockN>::kThr
   const int num_key_tiles = key_end > 0 ? int((key_end + BN - 1) / BN) : 0;
   const int first_masked_tile = unmasked_end > 0 ? int(unmasked_end / BN) : 0;
 
+  // Step j visits key tile num_key_tiles − 1 − j: the masked tiles (the
+  // last ones) come first, so the loops over masked and unmasked tiles are
+  // separate and the unmasked loop carries no mask code (or its registers).
+  auto key_tile = [&](int j) { return num_key_tiles - 1 - j; };
+  const int masked_steps = num_key_tiles - min(first_masked_tile, num_key_tiles);
+
   const int tid = threadIdx.x;
   if (tid == 0) {
     mbar_init(q_full, 1);
@@ -113,7 +119,7 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap, BlockN>::kThr
     mbar_arrive_expect_tx(k_full(st), Cfg::kKVBytes);
     for (int db = 0; db < D / 64; ++db)
       tma_load_4d(sK + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_k, k_full(st), db * 64, kv,
-                  int(s.k_begin + int64_t(j) * BN), batch);
+                  int(s.k_begin + int64_t(key_tile(j)) * BN), batch);
   };
   auto load_v = [&](int j) {
     const int st = j % kStages;
@@ -121,7 +127,7 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap, BlockN>::kThr
     mbar_arrive_expect_tx(v_full(st), Cfg::kKVBytes);
     for (int db = 0; db < D / 64; ++db)
       tma_load_4d(sV + st * Cfg::kKVBytes + db * BN * kRowBytes, &map_v, v_full(st), db * 64, kv,
-                  int(s.k_begin + int64_t(j) * BN), batch);
+                  int(s.k_begin + int64_t(key_tile(j)) * BN), batch);
   };
 
   // kOverlap: warpgroup 1's first thread loads.
@@ -173,17 +179,20 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap, BlockN>::kThr
     // Scores of tile j in sc -> unnormalized probabilities in sc (log2
     // domain, masked), running max and sum updated; returns whether some row
     // of the warp has a new maximum, with alpha[h] = exp2(old max − new max).
+    // Only tiles from first_masked_tile on are masked (`masked`, a type, so
+    // that the others carry no mask code: a runtime test here is compiled
+    // into predicated compares and selects that every tile executes).
     // With a positive scale (`scale_late`), the maximum of the raw scores
     // gives the scaled one, and the scale folds into exp2's argument (one
     // FFMA per score instead of FMUL + FADD).
-    auto softmax = [&](auto scale_late, int j, float(&alpha)[2]) {
+    auto softmax = [&](auto scale_late, auto masked, int j, float(&alpha)[2]) {
       constexpr bool kScaleLate = decltype(scale_late)::value;
-      const int64_t k0 = int64_t(j) * BN;
+      const int64_t k0 = int64_t(key_tile(j)) * BN;
       if constexpr (!kScaleLate) {
 #pragma unroll
         for (int i = 0; i < NB * 4; ++i) sc[i] *= p.scale_log2;
       }
-      if (j >= first_masked_tile) {
+      if constexpr (decltype(masked)::value) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int64_t row = q0 + row_base + h * 8;
@@ -273,7 +282,7 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap, BlockN>::kThr
     }
     if constexpr (!kOverlap) {
       // Per tile j: O += P_{j-1} V_{j-1}, S = Q K_j^T, softmax, O rescaled, P_j packed.
-      for (int j = 0; j < num_key_tiles; ++j) {
+      auto tile = [&](auto masked, int j) {
         my_turn();
         if (j > 0) {
           wait_v(j - 1);
@@ -292,19 +301,24 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap, BlockN>::kThr
         wgmma_wait<0>();
         fence_registers(sc);
         release(k_empty(j % kStages));
-        const bool moved = positive_scale ? softmax(std::true_type{}, j, alpha) : softmax(std::false_type{}, j, alpha);
+        const bool moved =
+            positive_scale ? softmax(std::true_type{}, masked, j, alpha) : softmax(std::false_type{}, masked, j, alpha);
         if (moved && j > 0) rescale_o(alpha);
         pack_p(pa);
-      }
+      };
+      for (int j = 0; j < masked_steps; ++j) tile(std::true_type{}, j);
+      for (int j = masked_steps; j < num_key_tiles; ++j) tile(std::false_type{}, j);
     } else {
-      // Per tile j: S = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the
-      // softmax of tile j while P V runs, then O rescaled and P_j packed. No
-      // divergent code (the loader, the releases) may run while a wgmma is in
-      // flight: ptxas would serialize every wgmma (C7520). So tile 0 is peeled,
-      // and the stages are released, and refilled, at the end of each tile.
-      // The loader runs half a tile behind warpgroup 0, so the stages it
-      // refills (K of tile j, V of tile j − 1) are free by then; K runs
-      // kStages tiles ahead, V kStages − 1 (it is used one tile later).
+      // Per tile j: S = Q K_j^T issued, O rescaled by tile j − 1's alpha while
+      // S runs, O += P_{j-1} V_{j-1} issued, the softmax of tile j while P V
+      // runs, then P_j packed. No divergent code (the loader, the releases,
+      // the mbarrier waits) may run while a wgmma is in flight: ptxas would
+      // serialize every wgmma (C7520). So tile 0 is peeled, the rescale is
+      // unconditional (alpha is 1 where a row's maximum held), and the stages
+      // are released, and refilled, at the end of each tile. The loader runs
+      // half a tile behind warpgroup 0, so the stages it refills (K of tile j,
+      // V of tile j − 1) are free by then; K runs kStages tiles ahead, V
+      // kStages − 1 (it is used one tile later).
       auto finish_tile = [&](int j) {
         release(k_empty(j % kStages));
         if (j > 0) release(v_empty((j - 1) % kStages));
@@ -321,28 +335,34 @@ __global__ void __launch_bounds__(HopperForwardConfig<D, kOverlap, BlockN>::kThr
         if (wg == 0 || num_key_tiles > 1) their_turn();
         wgmma_wait<0>();
         fence_registers(sc);
-        positive_scale ? softmax(std::true_type{}, 0, alpha) : softmax(std::false_type{}, 0, alpha);
+        // Step 0 takes the masked path whether or not it needs it: one tile's worth.
+        positive_scale ? softmax(std::true_type{}, std::true_type{}, 0, alpha)
+                       : softmax(std::false_type{}, std::true_type{}, 0, alpha);
         pack_p(pa);
         finish_tile(0);
       }
-      for (int j = 1; j < num_key_tiles; ++j) {
+      auto tile = [&](auto masked, int j) {
         my_turn();
         wait_k(j);
         wait_v(j - 1);
         wgmma_fence();
         issue_scores(j);
+        rescale_o(alpha);
+        wgmma_fence();
         issue_pv(j - 1, pa);
         if (wg == 0 || j + 1 < num_key_tiles) their_turn();
         wgmma_wait<1>();  // S done, P V may still run
         fence_registers(sc);
-        const bool moved = positive_scale ? softmax(std::true_type{}, j, alpha) : softmax(std::false_type{}, j, alpha);
+        positive_scale ? softmax(std::true_type{}, masked, j, alpha) : softmax(std::false_type{}, masked, j, alpha);
         wgmma_wait<0>();
         fence_registers(o);
         fence_registers(pa);
-        if (moved) rescale_o(alpha);
         pack_p(pa);
         finish_tile(j);
-      }
+      };
+      for (int j = 1; j < masked_steps; ++j) tile(std::true_type{}, j);
+      for (int j = max(1, masked_steps); j < num_key_tiles; ++j) tile(std::false_type{}, j);
+      if (num_key_tiles > 0) rescale_o(alpha);
     }
     if (num_key_tiles > 0) {
       wait_v(num_key_tiles - 1);
