@@ -200,21 +200,28 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
       const int64_t causal_first = p.causal ? k0 + key - diag - q0 : 0;
       first_col[h] = key >= keys_valid ? BM : int(max(int64_t(0), min(int64_t(BM), causal_first)));
     }
+    // The probabilities, masked only where a tile needs it: the test is a
+    // branch around two loops, not a predicate in one (which every tile would
+    // execute).
+    auto probabilities = [&](auto with_mask) {
 #pragma unroll
-    for (int nb = 0; nb < 8; ++nb) {
-      const float2 l = *reinterpret_cast<const float2*>(lse2 + nb * 8 + col);
+      for (int nb = 0; nb < 8; ++nb) {
+        const float2 l = *reinterpret_cast<const float2*>(lse2 + nb * 8 + col);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float& p0 = sc[nb * 4 + 2 * h];
-        float& p1 = sc[nb * 4 + 2 * h + 1];
-        p0 = fast_exp2(fmaf(p0, p.scale_log2, -l.x));
-        p1 = fast_exp2(fmaf(p1, p.scale_log2, -l.y));
-        if (masked) {
-          if (nb * 8 + col < first_col[h]) p0 = 0.f;
-          if (nb * 8 + col + 1 < first_col[h]) p1 = 0.f;
+        for (int h = 0; h < 2; ++h) {
+          float& p0 = sc[nb * 4 + 2 * h];
+          float& p1 = sc[nb * 4 + 2 * h + 1];
+          p0 = fast_exp2(fmaf(p0, p.scale_log2, -l.x));
+          p1 = fast_exp2(fmaf(p1, p.scale_log2, -l.y));
+          if constexpr (decltype(with_mask)::value) {
+            if (nb * 8 + col < first_col[h]) p0 = 0.f;
+            if (nb * 8 + col + 1 < first_col[h]) p1 = 0.f;
+          }
         }
       }
-    }
+    };
+    if (masked) probabilities(std::true_type{});
+    else probabilities(std::false_type{});
     // dS^T = P^T ⊙ (dP^T − dsum), in place of dP^T.
     wgmma_wait<0>();
     fence_registers(dp);
