@@ -9,11 +9,14 @@
 // operands in shared memory), masking and the online softmax in registers
 // (log2 domain), then O += P V (wgmma, P straight from the S registers).
 // The two warpgroups take turns issuing their MMAs (ping-pong), so one's
-// softmax overlaps the other's MMAs. Overlapping a warpgroup's own softmax
-// with its P V would keep S, P and O live at once: at D = 128 that exceeds
-// the 168 registers the compiler (CUDA 13.0) allows a thread here, with or
-// without register reallocation (setmaxnreg), so the producer is a single
-// warp and nothing is reallocated.
+// softmax overlaps the other's MMAs. The key tiles go last to first, so the
+// masked ones (the causal diagonal, a partial last tile) come first and the
+// loop over the others has no mask code.
+//
+// A 288-thread CTA gets 168 registers a thread, enough for this schedule. A
+// producer warpgroup that gives its registers to the consumers (setmaxnreg
+// 24/240, 384 threads) compiles and runs too, and measured no faster
+// (bench/notes_attention.md).
 //
 // Used for bf16/fp16, D in {64, 128}, tensors TMA can address (unit stride
 // along D, 16-byte aligned pointer and strides); the portable kernel runs

@@ -20,8 +20,10 @@
 // 64w..64w+63; at D = 64 the warpgroups take turns (tile parity).
 //
 // No producer warp: at D = 128 a thread needs ~230 registers (dK, dV: 128;
-// S^T, dP^T: 64), and CUDA 13.0's ptxas caps a 288- or 384-thread CTA at 168
-// (setmaxnreg does not raise it), while 256 threads may use 255. Thread 0
+// S^T, dP^T: 64), CUDA 13.0's ptxas caps a 288-thread CTA at 168, and 256
+// threads may use 255. (A 384-thread CTA with a producer warpgroup and
+// setmaxnreg 24/240 would give the consumers 240: ptxas honours it, see
+// wgmma.cuh; not tried here.) Thread 0
 // issues the TMA loads of tile it + 2 once both warpgroups passed tile it's
 // barrier (so the stage's previous tile, it − 1, is fully read), and threads
 // 0-127 load its lse2 and dsum, stored to shared memory after tile it's dQ.

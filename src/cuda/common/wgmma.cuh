@@ -27,6 +27,20 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t leading_by
          (uint64_t(stride_bytes >> 4) << 32) | (uint64_t(1) << 62);
 }
 
+// Register reallocation between warpgroups (setmaxnreg), executed by every
+// thread of the warpgroup. ptxas applies it only under launch bounds with a
+// minimum of one block per SM, and then reports the count at entry (168 at
+// 384 threads): code after set_max_registers_inc<240>() may still use 240
+// (CUDA 13.0; a test kernel used R231 without spilling).
+template <int N>
+__device__ __forceinline__ void set_max_registers_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void set_max_registers_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>

@@ -60,14 +60,6 @@ struct WsLayout {
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-template <int N>
-__device__ __forceinline__ void set_max_registers_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void set_max_registers_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
 
 // ---- NaN/Inf causality: the rare chunks whose v holds a NaN or an Inf ----
 // O += A V multiplies the zeros of A above the diagonal by the later rows of v; 0 · NaN and 0 · Inf are NaN, so
@@ -182,7 +174,7 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
 
   if (wg == NWG) {
     // ---- producer ----
-    set_max_registers_dec<56>();
+    sm90::set_max_registers_dec<56>();
     if (wwarp != 0) return;
     auto slot_of = [&](int64_t c) {
       return p.prep + (slot_index(p, seq, n, c) * p.heads + h) * int64_t(L::slot.bytes());
@@ -215,7 +207,7 @@ __global__ void __launch_bounds__(WsLayout<KP>::kThreads, 1) hopper_ws_kernel(co
   }
 
   // ---- consumers ----
-  set_max_registers_inc<224>();
+  sm90::set_max_registers_inc<224>();
   constexpr int NC = L::kConsumers;
   // Accumulator element e of a thread: row 16·warp + lane/4 (+8 for e%4 ≥ 2), column 8·(e/4) + 2·(lane%4) + e%2.
   auto acc_row = [&](int e) { return 16 * wwarp + (lane >> 2) + 8 * ((e >> 1) & 1); };
