@@ -13,10 +13,10 @@
 // masked ones (the causal diagonal, a partial last tile) come first and the
 // loop over the others has no mask code.
 //
-// A 288-thread CTA gets 168 registers a thread, enough for this schedule. A
-// producer warpgroup that gives its registers to the consumers (setmaxnreg
-// 24/240, 384 threads) compiles and runs too, and measured no faster
-// (bench/notes_attention.md).
+// A 288-thread CTA gets 168 registers a thread, enough for this schedule
+// (P V awaited before S is issued at D = 128). A producer warpgroup with
+// setmaxnreg 24/240 measured no faster, and did not give the consumers more
+// than 168 (bench/notes_attention.md).
 //
 // Used for bf16/fp16, D in {64, 128}, tensors TMA can address (unit stride
 // along D, 16-byte aligned pointer and strides); the portable kernel runs

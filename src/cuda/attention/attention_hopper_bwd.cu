@@ -21,9 +21,8 @@
 //
 // No producer warp: at D = 128 a thread needs ~230 registers (dK, dV: 128;
 // S^T, dP^T: 64), CUDA 13.0's ptxas caps a 288-thread CTA at 168, and 256
-// threads may use 255. (A 384-thread CTA with a producer warpgroup and
-// setmaxnreg 24/240 would give the consumers 240: ptxas honours it, see
-// wgmma.cuh; not tried here.) Thread 0
+// threads may use 255. (setmaxnreg 24/240 with a producer warpgroup did not
+// raise the forward's consumers above 168: bench/notes_attention.md.) Thread 0
 // issues the TMA loads of tile it + 2 once both warpgroups passed tile it's
 // barrier (so the stage's previous tile, it − 1, is fully read), and threads
 // 0-127 load its lse2 and dsum, stored to shared memory after tile it's dQ.

@@ -28,10 +28,12 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t leading_by
 }
 
 // Register reallocation between warpgroups (setmaxnreg), executed by every
-// thread of the warpgroup. ptxas applies it only under launch bounds with a
-// minimum of one block per SM, and then reports the count at entry (168 at
-// 384 threads): code after set_max_registers_inc<240>() may still use 240
-// (CUDA 13.0; a test kernel used R231 without spilling).
+// thread of the warpgroup. ptxas needs launch bounds with a minimum of one
+// block per SM, and reports the count at entry (168 at 384 threads). Whether
+// the code after set_max_registers_inc<240>() gets the 240 depends on the
+// kernel (CUDA 13.0): a small test kernel used R231 without spilling, while the
+// attention forward's consumers stayed at 168 and spilled (notes_attention.md).
+// Check the SASS's highest register.
 template <int N>
 __device__ __forceinline__ void set_max_registers_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
