@@ -15,7 +15,8 @@
 //   P^T = exp2(S^T·c − lse2), dS^T = P^T ⊙ (dP^T − dsum)   in registers
 //   dV += P^T dO, dK += dS^T Q           wgmma, P^T and dS^T from registers
 //   dS^T -> shared memory; dQ = dS K     wgmma, both operands MN-major
-//   dQ -> fp32 atomics into dq_accum (deterministic: in turns, attention_dq_turns.cuh).
+//   dQ -> shared memory, added into dq_accum by TMA reductions (deterministic:
+//         fp32 atomics, in turns, attention_dq_turns.cuh).
 // dQ of a 64-query tile is 64 x D: at D = 128 warpgroup w computes columns
 // 64w..64w+63; at D = 64 the warpgroups take turns (tile parity).
 //
@@ -29,6 +30,8 @@
 //
 // Used for bf16/fp16, D in {64, 128}, q, k, v and dO that TMA can address;
 // the portable backward runs everything else.
+#include <cstring>
+
 #include "cuda/attention/attention_dq_turns.cuh"
 #include "cuda/attention/attention_kernels.cuh"
 #include "cuda/attention/attention_tma.cuh"
@@ -48,10 +51,11 @@ struct HopperBackwardConfig {
   static constexpr int kQBytes = kBlockM * D * 2;         // Q or dO, one stage
   static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T [keys][queries], one buffer
   static constexpr int kRowBytes = kBlockM * 4;           // lse2 or dsum, one stage
+  static constexpr int kDqBytes = kBlockM * 64 * 4;       // a warpgroup's staged dQ block: 64 queries x 64 fp32
   // 1024 bytes of slack to align the tiles; K, V; Q, dO stages; two dS^T
-  // buffers; lse2 and dsum stages; barriers.
-  static constexpr int kSmemBytes =
-      1024 + 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 2 * kStages * kRowBytes + 64;
+  // buffers; two staged dQ blocks; lse2 and dsum stages; barriers.
+  static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 2 * kDqBytes +
+                                    2 * kStages * kRowBytes + 64;
 };
 
 template <class T, int D>
@@ -59,7 +63,9 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
     attention_backward_hopper_kernel(const __grid_constant__ CUtensorMap map_q,
                                      const __grid_constant__ CUtensorMap map_k,
                                      const __grid_constant__ CUtensorMap map_v,
-                                     const __grid_constant__ CUtensorMap map_do, const AttentionParams p) {
+                                     const __grid_constant__ CUtensorMap map_do,
+                                     const __grid_constant__ CUtensorMap map_dq, const bool bulk_dq,
+                                     const AttentionParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
   using Cfg = HopperBackwardConfig<D>;
@@ -75,7 +81,8 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
   const uint32_t sQ = sV + Cfg::kKVBytes;             // [stage][D/64][BM][64]
   const uint32_t sdO = sQ + kStages * Cfg::kQBytes;   // [stage][D/64][BM][64]
   const uint32_t sdS = sdO + kStages * Cfg::kQBytes;  // [buffer][BN][64]
-  const uint32_t sRows = sdS + 2 * Cfg::kDsBytes;     // [stage][lse2, dsum][BM] fp32
+  const uint32_t sDq = sdS + 2 * Cfg::kDsBytes;       // [warpgroup][2 boxes][BM][32] fp32, 128-byte swizzle
+  const uint32_t sRows = sDq + 2 * Cfg::kDqBytes;     // [stage][lse2, dsum][BM] fp32
   const uint32_t barriers = sRows + 2 * kStages * Cfg::kRowBytes;
   float* const rows_ptr = reinterpret_cast<float*>(smem + (sRows - smem_base));
   const uint32_t kv_full = barriers;
@@ -301,29 +308,60 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
     if (next < iterations) store_row(next, next_row);
     if (dq_mine) {
       fence_registers(dq);
-      // Deterministic: the warpgroup adds its column block when the later key tiles have added theirs.
-      int* turn = p.dq_turns ? dq_turn(p, s, first_head + hg, q0 / BM, BM, D / 64, block) : nullptr;
       auto warpgroup_sync = [&] { wg == 0 ? named_barrier_sync<4>(128) : named_barrier_sync<5>(128); };
-      if (turn) {
-        if (tid % 128 == 0) wait_for_dq_turn(turn, dq_turn_of(p, s, q0 / BM, BM, BN, w.tile));
+      if (!p.dq_turns && bulk_dq) {
+        // Staged in shared memory and added by one TMA reduction per 32 columns, so that no thread waits for
+        // its atomics to read their registers. Rows past the sequence's end add zeros (they may be the next
+        // sequence's rows).
+        const uint32_t staged = sDq + wg * Cfg::kDqBytes;
+        if (tid % 128 == 0) bulk_wait_read<0>();  // the last reduction from this buffer has read it
         warpgroup_sync();
-      }
-      float* accum = p.dq_accum + (row_start + hg * p.q_len + q0) * D + block * 64;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int q = m_row + 8 * h;
-        if (q0 + q >= s.q_len) continue;
+        for (int h = 0; h < 2; ++h) {
+          const int q = m_row + 8 * h;
+          const bool valid = q0 + q < s.q_len;
 #pragma unroll
-        for (int nb = 0; nb < 8; ++nb)
-          atomicAdd(reinterpret_cast<float2*>(accum + int64_t(q) * D + nb * 8 + col),
-                    make_float2(dq[nb * 4 + 2 * h], dq[nb * 4 + 2 * h + 1]));
-      }
-      if (turn) {
+          for (int nb = 0; nb < 8; ++nb) {
+            const int c = (nb % 4) * 8 + col;  // column within the 32-column box nb / 4
+            const uint32_t at = staged + (nb / 4) * (BM * 128) + q * 128 + ((((c >> 2) ^ q) & 7) << 4) + (c & 3) * 4;
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(valid ? dq[nb * 4 + 2 * h] : 0.f),
+                         "f"(valid ? dq[nb * 4 + 2 * h + 1] : 0.f)
+                         : "memory");
+          }
+        }
+        fence_proxy_async_shared();
         warpgroup_sync();
-        if (tid % 128 == 0) pass_dq_turn(turn);
+        if (tid % 128 == 0) {
+          const int row = int(row_start + hg * p.q_len + q0);
+          tma_reduce_add_2d(&map_dq, staged, block * 64, row);
+          tma_reduce_add_2d(&map_dq, staged + BM * 128, block * 64 + 32, row);
+          bulk_commit();
+        }
+      } else {
+        // Deterministic: the warpgroup adds its column block when the later key tiles have added theirs.
+        int* turn = p.dq_turns ? dq_turn(p, s, first_head + hg, q0 / BM, BM, D / 64, block) : nullptr;
+        if (turn) {
+          if (tid % 128 == 0) wait_for_dq_turn(turn, dq_turn_of(p, s, q0 / BM, BM, BN, w.tile));
+          warpgroup_sync();
+        }
+        float* accum = p.dq_accum + (row_start + hg * p.q_len + q0) * D + block * 64;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int q = m_row + 8 * h;
+          if (q0 + q >= s.q_len) continue;
+#pragma unroll
+          for (int nb = 0; nb < 8; ++nb)
+            atomicAdd(reinterpret_cast<float2*>(accum + int64_t(q) * D + nb * 8 + col),
+                      make_float2(dq[nb * 4 + 2 * h], dq[nb * 4 + 2 * h + 1]));
+        }
+        if (turn) {
+          warpgroup_sync();
+          if (tid % 128 == 0) pass_dq_turn(turn);
+        }
       }
     }
   }
+  if (tid % 128 == 0) bulk_wait<0>();  // the reductions are done before the CTA's shared memory goes
 
   // dK = scale · dS^T Q, dV = P^T dO for the keys of this tile.
   const int64_t dk_base = s.batch * p.dk.batch + (s.k_begin + k0) * p.dk.token + w.head * p.dk.head;
@@ -348,6 +386,7 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
 template <class T, int D>
 const char* run_attention_backward_hopper(AttentionParams p, cudaStream_t stream) {
   using Cfg = HopperBackwardConfig<D>;
+  static_assert(Cfg::kSmemBytes <= 227 * 1024, "shared memory");
   auto kernel = attention_backward_hopper_kernel<T, D>;
   int device = 0, major = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
@@ -363,21 +402,25 @@ const char* run_attention_backward_hopper(AttentionParams p, cudaStream_t stream
     return "a length, batch or head count exceeds the 32-bit TMA coordinates";
   if (p.q_len == 0 || p.k_len == 0) return "no queries or no keys (no tensor map for an empty tensor)";
   if (tensor_map_encoder() == nullptr) return "the driver offers no cuTensorMapEncodeTiled";
-  CUtensorMap map_q, map_k, map_v, map_do;
+  CUtensorMap map_q, map_k, map_v, map_do, map_dq;
   if (!make_tensor_map<T>(map_q, p.q, p.batch, p.q_len, p.q_heads, D, Cfg::kBlockM) ||
       !make_tensor_map<T>(map_do, p.d_o, p.batch, p.q_len, p.q_heads, D, Cfg::kBlockM) ||
       !make_tensor_map<T>(map_k, p.k, p.batch, p.k_len, p.kv_heads, D, Cfg::kBlockN) ||
       !make_tensor_map<T>(map_v, p.v, p.batch, p.k_len, p.kv_heads, D, Cfg::kBlockN))
     return "cuTensorMapEncodeTiled rejected a tensor";
-
+  // The non-deterministic dq additions go through a TMA reduction where the accumulator's rows have 32-bit
+  // coordinates; otherwise (and in deterministic mode) through atomics.
   const int64_t rows = p.batch * p.q_heads * p.q_len;
+  const bool bulk_dq = p.dq_turns == nullptr && rows <= kIntMax && make_dq_accum_map(map_dq, p.dq_accum, rows, D);
+  if (!bulk_dq) std::memset(&map_dq, 0, sizeof(map_dq));
   attention_backward_preprocess_kernel<T, D><<<unsigned((rows * 32 + 255) / 256), 256, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "attention backward preprocess kernel launch");
   const int64_t blocks = plan_grid(p, Cfg::kBlockN, false, p.kv_heads);
   p.dq_turn_slots = tile_slots_of(p.q_len, Cfg::kBlockM, p.varlen, p.num_seqs);
   if (blocks > 0) {
     prepare_smem(kernel, Cfg::kSmemBytes);
-    kernel<<<unsigned(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, p);
+    kernel<<<unsigned(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_q, map_k, map_v, map_do, map_dq, bulk_dq,
+                                                                         p);
     check_cuda(cudaGetLastError(), "attention backward (Hopper) kernel launch");
   }
   const int64_t pairs = rows * (D / 2);

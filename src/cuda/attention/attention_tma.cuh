@@ -1,5 +1,6 @@
 // TMA tensor maps over [B, T, H, D] tensors for the Hopper attention kernels
-// (attention_hopper.cu, attention_hopper_bwd.cu).
+// (attention_hopper.cu, attention_hopper_bwd.cu), and over the backward's dq
+// accumulator.
 #pragma once
 
 #include <cuda.h>
@@ -45,6 +46,19 @@ inline bool make_tensor_map(CUtensorMap& map, const Strided& t, int64_t batch, i
       std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   return encode(&map, type, 4, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// A 2-D map over the backward's fp32 dq accumulator, [rows][dim] with rows = B · Hq · Tq, whose box is 32
+// columns (one 128-byte swizzle row) x 64 rows: half of a warpgroup's staged 64 x 64 dQ block.
+inline bool make_dq_accum_map(CUtensorMap& map, float* dq_accum, int64_t rows, int64_t dim) {
+  const auto encode = tensor_map_encoder();
+  const cuuint64_t dims[2] = {cuuint64_t(dim), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(dim) * sizeof(float)};
+  const cuuint32_t box[2] = {32, 64};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, dq_accum, dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
