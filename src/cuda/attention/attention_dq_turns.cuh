@@ -7,6 +7,11 @@
 // tile that sees a query of the tile first, then the one before it, down to key tile 0. Key tile t waits until
 // the counter shows that every later key tile has added, adds, then passes the turn on.
 //
+// The Hopper backward adds a full query tile's share through a TMA reduction (attention_hopper_bwd.cu): the turn
+// passes once the reduction has completed, behind a proxy fence, and the next key tile fences again after taking
+// the turn. Where the next key tile reaches the query tile at least one step later (causally), the pass waits until
+// the start of the next step, so that no thread stalls on the reduction's round trip.
+//
 // The backward hands out the key tiles last first (decode_work's reverse), so a CTA waits only on CTAs that were
 // dispatched before it, and which wait only on earlier ones still: the wait always ends. Causally, the later key
 // tiles also have the fewer query tiles, so they run ahead and the waits are short.
@@ -41,12 +46,17 @@ __device__ __forceinline__ int dq_turn_of(const AttentionParams& p, const Seq& s
   return int(last - t);
 }
 
+// How many key tiles have added so far (acquire: their additions are visible after it).
+__device__ __forceinline__ int read_dq_turn(const int* counter) {
+  int seen;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+  return seen;
+}
+
 // One thread waits until `turn` key tiles have added (acquire: their additions are visible after it).
 __device__ __forceinline__ void wait_for_dq_turn(const int* counter, int turn) {
   for (uint32_t spins = 0;; ++spins) {
-    int seen;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
-    if (seen >= turn) return;
+    if (read_dq_turn(counter) >= turn) return;
     if (spins > (1u << 27)) __trap();  // about 15 s: a wait that never ends is a bug, never valid input
     __nanosleep(100);
   }

@@ -16,7 +16,8 @@
 //   dV += P^T dO, dK += dS^T Q           wgmma, P^T and dS^T from registers
 //   dS^T -> shared memory; dQ = dS K     wgmma, both operands MN-major
 //   dQ -> shared memory, added into dq_accum by TMA reductions (deterministic:
-//         fp32 atomics, in turns, attention_dq_turns.cuh).
+//         in turns, attention_dq_turns.cuh; a query tile that runs past the
+//         sequence's end adds through fp32 atomics instead).
 // dQ of a 64-query tile is 64 x D: at D = 128 warpgroup w computes columns
 // 64w..64w+63; at D = 64 the warpgroups take turns (tile parity).
 //
@@ -58,7 +59,17 @@ struct HopperBackwardConfig {
                                     2 * kStages * kRowBytes + 64;
 };
 
-template <class T, int D>
+// The leader that issued a query tile's TMA reductions (its only bulk group still running) passes the turn once
+// they have completed; the proxy fence orders their writes before the release.
+__device__ __forceinline__ void pass_dq_turn_after_reductions(int* counter) {
+  sm90::bulk_wait<0>();
+  sm90::fence_proxy_async_global();
+  pass_dq_turn(counter);
+}
+
+// kInTurns: the deterministic backward (p.dq_turns set), a kernel of its own so that its turn bookkeeping costs
+// the default kernel no registers.
+template <class T, int D, bool kInTurns>
 __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
     attention_backward_hopper_kernel(const __grid_constant__ CUtensorMap map_q,
                                      const __grid_constant__ CUtensorMap map_k,
@@ -90,7 +101,7 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
 
   Work w;
   // Key tiles last first when the dq additions take turns (attention_dq_turns.cuh).
-  if (!decode_work(p, BN, false, p.kv_heads, p.dq_turns != nullptr, w)) return;
+  if (!decode_work(p, BN, false, p.kv_heads, kInTurns, w)) return;
   const Seq& s = w.seq;
   const int64_t k0 = w.tile * BN;
   const int64_t diag = s.k_len - s.q_len;  // causal: query i sees keys j <= i + diag
@@ -164,6 +175,17 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
   // Keys of this tile that exist, clamped to [0, BN].
   const int keys_valid = int(min(int64_t(BN), s.k_len - k0));
 
+  // Deterministic: the warpgroup's leader passes a query tile's turn once its reduction has completed: in the next
+  // step where key tile t − 1, next in the order, reaches each query tile at least two steps after this tile does
+  // (causally, when it starts on an earlier query tile; key tile 0 passes to no one), else at once.
+  const int64_t prev_first_query = p.causal ? max(int64_t(0), k0 - BN - diag) : 0;
+  const bool defer_pass = w.tile == 0 || prev_first_query / BM + 2 <= first_query / BM;
+  bool pass_pending = false;  // the leader passes the previous step's turn at this step
+  const int block = D == 128 ? wg : 0;  // the 64 columns of dq this warpgroup computes
+  auto turn_of_step = [&](int it) {
+    return dq_turn(p, s, first_head + tile_head(it), tile_q0(it) / BM, BM, D / 64, block);
+  };
+
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = 0.f, dv[i] = 0.f;
@@ -191,6 +213,21 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
     wgmma_fence();
     keys_by_queries(sc, sK, q_tile);
     keys_by_queries(dp, sV, do_tile);
+    // Deterministic: the leader passes the previous step's deferred turn here at D = 128, and at D = 64 after the
+    // step's barrier, where the warpgroup that passes has no dQ product to issue (each place measured the faster
+    // for its D: bench/notes_attention.md).
+    auto pass_pending_turn = [&] {
+      if (kInTurns && pass_pending) {
+        pass_dq_turn_after_reductions(turn_of_step(it - 1));
+        pass_pending = false;
+      }
+    };
+    if (D == 128) pass_pending_turn();
+    // Deterministic, D = 64: the leader reads this step's turn now, under the products, so that the reduction
+    // rarely waits for the read's round trip. (At D = 128 the read's wait here delays the warp's softmax more than
+    // it saves.)
+    int turn_seen = 0;
+    if (kInTurns && D == 64 && tid % 128 == 0 && (it & 1) == wg) turn_seen = read_dq_turn(turn_of_step(it));
 
     // P^T: element (key, query) = sc[nb·4 + 2h + e] with key = key_row + 8h,
     // query = nb·8 + col + e of the tile.
@@ -280,6 +317,7 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
     // by the dQ of tile it − 2, which finished before its warpgroup came here
     // at tile it − 1.
     named_barrier_sync<3>(Cfg::kThreads);
+    if (D == 64) pass_pending_turn();  // before the leader's next loads, which the release's fence would wait for
     // Every thread is past tile it − 1, so its stage takes tile it + kStages − 1.
     const int next = it + kStages - 1;
     const float next_row = next < iterations ? issue_tile(next) : 0.f;
@@ -287,7 +325,6 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
     // dQ[64 x 64] = dS K over the 128 keys: A = dS^T tile (MN-major), B = K
     // columns 64·block.. (MN-major).
     const bool dq_mine = D == 128 || (it & 1) == wg;
-    const int block = D == 128 ? wg : 0;
     float dq[32];
     if (dq_mine) {
       wgmma_fence();
@@ -309,7 +346,10 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
     if (dq_mine) {
       fence_registers(dq);
       auto warpgroup_sync = [&] { wg == 0 ? named_barrier_sync<4>(128) : named_barrier_sync<5>(128); };
-      if (!p.dq_turns && bulk_dq) {
+      int* turn = kInTurns ? turn_of_step(it) : nullptr;
+      // In turns, a tile that runs past the sequence's end adds through atomics: the TMA box would add zeros into
+      // the next sequence's rows, out of their turn.
+      if (bulk_dq && (turn == nullptr || q0 + BM <= s.q_len)) {
         // Staged in shared memory and added by one TMA reduction per 32 columns, so that no thread waits for
         // its atomics to read their registers. Rows past the sequence's end add zeros (they may be the next
         // sequence's rows).
@@ -332,14 +372,20 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
         fence_proxy_async_shared();
         warpgroup_sync();
         if (tid % 128 == 0) {
+          if (turn) {
+            const int need = dq_turn_of(p, s, q0 / BM, BM, BN, w.tile);
+            if (turn_seen < need) wait_for_dq_turn(turn, need);
+            fence_proxy_async_global();  // the reduction reads the sum the earlier key tiles' reductions left
+          }
           const int row = int(row_start + hg * p.q_len + q0);
           tma_reduce_add_2d(&map_dq, staged, block * 64, row);
           tma_reduce_add_2d(&map_dq, staged + BM * 128, block * 64 + 32, row);
           bulk_commit();
+          if (turn && defer_pass) pass_pending = true;
+          else if (turn) pass_dq_turn_after_reductions(turn);
         }
       } else {
-        // Deterministic: the warpgroup adds its column block when the later key tiles have added theirs.
-        int* turn = p.dq_turns ? dq_turn(p, s, first_head + hg, q0 / BM, BM, D / 64, block) : nullptr;
+        // Atomics; in turns, the warpgroup adds its column block when the later key tiles have added theirs.
         if (turn) {
           if (tid % 128 == 0) wait_for_dq_turn(turn, dq_turn_of(p, s, q0 / BM, BM, BN, w.tile));
           warpgroup_sync();
@@ -361,6 +407,7 @@ __global__ void __launch_bounds__(HopperBackwardConfig<D>::kThreads, 1)
       }
     }
   }
+  if (kInTurns && pass_pending) pass_dq_turn_after_reductions(turn_of_step(iterations - 1));
   if (tid % 128 == 0) bulk_wait<0>();  // the reductions are done before the CTA's shared memory goes
 
   // dK = scale · dS^T Q, dV = P^T dO for the keys of this tile.
@@ -387,7 +434,8 @@ template <class T, int D>
 const char* run_attention_backward_hopper(AttentionParams p, cudaStream_t stream) {
   using Cfg = HopperBackwardConfig<D>;
   static_assert(Cfg::kSmemBytes <= 227 * 1024, "shared memory");
-  auto kernel = attention_backward_hopper_kernel<T, D>;
+  auto kernel =
+      p.dq_turns ? attention_backward_hopper_kernel<T, D, true> : attention_backward_hopper_kernel<T, D, false>;
   int device = 0, major = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
@@ -408,10 +456,10 @@ const char* run_attention_backward_hopper(AttentionParams p, cudaStream_t stream
       !make_tensor_map<T>(map_k, p.k, p.batch, p.k_len, p.kv_heads, D, Cfg::kBlockN) ||
       !make_tensor_map<T>(map_v, p.v, p.batch, p.k_len, p.kv_heads, D, Cfg::kBlockN))
     return "cuTensorMapEncodeTiled rejected a tensor";
-  // The non-deterministic dq additions go through a TMA reduction where the accumulator's rows have 32-bit
-  // coordinates; otherwise (and in deterministic mode) through atomics.
+  // The dq additions go through TMA reductions where the accumulator's rows have 32-bit coordinates; otherwise
+  // through atomics.
   const int64_t rows = p.batch * p.q_heads * p.q_len;
-  const bool bulk_dq = p.dq_turns == nullptr && rows <= kIntMax && make_dq_accum_map(map_dq, p.dq_accum, rows, D);
+  const bool bulk_dq = rows <= kIntMax && make_dq_accum_map(map_dq, p.dq_accum, rows, D);
   if (!bulk_dq) std::memset(&map_dq, 0, sizeof(map_dq));
   attention_backward_preprocess_kernel<T, D><<<unsigned((rows * 32 + 255) / 256), 256, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "attention backward preprocess kernel launch");

@@ -51,5 +51,8 @@ __device__ __forceinline__ void bulk_wait() {
 // Orders this thread's ordinary shared-memory writes before later reads by
 // the async proxy (wgmma operands written by threads, not by TMA).
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// The same between this thread's ordinary global-memory accesses and the async
+// proxy's (a TMA reduction's result read or released through a flag).
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
 }  // namespace flashgla::cuda::sm90
