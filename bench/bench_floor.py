@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import flashgla
-from bench_ops import ANCHOR_SHAPES, append_results, copy_bandwidth, fmt, import_fla, ratio, timed
+from bench_ops import ANCHOR_SHAPES, append_results, copy_bandwidth, fmt, gla_inputs, import_fla, ratio, timed
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_floor.md")
 
@@ -40,12 +40,7 @@ def floor_bytes(B, T, H, K, V, element_bytes=2, gate_bytes=2):
 
 
 def shape_row(B, T, H, K, V, bandwidth, fla_chunk):
-    dtype = torch.bfloat16
-    q = torch.randn(B, T, H, K, device="cuda", dtype=dtype, requires_grad=True)
-    k = torch.randn(B, T, H, K, device="cuda", dtype=dtype, requires_grad=True)
-    v = torch.randn(B, T, H, V, device="cuda", dtype=dtype, requires_grad=True)
-    g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda")).to(dtype).requires_grad_()
-    do = torch.randn(B, T, H, V, device="cuda", dtype=dtype)
+    q, k, v, g, do = gla_inputs(B, T, H, K, V)
     inputs = (q, k, v, g)
 
     def grads(forward):

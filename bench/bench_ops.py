@@ -108,13 +108,19 @@ def copy_bandwidth():
     return 2 * src.numel() / (median_ms(lambda: dst.copy_(src)) * 1e-3)
 
 
+def gla_inputs(B, T, H, K, V):
+    """bf16 q, k, v, g = logsigmoid(randn) (all requiring grad) and do on the GPU, [B, T, H, dim]."""
+    dtype = torch.bfloat16
+    q = torch.randn(B, T, H, K, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(B, T, H, K, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(B, T, H, V, device="cuda", dtype=dtype, requires_grad=True)
+    g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda")).to(dtype).requires_grad_()
+    do = torch.randn(B, T, H, V, device="cuda", dtype=dtype)
+    return q, k, v, g, do
+
+
 def bench_shape(B, T, H, K, V, bandwidth):
-    device, dtype = "cuda", torch.bfloat16
-    q = torch.randn(B, T, H, K, device=device, dtype=dtype, requires_grad=True)
-    k = torch.randn(B, T, H, K, device=device, dtype=dtype, requires_grad=True)
-    v = torch.randn(B, T, H, V, device=device, dtype=dtype, requires_grad=True)
-    g = F.logsigmoid(torch.randn(B, T, H, K, device=device)).to(dtype).requires_grad_()
-    do = torch.randn(B, T, H, V, device=device, dtype=dtype)
+    q, k, v, g, do = gla_inputs(B, T, H, K, V)
 
     def ours_fwd():
         return flashgla.chunk_gla(q, k, v, g)[0]

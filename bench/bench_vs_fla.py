@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import flashgla
-from bench_ops import ANCHOR_SHAPES, append_results, fmt, import_fla, median_ms, ratio
+from bench_ops import ANCHOR_SHAPES, append_results, fmt, gla_inputs, import_fla, median_ms, ratio
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_vs_fla.md")
 
@@ -44,12 +44,7 @@ def peak_mb(function):
 
 
 def chunked_row(B, T, H, K, V, fla_chunk):
-    dtype = torch.bfloat16
-    q = torch.randn(B, T, H, K, device="cuda", dtype=dtype, requires_grad=True)
-    k = torch.randn(B, T, H, K, device="cuda", dtype=dtype, requires_grad=True)
-    v = torch.randn(B, T, H, V, device="cuda", dtype=dtype, requires_grad=True)
-    g = F.logsigmoid(torch.randn(B, T, H, K, device="cuda")).to(dtype).requires_grad_()
-    do = torch.randn(B, T, H, V, device="cuda", dtype=dtype)
+    q, k, v, g, do = gla_inputs(B, T, H, K, V)
     inputs = (q, k, v, g)
 
     def ours():
