@@ -16,7 +16,8 @@ through FLASHGLA_ATTENTION_BACKWARD (read when .backward() runs, so each call se
 Shapes follow the FlashAttention-2 paper: B*T = 16K tokens, H = 2048 / d, bf16, layout [B, T, H, d]
 (SDPA gets the transposed [B, H, T, d] views of the same memory). TFLOP/s count 4*B*H*T^2*d for the
 forward (half of it when causal) and 2.5x that for the backward. Times are medians of
-triton.testing.do_bench, all libraries in one process on the same inputs.
+triton.testing.do_bench, all libraries in one process on the same inputs. To compare builds run in
+one call, write each run's --json and pass them to bench/compare_attention.py.
 
 Accuracy (FlashAttention's rule): against an fp32 reference (SDPA's math backend on the bf16 inputs
 upcast), flashgla's max abs error of o, dq, dk, dv must be at most 2x that of SDPA's math backend
