@@ -9,8 +9,8 @@
 //
 // The Hopper backward adds a full query tile's share through a TMA reduction (attention_hopper_bwd.cu): the turn
 // passes once the reduction has completed, behind a proxy fence, and the next key tile fences again after taking
-// the turn. Where the next key tile reaches the query tile at least one step later (causally), the pass waits until
-// the start of the next step, so that no thread stalls on the reduction's round trip.
+// the turn. Where the next key tile reaches the query tile at least two steps later (causally), the pass waits for
+// the next step, so that no warp stalls on the reduction's round trip.
 //
 // The backward hands out the key tiles last first (decode_work's reverse), so a CTA waits only on CTAs that were
 // dispatched before it, and which wait only on earlier ones still: the wait always ends. Causally, the later key
