@@ -25,18 +25,10 @@ import torch
 import torch.nn.functional as F
 
 import flashgla
-from bench_ops import ANCHOR_SHAPES, append_results, copy_bandwidth, fmt, gla_inputs, import_fla, ratio, timed
+from bench_ops import (ANCHOR_SHAPES, append_results, copy_bandwidth, floor_bytes, fmt, gla_inputs, import_fla,
+                       ratio, timed)
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_floor.md")
-
-
-def floor_bytes(B, T, H, K, V, element_bytes=2, gate_bytes=2):
-    """(forward, backward) bytes a pass must move: each input read once, each output written once."""
-    n = B * T * H
-    qk, v, g = n * K * element_bytes, n * V * element_bytes, n * K * gate_bytes
-    forward = 2 * qk + v + g + v  # q, k, v, g in; o out
-    backward = (2 * qk + v + g + v) + (2 * qk + v + g)  # q, k, v, g, do in; dq, dk, dv, dg out
-    return forward, backward
 
 
 def shape_row(B, T, H, K, V, bandwidth, fla_chunk):

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 import triton.testing
 
 import flashgla
+from bench_ops import floor_bytes
 
 
 def set_switch(name, value=None):
@@ -95,8 +96,7 @@ def sdpa_ms(B, T, H, K, V):
 
 
 def byte_floor_ms(B, T, H, K, V, bandwidth, gate_bytes=2):
-    n = B * T * H
-    return (2 * n * (2 * K + V) + gate_bytes * n * K + 2 * n * V) / bandwidth * 1e3
+    return floor_bytes(B, T, H, K, V, gate_bytes=gate_bytes)[0] / bandwidth * 1e3
 
 
 def copy_bandwidth():

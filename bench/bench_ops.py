@@ -119,6 +119,16 @@ def gla_inputs(B, T, H, K, V):
     return q, k, v, g, do
 
 
+def floor_bytes(B, T, H, K, V, element_bytes=2, gate_bytes=2):
+    """(forward, backward) bytes a chunk_gla pass must move, each input read once and each output written once:
+    forward q, k, v, g in and o out; backward q, k, v, g, do in and dq, dk, dv, dg out."""
+    n = B * T * H
+    qk, v, g = n * K * element_bytes, n * V * element_bytes, n * K * gate_bytes
+    forward = 2 * qk + v + g + v
+    backward = (2 * qk + v + g + v) + (2 * qk + v + g)
+    return forward, backward
+
+
 def bench_shape(B, T, H, K, V, bandwidth):
     q, k, v, g, do = gla_inputs(B, T, H, K, V)
 
@@ -142,9 +152,7 @@ def bench_shape(B, T, H, K, V, bandwidth):
             row["sdpa_fwd"] = timed(sdpa_fwd)
             row["sdpa_fwdbwd"] = timed(lambda: torch.autograd.grad(sdpa_fwd(), (qt, kt, vt), dot))
 
-    tokens = B * T * H
-    floor_bytes = 2 * tokens * (3 * K + V) + 2 * tokens * V
-    row["floor"] = floor_bytes / bandwidth * 1e3
+    row["floor"] = floor_bytes(B, T, H, K, V)[0] / bandwidth * 1e3
     return row
 
 

@@ -4,6 +4,7 @@ Each argument is LABEL=FILE, a `--json` output of bench_attention.py; a label gi
 build) counts each shape's fastest run. Prints, per shape of the fwd+bwd mode, each label's fwd+bwd milliseconds
 and its backward TFLOP/s (2.5 forward passes over fwd+bwd − fwd, each build's own forward), for flashgla's default
 kernels and, where the runs have it (`--deterministic`), the deterministic backward; cuDNN's from the first label.
+It needs neither a GPU nor flashgla (hence its own TFLOP/s count, bench_attention.py's formula).
 
     python bench/compare_attention.py base=r1.json new=r2.json base=r3.json new=r4.json
 """
