@@ -564,6 +564,45 @@ TEST(GlaPlan, BackwardChunkKernel) {
   EXPECT_EQ(kernel(backward(2, 1000, 2, 128, 128, true)), BwdChunkKernel::f32);
 }
 
+// The folded normaliser's dz handed from chunk to chunk inside the scalar chunk kernel (the chain) where the
+// (sequence, head) pairs are at least half the blocks in flight, so that two chunks of a pair never wait on each
+// other inside a wave; else the two passes after it. Fixed-length sequences only; FLASHGLA_GLA_BWD_NORM forces
+// either (the chain still not for varlen or empty sequences).
+TEST(GlaPlan, BackwardNormaliserChain) {
+  auto normalized = [](int64_t B, int64_t T, int H, int D) {
+    BwdProblem p = backward(B, T, H, D, D);
+    p.gate = Gate::none, p.normalize = true;
+    return p;
+  };
+  auto plan = [](const BwdProblem& p, GlaTuning::Force force = GlaTuning::Force::library) {
+    GlaTuning t;
+    t.bwd_norm_chain = force;
+    return plan_backward(p, h100(), t);
+  };
+  // Issue 23's shapes: 128 pairs against 132 blocks in flight at d128, 512 against 264 at d64.
+  for (const BwdProblem& p : {normalized(8, 4096, 16, 128), normalized(32, 2048, 16, 64)}) {
+    const BwdPlan chained = plan(p);
+    EXPECT_EQ(chained.chunk_kernel, BwdChunkKernel::scalar);
+    EXPECT_TRUE(chained.norm_chain);
+    EXPECT_EQ(chained.norm_key_grads, size_t(chained.num_slots * p.heads * p.key_dim) * 8);  // carry and flag
+    const BwdPlan passes = plan(p, GlaTuning::Force::off);
+    EXPECT_FALSE(passes.norm_chain);
+    EXPECT_EQ(passes.norm_key_grads, size_t(passes.num_slots * p.heads * p.key_dim) * sizeof(float));
+  }
+  EXPECT_TRUE(plan(normalized(4, 4096, 17, 128)).norm_chain);    // 68 pairs ≥ 132 / 2
+  EXPECT_FALSE(plan(normalized(4, 4096, 16, 128)).norm_chain);   // 64 pairs
+  EXPECT_FALSE(plan(normalized(8, 2048, 16, 64)).norm_chain);    // 128 pairs against 264 in flight at d64
+  EXPECT_TRUE(plan(normalized(1, 4096, 2, 128), GlaTuning::Force::on).norm_chain);
+  BwdProblem varlen = normalized(1, 65536, 16, 128);
+  varlen.varlen = true, varlen.num_seqs = 64;
+  EXPECT_FALSE(plan(varlen).norm_chain);
+  EXPECT_FALSE(plan(varlen, GlaTuning::Force::on).norm_chain);
+  EXPECT_FALSE(plan(normalized(64, 0, 16, 128), GlaTuning::Force::on).norm_chain);  // no chunk kernel to run it
+  BwdProblem plain = normalized(8, 4096, 16, 128);
+  plain.normalize = false;
+  EXPECT_FALSE(plan(plain, GlaTuning::Force::on).norm_chain);
+}
+
 // fp16 inputs compute with fp16 operands (bf16 ones cost 3 bits: dq ~3e-3 against FLA's 1e-3): the general
 // kernel's fp16 instantiation whatever the layout, paired or one-tile scans (the pipelined scans copy bf16
 // rows), fp16 states of the same size as bf16's, and A's factored diagonal blocks only within 2^±4, which fp16

@@ -43,7 +43,7 @@ const char* const kSwitches[] = {
     "FLASHGLA_GLA_STATE_PIECES", "FLASHGLA_GLA_HOPPER_PDL",       "FLASHGLA_GLA_BWD_SCAN_PAIR",
     "FLASHGLA_GLA_BWD_SCAN_PIPELINE", "FLASHGLA_GLA_BWD_SCAN_SPLIT", "FLASHGLA_GLA_BWD_DIAG",
     "FLASHGLA_GLA_BWD_LAYOUT",   "FLASHGLA_GLA_BWD_OVERLAP",      "FLASHGLA_GLA_SEGMENT_PIECES",
-    "FLASHGLA_GLA_SEGMENT_KERNEL"};
+    "FLASHGLA_GLA_SEGMENT_KERNEL", "FLASHGLA_GLA_BWD_NORM"};
 
 TEST(TuningEnv, GlaTuningFromEnvironment) {
   Environment env;
@@ -66,6 +66,7 @@ TEST(TuningEnv, GlaTuningFromEnvironment) {
   env.set("FLASHGLA_GLA_BWD_DIAG", "elementwise");
   env.set("FLASHGLA_GLA_BWD_LAYOUT", "general");
   env.set("FLASHGLA_GLA_BWD_OVERLAP", "1");
+  env.set("FLASHGLA_GLA_BWD_NORM", "passes");
   env.set("FLASHGLA_GLA_SEGMENT_PIECES", "4");
   env.set("FLASHGLA_GLA_SEGMENT_KERNEL", "generic");
   const GlaTuning t = gla_tuning_from_env();
@@ -80,6 +81,7 @@ TEST(TuningEnv, GlaTuningFromEnvironment) {
   EXPECT_TRUE(t.bwd_diag_elementwise);
   EXPECT_TRUE(t.bwd_general_layout);
   EXPECT_EQ(t.bwd_overlap, Force::on);
+  EXPECT_EQ(t.bwd_norm_chain, Force::off);
   EXPECT_EQ(t.segment_pieces, 4);
   EXPECT_EQ(t.segment_split_kernel, Force::off);
 }
@@ -99,20 +101,22 @@ TEST(TuningEnv, UnsetEnvironmentIsTheDefaultTuning) {
   EXPECT_EQ(t.bwd_diag_elementwise, d.bwd_diag_elementwise);
   EXPECT_EQ(t.bwd_general_layout, d.bwd_general_layout);
   EXPECT_EQ(t.bwd_overlap, d.bwd_overlap);
+  EXPECT_EQ(t.bwd_norm_chain, d.bwd_norm_chain);
   EXPECT_EQ(t.segment_pieces, d.segment_pieces);
   EXPECT_EQ(t.segment_split_kernel, d.segment_split_kernel);
 }
 
 // The switches can come from elsewhere than the environment (a test's own settings).
 TEST(TuningEnv, GlaTuningFromALookup) {
-  const std::map<std::string, std::string> settings = {{"FLASHGLA_GLA_SPLITS", "5"},
-                                                       {"FLASHGLA_GLA_SEGMENT_KERNEL", "split"}};
+  const std::map<std::string, std::string> settings = {
+      {"FLASHGLA_GLA_SPLITS", "5"}, {"FLASHGLA_GLA_SEGMENT_KERNEL", "split"}, {"FLASHGLA_GLA_BWD_NORM", "chain"}};
   const GlaTuning t = gla_tuning_from([&](const char* name) -> const char* {
     const auto it = settings.find(name);
     return it == settings.end() ? nullptr : it->second.c_str();
   });
   EXPECT_EQ(t.splits, 5);
   EXPECT_EQ(t.segment_split_kernel, Force::on);
+  EXPECT_EQ(t.bwd_norm_chain, Force::on);
   EXPECT_TRUE(t.fast);
 }
 
@@ -127,7 +131,8 @@ TEST(TuningEnv, BadGlaValueNamesTheVariable) {
                          Bad{"FLASHGLA_GLA_BWD_SCAN_PIPELINE", "1"}, Bad{"FLASHGLA_GLA_BWD_SCAN_SPLIT", "-1"},
                          Bad{"FLASHGLA_GLA_BWD_DIAG", "exact"}, Bad{"FLASHGLA_GLA_BWD_OVERLAP", "2"},
                          Bad{"FLASHGLA_GLA_SEGMENT_KERNEL", "mma"}, Bad{"FLASHGLA_GLA_SEGMENT_PIECES", "many"},
-                         Bad{"FLASHGLA_GLA_BWD_SCAN_PAIR", "no"}, Bad{"FLASHGLA_GLA_BWD_LAYOUT", "plain"}}) {
+                         Bad{"FLASHGLA_GLA_BWD_SCAN_PAIR", "no"}, Bad{"FLASHGLA_GLA_BWD_LAYOUT", "plain"},
+                         Bad{"FLASHGLA_GLA_BWD_NORM", "lookback"}}) {
     SCOPED_TRACE(std::string(bad.name) + "=" + bad.value);
     Environment env;
     env.set(bad.name, bad.value);

@@ -43,6 +43,7 @@ GlaTuning gla_tuning_from(const SwitchLookup& lookup) {
   t.bwd_diag_elementwise = choice("FLASHGLA_GLA_BWD_DIAG", {"factored", "elementwise"}) == "elementwise";
   t.bwd_general_layout = choice("FLASHGLA_GLA_BWD_LAYOUT", {"general"}) == "general";
   t.bwd_overlap = force(choice("FLASHGLA_GLA_BWD_OVERLAP", {"0", "1"}), "0", "1");
+  t.bwd_norm_chain = force(choice("FLASHGLA_GLA_BWD_NORM", {"passes", "chain"}), "passes", "chain");
   t.segment_pieces = count("FLASHGLA_GLA_SEGMENT_PIECES", 0, 1);
   t.segment_split_kernel = force(choice("FLASHGLA_GLA_SEGMENT_KERNEL", {"split", "generic"}), "generic", "split");
   return t;

@@ -23,6 +23,7 @@ struct GlaTuning {
   bool bwd_diag_elementwise = false;  // FLASHGLA_GLA_BWD_DIAG=elementwise (=factored: the default)
   bool bwd_general_layout = false;    // FLASHGLA_GLA_BWD_LAYOUT=general
   Force bwd_overlap = Force::library; // FLASHGLA_GLA_BWD_OVERLAP=0|1
+  Force bwd_norm_chain = Force::library;  // FLASHGLA_GLA_BWD_NORM=passes (off) | chain (on)
   // Segment summaries.
   int64_t segment_pieces = 0;         // FLASHGLA_GLA_SEGMENT_PIECES=<n ≥ 1>
   Force segment_split_kernel = Force::library;  // FLASHGLA_GLA_SEGMENT_KERNEL=generic (off) | split (on)

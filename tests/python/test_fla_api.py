@@ -138,15 +138,19 @@ def folds_the_normaliser_backward(q, k, v, cu_seqlens):
 
 @requires_gpu
 @pytest.mark.parametrize("shape", ["varlen d128", "varlen d128 split scan", "batch K64 V128", "batch K128 V64",
-                                   "batch d64"])
+                                   "batch d64", "batch d64 chain", "batch K128 V64 chain"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_normalize_folded_into_the_chunked_forward_gpu(gen, dtype, shape, monkeypatch):
     """chunk_linear_attn(normalize=True) on the GPU: the fast kernel divides by the normaliser as it stores o; in
     bf16 the backward folds the normaliser into the op's (its residuals kept by the forward; the state scans cut
     into pieces of 2 chunks in the split case), in fp16 it starts from that o; against fp64 on sequences of many
-    chunks, lengths off the chunk and empty ones: o, both final states and every gradient."""
+    chunks, lengths off the chunk and empty ones: o, both final states and every gradient. In the chain cases the
+    chunk kernel hands the key sum's gradient from chunk to chunk itself (FLASHGLA_GLA_BWD_NORM=chain)."""
     if shape == "varlen d128 split scan":
         monkeypatch.setenv("FLASHGLA_GLA_BWD_SCAN_SPLIT", "2")
+    if shape.endswith(" chain"):
+        monkeypatch.setenv("FLASHGLA_GLA_BWD_NORM", "chain")
+        shape = shape[:-len(" chain")]
     if shape.startswith("varlen d128"):
         lengths = [0, 700, 1, 0, 1300]
         B, T, H, K, V, N = 1, sum(lengths), 2, 128, 128, len(lengths)
@@ -164,6 +168,33 @@ def test_normalize_folded_into_the_chunked_forward_gpu(gen, dtype, shape, monkey
                                                 output_final_state=True, cu_seqlens=cu_dev)
         grads = grads_of((o, ht, z), leaves, to("cuda", *grad_outputs))
     check_normalized((o, ht, z), grads, inputs, grad_outputs, cu_seqlens, dtype)
+
+
+@requires_gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_normalize_chain_sums_as_the_passes_gpu(gen, D, monkeypatch):
+    """The folded normaliser's two ways to the key sum's gradient dz after each chunk (bf16): the chain inside the
+    chunk kernel sums dz in the passes' order, so d_z_init comes out bit for bit the same, and so do dq, dv and
+    dh0; dk, which the chain rounds once instead of twice, agrees to bf16 rounding. Reruns of the chain are
+    bitwise equal."""
+    B, T, H = 3, 64 * 9 + 17, 5
+    inputs, grad_outputs = normalized_inputs(gen, B, T, H, D, D, B, torch.bfloat16)
+    leaves = [x.cuda().requires_grad_() for x in inputs]
+    assert folds_the_normaliser_backward(*leaves[:3], None)
+
+    def gradients(way):
+        monkeypatch.setenv("FLASHGLA_GLA_BWD_NORM", way)
+        o, (ht, z) = flashgla.chunk_linear_attn(*leaves[:3], initial_state=(leaves[3], leaves[4]),
+                                                output_final_state=True)
+        return grads_of((o, ht, z), leaves, to("cuda", *grad_outputs))
+
+    passes, chain, again = gradients("passes"), gradients("chain"), gradients("chain")
+    for name, x, y, z in zip(["dq", "dk", "dv", "dh0", "dz_init"], passes, chain, again):
+        assert torch.equal(y, z), f"{name}: the chain's reruns differ"
+        if name == "dk":
+            torch.testing.assert_close(y.float(), x.float(), rtol=1.6e-2, atol=1e-2 * x.float().abs().max().item())
+        else:
+            assert torch.equal(x, y), f"{name}: the chain and the passes differ"
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -23,6 +23,7 @@
 
 #include "cuda/attention/attention_params.cuh"
 #include "cuda/attention/attention_sequences.cuh"
+#include "cuda/common/flags.cuh"
 
 namespace flashgla::cuda::attn {
 
@@ -47,26 +48,13 @@ __device__ __forceinline__ int dq_turn_of(const AttentionParams& p, const Seq& s
 }
 
 // How many key tiles have added so far (acquire: their additions are visible after it).
-__device__ __forceinline__ int read_dq_turn(const int* counter) {
-  int seen;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
-  return seen;
-}
+__device__ __forceinline__ int read_dq_turn(const int* counter) { return load_acquire(counter); }
 
 // One thread waits until `turn` key tiles have added (acquire: their additions are visible after it).
-__device__ __forceinline__ void wait_for_dq_turn(const int* counter, int turn) {
-  for (uint32_t spins = 0;; ++spins) {
-    if (read_dq_turn(counter) >= turn) return;
-    if (spins > (1u << 27)) __trap();  // about 15 s: a wait that never ends is a bug, never valid input
-    __nanosleep(100);
-  }
-}
+__device__ __forceinline__ void wait_for_dq_turn(const int* counter, int turn) { wait_until_at_least(counter, turn); }
 
-// One thread passes the turn on once every thread of its group has added and the group met at a barrier. The
-// barrier orders the group's additions before this release, which the next key tile's acquire pairs with (no
-// fence per thread; CUTLASS's semaphores do the same).
-__device__ __forceinline__ void pass_dq_turn(int* counter) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
-}
+// One thread passes the turn on once every thread of its group has added and the group met at a barrier
+// (cuda/common/flags.cuh).
+__device__ __forceinline__ void pass_dq_turn(int* counter) { release_add(counter, 1); }
 
 }  // namespace flashgla::cuda::attn

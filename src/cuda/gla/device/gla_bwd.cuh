@@ -78,10 +78,13 @@ struct BwdParams {
   // The folded normaliser (GlaBackwardArgs::norm_o; no gate, the scalar chunk kernel): d_o is the normalised
   // output's gradient, so the backward scan weights q's rows by 1/den_t as well; the chunk kernel adds the
   // normaliser's terms and its per-chunk key gradient Σ_t scale d den_t q_t to norm_key_grads, which
-  // launch_bwd_norm_keys turns into dz after each chunk (added to dk there) and d_z_init.
+  // launch_bwd_norm_keys turns into dz after each chunk (added to dk there) and d_z_init. With norm_carries
+  // instead (BwdPlan::norm_chain) the chunk kernel hands dz from chunk to chunk itself: each chunk's carry, dz
+  // before the chunk, with its flag (cuda/common/flags.cuh, publish_float).
   View norm_o, norm_den;                 // [B,T,H,V] (dtype of q), f32 [B,T,H]
   const float* norm_chunk_z = nullptr;   // [slot][H][K]: z at each chunk's start (the forward's)
   float* norm_key_grads = nullptr;       // [num_slots][H][K] scratch
+  unsigned long long* norm_carries = nullptr;  // [num_slots][H][K] scratch, zeroed before the scans
   View d_z_final, d_z_init;              // f32 [N,H,K], both optional
 
   // Recurrent: fp32 accumulators [B*T, H, K] (zeroed) and one [N, H, K] term;

@@ -155,12 +155,18 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
                            a.norm_chunk_z.shape_str());
       p.norm_o = view_of(a.norm_o), p.norm_den = view_of(a.norm_den);
       p.norm_chunk_z = static_cast<const float*>(a.norm_chunk_z.data);
-      p.norm_key_grads = reinterpret_cast<float*>(take(sizes.norm_key_grads));  // every chunk's slot written
       p.d_z_final = view_of(a.d_z_final), p.d_z_init = view_of(a.d_z_init);
+      if (sizes.norm_chain) {
+        p.norm_carries = reinterpret_cast<unsigned long long*>(take(sizes.norm_key_grads));
+        check_cuda(cudaMemsetAsync(p.norm_carries, 0, sizes.norm_key_grads, stream),
+                   "cudaMemsetAsync (the normaliser's carries)");
+      } else {
+        p.norm_key_grads = reinterpret_cast<float*>(take(sizes.norm_key_grads));  // every chunk's slot written
+      }
     }
     gla::launch_bwd_state_scan(p, c, sizes.scans, stream);  // also writes dh0
     if (p.num_slots > 0 && pr.seq_len > 0) gla::launch_bwd_chunk(p, sizes.chunk_kernel, sizes.overlap, stream);
-    if (a.norm_den.defined()) gla::launch_bwd_norm_keys(p, stream);
+    if (a.norm_den.defined() && !p.norm_carries) gla::launch_bwd_norm_keys(p, stream);
     if (a.d_g_gamma.defined()) {  // d_g_gamma[h]: the chunk sums added over the slots, in a fixed order
       const TensorView sums =
           TensorView::contiguous(p.gamma_chunk_sums, DType::f32, {1, p.num_slots, pr.heads}, a.q.device);

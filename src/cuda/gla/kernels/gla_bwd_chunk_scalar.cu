@@ -22,8 +22,12 @@
 //   the op's gradients take r_t dO (the backward scan's q rows carry r_t too): A = scale diag(r) P ⊙ D;
 //   den's terms are linear attention with a column of ones in v and d den as its output gradient:
 //   dA += scale d den_t on and below the diagonal (dq's and dk's in-chunk terms through the products),
-//   dq += scale d den_t z, and dk += dz after the chunk, which needs the later chunks: the kernel writes
-//   Σ_t scale d den_t q_t per chunk, and launch_bwd_norm_keys adds the suffix sums to dk.
+//   dq += scale d den_t z, and dk += dz after the chunk, which needs the later chunks. Either the kernel writes
+//   u = Σ_t scale d den_t q_t per chunk and launch_bwd_norm_keys adds the suffix sums to dk, or (the chain,
+//   BwdPlan::norm_chain) the blocks run chunk-major, the last chunks first, and each waits for the next chunk's
+//   carry (dz before that chunk, polled while its tiles load), hands on its own carry dz + u in phase 1 and
+//   adds dz to dk as it stores dk. Either way dz is summed in the same order, from d_z_final back.
+#include "cuda/common/flags.cuh"
 #include "cuda/common/host.cuh"
 #include "cuda/gla/device/chunk_slots.cuh"
 #include "cuda/gla/device/decay_tables.cuh"
@@ -56,10 +60,59 @@ __device__ __forceinline__ void row_dots(const bf16* x, int pitch, const float (
   lo += __shfl_xor_sync(0xffffffffu, lo, 2), hi += __shfl_xor_sync(0xffffffffu, hi, 2);
 }
 
-// Blocks per SM: two at K = V = 64, where two blocks' tiles fit in shared memory (each block's loads and barriers
-// then hide behind the other's work), so the registers are capped at 64; one at the wider shapes.
+// Blocks per SM (cuda/gla/plan/layouts.h): at K = V = 64 two, so the registers are capped at 64.
 template <int KP, int VP>
-inline constexpr int kChunkBlocksPerSm = KP == 64 && VP == 64 ? 2 : 1;
+inline constexpr int kChunkBlocksPerSm = bwd_scalar_chunk_blocks_per_sm(KP, VP);
+
+// The chain's block order (BwdPlan::norm_chain; fixed-length sequences): chunk-major, the last chunks first, so
+// that chunk c + 1 of a (sequence, head) is dispatched a whole round of (sequence, head) pairs before chunk c.
+__device__ __forceinline__ void chain_block(const BwdParams& p, BwdSeq& seq, int64_t& chunk, int& h) {
+  const int64_t block = blockIdx.x + int64_t(gridDim.x) * blockIdx.y, pairs = p.num_seqs * p.heads;
+  const int64_t pair = block % pairs;
+  chunk = p.chunks_per_seq - 1 - block / pairs;
+  h = int(pair % p.heads);
+  seq = sequence(p, pair / p.heads);
+}
+
+// The folded normaliser's key sum, by the KP threads (key `key` each) of warps 8, 9, 12 and 13, which have no
+// block in phase 1 (norm_key_warp). The chain's dz after the chunk is the next chunk's carry, polled while the
+// tiles load (the next chunk's block started about a round of (sequence, head) pairs earlier), or d_z_final.
+template <int KP>
+__device__ __forceinline__ int norm_key_warp(int warp) {
+  const int key_warp = warp == 8 ? 0 : warp == 9 ? 1 : warp == 12 ? 2 : warp == 13 ? 3 : -1;
+  return key_warp < KP / 32 ? key_warp : -1;
+}
+template <int KP>
+__device__ __forceinline__ float chain_dz_after(const BwdParams& p, const BwdSeq& seq, int64_t chunk, int64_t slot,
+                                                int h, int key) {
+  if (chunk + 1 < num_chunks(seq.len)) return wait_for_float(p.norm_carries + ((slot + 1) * p.heads + h) * KP + key);
+  return p.d_z_final.data  // sequence n is batch row n here (fixed length)
+             ? static_cast<const float*>(p.d_z_final.data)[offset3(p.d_z_final, seq.batch, h, key)]
+             : 0.f;
+}
+// In phase 1: the chunk's key gradient u = Σ_t scale d den_t q_t (the rows in order). Without the chain u goes
+// to norm_key_grads for launch_bwd_norm_keys. In the chain dz goes to dz_s for dk (after phase 1's barrier), and
+// the carry dz + u to the next block (or, from the first chunk, to d_z_init), with the passes' roundings
+// (unfused), so that dz is bit for bit theirs.
+template <int KP>
+__device__ __forceinline__ void norm_key_sum(const BwdParams& p, const BwdSeq& seq, int64_t chunk, int64_t slot,
+                                             int h, int key, const bf16* q_s, const float* d_den_s, float dz,
+                                             float* dz_s) {
+  constexpr int PK = BwdScalarChunkLayout<KP, 64>::PK;
+  float sum = 0.f;
+#pragma unroll 16
+  for (int t = 0; t < kChunk; ++t) sum = fmaf(d_den_s[t], to_float(q_s[t * PK + key]), sum);
+  const float u = __fmul_rn(p.scale, sum);
+  const int64_t at = (slot * p.heads + h) * KP + key;
+  if (!p.norm_carries) {
+    p.norm_key_grads[at] = u;
+    return;
+  }
+  dz_s[key] = dz;
+  const float carry = __fadd_rn(dz, u);
+  if (chunk > 0) publish_float(p.norm_carries + at, carry);
+  else if (p.d_z_init.data) static_cast<float*>(p.d_z_init.data)[offset3(p.d_z_init, seq.batch, h, key)] = carry;
+}
 
 template <int KP, int VP, Gate GK, bool NORM>
 __global__ void __launch_bounds__(kThreads, kChunkBlocksPerSm<KP, VP>) scalar_chunk_kernel(const BwdParams p) {
@@ -88,11 +141,14 @@ __global__ void __launch_bounds__(kThreads, kChunkBlocksPerSm<KP, VP>) scalar_ch
   float* inv_den_s = reinterpret_cast<float*>(smem + L::norm_rows);    // NORM: 1/den_t
   float* d_den_s = inv_den_s + kChunk;                                 // NORM: d den_t
   float* z_s = reinterpret_cast<float*>(smem + L::norm_z);             // NORM: z at the chunk's start
+  float* dz_s = m_cols;  // NORM, the chain: dz after the chunk [KP] (m_cols: a scalar gate's)
 
   BwdSeq seq;
   int64_t chunk;
-  if (!locate_chunk(p, blockIdx.x, seq, chunk)) return;
-  const int h = blockIdx.y;
+  int h = blockIdx.y;
+  const bool chain = NORM && p.norm_carries;
+  if (chain) chain_block(p, seq, chunk, h);
+  else if (!locate_chunk(p, blockIdx.x, seq, chunk)) return;
   const int64_t t0 = chunk * kChunk, slot = seq.slot0 + chunk;
   const int rows = int(min(int64_t(kChunk), seq.len - t0));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -137,6 +193,8 @@ __global__ void __launch_bounds__(kThreads, kChunkBlocksPerSm<KP, VP>) scalar_ch
       }
     }
   cp_async_commit_unordered();
+  const int key_warp = NORM ? norm_key_warp<KP>(warp) : -1;
+  const float chain_dz = chain && key_warp >= 0 ? chain_dz_after<KP>(p, seq, chunk, slot, h, 32 * key_warp + lane) : 0.f;
   asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // q, k, v, dO in; the states may still be coming
   __syncthreads();
   if constexpr (NORM) {  // d den_t = −r_t (dO_t · o_t): warp w rows 4w.., eight lanes per row
@@ -201,6 +259,8 @@ __global__ void __launch_bounds__(kThreads, kChunkBlocksPerSm<KP, VP>) scalar_ch
             if (g4 == 0) m_cols[mo * kChunk + 16 * nb + 8 * nt + 2 * t4 + c] = x;
           }
       }
+    } else if (key_warp >= 0) {
+      norm_key_sum<KP>(p, seq, chunk, slot, h, 32 * key_warp + lane, q_s, d_den_s, chain_dz, dz_s);
     }
   }
   cp_async_wait_committed();
@@ -263,25 +323,16 @@ __global__ void __launch_bounds__(kThreads, kChunkBlocksPerSm<KP, VP>) scalar_ch
       if (t4 == 0) kd_s[cg * kChunk + i0 + g4] = lo, kd_s[cg * kChunk + i0 + g4 + 8] = hi;
     }
     warp_gemm<NTK, true, false>(acc, da_s + i0 * PA + i0, PA, q_s + i0 * PK + c0, PK, kChunk - i0);
+    if (chain)  // + dz after the chunk (norm_key_sum)
+#pragma unroll
+      for (int nt = 0; nt < NTK; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float dz = dz_s[c0 + 8 * nt + 2 * t4 + c];
+          acc[nt][c] += dz, acc[nt][2 + c] += dz;
+        }
     bf16* rows_out = static_cast<bf16*>(p.dk.data) + offset4(p.dk, seq.batch, base_row, h, 0);
     store_fragment_rows<bf16, NTK>(rows_out, p.dk.stride[1], acc, unscaled, i0, c0, KP, rows, lane);
-  }
-  if constexpr (NORM) {  // the chunk's key gradient Σ_t scale d den_t q_t: a run of rows per thread, then
-    constexpr int kParts = kThreads / KP, kRowsPer = kChunk / kParts;  // the runs added in a fixed order
-    float* partial_s = m_rows;  // [kParts][KP] (m_rows .. kd: a scalar gate's)
-    static_assert(kParts * KP * 4 <= L::state_term - L::m_rows, "the partial sums fit");
-    const int col = tid % KP, part = tid / KP;
-    float u = 0.f;
-#pragma unroll
-    for (int t = part * kRowsPer; t < (part + 1) * kRowsPer; ++t) u = fmaf(d_den_s[t], to_float(q_s[t * PK + col]), u);
-    partial_s[part * KP + col] = u;
-    __syncthreads();
-    if (tid < KP) {
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kParts; ++j) sum += partial_s[j * KP + tid];
-      p.norm_key_grads[(slot * p.heads + h) * KP + tid] = scale * sum;
-    }
   }
   if constexpr (GK == Gate::none) return;
 

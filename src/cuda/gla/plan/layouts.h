@@ -260,6 +260,11 @@ struct BwdScalarChunkLayout {
 inline bool bwd_scalar_chunk_shape(int key_dim, int value_dim) {
   return (key_dim == 64 || key_dim == 128) && (value_dim == 64 || value_dim == 128);
 }
+// Resident blocks per SM (its launch bounds): two at K = V = 64, where two blocks' tiles fit in shared memory (each
+// block's loads and barriers then hide behind the other's work), one at the wider shapes.
+constexpr int bwd_scalar_chunk_blocks_per_sm(int key_dim, int value_dim) {
+  return key_dim <= 64 && value_dim <= 64 ? 2 : 1;
+}
 template <int KP, int VP>
 constexpr int bwd_scalar_chunk_smem_bytes_of(bool norm) {
   return norm ? BwdScalarChunkLayout<KP, VP>::norm_bytes : BwdScalarChunkLayout<KP, VP>::bytes;

@@ -235,6 +235,19 @@ int64_t scan_chunks_per_split(const BwdProblem& pr, const DeviceProps& device, c
   return per_split;
 }
 
+// The folded normaliser's dz after each chunk (the gradient of the key sum z) needs the later chunks. In the chain,
+// chunk c's block waits for chunk c + 1's carry, dz before c + 1, and hands on its own (gla_bwd_chunk_scalar.cu);
+// the blocks run chunk-major, the last chunks first, so a carry is ready when the next block asks for it as long
+// as the blocks in flight hold at most two chunks of each (sequence, head): with fewer pairs the hand-overs would
+// queue inside a wave, and the passes after the kernel cost less. Fixed-length sequences only (the block order).
+bool norm_chain(const BwdProblem& pr, const DeviceProps& device, const GlaTuning& tuning) {
+  if (!pr.normalize || pr.varlen || pr.seq_len == 0 || tuning.bwd_norm_chain == GlaTuning::Force::off) return false;
+  if (tuning.bwd_norm_chain == GlaTuning::Force::on) return true;
+  const int64_t resident =
+      int64_t(device.multiprocessors) * bwd_scalar_chunk_blocks_per_sm(pr.key_dim, pr.value_dim);
+  return 2 * pr.num_seqs * pr.heads >= resident;
+}
+
 }  // namespace
 
 BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const GlaTuning& tuning) {
@@ -253,7 +266,6 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
       plan.chunk_decays = size_t(2 * num_slots(pr) * pr.heads * key_tiles * kTile) * sizeof(float);
     }
     if (pr.gamma_grad) plan.gamma_chunk_sums = size_t(num_slots(pr) * pr.heads) * sizeof(float);
-    if (pr.normalize) plan.norm_key_grads = size_t(num_slots(pr) * pr.heads * pr.key_dim) * sizeof(float);
   } else {
     plan.dq_acc = plan.dk_acc = plan.dg_suffix_terms = plan.dg_prefix_terms =
         size_t(pr.batch * pr.seq_len * pr.heads * pr.key_dim) * sizeof(float);
@@ -275,6 +287,10 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
                : paired_scans(pr, tuning)          ? BwdScanKernel::paired
                                                    : BwdScanKernel::one_tile;
   plan.num_slots = num_slots(pr);
+  if (pr.chunked && pr.normalize) {  // each chunk's key gradient, or with the chain its carry and flag
+    plan.norm_chain = plan.chunk_kernel == BwdChunkKernel::scalar && norm_chain(pr, device, tuning);
+    plan.norm_key_grads = size_t(plan.num_slots * pr.heads * pr.key_dim) * (plan.norm_chain ? 8 : sizeof(float));
+  }
   // On sm_90+ the chunk kernel starts as the scans' blocks retire, when it follows the scans themselves (not
   // a fold; faster: bench/notes_gla_bwd.md). Only where the loaded code has griddepcontrol (compiled for sm_90
   // or newer), without which the chunk kernel would not wait for the scans. tuning.bwd_overlap: off, or on

@@ -121,10 +121,13 @@ struct BwdPlan {
   int64_t chunks_per_split = 0, scan_splits = 1;
   float diag_factor_limit = -1.f;
   bool overlap = false;              // the chunk kernel as a programmatic dependent of the scans
+  // The folded normaliser's key-sum gradient handed from chunk to chunk inside the scalar chunk kernel (the
+  // chain, gla_bwd_chunk_scalar.cu), rather than by two passes after it.
+  bool norm_chain = false;
   int64_t num_slots = 0;
   // Scratch sizes, laid out in this order, each aligned to kAlign bytes.
   size_t states = 0, dstates = 0, split_summaries = 0, chunk_decays = 0;
-  size_t gamma_chunk_sums = 0, norm_key_grads = 0;
+  size_t gamma_chunk_sums = 0, norm_key_grads = 0;  // norm_key_grads: a float per key, with the chain 8 bytes
   size_t dq_acc = 0, dk_acc = 0, dg_suffix_terms = 0, dg_prefix_terms = 0, dg_final = 0;
   static constexpr size_t kAlign = 256;
   static size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
