@@ -201,7 +201,16 @@ __global__ void __launch_bounds__(kThreads, kChunkBlocksPerSm<KP, VP>) scalar_ch
     const int r = 4 * warp + (lane >> 3), col0 = (lane & 7) * (VP / 8);
     float x = 0.f;
 #pragma unroll
-    for (int j = 0; j < VP / 8; ++j) x = fmaf(to_float(do_s[r * PV + col0 + j]), to_float(o_s[r * PV + col0 + j]), x);
+    for (int j = 0; j < VP / 8; j += 8) {  // 16-byte reads, the columns in order
+      const uint4 a = *reinterpret_cast<const uint4*>(do_s + r * PV + col0 + j);
+      const uint4 b = *reinterpret_cast<const uint4*>(o_s + r * PV + col0 + j);
+      const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        x = fmaf(widen<bf16>(wa[w] & 0xffffu), widen<bf16>(wb[w] & 0xffffu), x);
+        x = fmaf(widen<bf16>(wa[w] >> 16), widen<bf16>(wb[w] >> 16), x);
+      }
+    }
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     x += __shfl_xor_sync(0xffffffffu, x, 2);
     x += __shfl_xor_sync(0xffffffffu, x, 4);

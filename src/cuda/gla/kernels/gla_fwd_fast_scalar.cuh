@@ -11,7 +11,8 @@
 //   [B3]        bf16 S; O ← diag(exp Γ) O + A V; o stored.
 // The decays come from the chunk's tables of Γ (device/decay_tables.cuh: prefix sums, −inf steps as cuts).
 // NORM (no gate): o_t is divided by den_t = scale · q_t·z_t + 1e-10, z_t = z (at the chunk's start) +
-// Σ_{s ≤ t} k_s of the chunk: q_t·z_t = q_t·z + the row sum of A, taken from A's fp32 fragments. z walks with
+// Σ_{s ≤ t} k_s of the chunk: q_t·z_t = q_t·z + the row sum of A, A's 16-bit copy (the one O's product reads)
+// times a column of ones in chunk_fwd_o_intra, so that each row's weights sum to its den. z walks with
 // the state, as one more accumulator tile of the warps of the last value columns (Kᵀ times a column of ones);
 // Q z is one more output tile, with z in two 16-bit halves (hi + lo: 16 bits of z's mantissa). Where asked, den_t
 // and z at each chunk's start are kept for the backward (ChunkParams::norm_den, norm_chunk_z).
@@ -37,8 +38,7 @@ struct ScalarTables {
   static constexpr int log_decay = L::qo;               // [2 buffers][C] float2: (Γ_i, cuts up to i)
   static constexpr int weights = log_decay + 2 * C * 8;  // [2][C] float2: (exp Γ_i, w_i = exp(Γ_C − Γ_i))
   static constexpr int z = weights + 2 * C * 8;          // NORM: [2 halves, hi and lo][KP] E: z at the chunk's start
-  static constexpr int row_sums = z + 2 * KP * 4;        // NORM: [8 column blocks of 8][C] Σ_j A_ij
-  static constexpr int qz = row_sums + 8 * C * 4;        // NORM: [C] q_i·z
+  static constexpr int qz = z + 2 * KP * 4;              // NORM: [C] q_i·z
   static constexpr int end = qz + C * 4;
   static_assert(end <= L::g, "the tables fit the operand area");
 };
@@ -133,7 +133,6 @@ __global__ void __launch_bounds__(NT, (kFastScalarBlocksPerSm<KP, BV>))
   float2* log_decay_s = reinterpret_cast<float2*>(smem + T::log_decay);
   float2* weights_s = reinterpret_cast<float2*>(smem + T::weights);
   E* z_s = reinterpret_cast<E*>(smem + T::z);
-  float* row_sums_s = reinterpret_cast<float*>(smem + T::row_sums);
   float* qz_s = reinterpret_cast<float*>(smem + T::qz);
 
   auto issue_qkv = [&](int64_t c) {
@@ -243,12 +242,6 @@ __global__ void __launch_bounds__(NT, (kFastScalarBlocksPerSm<KP, BV>))
         acc[e] = j <= i ? acc[e] : 0.f;
       }
     }
-    if constexpr (NORM) {
-      float lo = acc[0] + acc[1], hi = acc[2] + acc[3];
-      lo += __shfl_xor_sync(0xffffffffu, lo, 1), hi += __shfl_xor_sync(0xffffffffu, hi, 1);
-      lo += __shfl_xor_sync(0xffffffffu, lo, 2), hi += __shfl_xor_sync(0xffffffffu, hi, 2);
-      if (t4 == 0) row_sums_s[cb * C + 16 * mo + g4] = lo, row_sums_s[cb * C + 16 * mo + g4 + 8] = hi;
-    }
     E* at = a_s + (16 * mo + g4) * PA + 8 * cb + 2 * t4;
     store2(at, acc[0], acc[1]);
     store2(at + 8 * PA, acc[2], acc[3]);
@@ -335,18 +328,15 @@ __global__ void __launch_bounds__(NT, (kFastScalarBlocksPerSm<KP, BV>))
 #pragma unroll
       for (int nt = 0; nt < NO; ++nt) o[nt][0] *= d0, o[nt][1] *= d0, o[nt][2] *= d1, o[nt][3] *= d1;
     }
-    chunk_fwd_o_intra<E, NO, PA, PV>(o, a_s, v_s, mo, no0, lane);
+    float row_sums[4] = {0.f, 0.f, 0.f, 0.f};
+    chunk_fwd_o_intra<E, NO, PA, PV, NORM>(o, a_s, v_s, mo, no0, lane, &row_sums);
 
     float o_scale[2] = {p.scale, p.scale};
     if constexpr (NORM) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = 16 * mo + g4 + 8 * half;
-        float dot = qz_s[r];
-#pragma unroll
-        for (int cb = 0; cb < 8; ++cb)  // unrolled and predicated: the loads in flight together
-          if (cb <= 2 * mo + 1) dot += row_sums_s[cb * C + r];
-        const float den = p.scale * dot + norm::kEps;
+        const float den = p.scale * (qz_s[r] + row_sums[2 * half]) + norm::kEps;
         o_scale[half] = p.scale / den;
         if (p.norm_den.data && blockIdx.y == 0 && no0 == 0 && t4 == 0 && r < rows_valid)
           static_cast<float*>(p.norm_den.data)[row_offset(p.norm_den, c * C + r)] = den;

@@ -238,12 +238,20 @@ __device__ __forceinline__ void chunk_fwd_o_state(float (&o)[(BV / 8) / 4][4], i
 
 // Step 5's share from within the chunk, O += (A ⊙ M) V, for the warp's rows 16·mo (column blocks 0 .. mo of A)
 // and NO value column tiles from no0, with A's blocks on and below the diagonal in a_s (C rows, pitch PA) and
-// the chunk's v in v_s (pitch PV).
-template <class E, int NO, int PA, int PV>
+// the chunk's v in v_s (pitch PV). ROW_SUMS (the normaliser): row_sums += A times a column of ones, the row sums
+// of the same 16-bit A that O's product reads (in every column of the fragment: rows g4 in [0], g4 + 8 in [2]).
+template <class E, int NO, int PA, int PV, bool ROW_SUMS = false>
 __device__ __forceinline__ void chunk_fwd_o_intra(float (&o)[NO][4], const E* a_s, const E* v_s, int mo, int no0,
-                                                  int lane) {
+                                                  int lane, float (*row_sums)[4] = nullptr) {
   using M = Mma<E>;
   for (int ks = 0; ks <= mo; ++ks) {
+    typename M::A af;
+    if constexpr (ROW_SUMS) {  // before the NaN vote: the ones carry no NaN, so the diagonal block is an mma too
+      af = frag_a(a_s + 16 * mo * PA + 16 * ks, PA, lane);
+      typename M::B ones;
+      ones.x[0] = ones.x[1] = M::pack(1.f, 1.f);
+      M::mma(*row_sums, af, ones);
+    }
     // The diagonal block's product multiplies the zeros above the diagonal of A by later rows of v: a NaN or
     // Inf there would reach earlier outputs. Where this warp's rows and columns of v hold one (a warp vote on
     // one or two 16-byte loads per lane), row by row up to the diagonal instead.
@@ -265,7 +273,7 @@ __device__ __forceinline__ void chunk_fwd_o_intra(float (&o)[NO][4], const E* a_
         for (int e = 0; e < 4; ++e) o[nt][e] += sums.x[nt][e];
       break;
     }
-    const auto af = frag_a(a_s + 16 * mo * PA + 16 * ks, PA, lane);
+    if constexpr (!ROW_SUMS) af = frag_a(a_s + 16 * mo * PA + 16 * ks, PA, lane);
 #pragma unroll
     for (int np = 0; np < NO / 2; ++np) {
       typename M::B b0, b1;
