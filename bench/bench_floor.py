@@ -73,11 +73,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", help="comma-separated indices into the anchor shapes (default: all)")
     parser.add_argument("--no-append", action="store_true", help="print only; leave results_floor.md alone")
+    parser.add_argument("--warm-fla-shape", type=int, metavar="I",
+                        help="only run FLA's forward and fwd+bwd once at anchor shape I (its compiles into Triton's "
+                             "cache; bench/device_floor.sh's WARM=1 runs one process per shape at once)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_floor: no GPU")
     fla_ops, fla_version = import_fla("gla.chunk_gla")
     fla_chunk = fla_ops["chunk_gla"] if fla_ops else None
+    if args.warm_fla_shape is not None:
+        if fla_chunk is None:
+            raise SystemExit("bench_floor: --warm-fla-shape needs FLA")
+        q, k, v, g, do = gla_inputs(*ANCHOR_SHAPES[args.warm_fla_shape])
+        torch.autograd.grad(fla_chunk(q, k, v, g)[0], (q, k, v, g), do)
+        return
     shapes = ANCHOR_SHAPES if not args.shapes else [ANCHOR_SHAPES[int(i)] for i in args.shapes.split(",")]
     bandwidth = copy_bandwidth()
     card = torch.cuda.get_device_name()
