@@ -1,5 +1,5 @@
 // Element access of GLA tensors: one element of any dtype as float or double (load_as / store_as), four and
-// eight at a time (load4 / store8), 16-bit pairs packed and widened, and the [B,T,H,D] offsets of a View.
+// eight at a time (load4 / load8 / store8), 16-bit pairs packed and widened, and the [B,T,H,D] offsets of a View.
 // Scalar conversions to_float / from_float: cuda/common/dtype.cuh.
 #pragma once
 
@@ -87,6 +87,24 @@ template <class In>
 __device__ __forceinline__ float widen(uint32_t bits) {
   if constexpr (std::is_same_v<In, bf16>) return __uint_as_float(bits << 16);
   else return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+
+// Eight consecutive elements at a 16-byte aligned address, as fp32.
+__device__ __forceinline__ void load8(const float* at, float (&x)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(at)[0], b = reinterpret_cast<const float4*>(at)[1];
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+__device__ __forceinline__ void load8(const bf16* at, float (&x)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(at);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+}
+__device__ __forceinline__ void load8(const __half* at, float (&x)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(at);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) x[2 * j] = widen<__half>(w[j] & 0xffffu), x[2 * j + 1] = widen<__half>(w[j] >> 16);
 }
 
 // Two floats rounded to bf16, packed into one word (lo in the low half).

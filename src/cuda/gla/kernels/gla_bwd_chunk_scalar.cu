@@ -202,14 +202,11 @@ __global__ void __launch_bounds__(kThreads, kChunkBlocksPerSm<KP, VP>) scalar_ch
     float x = 0.f;
 #pragma unroll
     for (int j = 0; j < VP / 8; j += 8) {  // 16-byte reads, the columns in order
-      const uint4 a = *reinterpret_cast<const uint4*>(do_s + r * PV + col0 + j);
-      const uint4 b = *reinterpret_cast<const uint4*>(o_s + r * PV + col0 + j);
-      const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+      float a[8], b[8];
+      load8(do_s + r * PV + col0 + j, a);
+      load8(o_s + r * PV + col0 + j, b);
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        x = fmaf(widen<bf16>(wa[w] & 0xffffu), widen<bf16>(wb[w] & 0xffffu), x);
-        x = fmaf(widen<bf16>(wa[w] >> 16), widen<bf16>(wb[w] >> 16), x);
-      }
+      for (int i = 0; i < 8; ++i) x = fmaf(a[i], b[i], x);
     }
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     x += __shfl_xor_sync(0xffffffffu, x, 2);

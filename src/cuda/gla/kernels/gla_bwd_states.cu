@@ -49,23 +49,6 @@ using StateScanSmem = StateScanSmemBytes<int(sizeof(T)), int(sizeof(GT)), kPair,
 template <class T>
 inline constexpr int kScanBlocksPerSm = kScanBlocksPerSmOf<int(sizeof(T))>;
 
-// Eight consecutive elements of a tile (state, x̂ or Γ), as fp32.
-__device__ __forceinline__ void load8(const float* at, float (&x)[8]) {
-  const float4 a = reinterpret_cast<const float4*>(at)[0], b = reinterpret_cast<const float4*>(at)[1];
-  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-}
-__device__ __forceinline__ void load8(const bf16* at, float (&x)[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(at);
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-}
-__device__ __forceinline__ void load8(const __half* at, float (&x)[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(at);
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) x[2 * j] = widen<__half>(w[j] & 0xffffu), x[2 * j + 1] = widen<__half>(w[j] >> 16);
-}
 __device__ __forceinline__ void store8(float* at, const float (&x)[8]) {
   reinterpret_cast<float4*>(at)[0] = {x[0], x[1], x[2], x[3]};
   reinterpret_cast<float4*>(at)[1] = {x[4], x[5], x[6], x[7]};
