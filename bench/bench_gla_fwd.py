@@ -39,7 +39,7 @@ import torch.nn.functional as F
 import triton.testing
 
 import flashgla
-from bench_ops import floor_bytes
+from bench_ops import floor_bytes, profiled_kernels
 
 
 def set_switch(name, value=None):
@@ -191,16 +191,7 @@ def main():
 
 def profiled_kernel_ms(fn, calls=5):
     """{kernel name: mean device time per call in ms} of the kernels `fn` launches (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    return {event.key: (getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)) / calls / 1e3
-            for event in prof.key_averages()}
+    return {key: ms for key, _, ms in profiled_kernels(fn, calls)}
 
 
 def kernel_times(fn, calls=5):

@@ -108,6 +108,24 @@ def copy_bandwidth():
     return 2 * src.numel() / (median_ms(lambda: dst.copy_(src)) * 1e-3)
 
 
+def profiled_kernels(fn, calls=5, warmup=1):
+    """[(kernel name, launches per call, mean device ms per call)] of the kernels `fn` launches, the costliest
+    first (torch.profiler, after `warmup` calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = [(event.key, event.count // calls,
+             (getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)) / calls / 1e3)
+            for event in prof.key_averages()]
+    return sorted(rows, key=lambda row: -row[2])
+
+
 def gla_inputs(B, T, H, K, V):
     """bf16 q, k, v, g = logsigmoid(randn) (all requiring grad) and do on the GPU, [B, T, H, dim]."""
     dtype = torch.bfloat16

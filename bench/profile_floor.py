@@ -12,10 +12,9 @@ Nsight Compute (--profile-from-start off) sees each kernel of one pass once.
 import argparse
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import flashgla
-from bench_ops import ANCHOR_SHAPES, copy_bandwidth, floor_bytes, gla_inputs
+from bench_ops import ANCHOR_SHAPES, copy_bandwidth, floor_bytes, gla_inputs, profiled_kernels
 
 
 def passes(B, T, H, K, V):
@@ -33,16 +32,8 @@ def passes(B, T, H, K, V):
 
 def kernel_table(function, calls=10):
     """[(kernel name, launches per call, mean µs per launch, µs per call)], the costliest first."""
-    for _ in range(3):
-        function()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            function()
-        torch.cuda.synchronize()
-    rows = [(e.key, e.count // calls, e.device_time_total / e.count, e.device_time_total / calls)
-            for e in prof.key_averages() if e.device_time_total > 0]
-    return sorted(rows, key=lambda r: -r[3])
+    return [(key, n, 1e3 * ms / max(n, 1), 1e3 * ms) for key, n, ms in profiled_kernels(function, calls, warmup=3)
+            if ms > 0]
 
 
 def main():
