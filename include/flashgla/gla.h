@@ -30,6 +30,17 @@ enum class GlaAlgorithm {
   recurrent,  // token by token; on the CPU it accumulates in fp64 (the reference)
 };
 
+// One chunked call in two (context parallelism, flashgla.distributed; docs/context_parallel.md): first what
+// does not depend on the state entering (forward) or the gradient leaving (backward) the sequences, with each
+// sequence's summary from it; then, once the caller has the state or gradient from the other ranks, the rest.
+// Only where gla_forward_phases_apply / gla_backward_phases_apply say so (CUDA, chunked): the summary then comes
+// out of the op's own passes (the forward's split states pass, the backward's state scans), not a pass of its own.
+enum class GlaPhase {
+  whole,    // the op in one call
+  summary,  // the split pass alone, and each sequence's summary; the workspace keeps what the output call reads
+  output,   // the rest, after a summary call with the same arguments and the same workspace
+};
+
 struct GlaForwardArgs {
   TensorView q;              // [B,T,H,K] f64/f32/bf16/f16
   TensorView k;              // [B,T,H,K] same dtype as q
@@ -99,6 +110,15 @@ struct GlaForwardArgs {
   size_t workspace_bytes = 0;
   WorkspaceAllocator allocate_workspace;  // used when workspace is null (flashgla/tensor.h)
   GlaTuning tuning;          // the library's choices unless a field is set (flashgla/tuning.h)
+
+  // GlaPhase::summary: the states pass over every split of every sequence; `summary` (out, f32 [N,H,K,V+1])
+  // gets each sequence's end state from a zero start (columns 0..V-1) and its summed log gate (column V), as
+  // gla_segment_states gives them; o and final_state are not written, initial_state is not read.
+  // GlaPhase::output: the output pass from the split states the summary call left in the workspace, with any
+  // initial_state; bitwise the whole call's o and final_state (summary is not read). Both calls take the
+  // workspace given (gla_forward_workspace_bytes(args) bytes, with args.phase set), never allocate_workspace.
+  GlaPhase phase = GlaPhase::whole;
+  TensorView summary;
 };
 
 struct GlaBackwardArgs {
@@ -131,6 +151,15 @@ struct GlaBackwardArgs {
   size_t workspace_bytes = 0;
   WorkspaceAllocator allocate_workspace;  // used when workspace is null (flashgla/tensor.h)
   GlaTuning tuning;
+
+  // GlaPhase::summary: the state scans, with the backward scan from a zero gradient at each sequence's end;
+  // `summary` (out, f32 [N,H,K,V]) gets each sequence's entering-state gradient for that zero gradient, as
+  // gla_segment_state_grads gives it; d_final_state is not read, the gradients not written.
+  // GlaPhase::output: the scans' fold, which adds d_final_state (any) decayed to every stored gradient state,
+  // and the chunk kernel: the whole call's gradients up to rounding (the stored states take d_final_state in
+  // the fold, not in the scan). Both calls take the workspace given, as in GlaForwardArgs.
+  GlaPhase phase = GlaPhase::whole;
+  TensorView summary;
 };
 
 // Most tokens one gla_decode call takes per sequence (speculative decoding).
@@ -217,6 +246,11 @@ void gla_forward(const GlaForwardArgs& args);
 size_t gla_forward_workspace_bytes(const GlaForwardArgs& args);  // checks args; 0 on the CPU
 void gla_backward(const GlaBackwardArgs& args);
 size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args);
+// Whether args may run as a summary call and an output call (GlaPhase; args.phase is not read): CUDA, the
+// chunked algorithm, forward in time, no normaliser or state pools, g_gamma in fp32; for the forward, a plan
+// that splits the sequences with its states kernel. Checks args.
+bool gla_forward_phases_apply(const GlaForwardArgs& args);
+bool gla_backward_phases_apply(const GlaBackwardArgs& args);
 // With normalize: S > 0, the chunk slots of norm_chunk_z, where the chunked forward fills norm_den and
 // norm_chunk_z for args and gla_backward folds the normaliser in with them (CUDA: the fast forward kernel and
 // the scalar backward chunk kernel, bf16 with K and V of 64 or 128); else 0 (the normaliser's own backward,

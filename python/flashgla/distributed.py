@@ -55,7 +55,8 @@ from torch import Tensor
 
 from . import _C
 from ._torch import make_args, run_op
-from .ops.gla import _run_backward_all, _run_forward, chunk_gla_segment_state_grads, chunk_gla_segment_states
+from .ops.gla import (_backward_in_phases, _forward_in_phases, _run_backward_all, _run_forward,
+                      chunk_gla_segment_state_grads, chunk_gla_segment_states)
 
 __all__ = ["CPContext", "build_cp_context", "exchange_halo", "conv_with_halo", "gather_keys_values", "cp_mean_loss",
            "attention_layout", "check_cp_context", "next_token_targets", "local_slice"]
@@ -531,11 +532,23 @@ class _ChunkGlaCP(torch.autograd.Function):
         summary = send[:n].view(B, H, K, V + 1)
         first_decay = None  # a of the first local sequence: carries its end state's gradient to its start
         error = None
+        phases = None  # (summaries, output call) of the local op in two calls, where its split gives them
+        cu = cu_host = None
         with _phase("prepass"):
             try:
                 _check_local_inputs(op_name, q, k, v, g, *checks, cp)
                 _check_gamma(g_gamma, q)
-                if cp.continues_into_next:  # else no rank folds it: send zeros
+                cu, cu_host = cp.local_op_cu_seqlens(q)
+                if cu is None:  # one sequence per row: its summary from the op's own split pass
+                    phases = _forward_in_phases(q, k, v, g, cu, cu_host, scale, output_final_state, state_dtype,
+                                                g_gamma=g_gamma, state_v_first=state_v_first, op=op_name)
+                if phases is not None:  # every local sequence's summary: the last one's is sent
+                    local = phases[0]
+                    if cp.continues_into_next:
+                        summary.copy_(local[-1:] if varlen else local)
+                    if output_final_state and cp.continues_from_prev:
+                        first_decay = (local[:1] if varlen else local)[..., V]
+                if phases is None and cp.continues_into_next:  # else no rank folds it: send zeros
                     s0 = cp.last_seq_start
                     states, log_decay = _segment_states(k[:, s0:], v[:, s0:], _rows(g, s0, None), g_gamma)
                     summary[..., :V].copy_(states)
@@ -560,11 +573,13 @@ class _ChunkGlaCP(torch.autograd.Function):
                 rows = cp.num_local_seqs if varlen else B
                 h0 = _state_rows(rows, H, K, V, state_dtype, q.device, state_v_first)
                 _fold(packed[..., :V], packed[..., V], begin, end, False, _first_rows(_kv(h0, state_v_first), varlen))
-        # 4. The ordinary chunked forward on the local slice.
-        cu, cu_host = cp.local_op_cu_seqlens(q)
+        # 4. The ordinary chunked forward on the local slice (its output call, after the summary call).
         with _phase("local"):
-            o, ht = _run_forward(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, scale, False,
-                                 output_final_state, state_dtype, g_gamma=g_gamma, state_v_first=state_v_first)
+            if phases is not None:
+                o, ht = phases[1](h0)
+            else:
+                o, ht = _run_forward(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, scale, False,
+                                     output_final_state, state_dtype, g_gamma=g_gamma, state_v_first=state_v_first)
 
         fctx.save_for_backward(q, k, v, g, h0, g_gamma)
         fctx.log_decay = packed[..., V].clone()  # [P, B·H, K]: the backward's decays (no second gather)
@@ -589,15 +604,25 @@ class _ChunkGlaCP(torch.autograd.Function):
         send = torch.zeros(n + _STATUS, dtype=state_dtype, device=q.device)
         summary = send[:n].view(B, H, K, V)
         error = None
+        phases = None  # (summaries, output call) of the local backward in two calls, where its split gives them
+        cu = cu_host = None
         with _phase("prepass"):
             try:
+                cu, cu_host = cp.local_op_cu_seqlens(q)
                 if do is None:  # the output was unused here; the other ranks still need this rank's summary
                     do = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
                 if dht is not None:
                     dht = _kv(dht, vfirst).to(state_dtype)  # [N, H, K, V] (a view where it can be)
+                if cu is None:  # one sequence per row (the fold then touches the rows the summary is of)
+                    phases = _backward_in_phases(q, k, v, g, h0, cu, cu_host, do, fctx.scale, state_dtype,
+                                                 g_gamma=g_gamma, state_v_first=vfirst,
+                                                 op=fctx.op_name + " (backward)")
                 if cp.continues_from_prev:  # else no rank folds it: send zeros
                     e = cp.first_seq_end
-                    d_states = _segment_state_grads(q[:, :e], do[:, :e], _rows(g, 0, e), fctx.scale, g_gamma)
+                    if phases is not None:  # every local sequence's: the first one's is sent
+                        d_states = phases[0][:1] if varlen else phases[0]
+                    else:
+                        d_states = _segment_state_grads(q[:, :e], do[:, :e], _rows(g, 0, e), fctx.scale, g_gamma)
                     if dht is not None:
                         M = B * H
                         _fold(d_states.reshape(1, M, K, V), fctx.first_decay, 0, 1, False, summary.view(M, K, V),
@@ -621,12 +646,14 @@ class _ChunkGlaCP(torch.autograd.Function):
                 if begin < end:
                     _fold(gathered[:, :n].view(P, B * H, K, V), log_decay, begin, end, True,
                           _last_rows(_kv(d_end, vfirst), varlen), accumulate=True)
-        # 4. The ordinary chunked backward on the local slice.
-        cu, cu_host = cp.local_op_cu_seqlens(q)
+        # 4. The ordinary chunked backward on the local slice (its output call, after the summary call).
         with _phase("local"):
-            dq, dk, dv, dg, _, d_gamma = _run_backward_all(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host, do,
-                                                           d_end, fctx.scale, False, False, state_dtype,
-                                                           g_gamma=g_gamma, state_v_first=vfirst)
+            if phases is not None:
+                dq, dk, dv, dg, d_gamma = phases[1](d_end)
+            else:
+                dq, dk, dv, dg, _, d_gamma = _run_backward_all(_C.GlaAlgorithm.chunked, q, k, v, g, h0, cu, cu_host,
+                                                               do, d_end, fctx.scale, False, False, state_dtype,
+                                                               g_gamma=g_gamma, state_v_first=vfirst)
         # d_g_gamma: this rank's tokens' share (the paths through the other ranks included, as for dg); the
         # full gradient is the sum over the group, as for any parameter shared by the ranks.
         d_gamma = d_gamma.to(g_gamma.dtype) if g_gamma is not None else None

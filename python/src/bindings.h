@@ -60,6 +60,16 @@ void stream_field(nb::class_<Args>& cls) {
       [](Args& a, uintptr_t stream) { a.stream = reinterpret_cast<void*>(stream); });
 }
 
+// workspace and workspace_bytes of an args struct: a caller's buffer (a pointer, as data_ptr() gives it) that
+// two calls share (GlaPhase); left at 0 the op asks allocate_workspace.
+template <class Args>
+void workspace_fields(nb::class_<Args>& cls) {
+  cls.def_prop_rw(
+         "workspace", [](const Args& a) { return reinterpret_cast<uintptr_t>(a.workspace); },
+         [](Args& a, uintptr_t at) { a.workspace = reinterpret_cast<void*>(at); })
+      .def_rw("workspace_bytes", &Args::workspace_bytes);
+}
+
 // The args with the tuning of the FLASHGLA_* environment (tools/tuning_env.h: gla_tuning_from_env,
 // attention_tuning_from_env, attention_backward_tuning_from_env), read at every call (a few getenv): the
 // Python benchmarks (bench/bench_*.py) change the switches in os.environ between calls.

@@ -29,8 +29,11 @@ nb::class_<Args> gla_args_class(nb::module_& m, const char* name, const char* do
                             {"initial_state", &Args::initial_state},
                             {"cu_seqlens", &Args::cu_seqlens},
                             {"cu_seqlens_host", &Args::cu_seqlens_host},
-                            {"g_gamma", &Args::g_gamma}});
+                            {"g_gamma", &Args::g_gamma},
+                            {"summary", &Args::summary}});
+  cls.def_rw("phase", &Args::phase);
   stream_field(cls);
+  workspace_fields(cls);
   return cls;
 }
 
@@ -40,6 +43,10 @@ void bind_gla(nb::module_& m) {
   nb::enum_<GlaAlgorithm>(m, "GlaAlgorithm")
       .value("chunked", GlaAlgorithm::chunked)
       .value("recurrent", GlaAlgorithm::recurrent);
+  nb::enum_<GlaPhase>(m, "GlaPhase")
+      .value("whole", GlaPhase::whole)
+      .value("summary", GlaPhase::summary)
+      .value("output", GlaPhase::output);
 
   auto forward = gla_args_class<GlaForwardArgs>(m, "GlaForwardArgs", "flashgla::GlaForwardArgs (flashgla/gla.h).");
   tensor_fields<GlaForwardArgs>(forward, {{"o", &GlaForwardArgs::o},
@@ -61,6 +68,15 @@ void bind_gla(nb::module_& m) {
       },
       "args"_a, "allocate_workspace"_a.none() = nb::none(),
       "allocate_workspace: bytes -> (buffer, data_ptr), or None on the CPU (see WorkspaceAllocator).");
+  // GlaPhase: whether a call may run in two, and the workspace the two share (flashgla/gla.h).
+  m.def(
+      "gla_forward_phases_apply",
+      [](const GlaForwardArgs& a) { return flashgla::gla_forward_phases_apply(with_tuning(a, &gla_tuning_from_env)); },
+      "args"_a);
+  m.def(
+      "gla_forward_workspace_bytes",
+      [](const GlaForwardArgs& a) { return flashgla::gla_forward_workspace_bytes(with_tuning(a, &gla_tuning_from_env)); },
+      "args"_a);
   m.def(
       "gla_normalize_residual_slots",
       [](const GlaForwardArgs& a) {
@@ -89,6 +105,14 @@ void bind_gla(nb::module_& m) {
         run_with_workspace(&flashgla::gla_backward, with_tuning(a, &gla_tuning_from_env), allocate_workspace);
       },
       "args"_a, "allocate_workspace"_a.none() = nb::none());
+  m.def(
+      "gla_backward_phases_apply",
+      [](const GlaBackwardArgs& a) { return flashgla::gla_backward_phases_apply(with_tuning(a, &gla_tuning_from_env)); },
+      "args"_a);
+  m.def(
+      "gla_backward_workspace_bytes",
+      [](const GlaBackwardArgs& a) { return flashgla::gla_backward_workspace_bytes(with_tuning(a, &gla_tuning_from_env)); },
+      "args"_a);
 
   nb::class_<GlaDecodeArgs> decode(m, "GlaDecodeArgs", "flashgla::GlaDecodeArgs (flashgla/gla.h).");
   decode.def(nb::init<>()).def_rw("scale", &GlaDecodeArgs::scale);

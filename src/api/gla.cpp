@@ -395,12 +395,60 @@ GlaBackwardArgs with_gate(GlaBackwardArgs a, char* gate, const GlaProblem& p) {
   return a;
 }
 
+// GlaPhase (flashgla/gla.h): the CUDA backend's answer where the API's own conditions hold (g_gamma in the
+// kernels: no staged gate, whose scratch would sit in front of the op's).
+bool forward_phases_apply(const GlaForwardArgs& a, const GlaProblem& p) {
+  if (a.q.device.type != DeviceType::cuda || (a.g_gamma.defined() && !gamma_in_kernels(a.q, a.g_gamma, a.algorithm)))
+    return false;
+#ifdef FLASHGLA_WITH_CUDA
+  return cuda::gla_forward_phases_apply(a, p);
+#else
+  (void)p;
+  return false;
+#endif
+}
+
+bool backward_phases_apply(const GlaBackwardArgs& a, const GlaProblem& p) {
+  if (a.q.device.type != DeviceType::cuda || (a.g_gamma.defined() && !gamma_in_kernels(a.q, a.g_gamma, a.algorithm)))
+    return false;
+#ifdef FLASHGLA_WITH_CUDA
+  return cuda::gla_backward_phases_apply(a, p);
+#else
+  (void)p;
+  return false;
+#endif
+}
+
+// summary_dims: [N, H, K, V+1] (forward) or [N, H, K, V] (backward).
+template <class Args>
+void check_phase(const Args& a, bool applies, const GlaProblem& p, int64_t summary_columns, const char* query) {
+  if (a.phase == GlaPhase::whole) {
+    FLASHGLA_REQUIRE(!a.summary.defined(), ErrorKind::value, "summary", "is the output of phase = summary only");
+    return;
+  }
+  FLASHGLA_REQUIRE(applies, ErrorKind::unsupported, "phase",
+                   std::string("a summary or output call needs a call that ") + query +
+                       " accepts (CUDA, chunked, forward in time, a plan that splits the sequences)");
+  FLASHGLA_REQUIRE(a.workspace != nullptr, ErrorKind::value, "workspace",
+                   "the summary and output calls share the workspace given (allocate_workspace is not used)");
+  if (a.phase == GlaPhase::output) return;  // (summary, the summary call's output, is not read)
+  FLASHGLA_REQUIRE(a.summary.defined(), ErrorKind::value, "summary", "is required with phase = summary");
+  check::shape(a.summary, "summary", {p.num_seqs, p.heads, p.key_dim, summary_columns},
+               summary_columns > p.value_dim ? "[N, H, K, V + 1]" : "[N, H, K, V]", /*is_output=*/true);
+  FLASHGLA_REQUIRE(a.summary.dtype == DType::f32, ErrorKind::type, "summary",
+                   std::string("expected float32, got ") + dtype_name(a.summary.dtype));
+  check::device(a.summary, "summary", a.q.device, "q");
+}
+
 }  // namespace
 
 void gla_forward(const GlaForwardArgs& args) {
   const GlaProblem p = check_forward(args);
   GlaForwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
+  if (a.phase != GlaPhase::whole || a.summary.defined())
+    check_phase(a, a.phase != GlaPhase::whole && forward_phases_apply(a, p), p, p.value_dim + 1,
+                "gla_forward_phases_apply");
   if (a.norm_den.defined()) {
     const int64_t slots = residual_slots(a, p);
     FLASHGLA_REQUIRE(slots > 0, ErrorKind::value, "norm_den",
@@ -429,6 +477,9 @@ void gla_backward(const GlaBackwardArgs& args) {
   const GlaProblem p = check_backward(args);
   GlaBackwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
+  if (a.phase != GlaPhase::whole || a.summary.defined())
+    check_phase(a, a.phase != GlaPhase::whole && backward_phases_apply(a, p), p, p.value_dim,
+                "gla_backward_phases_apply");
   if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.g_gamma, a.algorithm))
     return FLASHGLA_DISPATCH(dev, gla_backward, a, p);
   GateScratch scratch(dev, 2 * gate_bytes(p), a.stream, a.workspace, a.workspace_bytes, a.allocate_workspace);
@@ -438,6 +489,16 @@ void gla_backward(const GlaBackwardArgs& args) {
   FLASHGLA_DISPATCH(dev, gla_backward, b, p);
   const GammaGradArgs grad{b.dg, a.dg, a.d_g_gamma, a.stream};
   FLASHGLA_DISPATCH(dev, gla_gamma_grad, grad);
+}
+
+bool gla_forward_phases_apply(const GlaForwardArgs& args) {
+  const GlaProblem p = check_forward(args);
+  return forward_phases_apply(with_kv_states(args), p);
+}
+
+bool gla_backward_phases_apply(const GlaBackwardArgs& args) {
+  const GlaProblem p = check_backward(args);
+  return backward_phases_apply(with_kv_states(args), p);
 }
 
 int64_t gla_normalize_residual_slots(const GlaForwardArgs& args) {

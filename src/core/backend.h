@@ -32,6 +32,8 @@ void attention_backward(const AttentionBackwardArgs& args, const AttentionProble
 // Scratch each call needs (see GlaForwardArgs::workspace); 0 when none.
 size_t gla_forward_workspace_bytes(const GlaForwardArgs& args, const GlaProblem& problem);
 size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args, const GlaProblem& problem);
+bool gla_forward_phases_apply(const GlaForwardArgs& args, const GlaProblem& problem);  // flashgla/gla.h
+bool gla_backward_phases_apply(const GlaBackwardArgs& args, const GlaProblem& problem);
 int64_t gla_normalize_residual_slots(const GlaForwardArgs& args, const GlaProblem& problem);  // flashgla/gla.h
 size_t attention_forward_workspace_bytes(const AttentionForwardArgs& args, const AttentionProblem& problem);
 size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& args, const AttentionProblem& problem);

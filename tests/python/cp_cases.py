@@ -200,6 +200,11 @@ def numerics_cases(world):
     return cases
 
 
+# On GPUs: slices long enough that the local op splits them, so that its own split pass gives the summaries
+# (flashgla/gla.h, GlaPhase): bf16_check asserts that the forward and the backward run in two calls.
+LONG_CASES = [("one long sequence, the summaries from the op's split", dict(bounds=[0, 65536], long=True))]
+
+
 def numerics(rank, world, device, dtypes):
     failures = []
     lines = []
@@ -209,7 +214,7 @@ def numerics(rank, world, device, dtypes):
 
     for dtype in dtypes:
         for gate in ("vector", "scalar", "none", "gamma", "scalar+gamma", "normalize"):
-            for name, kw in numerics_cases(world):
+            for name, kw in numerics_cases(world) + (LONG_CASES if device.type == "cuda" else []):
                 if gate in ("none", "gamma", "normalize") and kw.get("neg_inf_at"):
                     continue
                 if gate in ("none", "normalize") and kw.get("state_v_first"):
@@ -261,6 +266,13 @@ def bf16_check(label, rank, world, device, gate, kw, report):
     sl = slice(ctx.token_offset, ctx.token_offset + local)
     mine = [x[:, sl].detach().clone().requires_grad_() if x is not None else None for x in (*to, gd)]
     d_local = dod[:, sl].contiguous()
+    if kw.get("long"):
+        from flashgla.ops.gla import _backward_in_phases, _forward_in_phases
+        x = [t.detach() if t is not None else None for t in mine]
+        if _forward_in_phases(*x, None, None, scale, False, torch.float32) is None:
+            return [f"{label}: the forward of the local slice does not run in two calls"]
+        if _backward_in_phases(*x[:3], x[3], None, None, None, d_local, scale, torch.float32) is None:
+            return [f"{label}: the backward of the local slice does not run in two calls"]
     run_op(gate, *mine, scale=scale, cp_context=ctx)  # first call: ctx's device copies are made here
     for x in mine:
         if x is not None:
@@ -416,18 +428,18 @@ def one_rank_fails_suite(rank, world, device, ctx, q, g, L):
     ctx1 = fd.build_cp_context(torch.tensor([0, world * L], device=device))
     xs = [x.detach().clone().requires_grad_() for x in (q, q, q)]
     o, _ = flashgla.chunk_gla(*xs, g, cp_context=ctx1)
-    real = fd._segment_state_grads
+    real = fd._segment_state_grads, fd._backward_in_phases  # the pre-pass: its own, or the op's summary call
 
     def injected(*args, **kwargs):
         raise RuntimeError("flashgla: injected fault in the pre-pass")
 
     if rank == last:
-        fd._segment_state_grads = injected
+        fd._segment_state_grads = fd._backward_in_phases = injected
     try:
         expect_every_rank_raises(failures, "fault in the backward on one rank", rank, last, RuntimeError,
                                  "injected fault", lambda: o.backward(torch.ones_like(o), retain_graph=True))
     finally:
-        fd._segment_state_grads = real
+        fd._segment_state_grads, fd._backward_in_phases = real
     return failures
 
 

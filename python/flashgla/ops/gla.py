@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from .. import _C
-from .._torch import as_scale, forbid_double_backward, make_args, require_same_device, require_tensors, run_op, view
+from .._torch import (as_scale, forbid_double_backward, make_args, on_device, require_same_device, require_tensors,
+                      run_op, view)
 from ._memory import require_outputs
 
 __all__ = ["chunk_gla", "fused_recurrent_gla", "chunk_simple_gla", "fused_recurrent_simple_gla", "chunk_linear_attn",
@@ -119,6 +120,85 @@ def _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqle
                      d_g_gamma=d_g_gamma if g_gamma is not None else None, state_v_first=bool(state_v_first))
     run_op(_C.gla_backward, args, q.device)
     return dq, dk, dv, dg, dh0, d_g_gamma
+
+
+def _in_phases(args, phases_apply, workspace_bytes, run, summary, device):
+    """The summary call of args (flashgla/gla.h, GlaPhase) into `summary`, with a workspace the output call
+    shares: returns output(**fields), which sets the fields given and runs the output call; None (nothing
+    run) where the phases do not apply."""
+    with on_device(device):
+        if not phases_apply(args):
+            return None
+        args.phase = _C.GlaPhase.summary
+        num_bytes = workspace_bytes(args)
+    buffer = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    args.workspace, args.workspace_bytes = buffer.data_ptr(), num_bytes
+    args.summary = view(summary, "summary")
+    run_op(run, args, device)
+
+    def output(_workspace=buffer, **fields):  # (_workspace: the buffer the two calls share, alive until here)
+        args.phase = _C.GlaPhase.output
+        for name, value in fields.items():  # None: the field stays unset, as in the summary call
+            if value is not None:
+                setattr(args, name, view(value, name))
+        run_op(run, args, device)
+
+    return output
+
+
+def _forward_in_phases(q, k, v, g, cu_seqlens, cu_seqlens_host, scale, output_final_state, state_dtype, *,
+                       g_gamma=None, state_v_first=False, op="gla_forward"):
+    """The chunked forward in two calls (context parallelism): (summary, output) with summary [N, H, K, V+1]
+    f32 (each sequence's end state from zero, its summed log gate in column V) and output(initial_state) -> (o,
+    final_state); None where the phases do not apply (the caller then runs a pass of its own and the op)."""
+    if q.device.type != "cuda":
+        return None
+    _require_forward_memory(op, _C.GlaAlgorithm.chunked, q, v, cu_seqlens, output_final_state, state_dtype,
+                            state_v_first)
+    o, final_state = _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype, state_v_first)
+    args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g, cu_seqlens=cu_seqlens, cu_seqlens_host=cu_seqlens_host,
+                     scale=scale, algorithm=_C.GlaAlgorithm.chunked, o=o,
+                     final_state=final_state if output_final_state else None, g_gamma=g_gamma,
+                     state_v_first=bool(state_v_first))
+    N, H, K, V = _state_shape(q, v, cu_seqlens)
+    summary = torch.empty(N, H, K, V + 1, dtype=torch.float32, device=q.device)
+    output = _in_phases(args, _C.gla_forward_phases_apply, _C.gla_forward_workspace_bytes, _C.gla_forward,
+                        summary, q.device)
+    if output is None:
+        return None
+
+    def run_output(initial_state):
+        output(initial_state=initial_state)
+        return o, final_state
+
+    return summary, run_output
+
+
+def _backward_in_phases(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, scale, state_dtype, *,
+                        g_gamma=None, state_v_first=False, op="gla_backward"):
+    """The chunked backward in two calls (context parallelism): (summary, output) with summary [N, H, K, V]
+    f32 (each sequence's entering-state gradient for a zero gradient at its end) and output(d_final_state) ->
+    (dq, dk, dv, dg, d_g_gamma); None where the phases do not apply."""
+    if q.device.type != "cuda":
+        return None
+    _require_backward_memory(op, _C.GlaAlgorithm.chunked, q, k, v, g, cu_seqlens, False, state_dtype, state_v_first)
+    dq, dk, dv, dg, _, d_g_gamma = _backward_outputs(q, k, v, g, cu_seqlens, False, state_dtype, g_gamma,
+                                                     state_v_first)
+    args = make_args(_C.GlaBackwardArgs, q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                     cu_seqlens_host=cu_seqlens_host, scale=scale, algorithm=_C.GlaAlgorithm.chunked, d_o=do,
+                     dq=dq, dk=dk, dv=dv, dg=dg if g is not None else None, g_gamma=g_gamma,
+                     d_g_gamma=d_g_gamma if g_gamma is not None else None, state_v_first=bool(state_v_first))
+    summary = torch.empty(_state_shape(q, v, cu_seqlens), dtype=torch.float32, device=q.device)
+    output = _in_phases(args, _C.gla_backward_phases_apply, _C.gla_backward_workspace_bytes, _C.gla_backward,
+                        summary, q.device)
+    if output is None:
+        return None
+
+    def run_output(d_final_state):
+        output(d_final_state=d_final_state)
+        return dq, dk, dv, dg, d_g_gamma
+
+    return summary, run_output
 
 
 def _run_backward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse,

@@ -25,6 +25,7 @@
 
 #include "core/gla_chunk.h"
 #include "core/problem.h"
+#include "flashgla/gla.h"
 #include "cuda/gla/plan/plan.h"
 #include "cuda/gla/device/types.cuh"
 
@@ -72,6 +73,13 @@ struct BwdParams {
   int64_t chunks_per_split = 0;     // chunks of each piece (the last may have fewer)
   float* split_summaries = nullptr; // [scan][N][H][split][tile]: a piece's last state (64x64) and its total decay (64)
   float* chunk_decays = nullptr;    // [scan][slot][H][64 key_tiles]: decay (log2) from the piece's start to each stored state
+  // GlaPhase (flashgla/gla.h): the scans record each stored state's decay and their summaries even without a
+  // split (phased). A summary call scans from a zero dht; with a split its fold writes only `summary` (f32
+  // [N,H,K,V], dh0 for that zero dht; without one the scan writes it as dh0). An output call's fold carries dht
+  // into the backward scan's first piece as well (the whole sequence without a split), which started from zero.
+  bool phased = false;
+  View summary;
+  bool dht_in_fold = false;
   // With g_gamma's gradient asked for: per (slot, head), the sum over the chunk's tokens of the scalar gate's
   // gradient (zeroed first: padding slots stay 0); d_g_gamma[h] is their sum over slots.
   float* gamma_chunk_sums = nullptr;  // [num_slots][H]
@@ -115,7 +123,8 @@ bool bf16_rows(const View& t, int D);
 bool f32_rows(const View& t, int D);
 size_t bwd_chunk_smem_bytes(Compute c);
 // The launchers run the instantiation the plan (plan.h) chose.
-void launch_bwd_state_scan(const BwdParams& p, Compute c, BwdScanKernel scans, cudaStream_t stream);
+// phase: whole (the scans, then the fold of a split), summary (the scans and p.summary), output (the fold).
+void launch_bwd_state_scan(const BwdParams& p, Compute c, BwdScanKernel scans, GlaPhase phase, cudaStream_t stream);
 // overlap_scans (sm_90+): a programmatic dependent launch; the chunk kernel's
 // blocks start as the state scans' blocks retire, compute dA and A, and wait
 // for the scans (griddepcontrol.wait) before they read a state or write.

@@ -50,6 +50,12 @@ struct ChunkParams {
   // total log decay Σ g to piece_log_decay (exact where exp(Σ g) underflows; −inf stays −inf).
   bool whole_segments = false;
   float* piece_log_decay = nullptr;  // [N][H][state_pieces][K] when set
+  // GlaPhase::summary (gla_forward.cu): the states kernel walks each sequence's last split too, into the
+  // last_piece slots, and the fold writes summary [N,H,K,V+1] f32: each sequence's end state from a zero start
+  // and its summed log gate (column V), from the pieces' log decays (piece_log_decay set).
+  View summary;
+  float* last_piece_states = nullptr;     // [N][H][state_pieces][K][V]
+  float* last_piece_log_decay = nullptr;  // [N][H][state_pieces][K]
   // The segment gradients: k, v hold q, d_o; the chunks are walked first to last with the weights
   // exp Σ_{u ≤ t} g_u, and the pieces' summaries are multiplied by summary_scale (the attention scale).
   bool walk_forward = false;

@@ -56,6 +56,7 @@ gla::BwdProblem bwd_problem(const GlaBackwardArgs& a, const GlaProblem& pr) {
   b.g_f32_rows = vector_gate && f32_rows(view_of(a.g), K);
   b.dg_f32_rows = vector_gate && f32_rows(view_of(a.dg), K);
   b.normalize = a.norm_den.defined();
+  b.phased = a.phase != GlaPhase::whole;
   if (pr.varlen) {
     const gla::DeviceProps& device = device_props(a.q.device.index);
     b.longest = planning_longest(pr, a.cu_seqlens, a.cu_seqlens_host, static_cast<cudaStream_t>(a.stream),
@@ -82,7 +83,18 @@ void check_supported(const GlaBackwardArgs& a, const GlaProblem& pr) {
                    "the CUDA recurrent GLA backward takes K <= 512, got K = " + std::to_string(pr.key_dim));
 }
 
+// The state scans' fold (gla_bwd_states.cu) takes dht after the scans, with or without a split.
+bool phases_apply(const GlaBackwardArgs& a) {
+  return a.algorithm == GlaAlgorithm::chunked && !a.reverse && !a.norm_den.defined();
+}
+
 }  // namespace
+
+bool gla_backward_phases_apply(const GlaBackwardArgs& a, const GlaProblem& pr) {
+  if (a.algorithm != GlaAlgorithm::chunked || a.q.dtype == DType::f64) return false;
+  check_supported(a, pr);
+  return phases_apply(a);
+}
 
 size_t gla_backward_workspace_bytes(const GlaBackwardArgs& a, const GlaProblem& pr) {
   check_supported(a, pr);
@@ -120,6 +132,17 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
   const gla::BwdPlan sizes = plan(a, pr);  // the choices below and the scratch layout (plan.cpp says why)
   p.diag_factor_limit = sizes.diag_factor_limit;
   p.num_slots = sizes.num_slots;
+  bool overlap = sizes.overlap;
+  if (a.phase != GlaPhase::whole) {  // checked in src/api/gla.cpp: phases_apply, a workspace given
+    p.phased = true;
+    if (a.phase == GlaPhase::summary) {  // from a zero dht: dh0 is the summary (the split's fold, else the scan)
+      p.dht = {}, p.dh0 = {};
+      (sizes.scan_splits > 1 ? p.summary : p.dh0) = view_of(a.summary);
+    }
+    p.dht_in_fold = a.phase == GlaPhase::output && a.d_final_state.defined();  // else the scan's zero start stands
+    // The chunk kernel overlaps the kernel before it: the scans' fold, or none to wait for.
+    if (a.phase == GlaPhase::output && sizes.scan_splits == 1 && !p.dht_in_fold) overlap = false;
+  }
 
   Scratch scratch(a.workspace, a.workspace_bytes, a.allocate_workspace, sizes.total(), stream,
                   "gla_backward_workspace_bytes", "workspace", gla::BwdPlan::kAlign);
@@ -164,8 +187,9 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
         p.norm_key_grads = reinterpret_cast<float*>(take(sizes.norm_key_grads));  // every chunk's slot written
       }
     }
-    gla::launch_bwd_state_scan(p, c, sizes.scans, stream);  // also writes dh0
-    if (p.num_slots > 0 && pr.seq_len > 0) gla::launch_bwd_chunk(p, sizes.chunk_kernel, sizes.overlap, stream);
+    gla::launch_bwd_state_scan(p, c, sizes.scans, a.phase, stream);  // also writes dh0
+    if (a.phase == GlaPhase::summary) return;
+    if (p.num_slots > 0 && pr.seq_len > 0) gla::launch_bwd_chunk(p, sizes.chunk_kernel, overlap, stream);
     if (a.norm_den.defined() && !p.norm_carries) gla::launch_bwd_norm_keys(p, stream);
     if (a.d_g_gamma.defined()) {  // d_g_gamma[h]: the chunk sums added over the slots, in a fixed order
       const TensorView sums =

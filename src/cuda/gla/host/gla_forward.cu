@@ -122,21 +122,54 @@ size_t with_normalizer(size_t op_bytes, const GlaForwardArgs& args, size_t norma
   return args.normalize ? normalizer_offset(op_bytes) + normalizer_bytes : op_bytes;
 }
 
+// GlaPhase (flashgla/gla.h): a summary call's slots after the plan's workspace (256-aligned): the log decay of
+// every piece, then the last split's pieces (states, log decays), which no whole call walks.
+struct PhaseSlots {
+  size_t offset = 0, piece_log_decay = 0, last_piece_states = 0, last_piece_log_decay = 0;  // offsets, floats
+  size_t bytes = 0;  // the workspace with them
+};
+PhaseSlots phase_slots(const gla::FwdPlan& plan, const GlaProblem& p) {
+  PhaseSlots s;
+  s.offset = (plan.workspace_bytes + 255) / 256 * 256;
+  const size_t nh = size_t(p.num_seqs * p.heads), pieces = size_t(plan.state_pieces), K = size_t(p.key_dim);
+  s.last_piece_states = nh * size_t(plan.num_splits - 1) * pieces * K;
+  s.last_piece_log_decay = s.last_piece_states + nh * pieces * K * size_t(p.value_dim);
+  s.bytes = s.offset + (s.last_piece_log_decay + nh * pieces * K) * sizeof(float);
+  return s;
+}
+
+// The phases apply where the fast kernel's states pass is its own kernel (plan.h's states_kernel), whose grid
+// can take the last split's pieces too.
+bool phases_apply(const gla::FwdPlan& plan) {
+  return plan.kernel == gla::FwdKernel::fast && plan.states == gla::StatesPass::states_kernel &&
+         int64_t(plan.num_splits) * plan.state_pieces <= 65535;
+}
+
 size_t dense_workspace_bytes(const GlaForwardArgs& args, const GlaProblem& problem) {
   size_t op = 0;
   if (args.algorithm == GlaAlgorithm::chunked && args.q.dtype != DType::f64) {
     DeviceGuard guard(args.q.device.index);
-    op = plan_chunked(args, problem).plan.workspace_bytes;
+    const gla::FwdPlan plan = plan_chunked(args, problem).plan;
+    op = args.phase != GlaPhase::whole && phases_apply(plan) ? phase_slots(plan, problem).bytes : plan.workspace_bytes;
   }
   return with_normalizer(op, args,
                          args.normalize ? gla_normalize_forward_workspace_bytes(normalize_args_of(args), problem) : 0);
 }
 
 void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem);
+void place_split_slots(gla::ChunkParams& c, const gla::FwdPlan& plan, char* workspace);
 void launch_chunked(gla::ChunkParams& c, const gla::FwdPlan& plan, Scratch& workspace, int num_seqs,
                     cudaStream_t stream);
 
 }  // namespace
+
+bool gla_forward_phases_apply(const GlaForwardArgs& args, const GlaProblem& problem) {
+  if (args.algorithm != GlaAlgorithm::chunked || args.reverse || args.normalize || pooled_bytes(args, problem) != 0 ||
+      args.ssm_state_indices.defined() || (args.q.dtype != DType::bf16 && args.q.dtype != DType::f16))
+    return false;
+  DeviceGuard guard(args.q.device.index);  // the plan may read device-only boundaries back (planning_longest)
+  return phases_apply(plan_chunked(args, problem).plan);
+}
 
 size_t gla_forward_workspace_bytes(const GlaForwardArgs& args, const GlaProblem& problem) {
   const size_t pooled = pooled_bytes(args, problem);
@@ -277,6 +310,20 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
   gla::ChunkParams& c = planned.params;
   const gla::FwdPlan& plan = planned.plan;
   const int num_seqs = planned.num_seqs;
+  if (args.phase != GlaPhase::whole) {  // checked in src/api/gla.cpp: phases_apply(plan), a workspace given
+    FLASHGLA_REQUIRE(phases_apply(plan), ErrorKind::unsupported, "phase",
+                     "this call's plan has no separate states pass (gla_forward_phases_apply)");
+    const PhaseSlots slots = phase_slots(plan, problem);
+    Scratch workspace(args.workspace, args.workspace_bytes, {}, slots.bytes, stream, "gla_forward_workspace_bytes");
+    place_split_slots(c, plan, workspace.bytes());
+    if (args.phase == GlaPhase::output) return gla::launch_fast_chunk_forward(c, num_seqs, stream);
+    float* extra = reinterpret_cast<float*>(workspace.bytes() + slots.offset);
+    c.piece_log_decay = extra;
+    c.last_piece_states = extra + slots.last_piece_states;
+    c.last_piece_log_decay = extra + slots.last_piece_log_decay;
+    c.summary = view_of(args.summary);
+    return gla::launch_split_states(c, num_seqs, stream);
+  }
   // normalize: the fast kernel divides by the normaliser, carrying z itself (with a sequence split, from the
   // normaliser's key pass: z at each chunk's start); the other kernels store o, which the normaliser then
   // divides in place.
@@ -307,16 +354,21 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
   if (args.normalize && !fold_normalizer) gla_normalize_forward(normalizer, problem);
 }
 
-void launch_chunked(gla::ChunkParams& c, const gla::FwdPlan& plan, Scratch& workspace, int num_seqs,
-                    cudaStream_t stream) {
+// The split slots at the start of the workspace, in plan.h's order.
+void place_split_slots(gla::ChunkParams& c, const gla::FwdPlan& plan, char* workspace) {
   if (plan.states != gla::StatesPass::none) {  // num_splits > 1: the states of the earlier splits first
-    c.split_states = workspace.floats();
+    c.split_states = reinterpret_cast<float*>(workspace);
     c.split_decay = c.split_states + plan.split_states_floats;
   }
   if (plan.states == gla::StatesPass::states_kernel) {
     c.piece_states = c.split_states + plan.split_floats;
     c.piece_decay = c.piece_states + plan.piece_states_floats;
   }
+}
+
+void launch_chunked(gla::ChunkParams& c, const gla::FwdPlan& plan, Scratch& workspace, int num_seqs,
+                    cudaStream_t stream) {
+  place_split_slots(c, plan, workspace.bytes());
   // Each kernel's launches in order: the Hopper chunk pass, the states pass (the states kernel, or the output
   // kernel's own with states_only), the output pass.
   switch (plan.kernel) {

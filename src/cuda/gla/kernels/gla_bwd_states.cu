@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
   const View init = true_start ? (backward ? p.dht : p.h0) : View{};
   // Split: decay (log2) of this thread's two key rows since the piece's start.
   float decay_since_start[2] = {0.f, 0.f};
-  const bool writes_decays = splitting && vt == 0 && col0 == 0 && threadIdx.x % 4 == 0;
+  const bool records = splitting || p.phased;  // each stored state's decay, and the piece's summary
+  const bool writes_decays = records && vt == 0 && col0 == 0 && threadIdx.x % 4 == 0;
   // fp16 backward scan: E (log2) of the state the next step stores, for this thread's two key rows: Γ_0 of the
   // chunk after it, or 0 after the sequence's last chunk (gate_tile.cuh, kScaledDStates).
   float next_first[2] = {0.f, 0.f};
@@ -359,7 +360,7 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
     __syncthreads();
   }
 
-  if (splitting) {  // the piece's summary: its last state and total decay
+  if (records) {  // the piece's summary: its last state and total decay
     float* summary = p.split_summaries +
                      ((((int64_t(blockIdx.z) * p.num_seqs + n) * p.heads + h) * p.scan_splits + split) * tiles + tile) *
                          int64_t(kSummaryFloats);
@@ -385,28 +386,46 @@ __global__ void __launch_bounds__(kBwdStateThreads * kPair, kScanBlocksPerSm<T> 
 }
 
 // The fold of a split scan: one block per (sequence, head, tile, piece after
-// the first in scan order); blockIdx.z picks the scan as above. Thread t owns
-// 8 columns of rows t / 8 and t / 8 + 32 of the tile.
+// the first in scan order; with p.dht_in_fold the backward scan's first piece
+// too, the only one without a split); blockIdx.z picks the scan as above. Thread t owns 8 columns of rows
+// t / 8 and t / 8 + 32 of the tile. A summary call (p.summary) launches the
+// backward scan's last piece only (blockIdx.z = 0) and writes its dh0 there.
 template <class T>
 __global__ void __launch_bounds__(kBwdStateThreads) fold_kernel(const BwdParams p) {
   allow_dependent_launch();
   constexpr int kRowStep = kBwdStateThreads / 8;
-  const bool backward = blockIdx.z == 1;
+  const bool summary_only = p.summary.data != nullptr;
+  const int scan = summary_only ? 1 : int(blockIdx.z);
+  const bool backward = scan == 1;
   const int64_t n = blockIdx.x / p.heads;
   const int h = int(blockIdx.x % p.heads);
   const int tiles = p.key_tiles * p.value_tiles;
-  const int tile = int(blockIdx.y) % tiles, order = int(blockIdx.y) / tiles + 1;  // place in scan order
+  const bool from_dht = backward && p.dht_in_fold;  // the first piece's start, dht, is folded here
+  const int tile = int(blockIdx.y) % tiles;
+  const int order = summary_only ? int(p.scan_splits) - 1 : int(blockIdx.y) / tiles + (from_dht ? 0 : 1);
+  if (order >= p.scan_splits) return;  // the forward scan's blocks of a grid sized for from_dht
   const int kt = tile / p.value_tiles, vt = tile % p.value_tiles;
   const int row = threadIdx.x / 8, col = threadIdx.x % 8 * 8;
   auto piece = [&](int place) { return backward ? int(p.scan_splits) - 1 - place : place; };
   auto summary = [&](int split) {
     return p.split_summaries +
-           ((((int64_t(blockIdx.z) * p.num_seqs + n) * p.heads + h) * p.scan_splits + split) * tiles + tile) *
+           ((((int64_t(scan) * p.num_seqs + n) * p.heads + h) * p.scan_splits + split) * tiles + tile) *
                int64_t(kSummaryFloats);
   };
 
-  // This piece's true start state: the earlier pieces' summaries folded in scan order.
+  // This piece's true start state: the earlier pieces' summaries folded in scan order (from dht).
   float x[2][8] = {};
+  if (from_dht && p.dht.data)
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int key = kt * kTile + row + m * kRowStep;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int value = vt * kTile + col + j;
+        if (key < p.key_dim && value < p.value_dim)
+          x[m][j] = static_cast<const float*>(p.dht.data)[offset4(p.dht, n, h, key, value)];
+      }
+    }
   for (int place = 0; place < order; ++place) {
     const float* s = summary(piece(place));
 #pragma unroll
@@ -423,14 +442,31 @@ __global__ void __launch_bounds__(kBwdStateThreads) fold_kernel(const BwdParams 
   // Its stored states: += diag(exp2 D) x, D the decay from the piece's start.
   const int split = piece(order);
   const BwdSeq seq = sequence(p, n);
+  if (summary_only) {  // dh0 for a zero dht, as below, into p.summary
+    const float* s = summary(0);
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int r = row + m * kRowStep, key = kt * kTile + r;
+      const float decay = exp2_of(s[kTileElems + r]);
+      float last[8];
+      load8(s + r * kTile + col, last);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int value = vt * kTile + col + j;
+        if (key < p.key_dim && value < p.value_dim)
+          static_cast<float*>(p.summary.data)[offset4(p.summary, n, h, key, value)] = decay * x[m][j] + last[j];
+      }
+    }
+    return;
+  }
   const int64_t first = split * p.chunks_per_split;
   int64_t chunks = num_chunks(seq.len) - first;
-  if (chunks > p.chunks_per_split) chunks = p.chunks_per_split;
+  if (p.scan_splits > 1 && chunks > p.chunks_per_split) chunks = p.chunks_per_split;
   T* scratch = static_cast<T*>(backward ? p.dstates : p.states);
   for (int64_t c = first; c < first + chunks; ++c) {
     T* state = scratch + state_tile_index(p, seq.slot0 + c, h, kt, vt);
     const float* decays = p.chunk_decays +
-                          ((int64_t(blockIdx.z) * p.num_slots + seq.slot0 + c) * p.heads + h) * (p.key_tiles * kTile) +
+                          ((int64_t(scan) * p.num_slots + seq.slot0 + c) * p.heads + h) * (p.key_tiles * kTile) +
                           kt * kTile;
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
@@ -476,13 +512,19 @@ void launch_scan(const BwdParams& p, cudaStream_t stream) {
 }
 
 template <class T, class GT>
-void launch(const BwdParams& p, BwdScanKernel scans, cudaStream_t stream) {
-  if (scans == BwdScanKernel::one_tile) launch_scan<T, GT, 1>(p, stream);
-  else if (std::is_same_v<T, bf16> && scans == BwdScanKernel::pipelined) launch_scan<bf16, float, 2, 2>(p, stream);
-  else launch_scan<T, GT, 2>(p, stream);  // paired (fp32: the planner pipelines bf16 rows only)
+void launch(const BwdParams& p, BwdScanKernel scans, GlaPhase phase, cudaStream_t stream) {
+  if (phase != GlaPhase::output) {
+    if (scans == BwdScanKernel::one_tile) launch_scan<T, GT, 1>(p, stream);
+    else if (std::is_same_v<T, bf16> && scans == BwdScanKernel::pipelined) launch_scan<bf16, float, 2, 2>(p, stream);
+    else launch_scan<T, GT, 2>(p, stream);  // paired (fp32: the planner pipelines bf16 rows only)
+  }
   const unsigned tiles = unsigned(p.key_tiles * p.value_tiles);
-  if (p.scan_splits > 1) {
-    const dim3 fold_grid(unsigned(p.num_seqs * p.heads), tiles * unsigned(p.scan_splits - 1), 2);
+  // Without a split: no fold, but in an output call with dht (its first and only piece; a summary call's scan
+  // wrote dh0).
+  if (phase == GlaPhase::summary ? p.scan_splits > 1 : p.scan_splits > 1 || p.dht_in_fold) {
+    const unsigned places = unsigned(p.scan_splits - (p.dht_in_fold ? 0 : 1));  // pieces folded per scan
+    const dim3 fold_grid = phase == GlaPhase::summary ? dim3(unsigned(p.num_seqs * p.heads), tiles, 1)
+                                                      : dim3(unsigned(p.num_seqs * p.heads), tiles * places, 2);
     fold_kernel<T><<<fold_grid, kBwdStateThreads, 0, stream>>>(p);
     check_cuda(cudaGetLastError(), "GLA backward state scan fold launch");
   }
@@ -490,10 +532,10 @@ void launch(const BwdParams& p, BwdScanKernel scans, cudaStream_t stream) {
 
 }  // namespace
 
-void launch_bwd_state_scan(const BwdParams& p, Compute c, BwdScanKernel scans, cudaStream_t stream) {
-  if (c == Compute::f32) launch<float, double>(p, scans, stream);
-  else if (c == Compute::f16) launch<__half, float>(p, scans, stream);  // one_tile or paired (plan.cpp)
-  else launch<bf16, float>(p, scans, stream);
+void launch_bwd_state_scan(const BwdParams& p, Compute c, BwdScanKernel scans, GlaPhase phase, cudaStream_t stream) {
+  if (c == Compute::f32) launch<float, double>(p, scans, phase, stream);
+  else if (c == Compute::f16) launch<__half, float>(p, scans, phase, stream);  // one_tile or paired (plan.cpp)
+  else launch<bf16, float>(p, scans, phase, stream);
 }
 
 }  // namespace flashgla::cuda::gla

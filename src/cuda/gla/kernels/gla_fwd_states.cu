@@ -55,8 +55,8 @@ void launch_split_states(const ChunkParams& p, int num_seqs, cudaStream_t stream
   if (slots == 0 || p.state_pieces < 1) return;
   const int tile = fast_value_tile(p.value_dim);
   const int value_tiles = (p.value_dim + tile - 1) / tile;
-  const dim3 grid(unsigned(nh), unsigned(value_tiles * fast_key_parts(p.key_dim)),
-                  unsigned((p.num_splits - 1) * p.state_pieces));
+  const int walked = p.num_splits - 1 + (p.summary.data ? 1 : 0);  // a summary call walks the last split too
+  const dim3 grid(unsigned(nh), unsigned(value_tiles * fast_key_parts(p.key_dim)), unsigned(walked * p.state_pieces));
   by_kernel(p, [&](auto, auto launch) { launch(p, grid, stream); });
   const int threads = std::min(256, (p.value_dim + 31) / 32 * 32);
   states::fold_pieces_kernel<<<dim3(unsigned(nh), unsigned(p.key_dim)), threads, 0, stream>>>(p);

@@ -94,8 +94,9 @@ __global__ void __launch_bounds__(kThreads, kStatesBlocksPerSm) split_states_ker
   const SplitChunks chunks = split_chunks(p, n);
   const SeqSpan seq = chunks.seq;
   // No later split reads the last one's state; the segment summaries (p.whole_segments) want every split's,
-  // an empty segment's included (zero).
-  if (split >= chunks.last_split && !p.whole_segments) return;
+  // an empty segment's included (zero), and a summary call (p.summary) the last split's too.
+  const bool last_of_summary = !p.whole_segments && p.summary.data && split == chunks.last_split;
+  if (split >= chunks.last_split && !p.whole_segments && !last_of_summary) return;
   const int64_t split_begin = chunks.begin(p, split), split_end = chunks.end(p, split);
   const int64_t piece_len = (p.chunks_per_split + pieces - 1) / pieces;
   const int64_t c_begin = min(split_end, split_begin + piece * piece_len);
@@ -231,7 +232,8 @@ __global__ void __launch_bounds__(kThreads, kStatesBlocksPerSm) split_states_ker
 
   // The piece's state and total decay (the split's when there is one piece).
   const int64_t slot = (nh * (p.num_splits - 1) + split) * pieces + piece;
-  float* states_out = p.piece_states + slot * K * V;
+  const int64_t last_slot = nh * pieces + piece;  // last_of_summary: a slot of its own (slot may be another's)
+  float* states_out = last_of_summary ? p.last_piece_states + last_slot * K * V : p.piece_states + slot * K * V;
 #pragma unroll
   for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -245,6 +247,10 @@ __global__ void __launch_bounds__(kThreads, kStatesBlocksPerSm) split_states_ker
 #pragma unroll
     for (int e = 0; e < 2; ++e)
       if (2 * pair + e < kn) {
+        if (last_of_summary) {
+          p.last_piece_log_decay[last_slot * K + k0 + 2 * pair + e] = carry[e];
+          continue;
+        }
         p.piece_decay[slot * K + k0 + 2 * pair + e] = __expf(carry[e]);
         if (p.piece_log_decay) p.piece_log_decay[slot * K + k0 + 2 * pair + e] = carry[e];
       }
@@ -252,12 +258,18 @@ __global__ void __launch_bounds__(kThreads, kStatesBlocksPerSm) split_states_ker
 
 // The prefix slots from the piece slots, per (sequence, head) over its splits in order: slot j holds the state
 // and decay at the end of split j from the sequence start, folded piece by piece (S ← decay_p ⊙ S + S_p,
-// D ← decay_p ⊙ D).
+// D ← decay_p ⊙ D). A summary call folds the last split's pieces on into p.summary.
 // Block (sequence × head, key), threads over the value columns.
 __global__ void fold_pieces_kernel(const ChunkParams p) {
-  const int64_t nh = blockIdx.x;
-  const int64_t last_split = split_chunks(p, nh / p.heads).last_split;  // slots written
+  const int64_t nh = blockIdx.x, n = nh / p.heads;
+  const int h = int(nh % p.heads);
+  const int64_t last_split = split_chunks(p, n).last_split;  // slots written
   const int K = p.key_dim, V = p.value_dim, key = blockIdx.y, pieces = p.state_pieces;
+  const View& summary = p.summary;
+  auto summary_at = [&](int col) {
+    return static_cast<float*>(summary.data) + n * summary.stride[0] + h * summary.stride[1] +
+           key * summary.stride[2] + col * summary.stride[3];
+  };
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
     float state = 0.f;
     for (int64_t j = 0; j < last_split; ++j) {
@@ -269,13 +281,27 @@ __global__ void fold_pieces_kernel(const ChunkParams p) {
       }
       p.split_states[(slot * K + key) * V + v] = state;
     }
+    if (summary.data) {
+      for (int piece = 0; piece < pieces; ++piece) {
+        const int64_t from = nh * pieces + piece;
+        state = __expf(p.last_piece_log_decay[from * K + key]) * state + p.last_piece_states[(from * K + key) * V + v];
+      }
+      *summary_at(v) = state;
+    }
   }
   if (threadIdx.x == 0) {
-    float decay = 1.f;
+    float decay = 1.f, log_decay = 0.f;
     for (int64_t j = 0; j < last_split; ++j) {
       const int64_t slot = nh * (p.num_splits - 1) + j;
-      for (int piece = 0; piece < pieces; ++piece) decay *= p.piece_decay[(slot * pieces + piece) * K + key];
+      for (int piece = 0; piece < pieces; ++piece) {
+        decay *= p.piece_decay[(slot * pieces + piece) * K + key];
+        if (summary.data) log_decay += p.piece_log_decay[(slot * pieces + piece) * K + key];
+      }
       p.split_decay[slot * K + key] = decay;
+    }
+    if (summary.data) {
+      for (int piece = 0; piece < pieces; ++piece) log_decay += p.last_piece_log_decay[(nh * pieces + piece) * K + key];
+      *summary_at(V) = log_decay;
     }
   }
 }

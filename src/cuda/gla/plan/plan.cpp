@@ -257,10 +257,10 @@ BwdPlan plan_backward(const BwdProblem& pr, const DeviceProps& device, const Gla
     const size_t elem = pr.compute == Elem::f32 ? 4 : 2;  // fp16 states as FLA's (gla_bwd.cuh, Compute)
     plan.states = plan.dstates = size_t(num_slots(pr) * pr.heads * tiles) * kTileElems * elem;
     plan.chunks_per_split = scan_chunks_per_split(pr, device, tuning);
-    if (plan.chunks_per_split > 0) {
+    if (plan.chunks_per_split > 0 || pr.phased) {
       const int64_t chunks = longest_chunks(pr);
       const int64_t key_tiles = (pr.key_dim + kTile - 1) / kTile;
-      plan.scan_splits = (chunks + plan.chunks_per_split - 1) / plan.chunks_per_split;
+      if (plan.chunks_per_split > 0) plan.scan_splits = (chunks + plan.chunks_per_split - 1) / plan.chunks_per_split;
       plan.split_summaries =
           size_t(2 * pr.num_seqs * pr.heads * plan.scan_splits * tiles) * kSummaryFloats * sizeof(float);
       plan.chunk_decays = size_t(2 * num_slots(pr) * pr.heads * key_tiles * kTile) * sizeof(float);

@@ -90,6 +90,7 @@ struct BwdProblem {
   Elem gate_dtype = Elem::bf16;  // of g (any gate kind)
   bool gamma_grad = false;      // d_g_gamma is asked for (chunked): per-chunk sums of the scalar gate's gradient
   bool normalize = false;       // the folded normaliser (GlaBackwardArgs::norm_o): the scalar chunk kernel's tiles
+  bool phased = false;          // GlaPhase: the scans' decays and summaries are kept even without a split
   // Every tile of the tensor is whole aligned bf16 rows (bf16_rows in gla_bwd_chunk.cu): the inputs q, k, v,
   // d_o, a vector gate g, and the outputs dq, dk, dv and a vector gate's dg.
   bool q_bf16_rows = false, k_bf16_rows = false, v_bf16_rows = false, do_bf16_rows = false, g_bf16_rows = false;
