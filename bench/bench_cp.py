@@ -7,7 +7,9 @@ warm-up, the slowest rank):
   - "plain": chunk_gla forward+backward on the rank's T / N tokens without CP
     (on 1 GPU: the single-GPU baseline for the whole T);
   - "cp": the same with cp_context (what training runs), and its breakdown:
-    states pre-pass, all-gather, fold, local op (forward and backward summed);
+    states pre-pass, all-gather, fold, local op (forward and backward summed; where the local op runs in
+    two calls, GlaPhase in flashgla/gla.h, the pre-pass is its summary calls, part of the op's own work, and
+    the local op its output calls: then CP − plain, not the pre-pass, is what CP adds);
 and the peak memory. Rank 0 prints a table and appends it with the date, the
 card and the GPU count to bench/results_cp.md; the strong-scaling efficiency
 is plain(1 GPU, T) / (N · cp(N GPUs, T)) when a 1-GPU row of the same card and

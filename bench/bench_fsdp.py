@@ -12,12 +12,10 @@ counts, to bench/results_multi_gpu.md.
 fsdp mode, per GPU count, the variants (same model, data, bf16 compute, AdamW; --tokens-per-gpu
 tokens per GPU and step as batch x --seq-len):
 - plain (1 GPU only): no FSDP, fp32 weights under bf16 autocast (bench_model.py's setting);
-- probe: what the issue measured at 67%: fully_shard per block and on the root, bf16 params, fp32
-  reduce, torch's defaults otherwise (every block resharded after forward, implicit prefetch), the
-  embedding and head in the root; AdamW foreach;
-- tuned: flashgla.parallel.parallelize (embedding unit of its own, explicit one-ahead prefetch in
-  forward and backward, last block kept gathered), fused AdamW;
-- tuned-noreshard: tuned with reshard_after_forward=False (no all-gather in backward; more memory).
+- tuned: flashgla.parallel.parallelize with its defaults (embedding unit of its own, 4 blocks per unit,
+  explicit one-ahead prefetch in forward and backward, last unit kept gathered), fused AdamW.
+The variants measured before the defaults were chosen (torch's fully_shard per block, "probe"; no
+reshard after forward, "tuned-noreshard"; one block per unit) are in results_multi_gpu.md.
 Efficiency = tokens/s per GPU over the same variant's on 1 GPU (weak scaling), and over plain's on
 1 GPU (what sharding costs against not sharding at all).
 
@@ -40,7 +38,7 @@ RESULTS = os.path.join(HERE, "results_multi_gpu.md")
 
 MODEL_340M = dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=24, num_heads=4)
 MODEL_TINY = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_heads=2)
-VARIANTS = ("plain", "probe", "tuned", "tuned-noreshard")
+VARIANTS = ("plain", "tuned")
 
 
 # ---- worker (one rank of a torchrun) ----------------------------------------------------------------------
@@ -110,18 +108,10 @@ def worker(args):
             model = GLAForCausalLM(config).to(device)
             if args.compile:  # before sharding, as parallelize(compile=True) does: every variant alike
                 compile_blocks(model)
-            if variant == "probe":
-                from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-                policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                for block in model.layers:
-                    fully_shard(block, mp_policy=policy)
-                fully_shard(model, mp_policy=policy)
-            elif variant != "plain":
-                parallelize(model, init_mesh(device.type), reshard_after_forward=variant != "tuned-noreshard",
-                            blocks_per_unit=args.blocks_per_unit)
-            fused = cuda and variant != "probe"
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused or None)
+            if variant != "plain":
+                units = {} if args.blocks_per_unit is None else dict(blocks_per_unit=args.blocks_per_unit)
+                parallelize(model, init_mesh(device.type), **units)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda or None)
             if cuda:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
@@ -226,7 +216,7 @@ def driver(args, argv):
         what = f"context parallelism (block checkpointing, chunked CE of {args.loss_chunk_size} tokens)"
     if args.compile:
         what += ", blocks compiled"
-    if args.blocks_per_unit > 1:
+    if args.blocks_per_unit is not None:
         what += f", {args.blocks_per_unit} blocks per FSDP unit"
     model = "tiny GLA LM (smoke test)" if args.tiny else "340M GLA LM"
     title = (f"## {stamp}, {card} x {','.join(str(g) for g in args.gpus)} GPUs, torch {torch_version}: {model}, "
@@ -256,7 +246,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3 fsdp, 1 cp)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile each block's forward (flashgla.parallel.compile_blocks), every variant")
-    p.add_argument("--blocks-per-unit", type=int, default=1, help="parallelize's blocks_per_unit (tuned variants)")
+    p.add_argument("--blocks-per-unit", type=int, default=None,
+                   help="parallelize's blocks_per_unit (default: parallelize's own)")
     p.add_argument("--trace", default=None, help="directory for a profiler trace of rank 0's timed steps")
     p.add_argument("--tiny", action="store_true", help="a tiny model (smoke test; runs on CPUs with gloo)")
     p.add_argument("--cpu", action="store_true", help="gloo on the CPU even with GPUs (smoke test)")
