@@ -419,7 +419,7 @@ bool backward_phases_apply(const GlaBackwardArgs& a, const GlaProblem& p) {
 #endif
 }
 
-// summary_dims: [N, H, K, V+1] (forward) or [N, H, K, V] (backward).
+// summary_columns: V + 1 (the forward's summary [N, H, K, V+1]) or V (the backward's [N, H, K, V]).
 template <class Args>
 void check_phase(const Args& a, bool applies, const GlaProblem& p, int64_t summary_columns, const char* query) {
   if (a.phase == GlaPhase::whole) {
@@ -427,8 +427,8 @@ void check_phase(const Args& a, bool applies, const GlaProblem& p, int64_t summa
     return;
   }
   FLASHGLA_REQUIRE(applies, ErrorKind::unsupported, "phase",
-                   std::string("a summary or output call needs a call that ") + query +
-                       " accepts (CUDA, chunked, forward in time, a plan that splits the sequences)");
+                   std::string("a summary or output call needs arguments that ") + query +
+                       " accepts (flashgla/gla.h, GlaPhase)");
   FLASHGLA_REQUIRE(a.workspace != nullptr, ErrorKind::value, "workspace",
                    "the summary and output calls share the workspace given (allocate_workspace is not used)");
   if (a.phase == GlaPhase::output) return;  // (summary, the summary call's output, is not read)

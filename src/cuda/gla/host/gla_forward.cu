@@ -318,7 +318,7 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
     place_split_slots(c, plan, workspace.bytes());
     if (args.phase == GlaPhase::output) return gla::launch_fast_chunk_forward(c, num_seqs, stream);
     float* extra = reinterpret_cast<float*>(workspace.bytes() + slots.offset);
-    c.piece_log_decay = extra;
+    c.piece_log_decay = extra + slots.piece_log_decay;
     c.last_piece_states = extra + slots.last_piece_states;
     c.last_piece_log_decay = extra + slots.last_piece_log_decay;
     c.summary = view_of(args.summary);
