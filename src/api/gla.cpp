@@ -3,6 +3,7 @@
 #include <utility>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "api/dispatch.h"
@@ -397,22 +398,13 @@ GlaBackwardArgs with_gate(GlaBackwardArgs a, char* gate, const GlaProblem& p) {
 
 // GlaPhase (flashgla/gla.h): the CUDA backend's answer where the API's own conditions hold (g_gamma in the
 // kernels: no staged gate, whose scratch would sit in front of the op's).
-bool forward_phases_apply(const GlaForwardArgs& a, const GlaProblem& p) {
+template <class Args>
+bool phases_apply(const Args& a, const GlaProblem& p) {
   if (a.q.device.type != DeviceType::cuda || (a.g_gamma.defined() && !gamma_in_kernels(a.q, a.g_gamma, a.algorithm)))
     return false;
 #ifdef FLASHGLA_WITH_CUDA
-  return cuda::gla_forward_phases_apply(a, p);
-#else
-  (void)p;
-  return false;
-#endif
-}
-
-bool backward_phases_apply(const GlaBackwardArgs& a, const GlaProblem& p) {
-  if (a.q.device.type != DeviceType::cuda || (a.g_gamma.defined() && !gamma_in_kernels(a.q, a.g_gamma, a.algorithm)))
-    return false;
-#ifdef FLASHGLA_WITH_CUDA
-  return cuda::gla_backward_phases_apply(a, p);
+  if constexpr (std::is_same_v<Args, GlaForwardArgs>) return cuda::gla_forward_phases_apply(a, p);
+  else return cuda::gla_backward_phases_apply(a, p);
 #else
   (void)p;
   return false;
@@ -447,7 +439,7 @@ void gla_forward(const GlaForwardArgs& args) {
   GlaForwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
   if (a.phase != GlaPhase::whole || a.summary.defined())
-    check_phase(a, a.phase != GlaPhase::whole && forward_phases_apply(a, p), p, p.value_dim + 1,
+    check_phase(a, a.phase != GlaPhase::whole && phases_apply(a, p), p, p.value_dim + 1,
                 "gla_forward_phases_apply");
   if (a.norm_den.defined()) {
     const int64_t slots = residual_slots(a, p);
@@ -478,7 +470,7 @@ void gla_backward(const GlaBackwardArgs& args) {
   GlaBackwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
   if (a.phase != GlaPhase::whole || a.summary.defined())
-    check_phase(a, a.phase != GlaPhase::whole && backward_phases_apply(a, p), p, p.value_dim,
+    check_phase(a, a.phase != GlaPhase::whole && phases_apply(a, p), p, p.value_dim,
                 "gla_backward_phases_apply");
   if (!a.g_gamma.defined() || gamma_in_kernels(a.q, a.g_gamma, a.algorithm))
     return FLASHGLA_DISPATCH(dev, gla_backward, a, p);
@@ -493,12 +485,12 @@ void gla_backward(const GlaBackwardArgs& args) {
 
 bool gla_forward_phases_apply(const GlaForwardArgs& args) {
   const GlaProblem p = check_forward(args);
-  return forward_phases_apply(with_kv_states(args), p);
+  return phases_apply(with_kv_states(args), p);
 }
 
 bool gla_backward_phases_apply(const GlaBackwardArgs& args) {
   const GlaProblem p = check_backward(args);
-  return backward_phases_apply(with_kv_states(args), p);
+  return phases_apply(with_kv_states(args), p);
 }
 
 int64_t gla_normalize_residual_slots(const GlaForwardArgs& args) {

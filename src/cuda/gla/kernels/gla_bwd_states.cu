@@ -439,10 +439,8 @@ __global__ void __launch_bounds__(kBwdStateThreads) fold_kernel(const BwdParams 
     }
   }
 
-  // Its stored states: += diag(exp2 D) x, D the decay from the piece's start.
-  const int split = piece(order);
-  const BwdSeq seq = sequence(p, n);
-  if (summary_only) {  // dh0 for a zero dht, as below, into p.summary
+  // The backward scan's last piece in scan order: dh0 = diag(exp2 D) x + its last state, into `out`.
+  auto write_entering_gradient = [&](const View& out) {
     const float* s = summary(0);
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
@@ -454,11 +452,15 @@ __global__ void __launch_bounds__(kBwdStateThreads) fold_kernel(const BwdParams 
       for (int j = 0; j < 8; ++j) {
         const int value = vt * kTile + col + j;
         if (key < p.key_dim && value < p.value_dim)
-          static_cast<float*>(p.summary.data)[offset4(p.summary, n, h, key, value)] = decay * x[m][j] + last[j];
+          static_cast<float*>(out.data)[offset4(out, n, h, key, value)] = decay * x[m][j] + last[j];
       }
     }
-    return;
-  }
+  };
+  if (summary_only) return write_entering_gradient(p.summary);  // dh0 for a zero dht
+
+  // Its stored states: += diag(exp2 D) x, D the decay from the piece's start.
+  const int split = piece(order);
+  const BwdSeq seq = sequence(p, n);
   const int64_t first = split * p.chunks_per_split;
   int64_t chunks = num_chunks(seq.len) - first;
   if (p.scan_splits > 1 && chunks > p.chunks_per_split) chunks = p.chunks_per_split;
@@ -480,23 +482,7 @@ __global__ void __launch_bounds__(kBwdStateThreads) fold_kernel(const BwdParams 
     }
   }
 
-  // The backward scan's last piece in scan order: dh0 = diag(exp2 D) x + its last state.
-  if (backward && split == 0 && p.dh0.data) {
-    const float* s = summary(0);
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      const int r = row + m * kRowStep, key = kt * kTile + r;
-      const float decay = exp2_of(s[kTileElems + r]);
-      float last[8];
-      load8(s + r * kTile + col, last);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int value = vt * kTile + col + j;
-        if (key < p.key_dim && value < p.value_dim)
-          static_cast<float*>(p.dh0.data)[offset4(p.dh0, n, h, key, value)] = decay * x[m][j] + last[j];
-      }
-    }
-  }
+  if (backward && split == 0 && p.dh0.data) write_entering_gradient(p.dh0);
 }
 
 template <class T, class GT, int kPair, int kPipeline = 0>
