@@ -37,6 +37,14 @@ nb::class_<Args> gla_args_class(nb::module_& m, const char* name, const char* do
   return cls;
 }
 
+// GlaPhase (flashgla/gla.h): whether a call may run in two, and the bytes of the workspace the two share.
+template <class Args>
+void phase_queries(nb::module_& m, const char* applies_name, bool (*applies)(const Args&), const char* bytes_name,
+                   size_t (*bytes)(const Args&)) {
+  m.def(applies_name, [applies](const Args& a) { return applies(with_tuning(a, &gla_tuning_from_env)); }, "args"_a);
+  m.def(bytes_name, [bytes](const Args& a) { return bytes(with_tuning(a, &gla_tuning_from_env)); }, "args"_a);
+}
+
 }  // namespace
 
 void bind_gla(nb::module_& m) {
@@ -68,15 +76,8 @@ void bind_gla(nb::module_& m) {
       },
       "args"_a, "allocate_workspace"_a.none() = nb::none(),
       "allocate_workspace: bytes -> (buffer, data_ptr), or None on the CPU (see WorkspaceAllocator).");
-  // GlaPhase: whether a call may run in two, and the workspace the two share (flashgla/gla.h).
-  m.def(
-      "gla_forward_phases_apply",
-      [](const GlaForwardArgs& a) { return flashgla::gla_forward_phases_apply(with_tuning(a, &gla_tuning_from_env)); },
-      "args"_a);
-  m.def(
-      "gla_forward_workspace_bytes",
-      [](const GlaForwardArgs& a) { return flashgla::gla_forward_workspace_bytes(with_tuning(a, &gla_tuning_from_env)); },
-      "args"_a);
+  phase_queries(m, "gla_forward_phases_apply", &flashgla::gla_forward_phases_apply, "gla_forward_workspace_bytes",
+                &flashgla::gla_forward_workspace_bytes);
   m.def(
       "gla_normalize_residual_slots",
       [](const GlaForwardArgs& a) {
@@ -105,14 +106,8 @@ void bind_gla(nb::module_& m) {
         run_with_workspace(&flashgla::gla_backward, with_tuning(a, &gla_tuning_from_env), allocate_workspace);
       },
       "args"_a, "allocate_workspace"_a.none() = nb::none());
-  m.def(
-      "gla_backward_phases_apply",
-      [](const GlaBackwardArgs& a) { return flashgla::gla_backward_phases_apply(with_tuning(a, &gla_tuning_from_env)); },
-      "args"_a);
-  m.def(
-      "gla_backward_workspace_bytes",
-      [](const GlaBackwardArgs& a) { return flashgla::gla_backward_workspace_bytes(with_tuning(a, &gla_tuning_from_env)); },
-      "args"_a);
+  phase_queries(m, "gla_backward_phases_apply", &flashgla::gla_backward_phases_apply, "gla_backward_workspace_bytes",
+                &flashgla::gla_backward_workspace_bytes);
 
   nb::class_<GlaDecodeArgs> decode(m, "GlaDecodeArgs", "flashgla::GlaDecodeArgs (flashgla/gla.h).");
   decode.def(nb::init<>()).def_rw("scale", &GlaDecodeArgs::scale);

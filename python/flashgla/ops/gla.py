@@ -122,10 +122,11 @@ def _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqle
     return dq, dk, dv, dg, dh0, d_g_gamma
 
 
-def _in_phases(args, phases_apply, workspace_bytes, run, summary, device):
+def _in_phases(args, phases_apply, workspace_bytes, run, summary, device, field, results):
     """The summary call of args (flashgla/gla.h, GlaPhase) into `summary`, with a workspace the output call
-    shares: returns output(**fields), which sets the fields given and runs the output call; None (nothing
-    run) where the phases do not apply."""
+    shares: returns (summary, output), output(value) setting args.<field> to value (None: left unset, as in the
+    summary call), running the output call and returning `results`; None (nothing run) where the phases do
+    not apply."""
     with on_device(device):
         if not phases_apply(args):
             return None
@@ -136,14 +137,14 @@ def _in_phases(args, phases_apply, workspace_bytes, run, summary, device):
     args.summary = view(summary, "summary")
     run_op(run, args, device)
 
-    def output(_workspace=buffer, **fields):  # (_workspace: the buffer the two calls share, alive until here)
+    def output(value, _workspace=buffer):  # (_workspace: the buffer the two calls share, alive until here)
         args.phase = _C.GlaPhase.output
-        for name, value in fields.items():  # None: the field stays unset, as in the summary call
-            if value is not None:
-                setattr(args, name, view(value, name))
+        if value is not None:
+            setattr(args, field, view(value, field))
         run_op(run, args, device)
+        return results
 
-    return output
+    return summary, output
 
 
 def _forward_in_phases(q, k, v, g, cu_seqlens, cu_seqlens_host, scale, output_final_state, state_dtype, *,
@@ -162,16 +163,8 @@ def _forward_in_phases(q, k, v, g, cu_seqlens, cu_seqlens_host, scale, output_fi
                      state_v_first=bool(state_v_first))
     N, H, K, V = _state_shape(q, v, cu_seqlens)
     summary = torch.empty(N, H, K, V + 1, dtype=torch.float32, device=q.device)
-    output = _in_phases(args, _C.gla_forward_phases_apply, _C.gla_forward_workspace_bytes, _C.gla_forward,
-                        summary, q.device)
-    if output is None:
-        return None
-
-    def run_output(initial_state):
-        output(initial_state=initial_state)
-        return o, final_state
-
-    return summary, run_output
+    return _in_phases(args, _C.gla_forward_phases_apply, _C.gla_forward_workspace_bytes, _C.gla_forward, summary,
+                      q.device, "initial_state", (o, final_state))
 
 
 def _backward_in_phases(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, scale, state_dtype, *,
@@ -189,16 +182,8 @@ def _backward_in_phases(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, 
                      dq=dq, dk=dk, dv=dv, dg=dg if g is not None else None, g_gamma=g_gamma,
                      d_g_gamma=d_g_gamma if g_gamma is not None else None, state_v_first=bool(state_v_first))
     summary = torch.empty(_state_shape(q, v, cu_seqlens), dtype=torch.float32, device=q.device)
-    output = _in_phases(args, _C.gla_backward_phases_apply, _C.gla_backward_workspace_bytes, _C.gla_backward,
-                        summary, q.device)
-    if output is None:
-        return None
-
-    def run_output(d_final_state):
-        output(d_final_state=d_final_state)
-        return dq, dk, dv, dg, d_g_gamma
-
-    return summary, run_output
+    return _in_phases(args, _C.gla_backward_phases_apply, _C.gla_backward_workspace_bytes, _C.gla_backward, summary,
+                      q.device, "d_final_state", (dq, dk, dv, dg, d_g_gamma))
 
 
 def _run_backward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse,
