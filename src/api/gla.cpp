@@ -418,18 +418,18 @@ void check_phase(const Args& a, bool applies, const GlaProblem& p, int64_t summa
     FLASHGLA_REQUIRE(!a.summary.defined(), ErrorKind::value, "summary", "is the output of phase = summary only");
     return;
   }
+  if (a.phase == GlaPhase::summary) {  // (an output call does not read it)
+    FLASHGLA_REQUIRE(a.summary.defined(), ErrorKind::value, "summary", "is required with phase = summary");
+    check::shape(a.summary, "summary", {p.num_seqs, p.heads, p.key_dim, summary_columns},
+                 summary_columns > p.value_dim ? "[N, H, K, V + 1]" : "[N, H, K, V]", /*is_output=*/true);
+    check::dtype(a.summary, "summary", DType::f32);
+    check::device(a.summary, "summary", a.q.device, "q");
+  }
   FLASHGLA_REQUIRE(applies, ErrorKind::unsupported, "phase",
                    std::string("a summary or output call needs arguments that ") + query +
                        " accepts (flashgla/gla.h, GlaPhase)");
   FLASHGLA_REQUIRE(a.workspace != nullptr, ErrorKind::value, "workspace",
                    "the summary and output calls share the workspace given (allocate_workspace is not used)");
-  if (a.phase == GlaPhase::output) return;  // (summary, the summary call's output, is not read)
-  FLASHGLA_REQUIRE(a.summary.defined(), ErrorKind::value, "summary", "is required with phase = summary");
-  check::shape(a.summary, "summary", {p.num_seqs, p.heads, p.key_dim, summary_columns},
-               summary_columns > p.value_dim ? "[N, H, K, V + 1]" : "[N, H, K, V]", /*is_output=*/true);
-  FLASHGLA_REQUIRE(a.summary.dtype == DType::f32, ErrorKind::type, "summary",
-                   std::string("expected float32, got ") + dtype_name(a.summary.dtype));
-  check::device(a.summary, "summary", a.q.device, "q");
 }
 
 }  // namespace

@@ -91,6 +91,7 @@ def test_backward_in_two_calls(gate, B, T, H):
 def test_phases_do_not_apply_on_the_cpu():
     q, k, v, do, g = _inputs(1, 256, 2, 16, 16, "vector", "cpu")
     assert _forward_in_phases(q, k, v, g, None, None, None, False, torch.float32) is None
+    assert _backward_in_phases(q, k, v, g, None, None, None, do, None, torch.float32) is None
     o = torch.empty_like(v)
     args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g, o=o)
     assert not _C.gla_forward_phases_apply(args)
@@ -101,3 +102,35 @@ def test_phases_do_not_apply_on_the_cpu():
     args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g, o=o, summary=torch.empty(1, 2, 16, 17))
     with pytest.raises(ValueError, match="summary"):
         _C.gla_forward(args)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("summary, error, message", [
+    (None, ValueError, "summary: is required with phase = summary"),
+    ("one row too many", ValueError, "summary: expected shape"),
+    ("one column short", ValueError, "summary: expected shape"),
+    ("float64", TypeError, "summary: expected dtype float32"),
+], ids=["missing", "rows", "columns", "dtype"])
+def test_bad_summary(direction, summary, error, message):
+    """The summary call's output is checked before anything else of the phase, on every backend."""
+    q, k, v, do, g = _inputs(2, 64, 3, 16, 8, "vector", "cpu")
+    columns = 9 if direction == "forward" else 8
+    shape, dtype = [2, 3, 16, columns], torch.float32
+    if summary == "one row too many":
+        shape[0] = 3
+    elif summary == "one column short":
+        shape[3] -= 1
+    elif summary == "float64":
+        dtype = torch.float64
+    if direction == "forward":
+        args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g, o=torch.empty_like(v))
+        run = _C.gla_forward
+    else:
+        args = make_args(_C.GlaBackwardArgs, q=q, k=k, v=v, g=g, d_o=do, dq=torch.empty_like(q),
+                         dk=torch.empty_like(k), dv=torch.empty_like(v), dg=torch.empty_like(g))
+        run = _C.gla_backward
+    args.phase = _C.GlaPhase.summary
+    if summary is not None:
+        args.summary = view(torch.empty(shape, dtype=dtype), "summary")
+    with pytest.raises(error, match=message):
+        run(args)
