@@ -119,6 +119,12 @@ struct GlaForwardArgs {
   // workspace given (gla_forward_workspace_bytes(args) bytes, with args.phase set), never allocate_workspace.
   GlaPhase phase = GlaPhase::whole;
   TensorView summary;
+
+  // Optional out: [B,T,H,64] of q's dtype, contiguous: the intra-chunk scores A of each chunk of 64 tokens
+  // (row t: A[t, s] = Σ_k q_tk k_sk exp(Γ_tk − Γ_sk) for the tokens s ≤ t of t's chunk, column s − the chunk's
+  // first token; zero for s > t; without the scale), for gla_backward to read instead of recomputing them.
+  // Only where gla_forward_saves_intra(args) (else an error): the forward then takes the kernel that writes it.
+  TensorView intra;
 };
 
 struct GlaBackwardArgs {
@@ -160,6 +166,11 @@ struct GlaBackwardArgs {
   // the fold, not in the scan). Both calls take the workspace given, as in GlaForwardArgs.
   GlaPhase phase = GlaPhase::whole;
   TensorView summary;
+
+  // Optional: the forward's intra (GlaForwardArgs::intra), the same shape. Read where gla_forward_saves_intra
+  // says the forward with these q, k, v, g wrote it, else not read (A is recomputed). The caller keeps it with the
+  // tensors it came from: the scores of other inputs give wrong gradients.
+  TensorView intra;
 };
 
 // Most tokens one gla_decode call takes per sequence (speculative decoding).
@@ -256,6 +267,11 @@ bool gla_backward_phases_apply(const GlaBackwardArgs& args);
 // the scalar backward chunk kernel, bf16 with K and V of 64 or 128); else 0 (the normaliser's own backward,
 // flashgla/gla_normalize.h, then gla_backward). Checks args.
 int64_t gla_normalize_residual_slots(const GlaForwardArgs& args);
+// Whether a forward with these arguments writes GlaForwardArgs::intra (and its backward reads it): CUDA, chunked,
+// bf16 or fp16 q, k, v with a vector gate, every row 16-byte aligned, K ≤ 128 and not K = 128 with V ≥ 256; no
+// state pools, no normalize, not a summary call. A function of the tensors' dtypes, shapes, strides and device.
+bool gla_forward_saves_intra(const GlaForwardArgs& args);
+inline constexpr int kIntraColumns = 64;  // the chunk length: intra's last dimension
 void gla_decode(const GlaDecodeArgs& args);
 void gla_segment_states(const GlaSegmentStatesArgs& args);
 size_t gla_segment_states_workspace_bytes(const GlaSegmentStatesArgs& args);  // checks args; 0 on the CPU

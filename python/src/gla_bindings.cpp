@@ -30,7 +30,8 @@ nb::class_<Args> gla_args_class(nb::module_& m, const char* name, const char* do
                             {"cu_seqlens", &Args::cu_seqlens},
                             {"cu_seqlens_host", &Args::cu_seqlens_host},
                             {"g_gamma", &Args::g_gamma},
-                            {"summary", &Args::summary}});
+                            {"summary", &Args::summary},
+                            {"intra", &Args::intra}});
   cls.def_rw("phase", &Args::phase);
   stream_field(cls);
   workspace_fields(cls);
@@ -84,6 +85,9 @@ void bind_gla(nb::module_& m) {
         return flashgla::gla_normalize_residual_slots(with_tuning(a, &gla_tuning_from_env));
       },
       "args"_a, "S > 0 where gla_backward folds the normaliser in with the forward's residuals (flashgla/gla.h).");
+  m.attr("GLA_INTRA_COLUMNS") = flashgla::kIntraColumns;
+  m.def("gla_forward_saves_intra", &flashgla::gla_forward_saves_intra, "args"_a,
+        "Whether the forward writes intra, the chunks' scores A, for its backward (flashgla/gla.h).");
 
   auto backward =
       gla_args_class<GlaBackwardArgs>(m, "GlaBackwardArgs", "flashgla::GlaBackwardArgs (flashgla/gla.h).");

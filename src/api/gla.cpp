@@ -231,6 +231,15 @@ void check_key_sum(const TensorView& t, const char* name, const GlaProblem& p, c
   check::device(t, name, dev, "q");
 }
 
+// GlaForwardArgs::intra / GlaBackwardArgs::intra: [B, T, H, 64] of q's dtype, contiguous (the kernels move whole
+// 128-byte rows).
+void check_intra(const TensorView& t, const GlaProblem& p, const TensorView& q, bool is_output) {
+  check::shape(t, "intra", {p.batch, p.seq_len, p.heads, int64_t(kIntraColumns)}, "[B, T, H, 64]", is_output);
+  check::dtype(t, "intra", q.dtype);
+  check::device(t, "intra", q.device, "q");
+  FLASHGLA_REQUIRE(t.is_contiguous(), ErrorKind::value, "intra", "expected a contiguous tensor");
+}
+
 GlaProblem check_forward(const GlaForwardArgs& a) {
   const bool ssm_pool = a.ssm_state_indices.defined();
   const bool h0_pool = a.initial_state_indices.defined() || ssm_pool, ht_pool = a.final_state_indices.defined();
@@ -253,6 +262,7 @@ GlaProblem check_forward(const GlaForwardArgs& a) {
   FLASHGLA_REQUIRE(a.norm_den.defined() == a.norm_chunk_z.defined(), ErrorKind::value,
                    a.norm_den.defined() ? "norm_chunk_z" : "norm_den",
                    "norm_den and norm_chunk_z come together (the folded normaliser's residuals)");
+  if (a.intra.defined()) check_intra(a.intra, p, a.q, /*is_output=*/true);
   if (ssm_pool) {
     check_ssm_pool(a, p);
     return p;
@@ -292,6 +302,7 @@ GlaProblem check_backward(const GlaBackwardArgs& a) {
   check_like(a.dq, "dq", a.q, "[B, T, H, K]", a.q.dtype, dev, true);
   check_like(a.dk, "dk", a.k, "[B, T, H, K]", a.q.dtype, dev, true);
   check_like(a.dv, "dv", a.v, "[B, T, H, V]", a.q.dtype, dev, true);
+  if (a.intra.defined()) check_intra(a.intra, p, a.q, /*is_output=*/false);
   if (a.g.defined()) {
     FLASHGLA_REQUIRE(a.dg.defined(), ErrorKind::value, "dg", "is required when g is given: expected the shape of g " +
                                                         a.g.shape_str());
@@ -411,6 +422,19 @@ bool phases_apply(const Args& a, const GlaProblem& p) {
 #endif
 }
 
+// GlaForwardArgs::intra (flashgla/gla.h): the CUDA backend's answer, for a forward's or a backward's args.
+template <class Args>
+bool intra_applies(const Args& a, const GlaProblem& p) {
+  if (a.q.device.type != DeviceType::cuda) return false;
+#ifdef FLASHGLA_WITH_CUDA
+  if constexpr (std::is_same_v<Args, GlaForwardArgs>) return cuda::gla_forward_saves_intra(a, p);
+  else return cuda::gla_backward_reads_intra(a, p);
+#else
+  (void)p;
+  return false;
+#endif
+}
+
 // summary_columns: V + 1 (the forward's summary [N, H, K, V+1]) or V (the backward's [N, H, K, V]).
 template <class Args>
 void check_phase(const Args& a, bool applies, const GlaProblem& p, int64_t summary_columns, const char* query) {
@@ -441,6 +465,10 @@ void gla_forward(const GlaForwardArgs& args) {
   if (a.phase != GlaPhase::whole || a.summary.defined())
     check_phase(a, a.phase != GlaPhase::whole && phases_apply(a, p), p, p.value_dim + 1,
                 "gla_forward_phases_apply");
+  FLASHGLA_REQUIRE(!a.intra.defined() || intra_applies(a, p), ErrorKind::unsupported, "intra",
+                   "is written only where gla_forward_saves_intra is true (CUDA, chunked, bf16 or fp16 q, k, v and a "
+                   "vector gate in 16-byte aligned rows, K <= 128 and not K = 128 with V >= 256; no pools, no "
+                   "normalize, not a summary call)");
   if (a.norm_den.defined()) {
     const int64_t slots = residual_slots(a, p);
     FLASHGLA_REQUIRE(slots > 0, ErrorKind::value, "norm_den",
@@ -469,6 +497,7 @@ void gla_backward(const GlaBackwardArgs& args) {
   const GlaProblem p = check_backward(args);
   GlaBackwardArgs a = with_kv_states(args);
   const Device dev = a.q.device;
+  if (a.intra.defined() && !intra_applies(a, p)) a.intra = {};  // the forward did not write it: recomputed
   if (a.phase != GlaPhase::whole || a.summary.defined())
     check_phase(a, a.phase != GlaPhase::whole && phases_apply(a, p), p, p.value_dim,
                 "gla_backward_phases_apply");
@@ -491,6 +520,11 @@ bool gla_forward_phases_apply(const GlaForwardArgs& args) {
 bool gla_backward_phases_apply(const GlaBackwardArgs& args) {
   const GlaProblem p = check_backward(args);
   return phases_apply(with_kv_states(args), p);
+}
+
+bool gla_forward_saves_intra(const GlaForwardArgs& args) {
+  const GlaProblem p = check_forward(args);
+  return intra_applies(with_kv_states(args), p);
 }
 
 int64_t gla_normalize_residual_slots(const GlaForwardArgs& args) {

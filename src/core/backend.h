@@ -35,6 +35,10 @@ size_t gla_backward_workspace_bytes(const GlaBackwardArgs& args, const GlaProble
 bool gla_forward_phases_apply(const GlaForwardArgs& args, const GlaProblem& problem);  // flashgla/gla.h
 bool gla_backward_phases_apply(const GlaBackwardArgs& args, const GlaProblem& problem);
 int64_t gla_normalize_residual_slots(const GlaForwardArgs& args, const GlaProblem& problem);  // flashgla/gla.h
+// GlaForwardArgs::intra: whether the forward writes it, and whether the backward reads it (the forward's answer
+// for the same tensors, see plan.h's saves_intra).
+bool gla_forward_saves_intra(const GlaForwardArgs& args, const GlaProblem& problem);  // flashgla/gla.h
+bool gla_backward_reads_intra(const GlaBackwardArgs& args, const GlaProblem& problem);
 size_t attention_forward_workspace_bytes(const AttentionForwardArgs& args, const AttentionProblem& problem);
 size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& args, const AttentionProblem& problem);
 void attention_with_kvcache(const AttentionKvCacheArgs& args, const KvCacheProblem& problem);

@@ -56,6 +56,19 @@ def _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype=None, sta
     return o, final_state
 
 
+def _intra_output(algorithm, q, k, v, g, reverse, g_gamma):
+    """The forward's intra-chunk scores for the backward (GlaForwardArgs::intra): [B, T, H, 64] where the inputs'
+    dtypes, shapes and device allow them, else an empty stand-in. From metadata only, so that the fake op
+    (torch.compile) and the real one agree; gla_forward_saves_intra then says whether the forward writes them,
+    and the backward asks the same question before it reads them."""
+    K, V = q.shape[-1], v.shape[-1]
+    if (algorithm == _C.GlaAlgorithm.chunked and not reverse and q.is_cuda and g is not None and g.dim() == 4
+            and g_gamma is None and q.dtype in (torch.bfloat16, torch.float16) and K <= 128
+            and not (K == 128 and V >= 256)):
+        return torch.empty((*q.shape[:3], _C.GLA_INTRA_COLUMNS), dtype=q.dtype, device=q.device)
+    return _absent(q)
+
+
 def _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype=None, g_gamma=None,
                       state_v_first=False):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -95,21 +108,26 @@ def _require_backward_memory(op, algorithm, q, k, v, g, cu_seqlens, need_dh0, st
 
 
 def _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse,
-                 output_final_state, state_dtype=None, *, g_gamma=None, state_v_first=False, op="gla_forward"):
-    """state_dtype: of the final state (default _state_dtype(q)). op: the op's name in errors."""
+                 output_final_state, state_dtype=None, *, g_gamma=None, state_v_first=False, op="gla_forward",
+                 intra=None):
+    """state_dtype: of the final state (default _state_dtype(q)). op: the op's name in errors. intra: an
+    _intra_output tensor, written where gla_forward_saves_intra says so."""
     _require_forward_memory(op, algorithm, q, v, cu_seqlens, output_final_state, state_dtype, state_v_first)
     o, final_state = _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype, state_v_first)
     args = make_args(_C.GlaForwardArgs, q=q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens,
                      cu_seqlens_host=cu_seqlens_host, scale=scale, algorithm=algorithm, reverse=reverse, o=o,
                      final_state=final_state if output_final_state else None, g_gamma=g_gamma,
                      state_v_first=bool(state_v_first))
+    if intra is not None and intra.numel() > 0 and _C.gla_forward_saves_intra(args):
+        args.intra = view(intra, "intra")
     run_op(_C.gla_forward, args, q.device)
     return o, final_state
 
 
 def _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse,
-                      need_dh0, state_dtype=None, g_gamma=None, state_v_first=False, op="gla_backward"):
-    """dq, dk, dv, dg, dh0 and d_g_gamma (empty stand-ins for what was not asked for)."""
+                      need_dh0, state_dtype=None, g_gamma=None, state_v_first=False, op="gla_backward", intra=None):
+    """dq, dk, dv, dg, dh0 and d_g_gamma (empty stand-ins for what was not asked for). intra: the forward's
+    (_run_forward), read where it was written."""
     _require_backward_memory(op, algorithm, q, k, v, g, cu_seqlens, need_dh0, state_dtype, state_v_first)
     dq, dk, dv, dg, dh0, d_g_gamma = _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, state_dtype, g_gamma,
                                                        state_v_first)
@@ -117,7 +135,8 @@ def _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqle
                      cu_seqlens_host=cu_seqlens_host, scale=scale, algorithm=algorithm, reverse=reverse, d_o=do,
                      d_final_state=dht, dq=dq, dk=dk, dv=dv, dg=dg if g is not None else None,
                      d_initial_state=dh0 if need_dh0 else None, g_gamma=g_gamma,
-                     d_g_gamma=d_g_gamma if g_gamma is not None else None, state_v_first=bool(state_v_first))
+                     d_g_gamma=d_g_gamma if g_gamma is not None else None, state_v_first=bool(state_v_first),
+                     intra=intra if intra is not None and intra.numel() > 0 else None)
     run_op(_C.gla_backward, args, q.device)
     return dq, dk, dv, dg, dh0, d_g_gamma
 
@@ -198,17 +217,22 @@ def _define_gla_op(name, algorithm):
     def forward(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], initial_state: Optional[Tensor],
                 cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], scale: Optional[float],
                 reverse: bool, output_final_state: bool, g_gamma: Optional[Tensor] = None,
-                state_v_first: bool = False) -> Tuple[Tensor, Tensor]:
-        return _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse,
-                            output_final_state, g_gamma=g_gamma, state_v_first=state_v_first, op=name)
+                state_v_first: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+        """o, final_state and the intra-chunk scores for the backward (_intra_output)."""
+        intra = _intra_output(algorithm, q, k, v, g, reverse, g_gamma)
+        o, final_state = _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale,
+                                      reverse, output_final_state, g_gamma=g_gamma, state_v_first=state_v_first,
+                                      op=name, intra=intra)
+        return o, final_state, intra
 
     def backward(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], initial_state: Optional[Tensor],
                  cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], do: Tensor, dht: Optional[Tensor],
                  scale: Optional[float], reverse: bool, need_dh0: bool, g_gamma: Optional[Tensor] = None,
-                 state_v_first: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 state_v_first: bool = False,
+                 intra: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         return _run_backward_all(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale,
                                  reverse, need_dh0, g_gamma=g_gamma, state_v_first=state_v_first,
-                                 op=f"{name} (backward)")
+                                 op=f"{name} (backward)", intra=intra)
 
     forward_op = torch.library.custom_op(f"flashgla::{name}", forward, mutates_args=())
     backward_op = torch.library.custom_op(f"flashgla::{name}_backward", backward, mutates_args=())
@@ -217,11 +241,12 @@ def _define_gla_op(name, algorithm):
     def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state, g_gamma=None,
           state_v_first=False):
         require_same_device(q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens, g_gamma=g_gamma)
-        return _forward_outputs(q, v, cu_seqlens, output_final_state, state_v_first=state_v_first)
+        return (*_forward_outputs(q, v, cu_seqlens, output_final_state, state_v_first=state_v_first),
+                _intra_output(algorithm, q, k, v, g, reverse, g_gamma))
 
     @backward_op.register_fake
     def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse, need_dh0, g_gamma=None,
-          state_v_first=False):
+          state_v_first=False, intra=None):
         require_same_device(q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens, d_o=do,
                             d_final_state=dht, g_gamma=g_gamma)
         return _backward_outputs(q, k, v, g, cu_seqlens, need_dh0, g_gamma=g_gamma, state_v_first=state_v_first)
@@ -229,18 +254,18 @@ def _define_gla_op(name, algorithm):
     def setup_context(ctx, inputs, output):
         (q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state, g_gamma,
          state_v_first) = inputs
-        ctx.save_for_backward(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, g_gamma)
+        ctx.save_for_backward(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, g_gamma, output[2])
         ctx.scale, ctx.reverse, ctx.output_final_state = scale, reverse, output_final_state
         ctx.state_v_first = state_v_first
 
-    def gradients(ctx, do, dht):
-        q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, g_gamma = ctx.saved_tensors
+    def gradients(ctx, do, dht, _d_intra):
+        q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, g_gamma, intra = ctx.saved_tensors
         need_dg = g is not None and ctx.needs_input_grad[3]
         need_dh0 = initial_state is not None and ctx.needs_input_grad[4]
         need_dgamma = g_gamma is not None and ctx.needs_input_grad[10]
         dq, dk, dv, dg, dh0, d_g_gamma = backward_op(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do,
                                                      dht if ctx.output_final_state else None, ctx.scale, ctx.reverse,
-                                                     need_dh0, g_gamma, ctx.state_v_first)
+                                                     need_dh0, g_gamma, ctx.state_v_first, intra)
         # dh0 is fp32 (fp64 for fp64 inputs); an fp32 initial_state of fp64 inputs gets its gradient in fp32.
         dh0 = dh0.to(initial_state.dtype) if need_dh0 else None
         return (dq, dk, dv, dg if need_dg else None, dh0, None, None, None, None, None,
@@ -607,8 +632,8 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float]
     if cp_context is not None:
         return _cp("chunk_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host,
                    cp_context, state_v_first)
-    o, final_state = _chunk_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, as_scale(scale, "chunk_gla"),
-                                False, output_final_state, None, state_v_first)
+    o, final_state, _ = _chunk_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
+                                   as_scale(scale, "chunk_gla"), False, output_final_state, None, state_v_first)
     return o, final_state if output_final_state else None
 
 
@@ -648,7 +673,7 @@ def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None
     if cp_context is not None:
         return _cp("chunk_simple_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
                    cu_seqlens_host, cp_context, state_v_first, g_gamma=g_gamma)
-    o, final_state = _chunk_simple_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
+    o, final_state, _ = _chunk_simple_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
                                        as_scale(scale, "chunk_simple_gla"), False, output_final_state, g_gamma,
                                        state_v_first)
     return o, final_state if output_final_state else None
@@ -685,8 +710,9 @@ def _fused_recurrent(op, q, k, v, g, g_gamma, scale, initial_state, output_final
         return _fused_recurrent_pooled(op, q, k, v, g, g_gamma, scale, initial_state, output_final_state, reverse,
                                        state_v_first, cu_seqlens, cu_seqlens_host, ssm_state_indices,
                                        num_accepted_tokens, inplace_final_state)
-    o, final_state = _fused_recurrent_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, as_scale(scale, op),
-                                          _reverse(reverse, op), output_final_state, g_gamma, state_v_first)
+    o, final_state, _ = _fused_recurrent_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
+                                             as_scale(scale, op), _reverse(reverse, op), output_final_state, g_gamma,
+                                             state_v_first)
     return o, final_state if output_final_state else None
 
 
@@ -740,7 +766,7 @@ def _linear_attn(op, op_raw, q, k, v, scale, initial_state, output_final_state, 
         o, final_state, z, _, _ = _chunk_linear_attn_normalized(q, k, v, kv_state, z_state, cu_seqlens,
                                                                 cu_seqlens_host, scale, output_final_state, keep)
         return o, (final_state if output_final_state else None, z)
-    o, final_state = op_raw(q, k, v, None, kv_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state)
+    o, final_state, _ = op_raw(q, k, v, None, kv_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state)
     final_state = final_state if output_final_state else None
     if not normalize:
         return o, final_state

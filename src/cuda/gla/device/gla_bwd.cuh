@@ -60,6 +60,9 @@ struct BwdParams {
   // sub-chunk for which its pairs go through the tensor-core products for A
   // (see mark_wide_subchunks in gla_bwd_chunk.cu); below 0: never.
   float diag_factor_limit = -1.f;
+  // Chunked: the forward's A (GlaBackwardArgs::intra, unscaled, [B,T,H,64] of the compute type): the chunk kernel
+  // copies it instead of recomputing it (its phase A). Absent: recomputed.
+  View intra;
 
   // Chunked: chunk slot of chunk c of sequence n (see sequence() in
   // device/chunk_slots.cuh); the scratch states hold one 64x64 tile per

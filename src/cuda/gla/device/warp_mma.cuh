@@ -242,6 +242,14 @@ __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
 }
 
+template <int NT>
+__device__ __forceinline__ void scale_all(float (&acc)[NT][4], float factor) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] *= factor;
+}
+
 // Sums each of v[0..N-1] over the 32 lanes of a warp in N - 1 shuffles (plus
 // one for N = 16), leaving one total per lane: each step swaps half of the
 // values with the lane across one lane bit, so the lane keeps the element

@@ -46,6 +46,7 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   fp.varlen = c.seqs.cu_seqlens != nullptr;
   fp.q_rows16 = c.q.rows16, fp.k_rows16 = c.k.rows16, fp.v_rows16 = c.v.rows16, fp.g_rows16 = c.g.rows16;
   fp.o_rows16 = c.o.rows16;
+  fp.intra = a.intra.defined();
   const gla::DeviceProps& device = device_props(a.q.device.index);
   fp.longest = planning_longest(p, a.cu_seqlens, a.cu_seqlens_host, static_cast<cudaStream_t>(a.stream),
                                 [&](int64_t longest) {  // -1: unknown, no split
@@ -194,6 +195,33 @@ int64_t gla_normalize_residual_slots(const GlaForwardArgs& args, const GlaProble
   return norm::chunk_slots(problem.batch, problem.seq_len, problem.num_seqs, args.cu_seqlens.defined()).count;
 }
 
+namespace {
+
+// saves_intra (plan.h) for the inputs a forward and its backward share.
+template <class Args>
+bool saves_intra(const Args& a, const GlaProblem& p) {
+  if (a.algorithm != GlaAlgorithm::chunked || a.reverse || p.gate != GateKind::vector || a.g_gamma.defined() ||
+      (a.q.dtype != DType::bf16 && a.q.dtype != DType::f16))
+    return false;
+  gla::FwdProblem fp;
+  const gla::View q = view_of(a.q), k = view_of(a.k), v = view_of(a.v), g = view_of(a.g);
+  fp.input = q.dtype, fp.gate_dtype = g.dtype, fp.gate = p.gate;
+  fp.heads = int(p.heads), fp.key_dim = int(p.key_dim), fp.value_dim = int(p.value_dim);
+  fp.q_rows16 = q.rows16, fp.k_rows16 = k.rows16, fp.v_rows16 = v.rows16, fp.g_rows16 = g.rows16;
+  return gla::saves_intra(fp, device_props(a.q.device.index));
+}
+
+}  // namespace
+
+bool gla_forward_saves_intra(const GlaForwardArgs& args, const GlaProblem& problem) {
+  return !args.normalize && args.phase != GlaPhase::summary && pooled_bytes(args, problem) == 0 &&
+         !args.ssm_state_indices.defined() && saves_intra(args, problem);
+}
+
+bool gla_backward_reads_intra(const GlaBackwardArgs& args, const GlaProblem& problem) {
+  return !args.norm_den.defined() && saves_intra(args, problem);
+}
+
 void gla_forward(const GlaForwardArgs& args, const GlaProblem& problem) {
   const size_t pooled = pooled_bytes(args, problem);
   if (pooled == 0) return forward_dense(args, problem);
@@ -310,6 +338,11 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
   gla::ChunkParams& c = planned.params;
   const gla::FwdPlan& plan = planned.plan;
   const int num_seqs = planned.num_seqs;
+  if (args.intra.defined()) {  // checked in src/api/gla.cpp: gla_forward_saves_intra
+    FLASHGLA_REQUIRE(plan.kernel == gla::FwdKernel::fast, ErrorKind::unsupported, "o",
+                     "with intra, o must be whole 16-byte aligned rows (the fast kernel writes intra)");
+    c.intra = view_of(args.intra);
+  }
   if (args.phase != GlaPhase::whole) {  // checked in src/api/gla.cpp: phases_apply(plan), a workspace given
     FLASHGLA_REQUIRE(phases_apply(plan), ErrorKind::unsupported, "phase",
                      "this call's plan has no separate states pass (gla_forward_phases_apply)");

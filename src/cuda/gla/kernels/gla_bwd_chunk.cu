@@ -1,6 +1,6 @@
 // The chunk kernel of the chunked GLA backward (docs/algorithm.md steps 7-11,
-// with 3-4 recomputed): everything of one chunk of 64 tokens, after the state
-// scans.
+// with 3-4 recomputed unless the forward saved A: BwdParams::intra):
+// everything of one chunk of 64 tokens, after the state scans.
 //
 // One block per (chunk, head); 8 warps, warp w serves sub-chunk s = w / 2 (16
 // tokens) and half hc = w % 2 of the 64 columns of a tile. With Γ the
@@ -91,8 +91,11 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
     chunk_bwd_dA<T, GT, kPlain>(p, b, t0, rows, h, s, hc, V, scale, acc);
   }
 
-  // ---- phase A: A (the forward's intra-chunk scores, recomputed) -----------------
-  {
+  // ---- phase A: A (the forward's intra-chunk scores: saved by the forward, else recomputed) ----
+  if (p.intra.data) {  // unscaled: chunk_bwd_dv scales its product
+    load_tile_async<T, kBwdChunkThreads, kPlain>(sQ, p.intra, b, t0, rows, h, 0, kChunk);
+    cp_async_commit_and_wait_all();
+  } else {
     float acc[2][2][4];
     float k_reg[kSub];
     GT g_reg[kSub];

@@ -389,6 +389,8 @@ __global__ void __launch_bounds__(NT, 1) fast_chunk_kernel(const ChunkParams p) 
     const float o_scale[2] = {p.scale, p.scale};
     store_fragment_rows<E, NO>(static_cast<E*>(p.o.data) + row_offset(p.o, c * C), p.o.stride[1], o, o_scale,
                                16 * mo, v0 + 8 * no0, V, rows_valid, lane);
+    // (after o: fewer registers live; a_s stays until the next chunk's B1)
+    if (p.intra.data && v0 == 0) store_intra_rows<E, PA>(p, seq, h, c * C, rows_valid, a_s, tid);
   }
 
   // ---- the state: this split's piece (states pass) or the final state ----

@@ -398,9 +398,11 @@ __device__ __forceinline__ void chunk_bwd_dv(const BwdParams& p, const GT* gamma
     for (int j = 0; j < kGroup; ++j) {
       zero(acc[j]);
       // A^T dO: rows j of sub-chunk s take rows i >= 16 s (A is zero above the diagonal).
-      if (j < group)
+      if (j < group) {
         warp_gemm<4, true, false>(acc[j], sA + kSub * s * LD + kSub * s, LD,
                                   sDO + j * kTile * LD + kSub * s * LD + 32 * hc, LD, kChunk - kSub * s);
+        if (p.intra.data) scale_all(acc[j], p.scale);  // the forward's A is unscaled
+      }
     }
     for (int kt = 0; kt < p.key_tiles; ++kt) {
       gate = start_gate_tile<GT, kPlain, kF32Rows>(p, sG, b, t0, rows, h, kt * kTile, false);

@@ -7,7 +7,8 @@
 //   chunk_fwd_o_state       step 5's O = (Q ⊙ exp Γ) S: the fast kernels;
 //   chunk_fwd_o_intra       step 5's O += (A ⊙ M) V: the fast kernels;
 //   store_state_tile, store_final_state  the bf16 state and ht from the fragments: the fast kernels (o: the
-//                           device toolkit's store_fragment_rows).
+//                           device toolkit's store_fragment_rows);
+//   store_intra_rows        the chunk's A for the backward (GlaForwardArgs::intra): the vector-gate fast kernel.
 // The fast kernels' other phases (gate factors and operands, the blocks of A) are written out in them
 // (gla_fwd_fast.cuh: a vector gate; gla_fwd_fast_scalar.cuh: a scalar gate or none). Also here: the constants,
 // fragment helpers and shared-memory symbol the kernels and their stages share. As in stages/chunk_fwd.cuh the
@@ -311,6 +312,21 @@ __device__ __forceinline__ void store_final_state(const ChunkParams& p, const fl
       if (key < p.key_dim && vg < p.value_dim)
         ht[n * p.ht.stride[0] + h * p.ht.stride[1] + key * p.ht.stride[2] + vg * p.ht.stride[3]] = S[nt][e];
     }
+}
+
+// The chunk's A (a_s: unscaled, zero above the diagonal, pitch PA) to p.intra, rows [0, rows_valid) of the chunk
+// starting at `token`: one 16-byte piece per thread (64 rows of 128 bytes).
+template <class E, int PA>
+__device__ __forceinline__ void store_intra_rows(const ChunkParams& p, const SeqSpan& seq, int h, int64_t token,
+                                                 int rows_valid, const E* a_s, int tid) {
+  constexpr int kPieces = C * int(sizeof(E)) / 16;  // per row
+  static_assert(NT == C * kPieces, "one piece per thread");
+  int piece = tid, head = h;
+  asm volatile("" : "+r"(piece), "+r"(head));  // addresses made here, not held through the chunk loop
+  const int row = piece / kPieces, col = piece % kPieces * (16 / int(sizeof(E)));
+  if (row >= rows_valid) return;
+  E* dst = static_cast<E*>(p.intra.data) + token_offset(p.intra, seq, head, token + row) + col;
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(a_s + row * PA + col);
 }
 
 }  // namespace
