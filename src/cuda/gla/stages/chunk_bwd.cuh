@@ -446,6 +446,18 @@ __device__ __forceinline__ void chunk_bwd_dv(const BwdParams& p, const GT* gamma
   }
 }
 
+// Two adjacent gates (an 8- or 16-byte aligned pair) in one shared-memory load.
+template <class GT>
+struct GatePair {
+  GT x, y;
+};
+template <class GT>
+__device__ __forceinline__ GatePair<GT> gate_pair(const GT* at) {
+  using Vec = std::conditional_t<std::is_same_v<GT, double>, double2, float2>;
+  const Vec v = *reinterpret_cast<const Vec*>(at);
+  return {v.x, v.y};
+}
+
 // ---- phase C: dq, dk, dg of one key tile (kt) -------------------------------------------------------------
 
 // Through the states (the inter-chunk shares): dq ∝ dO S^T, dk^{(S)} ∝ V dS^T, over the value tiles, and
@@ -480,8 +492,16 @@ __device__ __forceinline__ void chunk_bwd_dqk_inter(const BwdParams& p, int64_t 
       {  // four threads per key row, 16 value columns each
         const int key = threadIdx.x / 4, part = threadIdx.x % 4;
 #pragma unroll
-        for (int c = 0; c < 16; ++c)
-          state_term += to_float(sS[key * LD + 16 * part + c]) * to_float(sDS[key * LD + 16 * part + c]);
+        for (int c = 0; c < 16; c += 2) {
+          const T* x_at = sS + key * LD + 16 * part + c;
+          const T* y_at = sDS + key * LD + 16 * part + c;
+          // (pairs in one load in the plain kernel; the others spill with them)
+          float2 x, y;
+          if constexpr (kPlain) x = load2(x_at), y = load2(y_at);
+          else x = {to_float(x_at[0]), to_float(x_at[1])}, y = {to_float(y_at[0]), to_float(y_at[1])};
+          state_term += x.x * y.x;
+          state_term += x.y * y.y;
+        }
       }
     }
     state_term += __shfl_xor_sync(0xffffffffu, state_term, 1);
@@ -514,34 +534,30 @@ __device__ __forceinline__ void chunk_bwd_dqk(const GT* gamma, int s, int hc, in
   float* sDQ = reinterpret_cast<float*>(R);  // dq without the diagonal block
   float* sDKS = sDQ + kTile * LDF;           // dk^{(S)}
   float* sDKA = sDKS + kTile * LDF;          // dk^{(A)} without the diagonal block
-  if constexpr (kScaledDStates<T>) {
-    // fp16: the stages' reference rows (between_key_ref, between_query_ref; sub-chunks 0 and 3 have none of
-    // one kind, their accumulators hold 0), and dS scaled by exp(−E).
-    const float* sNext = reinterpret_cast<const float*>(smem + Smem::next_gates);
-    const int key_ref = s > 0 ? between_key_ref<T>(s) : 0;
-    const int query_ref = s < kSubs - 1 ? between_query_ref<T>(s) : kChunk - 1;
+  // The stages' reference rows (between_key_ref, between_query_ref; sub-chunks 0 and 3 have none of one kind,
+  // their accumulators hold 0); fp16: dS scaled by exp(−E). Two adjacent columns at a time (e, e + 1).
+  const float* sNext = reinterpret_cast<const float*>(smem + Smem::next_gates);
+  const int key_ref = s > 0 ? between_key_ref<T>(s) : 0;
+  const int query_ref = s < kSubs - 1 ? between_query_ref<T>(s) : kChunk - 1;
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+  for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
-        const GT g = sG[i * LDF + c];
-        sDQ[i * LDF + c] = scale * acc_q[nt][e] * exp2_of(g) + acc_qa[nt][e] * exp2_of(g - sG[key_ref * LDF + c]);
-        sDKS[i * LDF + c] = acc_k[nt][e] * exp2_of(gamma[c] + sNext[c] - g);
-        sDKA[i * LDF + c] = acc_ka[nt][e] * exp2_of(sG[query_ref * LDF + c] - g);
-      }
-  } else {
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);
-        const GT g = sG[i * LDF + c];
-        sDQ[i * LDF + c] = scale * acc_q[nt][e] * exp2_of(g) + acc_qa[nt][e] * exp2_of(g - sG[kSub * s * LDF + c]);
-        sDKS[i * LDF + c] = acc_k[nt][e] * exp2_of(gamma[c] - g);
-        sDKA[i * LDF + c] = acc_ka[nt][e] * exp2_of(sG[(kSub * s + kSub - 1) * LDF + c] - g);
-      }
-  }
+    for (int e = 0; e < 4; e += 2) {
+      const int i = kSub * s + acc_row(e), c = 32 * hc + acc_col(nt, e);  // c even
+      const GatePair<GT> g = gate_pair(sG + i * LDF + c), gk = gate_pair(sG + key_ref * LDF + c),
+                         gq = gate_pair(sG + query_ref * LDF + c), end = gate_pair(gamma + c);
+      float2 next = {0.f, 0.f};
+      if constexpr (kScaledDStates<T>) next = *reinterpret_cast<const float2*>(sNext + c);
+      auto dks = [&](GT gamma_c, float next_c, GT g_i) {
+        if constexpr (kScaledDStates<T>) return exp2_of(gamma_c + next_c - g_i);
+        else return exp2_of(gamma_c - g_i);
+      };
+      store_pair(sDQ + i * LDF + c, scale * acc_q[nt][e] * exp2_of(g.x) + acc_qa[nt][e] * exp2_of(g.x - gk.x),
+                 scale * acc_q[nt][e + 1] * exp2_of(g.y) + acc_qa[nt][e + 1] * exp2_of(g.y - gk.y));
+      store_pair(sDKS + i * LDF + c, acc_k[nt][e] * dks(end.x, next.x, g.x),
+                 acc_k[nt][e + 1] * dks(end.y, next.y, g.y));
+      store_pair(sDKA + i * LDF + c, acc_ka[nt][e] * exp2_of(gq.x - g.x), acc_ka[nt][e + 1] * exp2_of(gq.y - g.y));
+    }
   __syncwarp();
 
   // Inside the sub-chunk, element by element (lanes over columns), then the
