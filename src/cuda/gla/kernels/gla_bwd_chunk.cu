@@ -115,16 +115,29 @@ __global__ void __launch_bounds__(kBwdChunkThreads, 2) chunk_kernel(const BwdPar
   }
 
   // ---- phase C: dq, dk, dg, one key tile at a time ------------------------------------
+  // Phase B leaves the last key tile's Γ in sG (and fp16's E in next_gates): with a vector gate phase C walks the
+  // key tiles from the last, so that its first keeps them. (Each key tile's dq, dk and dg of a vector gate are its
+  // own: the order changes no result. A scalar gate's dg sums the key tiles in order.)
+  const bool from_last = p.gate == GateKind::vector;
   if (threadIdx.x < kTile) sRowSums[threadIdx.x] = 0.f;
-  for (int kt = 0; kt < p.key_tiles; ++kt) {
+  for (int step = 0; step < p.key_tiles; ++step) {
+    const int kt = from_last ? p.key_tiles - 1 - step : step;
+    const bool gamma_kept = from_last && step == 0;
     const int col = 32 * hc + lane;  // this lane's column in the element-wise steps
-    auto gate = start_gate_tile<GT, kPlain, kF32Dg>(p, sG, b, t0, rows, h, kt * kTile, false);
-    if constexpr (kScaledDStates<T>)
-      store_next_gates(p, reinterpret_cast<float*>(smem + Smem::next_gates), b, t0, h, kt * kTile, has_next);
-    load_tile_async<T, kBwdChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
-    load_tile_async<T, kBwdChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
-    cp_async_commit_and_wait_all();
-    finish_gate_tile<GT, kPlain, kF32Dg>(p, sG, gate, false);
+    if (gamma_kept) {  // (two branches: a gate tile declared outside them made the plain kernel spill)
+      load_tile_async<T, kBwdChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+      load_tile_async<T, kBwdChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+      cp_async_commit_and_wait_all();
+      __syncthreads();  // every thread's copies have landed
+    } else {
+      auto gate = start_gate_tile<GT, kPlain, kF32Dg>(p, sG, b, t0, rows, h, kt * kTile, false);
+      if constexpr (kScaledDStates<T>)
+        store_next_gates(p, reinterpret_cast<float*>(smem + Smem::next_gates), b, t0, h, kt * kTile, has_next);
+      load_tile_async<T, kBwdChunkThreads, kPlain>(sQ, p.q, b, t0, rows, h, kt * kTile, K);
+      load_tile_async<T, kBwdChunkThreads, kPlain>(sK, p.k, b, t0, rows, h, kt * kTile, K);
+      cp_async_commit_and_wait_all();
+      finish_gate_tile<GT, kPlain, kF32Dg>(p, sG, gate, false);
+    }
 
     // ---- dq, dk between sub-chunks, on the products (accumulators kept until chunk_bwd_dqk):
     //   dq_I += (dA_{I,<I} K̃) ⊙ exp(Γ_I − Γ_{16I}),  dk_J = (dA_{>J,J}^T Q̃) ⊙ exp(Γ_{16J+15} − Γ_J)
