@@ -268,8 +268,8 @@ bool gla_backward_phases_apply(const GlaBackwardArgs& args);
 // flashgla/gla_normalize.h, then gla_backward). Checks args.
 int64_t gla_normalize_residual_slots(const GlaForwardArgs& args);
 // Whether a forward with these arguments writes GlaForwardArgs::intra (and its backward reads it): CUDA, chunked,
-// bf16 or fp16 q, k, v with a vector gate, every row 16-byte aligned, K ≤ 128 and not K = 128 with V ≥ 256; no
-// state pools, no normalize, not a summary call. A function of the tensors' dtypes, shapes, strides and device.
+// bf16 or fp16 q, k, v with a vector gate, every row 16-byte aligned, K ≤ 128, or K ≤ 256 on sm_90; no state
+// pools, no normalize, not a summary call. A function of the tensors' dtypes, shapes, strides and device.
 bool gla_forward_saves_intra(const GlaForwardArgs& args);
 inline constexpr int kIntraColumns = 64;  // the chunk length: intra's last dimension
 void gla_decode(const GlaDecodeArgs& args);

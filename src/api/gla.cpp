@@ -467,8 +467,8 @@ void gla_forward(const GlaForwardArgs& args) {
                 "gla_forward_phases_apply");
   FLASHGLA_REQUIRE(!a.intra.defined() || intra_applies(a, p), ErrorKind::unsupported, "intra",
                    "is written only where gla_forward_saves_intra is true (CUDA, chunked, bf16 or fp16 q, k, v and a "
-                   "vector gate in 16-byte aligned rows, K <= 128 and not K = 128 with V >= 256; no pools, no "
-                   "normalize, not a summary call)");
+                   "vector gate in 16-byte aligned rows, K <= 128, or K <= 256 on sm_90; no pools, no normalize, "
+                   "not a summary call)");
   if (a.norm_den.defined()) {
     const int64_t slots = residual_slots(a, p);
     FLASHGLA_REQUIRE(slots > 0, ErrorKind::value, "norm_den",

@@ -63,7 +63,7 @@ def _backward(q, k, v, g, h0, cu, do, intra):
 @pytest.mark.parametrize("dtype,gate_dtype", [(torch.bfloat16, None), (torch.bfloat16, torch.float32),
                                               (torch.float16, None)])
 @pytest.mark.parametrize("B,T,H,K,V", [(2, 200, 3, 64, 64), (1, 130, 2, 128, 128), (2, 64, 2, 64, 128),
-                                       (1, 100, 2, 128, 64)])
+                                       (1, 100, 2, 128, 64), (1, 130, 2, 128, 256), (1, 100, 2, 256, 64)])
 def test_intra_written_and_read(dtype, gate_dtype, B, T, H, K, V):
     q, k, v, do, g = _inputs(B, T, H, K, V, "cuda", dtype, gate_dtype, neg_inf_at=(5, 70))
     h0 = torch.randn(B, H, K, V, device="cuda")
@@ -115,10 +115,13 @@ def test_which_inputs_save_intra():
     assert not asks(q, k, v, None), "no gate"
     assert not asks(q, k, v, g[..., 0]), "a scalar gate"
     assert not asks(q.float(), k.float(), v.float(), g.float()), "fp32 inputs"
-    q2, k2, v2, _, g2 = _inputs(1, 64, 2, 128, 256, "cuda")
-    assert not asks(q2, k2, v2, g2), "K = 128 with V >= 256: the Hopper path's"
-    q3, k3, v3, _, g3 = _inputs(1, 64, 2, 100, 64, "cuda")
-    assert not asks(q3, k3, v3, g3), "K = 100: rows not 16-byte aligned"
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    q2, k2, v2, _, g2 = _inputs(1, 64, 2, 256, 128, "cuda")
+    assert asks(q2, k2, v2, g2) == hopper, "K = 256: the Hopper path's (sm_90)"
+    q4, k4, v4, _, g4 = _inputs(1, 64, 2, 100, 64, "cuda")
+    assert asks(q4, k4, v4, g4) == hopper, "K = 100: q and k rows not 16-byte aligned, the Hopper path's (sm_90)"
+    q3, k3, v3, _, g3 = _inputs(1, 64, 2, 64, 100, "cuda")
+    assert not asks(q3, k3, v3, g3), "V = 100: v rows not 16-byte aligned"
     # Allocated from metadata but not written there: the backward recomputes A.
     intra = _intra_output(CHUNKED, q3, k3, v3, g3, False, None)
     assert intra.shape == (1, 64, 2, 64)

@@ -61,10 +61,8 @@ def _intra_output(algorithm, q, k, v, g, reverse, g_gamma):
     dtypes, shapes and device allow them, else an empty stand-in. From metadata only, so that the fake op
     (torch.compile) and the real one agree; gla_forward_saves_intra then says whether the forward writes them,
     and the backward asks the same question before it reads them."""
-    K, V = q.shape[-1], v.shape[-1]
     if (algorithm == _C.GlaAlgorithm.chunked and not reverse and q.is_cuda and g is not None and g.dim() == 4
-            and g_gamma is None and q.dtype in (torch.bfloat16, torch.float16) and K <= 128
-            and not (K == 128 and V >= 256)):
+            and g_gamma is None and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] <= 256):
         return torch.empty((*q.shape[:3], _C.GLA_INTRA_COLUMNS), dtype=q.dtype, device=q.device)
     return _absent(q)
 

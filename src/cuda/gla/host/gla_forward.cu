@@ -207,6 +207,7 @@ bool saves_intra(const Args& a, const GlaProblem& p) {
   const gla::View q = view_of(a.q), k = view_of(a.k), v = view_of(a.v), g = view_of(a.g);
   fp.input = q.dtype, fp.gate_dtype = g.dtype, fp.gate = p.gate;
   fp.heads = int(p.heads), fp.key_dim = int(p.key_dim), fp.value_dim = int(p.value_dim);
+  fp.num_seqs = p.num_seqs, fp.seq_len = p.seq_len;
   fp.q_rows16 = q.rows16, fp.k_rows16 = k.rows16, fp.v_rows16 = v.rows16, fp.g_rows16 = g.rows16;
   return gla::saves_intra(fp, device_props(a.q.device.index));
 }
@@ -339,8 +340,8 @@ void forward_dense(const GlaForwardArgs& args, const GlaProblem& problem) {
   const gla::FwdPlan& plan = planned.plan;
   const int num_seqs = planned.num_seqs;
   if (args.intra.defined()) {  // checked in src/api/gla.cpp: gla_forward_saves_intra
-    FLASHGLA_REQUIRE(plan.kernel == gla::FwdKernel::fast, ErrorKind::unsupported, "o",
-                     "with intra, o must be whole 16-byte aligned rows (the fast kernel writes intra)");
+    FLASHGLA_REQUIRE(plan.kernel != gla::FwdKernel::general, ErrorKind::unsupported, "o",
+                     "with intra, o must be whole 16-byte aligned rows (the kernels that write intra need them)");
     c.intra = view_of(args.intra);
   }
   if (args.phase != GlaPhase::whole) {  // checked in src/api/gla.cpp: phases_apply(plan), a workspace given

@@ -383,7 +383,10 @@ __global__ void __launch_bounds__(kPrepThreads, 2) hopper_prep2_kernel(const Chu
     float x[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) x[e] = 8 * p8 + e <= r ? a_tile[r * kPA + 8 * p8 + e] : 0.f;
-    *reinterpret_cast<uint4*>(slot + L.a() + swizzled(r, 8 * p8)) = pack8<E>(x);
+    const uint4 packed = pack8<E>(x);
+    *reinterpret_cast<uint4*>(slot + L.a() + swizzled(r, 8 * p8)) = packed;
+    if (p.intra.data && r < rows_valid)  // GlaForwardArgs::intra, for the backward
+      *reinterpret_cast<uint4*>(static_cast<E*>(p.intra.data) + row_offset(p.intra, c * C + r) + 8 * p8) = packed;
   }
 }
 

@@ -22,11 +22,19 @@ bool fast_chunk_supported(const FwdProblem& p) {
          p.k_rows16 && p.v_rows16 && p.o_rows16;
 }
 
+namespace {
+bool fast_chunk_fits(const FwdProblem& p, const DeviceProps& device) {
+  return fast_chunk_supported(p) && fast_chunk_smem_bytes(p.key_dim, p.value_dim) <= device.max_smem_per_block;
+}
+bool hopper_chunk_fits(const FwdProblem& p, const DeviceProps& device) {
+  return hopper_chunk_supported(p) && device.sm90a && (p.seq_len + kChunk - 1) / kChunk <= 65535;
+}
+}  // namespace
+
 bool saves_intra(const FwdProblem& p, const DeviceProps& device) {
   FwdProblem rows = p;
   rows.o_rows16 = true;
-  return p.gate == Gate::vector && fast_chunk_supported(rows) && !(p.key_dim == 128 && p.value_dim >= 256) &&
-         fast_chunk_smem_bytes(p.key_dim, p.value_dim) <= device.max_smem_per_block;
+  return p.gate == Gate::vector && (fast_chunk_fits(rows, device) || hopper_chunk_fits(rows, device));
 }
 
 bool hopper_chunk_supported(const FwdProblem& p) {
@@ -66,19 +74,21 @@ FwdPlan plan_forward(const FwdProblem& p, const DeviceProps& device, const GlaTu
 
   // The fast path where it applies and fits (tuning.fast = false: benchmarks of both, tests of the general
   // kernel).
-  bool fast = fast_chunk_supported(p) && (tuning.fast || p.intra) &&
-              fast_chunk_smem_bytes(p.key_dim, p.value_dim) <= device.max_smem_per_block;
+  bool fast = fast_chunk_fits(p, device) && (tuning.fast || p.intra);
   // The Hopper path on sm_90a: by default where it measured faster than the fast path: 128 < K ≤ 256 (e.g. the
   // GLA layer's K256 V512 heads), and K = 128 with V ≥ 256 (the 340M model's heads) when its 64-column value
   // tiles fill at least half the SMs, i.e. without a sequence split (on par where the split applies).
-  // tuning.hopper: on wherever it applies, off never.
+  // tuning.hopper: on wherever it applies, off never. With intra (saves_intra): the library's choice between
+  // the two kernels that write it, whatever the tuning.
   const int64_t hopper_tiles = p.num_seqs * p.heads * ((p.value_dim + 63) / 64);
   const bool wide_values = p.key_dim == 128 && p.value_dim >= 256 && 2 * hopper_tiles > sms;
-  const bool hopper_wanted = !p.intra && (tuning.hopper == GlaTuning::Force::on ||
-                                           (tuning.hopper != GlaTuning::Force::off && (p.key_dim > 128 || wide_values)));
+  const bool library_hopper = p.key_dim > 128 || wide_values;
+  const bool hopper_wanted = p.intra ? library_hopper || !fast
+                                     : tuning.hopper == GlaTuning::Force::on ||
+                                           (tuning.hopper != GlaTuning::Force::off && library_hopper);
   const int64_t chunks_of_t = (p.seq_len + kChunk - 1) / kChunk;
   bool hopper = false;
-  if (hopper_wanted && hopper_chunk_supported(p) && chunks_of_t <= 65535 && device.sm90a) {
+  if (hopper_wanted && hopper_chunk_fits(p, device)) {
     hopper = true, fast = false;
     plan.prep_key_pad = hopper_key_pad(p.key_dim);
     plan.prep_chunks = chunks_of_t;

@@ -40,7 +40,7 @@ struct FwdProblem {
   int64_t longest = 0;   // tokens of the longest sequence; −1: unknown (varlen lengths only on the device)
   // The kernels' 16-byte row copies apply (see view_of in gla_host.cuh).
   bool q_rows16 = false, k_rows16 = false, v_rows16 = false, g_rows16 = false, o_rows16 = false;
-  // GlaForwardArgs::intra is given: the fast kernel, whatever the tuning (see saves_intra).
+  // GlaForwardArgs::intra is given: the fast kernel or the Hopper path, whatever the tuning (see saves_intra).
   bool intra = false;
 };
 
@@ -76,10 +76,10 @@ FwdPlan plan_forward(const FwdProblem& problem, const DeviceProps& device, const
 
 // The fast path's and the Hopper path's input conditions (dtypes, K, aligned rows).
 bool fast_chunk_supported(const FwdProblem& p);
-// Whether a forward with GlaForwardArgs::intra writes it (and the backward reads it): a vector gate on the fast
-// kernel, which the forward then takes whatever the tuning, except K = 128 with V ≥ 256, where the Hopper path
-// may be the faster one. A function of q, k, v, g and the device only (o's rows are not asked: the forward
-// requires them), so that the backward, asking with the forward's tensors, gets the forward's answer.
+// Whether a forward with GlaForwardArgs::intra writes it (and the backward reads it): a vector gate where the fast
+// kernel or the Hopper path can run, the two that write it; the forward then takes one of them whatever the
+// tuning. A function of q, k, v, g and the device only (o's rows are not asked: the forward requires them), so
+// that the backward, asking with the forward's tensors, gets the forward's answer.
 bool saves_intra(const FwdProblem& p, const DeviceProps& device);
 bool hopper_chunk_supported(const FwdProblem& p);
 // Workspace bytes of the Hopper chunk pass's slots (with 1024 bytes of alignment slack).
