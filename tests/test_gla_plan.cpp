@@ -319,6 +319,61 @@ TEST(GlaPlan, ForwardTooLittleSharedMemoryIsAnError) {
   }
 }
 
+// ---- forward: intra (GlaForwardArgs::intra) -----------------------------------------------------
+
+// Where saves_intra says yes, a forward with intra takes the fast kernel or the Hopper path whatever the tuning,
+// and the library's choice between them; where it says no, nothing would write intra.
+TEST(GlaPlan, ForwardWithIntraTakesAKernelThatWritesIt) {
+  GlaTuning no_fast, hopper_on, hopper_off;
+  no_fast.fast = false;
+  hopper_on.hopper = Force::on;
+  hopper_off.hopper = Force::off;
+  struct Case {
+    FwdProblem p;
+    FwdKernel h100_kernel;  // with intra, under every tuning
+    bool library_writes = true;  // the library's choice without intra writes it too (then the same kernel)
+  };
+  FwdProblem fp32_gate = forward(8, 2048, 16, 64, 64);
+  fp32_gate.gate_dtype = Elem::f32;
+  FwdProblem unaligned_keys = forward(2, 256, 2, 100, 64);  // q, k rows not 16-byte aligned: the Hopper path's
+  unaligned_keys.q_rows16 = unaligned_keys.k_rows16 = false;
+  const Case cases[] = {
+      {forward(8, 2048, 16, 64, 64), FwdKernel::fast},
+      {forward(8, 4096, 16, 128, 128), FwdKernel::fast},
+      {fp32_gate, FwdKernel::fast},
+      {forward(8, 2048, 4, 128, 256), FwdKernel::hopper},  // the 340M model's heads, value tiles fill the SMs
+      {forward(2, 8192, 4, 128, 256), FwdKernel::fast},    // ... and where they do not
+      {forward(4, 4096, 4, 256, 512), FwdKernel::hopper},
+      {unaligned_keys, FwdKernel::hopper, false},  // (without intra: the general kernel)
+  };
+  for (const Case& c : cases) {
+    EXPECT_TRUE(saves_intra(c.p, h100())) << "K " << c.p.key_dim << " V " << c.p.value_dim;
+    FwdProblem with = c.p;
+    with.intra = true;
+    for (const GlaTuning& tuning : {GlaTuning{}, no_fast, hopper_on, hopper_off})
+      EXPECT_EQ(plan_forward(with, h100(), tuning).kernel, c.h100_kernel)
+          << "K " << c.p.key_dim << " V " << c.p.value_dim;
+    if (c.library_writes)
+      EXPECT_EQ(plan_forward(with, h100(), GlaTuning{}).kernel, plan_forward(c.p, h100(), GlaTuning{}).kernel)
+          << "intra leaves the library's choice alone";
+  }
+  // The A100 has no Hopper path, and the fast kernel's K, V > 64 tiles do not fit its shared memory.
+  EXPECT_TRUE(saves_intra(forward(8, 2048, 16, 64, 64), a100()));
+  EXPECT_FALSE(saves_intra(forward(4, 4096, 4, 256, 512), a100()));
+  EXPECT_FALSE(saves_intra(unaligned_keys, a100()));
+
+  FwdProblem scalar = forward(8, 2048, 16, 64, 64);
+  scalar.gate = Gate::scalar;
+  EXPECT_FALSE(saves_intra(scalar, h100())) << "a scalar gate: the kernels write no A";
+  FwdProblem unaligned_values = forward(2, 256, 2, 64, 100);
+  unaligned_values.v_rows16 = false;
+  EXPECT_FALSE(saves_intra(unaligned_values, h100()));
+  EXPECT_FALSE(saves_intra(forward(2, 256, 2, 64, 64, Elem::f32), h100())) << "fp32 inputs";
+  FwdProblem unaligned_o = forward(8, 2048, 16, 64, 64);
+  unaligned_o.o_rows16 = false;
+  EXPECT_TRUE(saves_intra(unaligned_o, h100())) << "o is not asked (the forward requires its rows)";
+}
+
 // ---- forward: tuning forces each choice ------------------------------------------------------
 
 TEST(GlaPlan, ForwardTuningForcesChoices) {

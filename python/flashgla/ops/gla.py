@@ -672,8 +672,8 @@ def chunk_simple_gla(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None
         return _cp("chunk_simple_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
                    cu_seqlens_host, cp_context, state_v_first, g_gamma=g_gamma)
     o, final_state, _ = _chunk_simple_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
-                                       as_scale(scale, "chunk_simple_gla"), False, output_final_state, g_gamma,
-                                       state_v_first)
+                                          as_scale(scale, "chunk_simple_gla"), False, output_final_state, g_gamma,
+                                          state_v_first)
     return o, final_state if output_final_state else None
 
 
@@ -764,7 +764,8 @@ def _linear_attn(op, op_raw, q, k, v, scale, initial_state, output_final_state, 
         o, final_state, z, _, _ = _chunk_linear_attn_normalized(q, k, v, kv_state, z_state, cu_seqlens,
                                                                 cu_seqlens_host, scale, output_final_state, keep)
         return o, (final_state if output_final_state else None, z)
-    o, final_state, _ = op_raw(q, k, v, None, kv_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state)
+    o, final_state, _ = op_raw(q, k, v, None, kv_state, cu_seqlens, cu_seqlens_host, scale, reverse,
+                               output_final_state)
     final_state = final_state if output_final_state else None
     if not normalize:
         return o, final_state

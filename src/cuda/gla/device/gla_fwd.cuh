@@ -78,8 +78,8 @@ struct ChunkParams {
   // den_t per token ([B,T,H]) and z at each chunk's start ([slots, H, K], norm_slots).
   View norm_den;                 // f32 [B,T,H]
   float* norm_chunk_z = nullptr;
-  // GlaForwardArgs::intra: the fast vector-gate kernel writes each chunk's A (unscaled, zero above the diagonal)
-  // to it, [B,T,H,64] of the input dtype, from its value-tile-0 CTAs (the backward's chunk kernel reads it).
+  // GlaForwardArgs::intra: the fast vector-gate kernel (from its value-tile-0 CTAs) and the Hopper chunk pass write
+  // each chunk's A (unscaled, zero above the diagonal) to it, [B,T,H,64] of the input dtype, for the backward.
   View intra;
   ChunkLayout smem;
 };
