@@ -1,5 +1,5 @@
 """chunk_gla with the forward's intra-chunk scores saved for the backward (GlaForwardArgs::intra) against the
-same package recomputing them in the backward, in one process: forward, and forward+backward
+same package recomputing them in the backward, in one process: forward (inputs requiring grad), and forward+backward
 (torch.autograd.grad of o against q, k, v, g), bf16, g = logsigmoid(randn), at the anchor shapes. The two
 variants alternate shape by shape; medians of triton.testing.do_bench (bench_ops.timed). Prints one table and
 appends it, with the date and the card, to bench/results_floor.md.
@@ -41,9 +41,9 @@ def shape_row(B, T, H, K, V):
     def forward_backward():
         return torch.autograd.grad(forward(), inputs, do)
 
-    with torch.no_grad():
-        fwd_recomputing = timed(recomputing(forward))
-        fwd_saving = timed(forward)
+    # (inputs requiring grad, as in training: under no_grad chunk_gla keeps no A)
+    fwd_recomputing = timed(recomputing(forward))
+    fwd_saving = timed(forward)
     fb_recomputing = timed(recomputing(forward_backward))
     fb_saving = timed(forward_backward)
     return (f"| {B},{T},{H},{K},{V} | {fmt(fwd_recomputing)} | {fmt(fwd_saving)} | {fmt(fb_recomputing)} | "

@@ -48,7 +48,7 @@ def _reference_intra(q, k, g, cu_seqlens=None):
 
 
 def _forward(q, k, v, g, h0=None, cu=None, save=True):
-    intra = _intra_output(CHUNKED, q, k, v, g, False, None) if save else None
+    intra = _intra_output(CHUNKED, q, k, v, g, False, None, True) if save else None
     o, ht = _run_forward(CHUNKED, q, k, v, g, h0, cu, None if cu is None else cu.cpu(), None, False, True,
                          intra=intra)
     return o, ht, intra
@@ -123,7 +123,7 @@ def test_which_inputs_save_intra():
     q3, k3, v3, _, g3 = _inputs(1, 64, 2, 64, 100, "cuda")
     assert not asks(q3, k3, v3, g3), "V = 100: v rows not 16-byte aligned"
     # Allocated from metadata but not written there: the backward recomputes A.
-    intra = _intra_output(CHUNKED, q3, k3, v3, g3, False, None)
+    intra = _intra_output(CHUNKED, q3, k3, v3, g3, False, None, True)
     assert intra.shape == (1, 64, 2, 64)
     do3 = torch.randn_like(v3)
     intra.fill_(float("nan"))
@@ -153,4 +153,36 @@ def test_intra_errors_on_the_cpu():
     without = _backward(q, k, v, g, None, None, do, None)
     for a, b in zip(with_intra[:4], without[:4]):
         assert torch.equal(a, b)
-    assert _intra_output(CHUNKED, q, k, v, g, False, None).numel() == 0, "no intra asked for on the CPU"
+    assert _intra_output(CHUNKED, q, k, v, g, False, None, True).numel() == 0, "no intra asked for on the CPU"
+
+
+def test_chunk_gla_saves_intra_only_for_a_backward(monkeypatch):
+    """chunk_gla asks its op for A only where autograd will run the backward: inference keeps neither the memory
+    nor the forward's store."""
+    import flashgla.ops.gla as gla_ops
+    asked = []
+    real = gla_ops._chunk_gla
+
+    def spy(*args):
+        asked.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(gla_ops, "_chunk_gla", spy)
+    q, k, v, _, g = _inputs(1, 10, 2, 8, 8, "cpu", torch.float32)
+    flashgla.chunk_gla(q, k, v, g)
+    flashgla.chunk_gla(q, k, v, g.requires_grad_())
+    with torch.no_grad():
+        flashgla.chunk_gla(q, k, v, g)
+    assert asked == [False, True, False]
+
+
+@requires_gpu
+def test_no_intra_without_grad():
+    q, k, v, _, g = _inputs(1, 64, 2, 64, 64, "cuda")
+    assert _C.GLA_INTRA_COLUMNS == 64
+    assert gla_ops_chunk_gla(q, k, v, g, False)[2].numel() == 0
+    assert gla_ops_chunk_gla(q, k, v, g, True)[2].shape == (1, 64, 2, 64)
+
+
+def gla_ops_chunk_gla(q, k, v, g, save_intra):
+    return flashgla.ops.gla._chunk_gla(q, k, v, g, None, None, None, None, False, False, None, False, save_intra)

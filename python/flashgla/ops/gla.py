@@ -56,13 +56,14 @@ def _forward_outputs(q, v, cu_seqlens, output_final_state, state_dtype=None, sta
     return o, final_state
 
 
-def _intra_output(algorithm, q, k, v, g, reverse, g_gamma):
-    """The forward's intra-chunk scores for the backward (GlaForwardArgs::intra): [B, T, H, 64] where the inputs'
-    dtypes, shapes and device allow them, else an empty stand-in. From metadata only, so that the fake op
-    (torch.compile) and the real one agree; gla_forward_saves_intra then says whether the forward writes them,
-    and the backward asks the same question before it reads them."""
-    if (algorithm == _C.GlaAlgorithm.chunked and not reverse and q.is_cuda and g is not None and g.dim() == 4
-            and g_gamma is None and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] <= 256):
+def _intra_output(algorithm, q, k, v, g, reverse, g_gamma, save_intra):
+    """The forward's intra-chunk scores for the backward (GlaForwardArgs::intra): [B, T, H, 64] where a backward
+    will follow (save_intra) and the inputs' dtypes, shapes and device allow them, else an empty stand-in. From
+    metadata only, so that the fake op (torch.compile) and the real one agree; gla_forward_saves_intra then says
+    whether the forward writes them, and the backward asks the same question before it reads them."""
+    if (save_intra and algorithm == _C.GlaAlgorithm.chunked and not reverse and q.is_cuda and g is not None
+            and g.dim() == 4 and g_gamma is None and q.dtype in (torch.bfloat16, torch.float16)
+            and q.shape[-1] <= 256):
         return torch.empty((*q.shape[:3], _C.GLA_INTRA_COLUMNS), dtype=q.dtype, device=q.device)
     return _absent(q)
 
@@ -215,9 +216,9 @@ def _define_gla_op(name, algorithm):
     def forward(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], initial_state: Optional[Tensor],
                 cu_seqlens: Optional[Tensor], cu_seqlens_host: Optional[Tensor], scale: Optional[float],
                 reverse: bool, output_final_state: bool, g_gamma: Optional[Tensor] = None,
-                state_v_first: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+                state_v_first: bool = False, save_intra: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
         """o, final_state and the intra-chunk scores for the backward (_intra_output)."""
-        intra = _intra_output(algorithm, q, k, v, g, reverse, g_gamma)
+        intra = _intra_output(algorithm, q, k, v, g, reverse, g_gamma, save_intra)
         o, final_state = _run_forward(algorithm, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale,
                                       reverse, output_final_state, g_gamma=g_gamma, state_v_first=state_v_first,
                                       op=name, intra=intra)
@@ -237,10 +238,10 @@ def _define_gla_op(name, algorithm):
 
     @forward_op.register_fake
     def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state, g_gamma=None,
-          state_v_first=False):
+          state_v_first=False, save_intra=False):
         require_same_device(q, k=k, v=v, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens, g_gamma=g_gamma)
         return (*_forward_outputs(q, v, cu_seqlens, output_final_state, state_v_first=state_v_first),
-                _intra_output(algorithm, q, k, v, g, reverse, g_gamma))
+                _intra_output(algorithm, q, k, v, g, reverse, g_gamma, save_intra))
 
     @backward_op.register_fake
     def _(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, do, dht, scale, reverse, need_dh0, g_gamma=None,
@@ -251,7 +252,7 @@ def _define_gla_op(name, algorithm):
 
     def setup_context(ctx, inputs, output):
         (q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, scale, reverse, output_final_state, g_gamma,
-         state_v_first) = inputs
+         state_v_first, _save_intra) = inputs
         ctx.save_for_backward(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host, g_gamma, output[2])
         ctx.scale, ctx.reverse, ctx.output_final_state = scale, reverse, output_final_state
         ctx.state_v_first = state_v_first
@@ -267,7 +268,7 @@ def _define_gla_op(name, algorithm):
         # dh0 is fp32 (fp64 for fp64 inputs); an fp32 initial_state of fp64 inputs gets its gradient in fp32.
         dh0 = dh0.to(initial_state.dtype) if need_dh0 else None
         return (dq, dk, dv, dg if need_dg else None, dh0, None, None, None, None, None,
-                d_g_gamma if need_dgamma else None, None)
+                d_g_gamma if need_dgamma else None, None, None)
 
     forward_op.register_autograd(gradients, setup_context=setup_context)
     forbid_double_backward(backward_op, name)
@@ -630,8 +631,12 @@ def chunk_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: Optional[float]
     if cp_context is not None:
         return _cp("chunk_gla", q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_host,
                    cp_context, state_v_first)
+    # A for the backward only where there will be one (inference keeps neither the memory nor the store's time).
+    save_intra = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad
+                                                 for t in (q, k, v, g, initial_state))
     o, final_state, _ = _chunk_gla(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_host,
-                                   as_scale(scale, "chunk_gla"), False, output_final_state, None, state_v_first)
+                                   as_scale(scale, "chunk_gla"), False, output_final_state, None, state_v_first,
+                                   save_intra)
     return o, final_state if output_final_state else None
 
 
