@@ -130,10 +130,9 @@ void gla_backward(const GlaBackwardArgs& a, const GlaProblem& pr) {
                               std::string(dtype_name(a.q.dtype)));
   }
   const gla::BwdPlan sizes = plan(a, pr);  // the choices below and the scratch layout (plan.cpp says why)
-  // The forward's A (src/api/gla.cpp keeps it only where gla_backward_reads_intra): the vector-gate chunk kernels.
-  if (a.intra.defined() && a.algorithm == GlaAlgorithm::chunked && sizes.chunk_kernel != gla::BwdChunkKernel::scalar &&
-      sizes.chunk_kernel != gla::BwdChunkKernel::f32)
-    p.intra = view_of(a.intra);
+  // The forward's A: src/api/gla.cpp keeps it only where gla_backward_reads_intra (chunked, bf16 or fp16, a vector
+  // gate: the chunk kernels that read it).
+  p.intra = view_of(a.intra);
   p.diag_factor_limit = sizes.diag_factor_limit;
   p.num_slots = sizes.num_slots;
   bool overlap = sizes.overlap;

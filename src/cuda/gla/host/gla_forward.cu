@@ -26,6 +26,18 @@ struct ChunkPlan {
   int num_seqs = 0;
 };
 
+// The planner's view of a chunked forward over these tensors (plan.h), but for the sequences' lengths and intra.
+gla::FwdProblem forward_problem(const gla::View& q, const gla::View& k, const gla::View& v, const gla::View& g,
+                                const gla::View& o, const GlaProblem& p) {
+  gla::FwdProblem fp;
+  fp.input = q.dtype, fp.gate_dtype = g.dtype, fp.gate = p.gate;
+  fp.heads = int(p.heads), fp.key_dim = int(p.key_dim), fp.value_dim = int(p.value_dim);
+  fp.num_seqs = p.num_seqs, fp.seq_len = p.seq_len;
+  fp.q_rows16 = q.rows16, fp.k_rows16 = k.rows16, fp.v_rows16 = v.rows16, fp.g_rows16 = g.rows16;
+  fp.o_rows16 = o.rows16;
+  return fp;
+}
+
 // On the tensors' device (the caller's guard).
 ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   ChunkPlan out;
@@ -39,13 +51,8 @@ ChunkPlan plan_chunked(const GlaForwardArgs& a, const GlaProblem& p) {
   c.scale = float(p.scale);
   out.num_seqs = int(p.num_seqs);
 
-  gla::FwdProblem fp;
-  fp.input = c.q.dtype, fp.gate_dtype = c.g.dtype, fp.gate = c.gate;
-  fp.heads = c.heads, fp.key_dim = c.key_dim, fp.value_dim = c.value_dim;
-  fp.num_seqs = p.num_seqs, fp.seq_len = p.seq_len;
+  gla::FwdProblem fp = forward_problem(c.q, c.k, c.v, c.g, c.o, p);
   fp.varlen = c.seqs.cu_seqlens != nullptr;
-  fp.q_rows16 = c.q.rows16, fp.k_rows16 = c.k.rows16, fp.v_rows16 = c.v.rows16, fp.g_rows16 = c.g.rows16;
-  fp.o_rows16 = c.o.rows16;
   fp.intra = a.intra.defined();
   const gla::DeviceProps& device = device_props(a.q.device.index);
   fp.longest = planning_longest(p, a.cu_seqlens, a.cu_seqlens_host, static_cast<cudaStream_t>(a.stream),
@@ -203,13 +210,8 @@ bool saves_intra(const Args& a, const GlaProblem& p) {
   if (a.algorithm != GlaAlgorithm::chunked || a.reverse || p.gate != GateKind::vector || a.g_gamma.defined() ||
       (a.q.dtype != DType::bf16 && a.q.dtype != DType::f16))
     return false;
-  gla::FwdProblem fp;
-  const gla::View q = view_of(a.q), k = view_of(a.k), v = view_of(a.v), g = view_of(a.g);
-  fp.input = q.dtype, fp.gate_dtype = g.dtype, fp.gate = p.gate;
-  fp.heads = int(p.heads), fp.key_dim = int(p.key_dim), fp.value_dim = int(p.value_dim);
-  fp.num_seqs = p.num_seqs, fp.seq_len = p.seq_len;
-  fp.q_rows16 = q.rows16, fp.k_rows16 = k.rows16, fp.v_rows16 = v.rows16, fp.g_rows16 = g.rows16;
-  return gla::saves_intra(fp, device_props(a.q.device.index));
+  const gla::FwdProblem fp = forward_problem(view_of(a.q), view_of(a.k), view_of(a.v), view_of(a.g), {}, p);
+  return gla::saves_intra(fp, device_props(a.q.device.index));  // (o's rows are not asked)
 }
 
 }  // namespace
