@@ -147,6 +147,14 @@ def test_intra_errors_on_the_cpu():
     args.intra = flashgla._torch.view(torch.empty(1, 10, 2, 64, dtype=torch.float64), "intra")
     with pytest.raises(TypeError, match="intra"):
         _C.gla_forward(args)
+    args.intra = flashgla._torch.view(torch.empty(1, 10, 64, 2).transpose(2, 3), "intra")
+    with pytest.raises(ValueError, match="intra.*contiguous"):
+        _C.gla_forward(args)
+    # The backward checks it as an input of the same shape and dtype.
+    with pytest.raises(ValueError, match=r"intra.*\[B, T, H, 64\]"):
+        _backward(q, k, v, g, None, None, do, torch.empty(1, 10, 2, 63))
+    with pytest.raises(TypeError, match="intra"):
+        _backward(q, k, v, g, None, None, do, torch.empty(1, 10, 2, 64, dtype=torch.float64))
     # The backward reads intra only where the forward writes it: on the CPU it recomputes, whatever intra holds.
     nan = torch.full((1, 10, 2, 64), float("nan"))
     with_intra = _backward(q, k, v, g, None, None, do, nan)
